@@ -1,0 +1,5 @@
+import sys
+
+from sparsebalance.cli import main
+
+sys.exit(main())

@@ -1,0 +1,5 @@
+"""Sequences, dataset loaders, length distributions and shipped profiles/presets (a leaf package)."""
+
+from sparsebalance.data.sequence import Sequence
+
+__all__ = ["Sequence"]

@@ -1,0 +1,45 @@
+"""Where a run's sequences come from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sparsebalance.errors import check, check_choice, check_positive
+
+SOURCES = ("distribution", "jsonl", "parquet", "hf_disk", "text_dir")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class DataConfig:
+    """A dataset: a named length distribution or a file/directory of samples."""
+
+    source: str = "distribution"
+    """One of distribution, jsonl, parquet, hf_disk, text_dir."""
+    distribution: str = "chatqa2-like"
+    """For source = distribution: chatqa2-like, longalign-like (see sparsebalance.data.distributions)."""
+    path: str | None = None
+    """File or directory for the file-based sources (relative paths are relative to the config)."""
+    num_sequences: int = 1024
+    """Sequences drawn from a distribution, or the cap on sequences read from a file (0 = all)."""
+    tokenizer: str | None = None
+    """Local Hugging Face tokenizer directory for a ``text`` column; byte-level when absent."""
+    max_length: int | None = None
+    """Truncate sequences to this many tokens (None = no cap)."""
+    min_length: int = 1
+    """Drop sequences shorter than this."""
+    glob: str = "**/*.py"
+    """For source = text_dir: which files are documents."""
+    seed: int = 0
+    """Seed for sampling and for the epoch shuffle."""
+    shuffle: bool = True
+    """Shuffle the dataset each epoch before cutting it into global batches."""
+
+    def __post_init__(self) -> None:
+        check_choice(self.source, "source", SOURCES)
+        if self.source != "distribution":
+            check(self.path is not None, "path", f"is required for source = {self.source!r}")
+        check_positive(self.num_sequences, "num_sequences", allow_zero=self.source != "distribution")
+        check_positive(self.min_length, "min_length")
+        if self.max_length is not None:
+            check(self.max_length >= self.min_length, "max_length",
+                  f"must be >= min_length ({self.min_length}), got {self.max_length}")

@@ -1,0 +1,34 @@
+"""The unit every part exchanges: one training sample."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sequence:
+    """One training sample.
+
+    id: stable index of the sample in its dataset (used for EMA state and measured coverage).
+    length: tokens in the sample (after truncation).
+    tokens: optional int token ids, shape [length]; present for real runs, absent in simulation.
+    coverage: optional measured coverage curve, ``coverage[k - 1] = C(k)`` for k = 1..len; when absent
+        a coverage model (policies/) supplies one.
+    sensitivity: optional per-sample parameter of the parametric coverage model (see docs/policies.md).
+    """
+
+    id: int
+    length: int
+    tokens: np.ndarray | None = field(default=None, compare=False, repr=False)
+    coverage: tuple[float, ...] | None = field(default=None, compare=False, repr=False)
+    sensitivity: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.length < 1:
+            raise ValueError(f"Sequence.length: must be >= 1, got {self.length}")
+        if self.tokens is not None and len(self.tokens) != self.length:
+            raise ValueError(
+                f"Sequence.tokens: has {len(self.tokens)} ids but length is {self.length}"
+            )

@@ -1,0 +1,116 @@
+"""The iteration loop shared by simulated and real runs.
+
+global batch -> batching policy -> plan -> tuning policy -> budgets -> executor -> trace.
+Written once: the executor (simulator or realrun) is passed in, policy state is carried across
+iterations, and decision time (batching + tuning, wall clock on this CPU) is measured.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import pandas as pd
+
+from sparsebalance.data.sequence import Sequence
+from sparsebalance.policies.base import BatchingPolicy, PolicyContext, TuningPolicy
+from sparsebalance.simulator.plan import Budgets, Plan
+from sparsebalance.simulator.trace import TRACE_COLUMNS
+
+
+@dataclass(slots=True)
+class IterationResult:
+    """What an executor reports for one iteration (seconds throughout)."""
+
+    iteration_time_s: float
+    trace: pd.DataFrame
+    """Rows in the TRACE_COLUMNS schema."""
+    microbatch_latency_s: list[list[float]]
+    """[dp_rank][microbatch]: F + B compute summed over stages (imbalance = max / mean)."""
+    stage_busy_s: list[float]
+    """[stage]: busy (compute) seconds, max over DP replicas."""
+    bubble_fraction: float
+    coverage: dict[int, tuple[float, ...]] = field(default_factory=dict)
+    """Measured coverage curves by sequence id (realrun, from real gate scores); empty in simulation."""
+    extra: dict[str, float] = field(default_factory=dict)
+    """Further per-iteration metrics (e.g. loss)."""
+
+
+class Executor(Protocol):
+    name: str
+
+    def execute(self, iteration: int, plan: Plan, budgets: Budgets) -> IterationResult:
+        ...
+
+
+def global_batches(sequences: list[Sequence], global_batch: int, *, shuffle: bool,
+                   rng: np.random.Generator) -> Iterator[list[Sequence]]:
+    """Endless epochs of global batches; each epoch shuffled when ``shuffle`` (drops the ragged tail)."""
+    if len(sequences) < global_batch:
+        raise ValueError(f"data: {len(sequences)} sequences cannot fill one global batch of {global_batch}")
+    while True:
+        order = rng.permutation(len(sequences)) if shuffle else np.arange(len(sequences))
+        for start in range(0, len(order) - global_batch + 1, global_batch):
+            yield [sequences[i] for i in order[start:start + global_batch]]
+
+
+def imbalance(latencies: list[list[float]]) -> float:
+    flat = np.asarray([x for r in latencies for x in r], dtype=float)
+    return float(flat.max() / flat.mean()) if flat.size and flat.mean() > 0 else 1.0
+
+
+def _budget_mean(b) -> float:
+    return float(np.mean(b)) if isinstance(b, tuple) else float(b)
+
+
+@dataclass(slots=True)
+class LoopResult:
+    metrics: pd.DataFrame
+    """One row per iteration: iteration_time_s, imbalance, bubble_fraction, decision_ms, budgets, ..."""
+    trace: pd.DataFrame
+    plans: list[Plan]
+    budgets: list[Budgets]
+
+
+def run_loop(*, batches: Iterator[list[Sequence]], batching: BatchingPolicy, tuning: TuningPolicy,
+             executor: Executor, ctx: PolicyContext, iterations: int,
+             progress: bool = True) -> LoopResult:
+    """Run ``iterations`` iterations; returns per-iteration metrics and the concatenated trace."""
+    from tqdm import tqdm
+
+    rows, traces, plans, all_budgets = [], [], [], []
+    bar = tqdm(range(iterations), desc=f"{executor.name} {batching.name}+{tuning.name}",
+               disable=not progress, leave=False)
+    for it in bar:
+        batch = next(batches)
+        t0 = time.perf_counter()
+        plan = batching.plan(batch, ctx)
+        budgets = tuning.budgets(plan, ctx)
+        decision_ms = (time.perf_counter() - t0) * 1e3
+        result = executor.execute(it, plan, budgets)
+        batching.observe(plan, budgets, result)
+        tuning.observe(plan, budgets, result)
+        flat_b = [_budget_mean(b) for r in budgets for b in r]
+        covs = [ctx.coverage.microbatch_coverage(mb, budgets[r][j]) for r, j, mb in plan.microbatches()]
+        rows.append({
+            "iteration": it,
+            "iteration_time_s": result.iteration_time_s,
+            "imbalance": imbalance(result.microbatch_latency_s),
+            "bubble_fraction": result.bubble_fraction,
+            "decision_ms": decision_ms,
+            "mean_budget": float(np.mean(flat_b)),
+            "mean_coverage": float(np.mean(covs)),
+            "tokens": sum(s.length for s in batch),
+            **{f"tuning_{k}": v for k, v in tuning.stats.items()},
+            **result.extra,
+        })
+        tr = result.trace
+        if len(tr):
+            traces.append(tr)
+        plans.append(plan)
+        all_budgets.append(budgets)
+    trace = pd.concat(traces, ignore_index=True) if traces else pd.DataFrame(columns=TRACE_COLUMNS)
+    return LoopResult(metrics=pd.DataFrame(rows), trace=trace, plans=plans, budgets=all_budgets)

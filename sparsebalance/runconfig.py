@@ -1,0 +1,160 @@
+"""The run config: model x cluster x data x policy (+ profile), loaded from TOML and validated.
+
+Example (``examples/qwen25-3b_h200_dp4pp4.toml``)::
+
+    name = "qwen25-3b_h200_dp4pp4"
+    iterations = 20
+    profile = "analytical-h200"
+    [model]
+    preset = "qwen2.5-3b"
+    [cluster]
+    preset = "h200-4x8"
+    [data]
+    distribution = "chatqa2-like"
+    [policy]
+    batching = "sab"
+    tuning = "dst"
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparsebalance.data.config import DataConfig
+from sparsebalance.errors import ConfigError, check, check_positive, from_mapping, to_dict
+from sparsebalance.policies.config import PolicyConfig
+from sparsebalance.simulator.config import (
+    ClusterConfig,
+    ModelConfig,
+    cluster_from_mapping,
+    h200_4x8,
+    model_from_mapping,
+    qwen25_3b,
+)
+
+
+@dataclass(kw_only=True, slots=True)
+class RunConfig:
+    """Everything one run needs. ``profile`` is a shipped profile name or a path (CSV + sidecar)."""
+
+    name: str = "run"
+    """Run label; results go to ``<output_dir>/<name>/``."""
+    iterations: int = 10
+    """Iterations (global batches) to run."""
+    seed: int = 0
+    """Seed of the run's one RNG (data order, coverage model)."""
+    profile: str = "analytical-h200"
+    """Latency profile: a name under sparsebalance/data/profiles/ or a path to a profile CSV."""
+    output_dir: str = "results"
+    """Where ``<name>/`` is written."""
+    model: ModelConfig = field(default_factory=qwen25_3b)
+    cluster: ClusterConfig = field(default_factory=h200_4x8)
+    data: DataConfig = field(default_factory=DataConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    realrun: dict[str, Any] = field(default_factory=dict)
+    """Options of the real executor (parsed by sparsebalance.realrun.config; empty for simulation)."""
+    base_dir: str = "."
+    """Directory relative paths are resolved against (the config file's directory)."""
+
+    def __post_init__(self) -> None:
+        check_positive(self.iterations, "iterations")
+        check(bool(self.name) and "/" not in self.name, "name",
+              f"must be a non-empty label without '/', got {self.name!r}")
+
+    def resolve(self, path: str | None) -> Path | None:
+        """A path from the config, relative to the config file's directory."""
+        if path is None:
+            return None
+        p = Path(path)
+        return p if p.is_absolute() else Path(self.base_dir) / p
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+
+_SECTIONS = {"model", "cluster", "data", "policy", "realrun"}
+
+
+def run_config_from_mapping(data: dict[str, Any], base_dir: str = ".") -> RunConfig:
+    data = dict(data)
+    kwargs: dict[str, Any] = {}
+    if "model" in data:
+        kwargs["model"] = model_from_mapping(data.pop("model"))
+    if "cluster" in data:
+        kwargs["cluster"] = cluster_from_mapping(data.pop("cluster"))
+    if "data" in data:
+        kwargs["data"] = from_mapping(DataConfig, data.pop("data"), "data")
+    if "policy" in data:
+        kwargs["policy"] = from_mapping(PolicyConfig, data.pop("policy"), "policy")
+    if "realrun" in data:
+        rr = data.pop("realrun")
+        if not isinstance(rr, dict):
+            raise ConfigError("realrun: expected a table")
+        kwargs["realrun"] = rr
+    data.pop("base_dir", None)
+    cfg = from_mapping(RunConfig, data | kwargs | {"base_dir": base_dir})
+    return cfg
+
+
+def load_run_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Load and validate a TOML (or JSON) run config. ``overrides`` are dotted keys
+    (``{"policy.tuning": "dst"}``) applied before validation."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config: no such file {str(path)!r}")
+    try:
+        text = path.read_text()
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"config: {path} is not valid {path.suffix.lstrip('.').upper()}: {e}") from None
+    for key, value in (overrides or {}).items():
+        apply_override(data, key, value)
+    return run_config_from_mapping(data, base_dir=str(path.parent))
+
+
+def apply_override(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``data["a"]["b"] = value`` for ``dotted = "a.b"``."""
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{dotted}: {part} is not a table")
+    node[parts[-1]] = value
+
+
+def dump_toml(cfg: RunConfig) -> str:
+    """The resolved config as TOML (written beside every result)."""
+    d = cfg.to_dict()
+    d.pop("base_dir", None)
+    lines: list[str] = []
+    tables: list[tuple[str, dict]] = []
+    for k, v in d.items():
+        if isinstance(v, dict):
+            if v:  # TOML cannot tell an empty table from a missing one; skip it
+                tables.append((k, v))
+        else:
+            lines.append(f"{k} = {_toml_value(v)}")
+    for name, table in tables:
+        lines.append(f"\n[{name}]")
+        for k, v in table.items():
+            lines.append(f"{k} = {_toml_value(v)}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")

@@ -1,0 +1,186 @@
+"""Typed configs for the model and the cluster, with presets as plain functions.
+
+Units: bandwidth in bytes/s, latency in seconds. Every field is validated in ``__post_init__``;
+errors name the field and what is allowed (see ``sparsebalance.errors``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from sparsebalance.errors import ConfigError, check, check_choice, check_positive, from_mapping
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ModelConfig:
+    """Decoder dimensions (Qwen2 architecture) plus the MoBA block size."""
+
+    name: str = "custom"
+    """Preset name or a label for a custom model."""
+    hidden: int
+    """Hidden size (d_model)."""
+    layers: int
+    """Number of decoder layers."""
+    heads: int
+    """Query heads."""
+    kv_heads: int
+    """Key/value heads (grouped-query attention); must divide ``heads``."""
+    head_dim: int
+    """Dimension of one head."""
+    ffn: int
+    """Intermediate size of the SwiGLU MLP."""
+    vocab: int
+    """Vocabulary size (embedding and LM head rows)."""
+    tie_embeddings: bool = False
+    """Whether the LM head shares the embedding matrix (gradient bytes counted once)."""
+    block_size: int = 256
+    """MoBA key-block size in tokens (the paper uses 256)."""
+    dtype_bytes: int = 2
+    """Bytes per activation/gradient element (2 for bf16)."""
+
+    def __post_init__(self) -> None:
+        for f in ("hidden", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab", "block_size"):
+            check_positive(getattr(self, f), f)
+        check(self.heads % self.kv_heads == 0, "kv_heads",
+              f"must divide heads ({self.heads}), got {self.kv_heads}")
+        check_choice(self.dtype_bytes, "dtype_bytes", (1, 2, 4, 8))
+
+    @property
+    def params_per_layer(self) -> int:
+        """Weights of one decoder layer (QKV with biases as in Qwen2, O, SwiGLU MLP, two RMSNorms)."""
+        q = self.hidden * self.heads * self.head_dim + self.heads * self.head_dim
+        kv = 2 * (self.hidden * self.kv_heads * self.head_dim + self.kv_heads * self.head_dim)
+        o = self.heads * self.head_dim * self.hidden
+        mlp = 3 * self.hidden * self.ffn
+        return q + kv + o + mlp + 2 * self.hidden
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+
+def qwen25_05b() -> ModelConfig:
+    return ModelConfig(name="qwen2.5-0.5b", hidden=896, layers=24, heads=14, kv_heads=2, head_dim=64,
+                       ffn=4864, vocab=151936, tie_embeddings=True)
+
+
+def qwen25_3b() -> ModelConfig:
+    return ModelConfig(name="qwen2.5-3b", hidden=2048, layers=36, heads=16, kv_heads=2, head_dim=128,
+                       ffn=11008, vocab=151936, tie_embeddings=True)
+
+
+def qwen25_7b() -> ModelConfig:
+    return ModelConfig(name="qwen2.5-7b", hidden=3584, layers=28, heads=28, kv_heads=4, head_dim=128,
+                       ffn=18944, vocab=152064, tie_embeddings=False)
+
+
+def tiny() -> ModelConfig:
+    """A tiny Qwen2-shaped model for tests and CPU runs (byte-level vocabulary)."""
+    return ModelConfig(name="tiny", hidden=64, layers=4, heads=4, kv_heads=2, head_dim=16, ffn=128,
+                       vocab=256, tie_embeddings=False, block_size=32, dtype_bytes=4)
+
+
+MODEL_PRESETS = {"qwen2.5-0.5b": qwen25_05b, "qwen2.5-3b": qwen25_3b, "qwen2.5-7b": qwen25_7b,
+                 "tiny": tiny}
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ClusterConfig:
+    """Parallel plan and network of a PP x DP (x TP) cluster."""
+
+    name: str = "custom"
+    """Preset name or a label."""
+    device: str = "h200"
+    """Accelerator label; selects nothing by itself (the run config names the profile)."""
+    pp: int = 1
+    """Pipeline stages."""
+    dp: int = 1
+    """Data-parallel replicas."""
+    tp: int = 1
+    """Tensor-parallel degree inside a stage (the profile must be measured at this TP)."""
+    schedule: str = "1f1b"
+    """Pipeline schedule: gpipe, 1f1b or interleaved (interleaved 1F1B with virtual stages)."""
+    virtual_stages: int = 1
+    """Model chunks per stage for the interleaved schedule (>= 2 there, 1 otherwise)."""
+    micro_batch_size: int = 1
+    """Sequences per micro-batch for policies that do not pack by a token cap."""
+    global_batch: int = 16
+    """Sequences per iteration across all DP ranks."""
+    p2p_bandwidth: float = 50e9
+    """Bytes/s between adjacent pipeline stages."""
+    p2p_latency: float = 10e-6
+    """Seconds of fixed cost per P2P transfer."""
+    allreduce_bandwidth: float = 50e9
+    """Bytes/s of the ring all-reduce (bus bandwidth per link)."""
+    allreduce_latency: float = 20e-6
+    """Seconds of fixed cost per all-reduce step sequence."""
+    gpus_per_node: int = 8
+    """GPUs per node (for documentation and cluster sizing)."""
+
+    def __post_init__(self) -> None:
+        for f in ("pp", "dp", "tp", "virtual_stages", "micro_batch_size", "global_batch",
+                  "p2p_bandwidth", "allreduce_bandwidth", "gpus_per_node"):
+            check_positive(getattr(self, f), f)
+        for f in ("p2p_latency", "allreduce_latency"):
+            check_positive(getattr(self, f), f, allow_zero=True)
+        check_choice(self.schedule, "schedule", SCHEDULES)
+        if self.schedule == "interleaved":
+            check(self.virtual_stages >= 2, "virtual_stages",
+                  f"the interleaved schedule needs >= 2, got {self.virtual_stages}")
+        else:
+            check(self.virtual_stages == 1, "virtual_stages",
+                  f"must be 1 for schedule {self.schedule!r} (use schedule = \"interleaved\")")
+        check(self.global_batch % (self.dp * self.micro_batch_size) == 0, "global_batch",
+              f"must be a multiple of dp x micro_batch_size = {self.dp * self.micro_batch_size}, "
+              f"got {self.global_batch}")
+
+    @property
+    def microbatches_per_rank(self) -> int:
+        return self.global_batch // (self.dp * self.micro_batch_size)
+
+    @property
+    def gpus(self) -> int:
+        return self.pp * self.dp * self.tp
+
+
+def h200_4x8() -> ClusterConfig:
+    """4 nodes x 8 H200 (the paper's main setting DP4 x PP4 x TP2). Network: NDR InfiniBand
+    400 Gb/s per GPU (50 GB/s) between nodes, which P2P and DP all-reduce cross."""
+    return ClusterConfig(name="h200-4x8", device="h200", pp=4, dp=4, tp=2, global_batch=16,
+                         p2p_bandwidth=50e9, p2p_latency=10e-6, allreduce_bandwidth=50e9,
+                         allreduce_latency=20e-6)
+
+
+def h20_4x8() -> ClusterConfig:
+    """4 nodes x 8 H20, same parallel plan and network assumptions as ``h200_4x8``."""
+    return replace(h200_4x8(), name="h20-4x8", device="h20")
+
+
+CLUSTER_PRESETS = {"h200-4x8": h200_4x8, "h20-4x8": h20_4x8}
+
+
+def _with_preset(kind: str, presets: dict, cls: type, data: dict[str, Any], where: str):
+    data = dict(data)
+    preset = data.pop("preset", None)
+    if preset is None:
+        return from_mapping(cls, data, where)
+    if preset not in presets:
+        raise ConfigError(f"{where}.preset: unknown {kind} preset {preset!r}; "
+                          f"choose one of {', '.join(presets)}")
+    base = presets[preset]()
+    from sparsebalance.errors import to_dict
+    merged = to_dict(base) | data
+    return from_mapping(cls, merged, where)
+
+
+def model_from_mapping(data: dict[str, Any], where: str = "model") -> ModelConfig:
+    """A ``[model]`` table: ``preset = "qwen2.5-3b"`` plus optional overrides, or every field."""
+    return _with_preset("model", MODEL_PRESETS, ModelConfig, data, where)
+
+
+def cluster_from_mapping(data: dict[str, Any], where: str = "cluster") -> ClusterConfig:
+    """A ``[cluster]`` table: ``preset = "h200-4x8"`` plus optional overrides, or every field."""
+    return _with_preset("cluster", CLUSTER_PRESETS, ClusterConfig, data, where)

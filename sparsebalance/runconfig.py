@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sparsebalance.data.config import DataConfig
-from sparsebalance.errors import ConfigError, check, check_positive, from_mapping, to_dict
+from sparsebalance.errors import ConfigError, check, check_choice, check_positive, from_mapping, to_dict
 from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.simulator.config import (
     ClusterConfig,
@@ -49,6 +49,9 @@ class RunConfig:
     """Seed of the run's one RNG (data order, coverage model)."""
     profile: str = "analytical-h200"
     """Latency profile: a name under sparsebalance/data/profiles/ or a path to a profile CSV."""
+    latency_extrapolate: str = "warn"
+    """Latency queries outside the profiled grid: warn (once per op, then extrapolate linearly),
+    error, or clamp to the nearest profiled value."""
     output_dir: str = "results"
     """Where ``<name>/`` is written."""
     model: ModelConfig = field(default_factory=qwen25_3b)
@@ -62,6 +65,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_positive(self.iterations, "iterations")
+        check_choice(self.latency_extrapolate, "latency_extrapolate", ("warn", "error", "clamp"))
         check(bool(self.name) and "/" not in self.name, "name",
               f"must be a non-empty label without '/', got {self.name!r}")
 

@@ -38,7 +38,8 @@ def prepare(cfg: RunConfig) -> Prepared:
 
     batching = make_batching(cfg.policy)
     tuning = make_tuning(cfg.policy)
-    latency = load_latency_model(cfg.profile, cfg.model, cfg.cluster, base_dir=cfg.base_dir)
+    latency = load_latency_model(cfg.profile, cfg.model, cfg.cluster, base_dir=cfg.base_dir,
+                                 extrapolate=cfg.latency_extrapolate)
     sequences = load_sequences(cfg.data, base_dir=cfg.base_dir)
     coverage = make_coverage_model(cfg.model, cfg.policy, seed=cfg.seed)
     ctx = PolicyContext(model=cfg.model, cluster=cfg.cluster, policy=cfg.policy, latency=latency,

@@ -1,0 +1,442 @@
+"""The latency model: stage and micro-batch seconds from a profile, plus P2P, all-reduce and optimizer.
+
+Interpolation (why this way):
+
+* attention is piecewise **bilinear** over the profile's (seq_len, budget) grid, evaluated at the
+  *effective* budget ``min(budget, ceil(seq_len / block_size))`` (a top-k at or beyond the number of
+  blocks is dense attention). Linear in budget is the physics: each extra selected block adds
+  ``block_size`` keys to every query, so cost is affine in k at fixed length. In seq_len the cost is
+  between linear (sparse, L >> k x block) and quadratic (dense); with the 1.5x/2x grid spacing of the
+  shipped profiles, linear interpolation of a pure quadratic overestimates by at most 4 % mid-segment
+  (x^2 on [a, 1.5a]) and is exact on the grid, monotone, and never explodes when extrapolating
+  (log-log would be exact for a pure power law but is undefined at zero latency and extrapolates
+  super-linearly). Both ends of each segment are exact grid values.
+* dense ops (``layer_*``, ``embed_*``, ``head_*``) and ``optim`` are piecewise linear over tokens
+  (parameters for ``optim``): GEMM cost is affine in the token count.
+* outside the profiled range: ``extrapolate="warn"`` warns once per op and continues the end segment
+  linearly (floored at 0 s); ``"error"`` raises ConfigError naming op, value and range; ``"clamp"``
+  uses the nearest profiled value.
+
+Profile vs run: a measured profile must match the run's ``model.block_size``, ``cluster.tp`` and the
+per-layer dims (hidden, heads, kv_heads, head_dim, ffn, vocab) or loading fails with ConfigError, since
+its numbers cannot be rescaled faithfully; ``layers`` may differ (the table is per layer). An
+analytical profile is instead re-derived for the run's dims, TP and block size from the hardware
+parameters in its sidecar (``sparsebalance.simulator.roofline``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from bisect import bisect_right
+from collections import Counter
+from numbers import Integral
+
+import numpy as np
+
+from sparsebalance.errors import ConfigError, check_choice
+from sparsebalance.simulator.config import ClusterConfig, ModelConfig
+from sparsebalance.simulator.profile import Profile, load_profile
+
+EXTRAPOLATE = ("warn", "error", "clamp")
+_CHECKED_DIMS = ("hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab")
+ADAMW_BYTES_PER_PARAM = 16
+"""HBM bytes one AdamW step moves per parameter (fallback optimizer estimate)."""
+
+
+def _segment(xs: list[float], x: float) -> tuple[int, float]:
+    """Index i of the grid segment [xs[i], xs[i+1]] used for x and the (unclamped) position in it."""
+    i = min(max(bisect_right(xs, x) - 1, 0), len(xs) - 2)
+    return i, (x - xs[i]) / (xs[i + 1] - xs[i])
+
+
+class _Curve:
+    """Piecewise-linear y(x) on sorted grid points."""
+
+    __slots__ = ("xs", "ys")
+
+    def __init__(self, xs, ys):
+        self.xs, self.ys = [float(x) for x in xs], [float(y) for y in ys]
+
+    def __call__(self, x: float) -> float:
+        i, t = _segment(self.xs, x)
+        return max(0.0, self.ys[i] + t * (self.ys[i + 1] - self.ys[i]))
+
+
+class _Surface:
+    """Piecewise-bilinear z(seq_len, budget) on a rectilinear grid."""
+
+    __slots__ = ("ks", "xs", "zs")
+
+    def __init__(self, rows):
+        self.xs = sorted({float(v) for v in rows["seq_len"]})
+        self.ks = sorted({float(v) for v in rows["budget"]})
+        z = {(float(s), float(k)): float(v) for s, k, v in zip(rows["seq_len"], rows["budget"],
+                                                                rows["latency_s"])}
+        self.zs = [[z[(s, k)] for k in self.ks] for s in self.xs]
+
+    def __call__(self, x: float, k: float) -> float:
+        i, t = _segment(self.xs, x)
+        j, u = _segment(self.ks, k)
+        lo, hi = self.zs[i], self.zs[i + 1]
+        a = lo[j] + u * (lo[j + 1] - lo[j])
+        b = hi[j] + u * (hi[j + 1] - hi[j])
+        return max(0.0, a + t * (b - a))
+
+
+class LatencyModel:
+    """Predicts seconds of attention, dense layers, stages and micro-batches; P2P, all-reduce and
+    optimizer time. Build it with :func:`load_latency_model`. Lengths and tokens are in tokens,
+    budgets are MoBA top-k (an int, or a tuple with one entry per global layer)."""
+
+    def __init__(self, profile: Profile, model: ModelConfig, cluster: ClusterConfig, *,
+                 extrapolate: str = "warn"):
+        check_choice(extrapolate, "extrapolate", EXTRAPOLATE)
+        self.profile, self.model, self.cluster, self.extrapolate = profile, model, cluster, extrapolate
+        self.block_size = model.block_size
+        self._surfaces = {op: _Surface(profile.rows(op)) for op in ("attn_fwd", "attn_bwd")}
+        self._curves = {op: _Curve(r["seq_len"], r["latency_s"]) for op in profile.ops
+                        if op not in self._surfaces for r in [profile.rows(op)]}
+        self._warned: set[str] = set()
+        self._attn: dict[tuple[int, int, bool], float] = {}
+        self._attn_fb: dict[tuple[int, int], float] = {}
+        self._dense: dict[tuple[str, int], float] = {}
+        self._mb: dict[tuple, float] = {}
+        self._counts: dict[tuple[int, ...], tuple[tuple[int, int], ...]] = {}
+        chunks = cluster.pp * cluster.virtual_stages
+        if chunks > model.layers:
+            raise ConfigError(f"cluster: pp x virtual_stages = {chunks} exceeds model.layers = "
+                              f"{model.layers}; every (virtual) stage needs at least one layer")
+        base, extra = divmod(model.layers, chunks)
+        # the first `extra` virtual stages take one more layer: the last one already carries the LM head
+        starts = [v * base + min(v, extra) for v in range(chunks + 1)]
+        self._ranges = [range(starts[v], starts[v + 1]) for v in range(chunks)]
+        self._fast_attn, self._fast_dense = self._fused()
+        for op in ("embed_fwd", "embed_bwd", "head_fwd", "head_bwd"):
+            if op not in self._curves:
+                warnings.warn(f"profile {profile.source} has no {op} rows; that op costs 0 s", stacklevel=3)
+
+    def _fused(self):
+        """Pre-summed tables for microbatch_latency's hot path: attention F + B on the shared grid, and
+        the whole model's non-attention F + B (layers x layer + embed + head) on the union of the
+        token grids. Interpolation is linear, so interpolating a sum equals summing interpolations;
+        queries outside either table's range take the per-op path (which warns, errors or clamps)."""
+        f, b = self._surfaces["attn_fwd"], self._surfaces["attn_bwd"]
+        fast_attn = None
+        if f.xs == b.xs and f.ks == b.ks:
+            fast_attn = _Surface.__new__(_Surface)
+            fast_attn.xs, fast_attn.ks = f.xs, f.ks
+            fast_attn.zs = [[u + v for u, v in zip(ru, rv)] for ru, rv in zip(f.zs, b.zs)]
+        weights = {"layer_fwd": self.model.layers, "layer_bwd": self.model.layers, "embed_fwd": 1,
+                   "embed_bwd": 1, "head_fwd": 1, "head_bwd": 1}
+        curves = [(w, self._curves[op]) for op, w in weights.items() if op in self._curves]
+        lo = max(c.xs[0] for _, c in curves)
+        hi = min(c.xs[-1] for _, c in curves)
+        xs = sorted({x for _, c in curves for x in c.xs if lo <= x <= hi})
+        fast_dense = _Curve(xs, [sum(w * c(x) for w, c in curves) for x in xs]) if len(xs) > 1 else None
+        return fast_attn, fast_dense
+
+    # -- range handling -------------------------------------------------------------------------
+    def _place(self, op: str, what: str, x: float, lo: float, hi: float) -> float:
+        if lo <= x <= hi:
+            return x
+        rng = f"[{lo:g}, {hi:g}]"
+        if self.extrapolate == "error":
+            raise ConfigError(f"latency: {op} {what} {x:g} is outside the profiled range {rng} of "
+                              f"{self.profile.source} (set extrapolate to 'warn' or 'clamp' to allow it)")
+        if self.extrapolate == "clamp":
+            return min(max(x, lo), hi)
+        if op not in self._warned:
+            self._warned.add(op)
+            warnings.warn(f"latency: {op} {what} {x:g} is outside the profiled range {rng} of "
+                          f"{self.profile.source}; extrapolating linearly (warned once per op)",
+                          RuntimeWarning, stacklevel=4)
+        return x
+
+    def effective_budget(self, seq_len: int, budget: int) -> int:
+        """min(budget, number of blocks): a top-k at or beyond the block count is dense."""
+        return min(int(budget), -(-int(seq_len) // self.block_size))
+
+    # -- per layer ------------------------------------------------------------------------------
+    def attention(self, seq_len: int, budget: int, *, backward: bool = False) -> float:
+        """Seconds of one layer's MoBA attention for one sequence of ``seq_len`` tokens."""
+        key = (seq_len, budget, backward)
+        hit = self._attn.get(key)
+        if hit is not None:
+            return hit
+        if seq_len < 1 or budget < 1:
+            raise ConfigError(f"latency: attention needs seq_len >= 1 and budget >= 1, "
+                              f"got {seq_len} and {budget}")
+        op = "attn_bwd" if backward else "attn_fwd"
+        surf = self._surfaces[op]
+        k = self.effective_budget(seq_len, budget)
+        x = self._place(op, "seq_len", float(seq_len), surf.xs[0], surf.xs[-1])
+        kk = self._place(op, "budget", float(k), surf.ks[0], surf.ks[-1])
+        value = self._attn[key] = surf(x, kk)
+        return value
+
+    def _op(self, op: str, x: int) -> float:
+        key = (op, x)
+        hit = self._dense.get(key)
+        if hit is not None:
+            return hit
+        curve = self._curves.get(op)
+        if curve is None or x == 0:
+            value = 0.0
+        else:
+            what = "parameters" if op == "optim" else "tokens"
+            value = curve(self._place(op, what, float(x), curve.xs[0], curve.xs[-1]))
+        self._dense[key] = value
+        return value
+
+    def dense(self, tokens: int, *, backward: bool = False) -> float:
+        """Seconds of one layer's dense part (norms, QKV/O projections, MLP) on ``tokens`` tokens."""
+        return self._op("layer_bwd" if backward else "layer_fwd", tokens)
+
+    def embed(self, tokens: int, *, backward: bool = False) -> float:
+        return self._op("embed_bwd" if backward else "embed_fwd", tokens)
+
+    def head(self, tokens: int, *, backward: bool = False) -> float:
+        """Final norm + LM head + loss."""
+        return self._op("head_bwd" if backward else "head_fwd", tokens)
+
+    # -- stages and micro-batches -----------------------------------------------------------------
+    def stage_layers(self, stage: int, chunk: int = 0) -> range:
+        """Global layer indices of model chunk ``chunk`` on pipeline stage ``stage``.
+
+        Layers are split contiguously over pp x virtual_stages chunks; chunk c of stage s is virtual
+        stage c x pp + s (Megatron / torch.distributed.pipelining interleaving). When the split is
+        uneven the first virtual stages take one layer more each.
+        """
+        pp, vs = self.cluster.pp, self.cluster.virtual_stages
+        if not (0 <= stage < pp and 0 <= chunk < vs):
+            raise ConfigError(f"latency: stage must be in 0..{pp - 1} and chunk in 0..{vs - 1}, "
+                              f"got stage {stage}, chunk {chunk}")
+        return self._ranges[chunk * pp + stage]
+
+    def _budget_counts(self, budget, layers: range | None = None) -> tuple[tuple[int, int], ...]:
+        """((k, number of layers with budget k), ...) over ``layers`` (all layers when None)."""
+        if isinstance(budget, Integral) and not isinstance(budget, bool):
+            return ((int(budget), len(layers) if layers is not None else self.model.layers),)
+        if layers is None:
+            hit = self._counts.get(budget)
+            if hit is not None:
+                return hit
+        if not isinstance(budget, tuple) or len(budget) != self.model.layers:
+            raise ConfigError(f"budget: expected an int or a tuple of {self.model.layers} per-layer "
+                              f"top-k values, got {budget!r}")
+        part = budget if layers is None else budget[layers.start:layers.stop]
+        counts = tuple(sorted(Counter(int(k) for k in part).items()))
+        if layers is None:
+            self._counts[budget] = counts
+        return counts
+
+    def stage_time(self, lengths, budget, stage: int, *, backward: bool, chunk: int = 0) -> float:
+        """Seconds of one (virtual) stage's forward or backward for a micro-batch of ``lengths``:
+        its layers' attention (per sequence) + dense part (all tokens), + embedding on chunk 0 of
+        stage 0, + LM head on the last chunk of the last stage."""
+        layers = self.stage_layers(stage, chunk)
+        tokens = sum(lengths)
+        total = 0.0
+        for k, n in self._budget_counts(budget, layers):
+            total += n * sum(self.attention(L, k, backward=backward) for L in lengths)
+        total += len(layers) * self.dense(tokens, backward=backward)
+        if stage == 0 and chunk == 0:
+            total += self.embed(tokens, backward=backward)
+        if stage == self.cluster.pp - 1 and chunk == self.cluster.virtual_stages - 1:
+            total += self.head(tokens, backward=backward)
+        return total
+
+    def _attention_fb(self, L: int, k: int) -> float:
+        hit = self._attn_fb.get((L, k))
+        if hit is None:
+            fast = self._fast_attn
+            ke = min(k, -(-L // self.block_size))
+            if fast is not None and fast.xs[0] <= L <= fast.xs[-1] and fast.ks[0] <= ke <= fast.ks[-1]:
+                hit = fast(L, ke)
+            else:
+                hit = self.attention(L, k) + self.attention(L, k, backward=True)
+            self._attn_fb[(L, k)] = hit
+        return hit
+
+    def _dense_fb(self, tokens: int) -> float:
+        """Non-attention F + B of the whole model: layers x dense + embedding + head."""
+        hit = self._dense.get(("all", tokens))
+        if hit is None:
+            fast = self._fast_dense
+            if fast is not None and fast.xs[0] <= tokens <= fast.xs[-1]:
+                hit = fast(tokens)
+            else:
+                hit = (self.model.layers * (self.dense(tokens) + self.dense(tokens, backward=True))
+                       + self.embed(tokens) + self.embed(tokens, backward=True)
+                       + self.head(tokens) + self.head(tokens, backward=True))
+            self._dense[("all", tokens)] = hit
+        return hit
+
+    def microbatch_latency(self, lengths, budget) -> float:
+        """Seconds of forward + backward of a micro-batch over the whole model (all stages and
+        chunks, no P2P): what the policies balance. Cached per (lengths, budget)."""
+        key = (tuple(lengths), budget)
+        hit = self._mb.get(key)
+        if hit is not None:
+            return hit
+        lengths = key[0]
+        if isinstance(budget, int):
+            if budget < 1:
+                raise ConfigError(f"budget: must be >= 1 (MoBA top-k), got {budget}")
+            total = self.model.layers * sum(self._attention_fb(L, budget) for L in lengths)
+        else:
+            total = 0.0
+            for k, n in self._budget_counts(budget):
+                total += n * sum(self._attention_fb(L, k) for L in lengths)
+        total += self._dense_fb(sum(lengths))
+        if len(self._mb) > 1_000_000:  # bound memory in very long runs
+            self._mb.clear()
+        self._mb[key] = total
+        return total
+
+    def microbatch_latencies(self, microbatches, budgets) -> np.ndarray:
+        """Vectorised :meth:`microbatch_latency` for many micro-batches at once (seconds, shape [M]).
+
+        ``microbatches``: M sequences of lengths; ``budgets``: one int for all, or M ints (per-layer
+        tuples fall back to the scalar path). Points outside the profiled range take the scalar path,
+        so warnings, errors and clamping are the same. About 30x faster per micro-batch than the
+        scalar call when the caches are cold (e.g. DST scanning many budgets)."""
+        counts = np.fromiter((len(mb) for mb in microbatches), dtype=np.int64, count=len(microbatches))
+        if isinstance(budgets, Integral) and not isinstance(budgets, bool):
+            budgets = np.full(len(counts), int(budgets), dtype=np.int64)
+        elif any(isinstance(b, tuple) for b in budgets):
+            return np.array([self.microbatch_latency(mb, b) for mb, b in zip(microbatches, budgets)])
+        k_mb = np.asarray(budgets, dtype=np.int64)
+        if k_mb.shape != counts.shape:
+            raise ConfigError(f"budget: expected one budget per micro-batch ({len(counts)}), got {k_mb.shape}")
+        if (k_mb < 1).any():
+            raise ConfigError(f"budget: must be >= 1 (MoBA top-k), got {int(k_mb.min())}")
+        lengths = np.fromiter((L for mb in microbatches for L in mb), dtype=np.int64, count=int(counts.sum()))
+        k = np.repeat(k_mb, counts)
+        per_seq = self.model.layers * self._attention_fb_array(lengths, k)
+        starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        nonempty = counts > 0
+        attn = np.zeros(len(counts))
+        attn[nonempty] = np.add.reduceat(per_seq, starts[nonempty]) if per_seq.size else 0.0
+        tokens = np.zeros(len(counts), dtype=np.int64)
+        tokens[nonempty] = np.add.reduceat(lengths, starts[nonempty]) if lengths.size else 0
+        return attn + self._dense_fb_array(tokens)
+
+    def _attention_fb_array(self, L: np.ndarray, k: np.ndarray) -> np.ndarray:
+        fast = self._fast_attn
+        out = np.empty(L.shape)
+        ke = np.minimum(k, -(-L // self.block_size))
+        if fast is None:
+            inside = np.zeros(L.shape, dtype=bool)
+        else:
+            xs, ks, zs = np.asarray(fast.xs), np.asarray(fast.ks), np.asarray(fast.zs)
+            inside = (L >= xs[0]) & (L <= xs[-1]) & (ke >= ks[0]) & (ke <= ks[-1])
+            x, kk = L[inside].astype(float), ke[inside].astype(float)
+            i = np.clip(np.searchsorted(xs, x, side="right") - 1, 0, len(xs) - 2)
+            j = np.clip(np.searchsorted(ks, kk, side="right") - 1, 0, len(ks) - 2)
+            t = (x - xs[i]) / (xs[i + 1] - xs[i])
+            u = (kk - ks[j]) / (ks[j + 1] - ks[j])
+            a = zs[i, j] + u * (zs[i, j + 1] - zs[i, j])
+            b = zs[i + 1, j] + u * (zs[i + 1, j + 1] - zs[i + 1, j])
+            out[inside] = np.maximum(0.0, a + t * (b - a))
+        for idx in np.flatnonzero(~inside):
+            out[idx] = self._attention_fb(int(L[idx]), int(k[idx]))
+        return out
+
+    def _dense_fb_array(self, tokens: np.ndarray) -> np.ndarray:
+        fast = self._fast_dense
+        out = np.empty(tokens.shape)
+        if fast is None:
+            inside = np.zeros(tokens.shape, dtype=bool)
+        else:
+            xs, ys = np.asarray(fast.xs), np.asarray(fast.ys)
+            inside = (tokens >= xs[0]) & (tokens <= xs[-1])
+            out[inside] = np.interp(tokens[inside].astype(float), xs, ys)
+        for idx in np.flatnonzero(~inside):
+            out[idx] = self._dense_fb(int(tokens[idx]))
+        return out
+
+    # -- communication and optimizer ------------------------------------------------------------
+    def p2p_time(self, tokens: int) -> float:
+        """Seconds to send one micro-batch's activations (tokens x hidden x dtype bytes) to the next stage."""
+        c = self.cluster
+        return c.p2p_latency + tokens * self.model.hidden * self.model.dtype_bytes / c.p2p_bandwidth
+
+    def stage_params(self, stage: int) -> int:
+        """Parameters held by pipeline stage ``stage`` (all its chunks; before TP splitting). The
+        embedding sits on stage 0, final norm + LM head on the last stage; tied embeddings are counted
+        on stage 0 and again on the last stage when pp > 1 (Megatron keeps a copy there)."""
+        m, pp = self.model, self.cluster.pp
+        n_layers = sum(len(self.stage_layers(stage, c)) for c in range(self.cluster.virtual_stages))
+        params = n_layers * m.params_per_layer
+        if stage == 0:
+            params += m.embedding_params
+        if stage == pp - 1:
+            params += m.hidden  # final RMSNorm
+            if not m.tie_embeddings or pp > 1:
+                params += m.embedding_params
+        return params
+
+    def allreduce_time(self, stage: int) -> float:
+        """Seconds of the ring all-reduce of stage ``stage``'s gradients across the DP group:
+        2 (n-1)/n x bytes / bandwidth + latency, bytes = params / tp x dtype bytes; 0 when dp = 1."""
+        c = self.cluster
+        n = c.dp
+        if n == 1:
+            return 0.0
+        nbytes = self.stage_params(stage) / c.tp * self.model.dtype_bytes
+        return 2 * (n - 1) / n * nbytes / c.allreduce_bandwidth + c.allreduce_latency
+
+    def optimizer_time(self, stage: int) -> float:
+        """Seconds of one AdamW step over stage ``stage``'s parameters (its TP shard): the profile's
+        ``optim`` op at that parameter count, else params x 16 bytes / the sidecar's memory_bandwidth."""
+        params = round(self.stage_params(stage) / self.cluster.tp)
+        if "optim" in self._curves:
+            return self._op("optim", params)
+        bw = self.profile.meta.get("memory_bandwidth")
+        if bw:
+            return params * ADAMW_BYTES_PER_PARAM / bw
+        if "optim" not in self._warned:
+            self._warned.add("optim")
+            warnings.warn(f"profile {self.profile.source} has neither optim rows nor memory_bandwidth; "
+                          "the optimizer step costs 0 s", RuntimeWarning, stacklevel=2)
+        return 0.0
+
+
+def _mismatches(meta: dict, model: ModelConfig, cluster: ClusterConfig) -> list[str]:
+    out = []
+    if meta["block_size"] != model.block_size:
+        out.append(f"block_size {meta['block_size']} (run: model.block_size = {model.block_size})")
+    if meta["tp"] != cluster.tp:
+        out.append(f"tp {meta['tp']} (run: cluster.tp = {cluster.tp})")
+    for dim in _CHECKED_DIMS:
+        if dim in meta["model"] and meta["model"][dim] != getattr(model, dim):
+            out.append(f"model.{dim} {meta['model'][dim]} (run: {getattr(model, dim)})")
+    return out
+
+
+def load_latency_model(profile: str | Profile, model: ModelConfig, cluster: ClusterConfig, *,
+                       base_dir: str = ".", extrapolate: str = "warn") -> LatencyModel:
+    """Load ``profile`` (shipped name, directory or CSV path, or a Profile) and build the latency model
+    for ``model`` on ``cluster``. See the module docstring for matching and extrapolation rules."""
+    check_choice(extrapolate, "extrapolate", EXTRAPOLATE)
+    prof = profile if isinstance(profile, Profile) else load_profile(profile, base_dir)
+    bad = _mismatches(prof.meta, model, cluster)
+    if bad and prof.meta.get("analytical") and isinstance(prof.meta.get("roofline"), dict):
+        from sparsebalance.simulator.roofline import Hardware, build_profile
+
+        hw = Hardware(**prof.meta["roofline"])
+        derived = build_profile(hw, model, cluster.tp)
+        derived.source = f"{prof.source} (analytical, re-derived for {model.name}, tp {cluster.tp})"
+        prof = derived
+    elif bad:
+        raise ConfigError(f"profile: {prof.source} does not match the run: " + "; ".join(bad)
+                          + ". Measure a profile for this model and plan (sparsebalance profile)")
+    device = str(prof.meta.get("device", ""))
+    if device and cluster.device and device.lower() != cluster.device.lower():
+        warnings.warn(f"profile {prof.source} is for device {device!r} but cluster.device is "
+                      f"{cluster.device!r}; predictions follow the profile", stacklevel=2)
+    return LatencyModel(prof, model, cluster, extrapolate=extrapolate)
+
+
+__all__ = ["EXTRAPOLATE", "LatencyModel", "load_latency_model"]

@@ -1,0 +1,227 @@
+"""The latency profile format: a CSV table plus a JSON sidecar, versioned and validated on load.
+
+A profile is a directory ``NAME/`` holding
+
+* ``profile.csv`` with columns ``op, seq_len, budget, latency_s`` (one row per grid point):
+
+  - ``attn_fwd``, ``attn_bwd``: MoBA attention of ONE decoder layer for ONE sequence;
+    ``seq_len`` = that sequence's length in tokens, ``budget`` = MoBA top-k (own block included).
+    The (seq_len, budget) points of each attention op must form a full rectilinear grid.
+  - ``layer_fwd``, ``layer_bwd``: the dense part of one decoder layer (norms, QKV/O projections,
+    MLP); ``seq_len`` = tokens in the micro-batch, ``budget`` = 0.
+  - ``embed_fwd``, ``embed_bwd``, ``head_fwd``, ``head_bwd``: embedding lookup; final norm + LM head
+    + loss; ``seq_len`` = tokens, ``budget`` = 0. Optional (absent = no cost, with a warning).
+  - ``optim``: one AdamW step; ``seq_len`` = number of parameters, ``budget`` = 0. Optional.
+
+  ``latency_s`` is seconds on one GPU (one TP rank) of the recorded parallel plan.
+* ``profile.json``, the sidecar (see :data:`SIDECAR_KEYS`); optional ``memory_bandwidth`` (bytes/s)
+  feeds the optimizer estimate when there are no ``optim`` rows.
+
+Shipped profiles live in ``sparsebalance/data/profiles/<name>/``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sparsebalance.errors import ConfigError
+
+FORMAT_VERSION = 1
+COLUMNS = ("op", "seq_len", "budget", "latency_s")
+ATTENTION_OPS = ("attn_fwd", "attn_bwd")
+DENSE_OPS = ("layer_fwd", "layer_bwd", "embed_fwd", "embed_bwd", "head_fwd", "head_bwd")
+OPS = ATTENTION_OPS + DENSE_OPS + ("optim",)
+REQUIRED_OPS = ("attn_fwd", "attn_bwd", "layer_fwd", "layer_bwd")
+#: Sidecar key -> the JSON type it must have.
+SIDECAR_KEYS: dict[str, type | tuple[type, ...]] = {
+    "format_version": int, "device": str, "dtype": str, "analytical": bool, "model": dict,
+    "block_size": int, "tp": int, "how": str, "command": str, "versions": dict,
+}
+_TYPE_WORDS = {int: "an integer", str: "a string", bool: "true or false", dict: "a JSON object"}
+#: Model dimensions a sidecar's ``model`` dict records (names of ``ModelConfig`` fields).
+MODEL_DIMS = ("hidden", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab")
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data" / "profiles"
+
+
+@dataclass(kw_only=True, slots=True)
+class Profile:
+    """A loaded, validated profile."""
+
+    table: pd.DataFrame
+    """Rows ``op, seq_len, budget, latency_s`` (ints, ints, ints, float seconds), sorted."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """The sidecar (see :data:`SIDECAR_KEYS`)."""
+    source: str = "<memory>"
+    """Where it was loaded from (named in error messages)."""
+
+    def __post_init__(self) -> None:
+        self.table = validate_table(self.table, self.source)
+        validate_meta(self.meta, self.source)
+
+    @property
+    def ops(self) -> tuple[str, ...]:
+        return tuple(op for op in OPS if (self.table["op"] == op).any())
+
+    def rows(self, op: str) -> pd.DataFrame:
+        """The rows of one op, sorted by (seq_len, budget)."""
+        return self.table[self.table["op"] == op].reset_index(drop=True)
+
+
+def shipped_profiles() -> list[str]:
+    """Names of the profiles shipped with the package."""
+    if not SHIPPED_DIR.is_dir():
+        return []
+    return sorted(p.name for p in SHIPPED_DIR.iterdir() if (p / "profile.csv").is_file())
+
+
+def _locate(name_or_path: str | Path, base_dir: str | Path) -> tuple[Path, Path]:
+    """(csv, sidecar) paths for a shipped name, a profile directory or the CSV itself."""
+    text = str(name_or_path)
+    if "/" not in text and "\\" not in text and (SHIPPED_DIR / text / "profile.csv").is_file():
+        d = SHIPPED_DIR / text
+        return d / "profile.csv", d / "profile.json"
+    p = Path(text)
+    if not p.is_absolute():
+        p = Path(base_dir) / p
+    if p.is_dir():
+        return p / "profile.csv", p / "profile.json"
+    if p.is_file():
+        own = p.with_suffix(".json")  # data.csv + data.json, else the directory's profile.json
+        return p, own if own.is_file() else p.parent / "profile.json"
+    raise ConfigError(f"profile: {text!r} is neither a shipped profile ({', '.join(shipped_profiles())}) "
+                      f"nor an existing directory or CSV file (looked in {p})")
+
+
+def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profile:
+    """Load and validate a profile: a shipped name, a directory with profile.csv + profile.json,
+    or the CSV path itself (sidecar ``<stem>.json`` or ``profile.json`` beside it)."""
+    csv_path, json_path = _locate(name_or_path, base_dir)
+    if not csv_path.is_file():
+        raise ConfigError(f"profile: {csv_path}: no such file (a profile directory holds profile.csv)")
+    if not json_path.is_file():
+        raise ConfigError(f"profile: {json_path}: sidecar missing (the profile format needs "
+                          f"profile.json beside {csv_path.name})")
+    try:
+        table = pd.read_csv(csv_path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise ConfigError(f"profile: {csv_path} is not a readable CSV: {e}") from None
+    try:
+        meta = json.loads(json_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"profile: {json_path} is not valid JSON: {e}") from None
+    if not isinstance(meta, dict):
+        raise ConfigError(f"profile: {json_path} must hold a JSON object")
+    table = validate_table(table, str(csv_path))
+    validate_meta(meta, str(json_path))
+    return Profile(table=table, meta=meta, source=str(csv_path))
+
+
+def write_profile(table: pd.DataFrame, meta: dict[str, Any], directory: str | Path) -> Path:
+    """Validate and write ``profile.csv`` + ``profile.json`` into ``directory``; returns it."""
+    out = Path(directory)
+    table = validate_table(table, str(out / "profile.csv"))
+    validate_meta(meta, str(out / "profile.json"))
+    out.mkdir(parents=True, exist_ok=True)
+    # repr-precision floats so that a reload gives back exactly the same numbers
+    table.to_csv(out / "profile.csv", index=False, float_format="%.17g")
+    (out / "profile.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def validate_meta(meta: dict[str, Any], where: str) -> None:
+    """Check the sidecar's keys and types; raise ConfigError naming the file and the problem."""
+    missing = [k for k in SIDECAR_KEYS if k not in meta]
+    if missing:
+        raise ConfigError(f"profile: {where}: sidecar is missing key(s) {', '.join(missing)} "
+                          f"(required: {', '.join(SIDECAR_KEYS)})")
+    for key, tp in SIDECAR_KEYS.items():
+        value = meta[key]
+        bad_bool = tp is int and isinstance(value, bool)
+        if bad_bool or not isinstance(value, tp):
+            raise ConfigError(f"profile: {where}: sidecar key {key!r} must be {_TYPE_WORDS[tp]}, "
+                              f"got {value!r}")
+    if meta["format_version"] != FORMAT_VERSION:
+        raise ConfigError(f"profile: {where}: format_version {meta['format_version']} is not supported "
+                          f"(this version reads {FORMAT_VERSION})")
+    for key in ("block_size", "tp"):
+        if meta[key] <= 0:
+            raise ConfigError(f"profile: {where}: sidecar key {key!r} must be > 0, got {meta[key]}")
+    bad_dims = [k for k, v in meta["model"].items()
+                if k in MODEL_DIMS and (isinstance(v, bool) or not isinstance(v, int) or v <= 0)]
+    if bad_dims:
+        raise ConfigError(f"profile: {where}: model dims {', '.join(bad_dims)} must be positive integers")
+    bw = meta.get("memory_bandwidth")
+    if bw is not None and (isinstance(bw, bool) or not isinstance(bw, (int, float))
+                           or not math.isfinite(bw) or bw <= 0):
+        raise ConfigError(f"profile: {where}: memory_bandwidth must be a positive number of bytes/s, "
+                          f"got {bw!r}")
+
+
+def validate_table(table: pd.DataFrame, where: str) -> pd.DataFrame:
+    """Check columns, ops, values and grid shape; return the table typed and sorted."""
+    missing = [c for c in COLUMNS if c not in table.columns]
+    if missing:
+        raise ConfigError(f"profile: {where}: missing column(s) {', '.join(missing)} "
+                          f"(required: {', '.join(COLUMNS)})")
+    t = table.loc[:, list(COLUMNS)].copy()
+    if t.empty:
+        raise ConfigError(f"profile: {where}: no rows")
+    t["op"] = t["op"].astype(str)
+    unknown = sorted(set(t["op"]) - set(OPS))
+    if unknown:
+        raise ConfigError(f"profile: {where}: unknown op {unknown[0]!r}; allowed ops are {', '.join(OPS)}")
+    for col in ("seq_len", "budget"):
+        num = pd.to_numeric(t[col], errors="coerce")
+        if num.isna().any() or (num != num.round()).any():
+            raise ConfigError(f"profile: {where}: column {col} must hold integers")
+        t[col] = num.astype("int64")
+    lat = pd.to_numeric(t["latency_s"], errors="coerce").astype(float)
+    bad = lat.isna() | ~lat.map(math.isfinite) | (lat < 0)
+    if bad.any():
+        row = t[bad].iloc[0]
+        raise ConfigError(f"profile: {where}: latency_s must be finite and >= 0 seconds; "
+                          f"got {table.loc[row.name, 'latency_s']!r} for op {row.op} at "
+                          f"seq_len {row.seq_len}, budget {row.budget}")
+    t["latency_s"] = lat
+    if (t["seq_len"] <= 0).any():
+        raise ConfigError(f"profile: {where}: seq_len must be > 0 (tokens, or parameters for optim)")
+    dup = t.duplicated(["op", "seq_len", "budget"])
+    if dup.any():
+        row = t[dup].iloc[0]
+        raise ConfigError(f"profile: {where}: duplicated grid point op {row.op}, seq_len {row.seq_len}, "
+                          f"budget {row.budget}")
+    present = set(t["op"])
+    absent = [op for op in REQUIRED_OPS if op not in present]
+    if absent:
+        raise ConfigError(f"profile: {where}: op(s) {', '.join(absent)} have no rows "
+                          f"(required: {', '.join(REQUIRED_OPS)})")
+    for op, rows in t.groupby("op"):
+        _check_grid(op, rows, where)
+    order = {op: i for i, op in enumerate(OPS)}
+    t = t.sort_values(["op", "seq_len", "budget"], key=lambda s: s.map(order) if s.name == "op" else s)
+    return t.reset_index(drop=True)
+
+
+def _check_grid(op: str, rows: pd.DataFrame, where: str) -> None:
+    n_seq = rows["seq_len"].nunique()
+    if op in ATTENTION_OPS:
+        if (rows["budget"] < 1).any():
+            raise ConfigError(f"profile: {where}: {op} budget must be >= 1 (MoBA top-k)")
+        n_k = rows["budget"].nunique()
+        if n_seq * n_k != len(rows):
+            raise ConfigError(f"profile: {where}: {op} grid is not rectilinear: {len(rows)} rows for "
+                              f"{n_seq} seq_len x {n_k} budget values (every seq_len needs every budget)")
+        if n_seq < 2 or n_k < 2:
+            raise ConfigError(f"profile: {where}: {op} needs >= 2 seq_len and >= 2 budget values "
+                              f"to interpolate, got {n_seq} x {n_k}")
+    else:
+        if (rows["budget"] != 0).any():
+            raise ConfigError(f"profile: {where}: {op} rows must have budget 0 (dense op)")
+        if n_seq < 2:
+            raise ConfigError(f"profile: {where}: {op} needs >= 2 seq_len values to interpolate")

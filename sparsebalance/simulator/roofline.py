@@ -1,0 +1,267 @@
+"""ANALYTICAL roofline profiles (no measurement): H200 SXM and H20, MoBA attention + dense layers.
+
+Every op's time is ``max(FLOPs / (peak x efficiency), bytes / (bandwidth x memory_efficiency))
++ kernels x launch_overhead`` (+ the TP all-reduces of a Megatron-style layer). The numbers are a
+model, not a measurement: the sidecar says ``analytical: true`` and ``how: "analytical roofline: ..."``.
+
+FLOP counts (per GPU, one TP rank, heads and weights split over ``tp``):
+
+* MoBA attention forward: the exact number of attended (query, key) pairs under MoBA semantics
+  (a query in block c sees its own block causally plus min(k-1, c) earlier full blocks, see
+  :func:`moba_pairs`) x 4 x head_dim x heads / tp (QK^T and PV, 2 FLOPs per multiply-add), plus gate
+  scoring (each query against the mean key of every earlier block: 2 x head_dim FLOPs per head).
+* MoBA attention backward: 2.5 x the forward matmul FLOPs, the FlashAttention-2 count (recompute
+  QK^T, then dV, dP, dQ, dK: 5 matmuls against 2); the top-k gate has no gradient.
+* Dense part of a layer: 2 x tokens x params_per_layer / tp forward, twice that backward.
+* LM head: 2 x tokens x hidden x vocab / tp forward, twice that backward; plus fp32 logits traffic.
+
+An analytical profile is computed for one model's dims, TP degree and block size;
+``sparsebalance.simulator.latency`` re-derives it for another model from the hardware parameters in
+the sidecar's ``roofline`` entry instead of rescaling numbers (exact, and cheap: ~10 ms).
+
+Regenerate the shipped profiles with ``python -m sparsebalance.simulator.roofline --out
+sparsebalance/data/profiles``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sparsebalance.errors import check, check_positive
+from sparsebalance.simulator.config import ModelConfig, qwen25_3b
+from sparsebalance.simulator.profile import MODEL_DIMS, Profile, write_profile
+
+COMMAND = "python -m sparsebalance.simulator.roofline --out sparsebalance/data/profiles"
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Hardware:
+    """Peak numbers of one GPU and the efficiency factors of the analytical roofline."""
+
+    device: str
+    """Label written to the sidecar (``h200``, ``h20``)."""
+    peak_flops: float
+    """Dense bf16 tensor-core FLOP/s (data-sheet figure without structured sparsity)."""
+    memory_bandwidth: float
+    """HBM bandwidth in bytes/s."""
+    tp_bandwidth: float = 450e9
+    """Bytes/s per direction between the TP ranks (NVLink 4: 900 GB/s bidirectional)."""
+    gemm_efficiency: float = 0.70
+    """Share of peak that the dense GEMMs of a layer and the LM head reach."""
+    attention_efficiency: float = 0.35
+    """Share of peak that the MoBA kernel reaches: gathers of selected key blocks and short tiles keep
+    it below dense FlashAttention (~0.5-0.6 on Hopper)."""
+    memory_efficiency: float = 0.80
+    """Share of the HBM bandwidth that streaming kernels reach."""
+    launch_overhead: float = 4e-6
+    """Seconds of fixed cost per kernel launch."""
+    source: str = ""
+    """Where the peak numbers come from."""
+
+    def __post_init__(self) -> None:
+        for f in ("peak_flops", "memory_bandwidth", "tp_bandwidth", "gemm_efficiency",
+                  "attention_efficiency", "memory_efficiency"):
+            check_positive(getattr(self, f), f)
+        for f in ("gemm_efficiency", "attention_efficiency", "memory_efficiency"):
+            check(getattr(self, f) <= 1, f, f"must be <= 1, got {getattr(self, f)}")
+        check_positive(self.launch_overhead, "launch_overhead", allow_zero=True)
+
+
+# NVIDIA H200 Tensor Core GPU data sheet (nvidia.com/en-us/data-center/h200): H200 SXM BF16 Tensor
+# Core 1,979 TFLOPS *with sparsity* -> 989 TFLOP/s dense; HBM3e 141 GB at 4.8 TB/s; NVLink 900 GB/s.
+H200 = Hardware(device="h200", peak_flops=989e12, memory_bandwidth=4.8e12,
+                source="NVIDIA H200 data sheet: 989 TFLOP/s dense bf16 (1,979 with sparsity), 4.8 TB/s HBM3e")
+# NVIDIA H20 (China-market Hopper, HGX H20 product brief): 148 TFLOP/s dense FP16/BF16, 96 GB HBM3 at
+# 4.0 TB/s, NVLink 900 GB/s.
+H20 = Hardware(device="h20", peak_flops=148e12, memory_bandwidth=4.0e12,
+               source="NVIDIA HGX H20 product brief: 148 TFLOP/s dense bf16, 4.0 TB/s HBM3")
+HARDWARE = {"h200": H200, "h20": H20}
+
+#: Kernel launches per op (gate means, gate GEMM, top-k, attention; norms, GEMMs, activations, ...).
+KERNELS = {"attn_fwd": 4, "attn_bwd": 3, "layer_fwd": 10, "layer_bwd": 20, "embed_fwd": 1,
+           "embed_bwd": 2, "head_fwd": 4, "head_bwd": 6}
+
+
+def default_seq_lens(lo: int = 16, hi: int = 131072) -> np.ndarray:
+    """Powers of two and the 1.5x points between them, from ``lo`` to ``hi`` tokens."""
+    pts = set()
+    p = 1
+    while p <= hi:
+        for x in (p, 3 * p // 2):
+            if lo <= x <= hi:
+                pts.add(x)
+        p *= 2
+    return np.array(sorted(pts), dtype=np.int64)
+
+
+DEFAULT_BUDGETS = np.array(list(range(1, 17)) + [20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128],
+                           dtype=np.int64)
+
+
+def moba_pairs(seq_len, block_size: int, budget):
+    """Exact (query, key) pairs MoBA attends for one sequence (numpy-broadcastable ints).
+
+    Blocks c = 0..n-1 of sizes s_c (all ``block_size`` but the last, n = ceil(L / B)); a query in
+    block c sees its own block causally and min(k-1, c) earlier blocks in full, so
+    pairs = sum_c s_c (s_c + 1) / 2 + B s_c min(k-1, c), in closed form below. At k >= n this is the
+    dense causal count L (L + 1) / 2.
+    """
+    L = np.asarray(seq_len, dtype=np.int64)
+    k = np.asarray(budget, dtype=np.int64)
+    B = int(block_size)
+    n = -(-L // B)
+    r = L - (n - 1) * B  # tokens in the last block
+    m = n - 1  # full blocks before the last one
+    a = k - 1
+    t = np.minimum(a, np.maximum(m - 1, 0))
+    full = m * (B * (B + 1) // 2) + B * B * (t * (t + 1) // 2 + t * (m - 1 - t))
+    last = r * (r + 1) // 2 + B * r * np.minimum(a, m)
+    return full + last
+
+
+def gate_candidates(seq_len, block_size: int):
+    """Sum over queries of the earlier blocks each query scores: sum_c s_c x c."""
+    L = np.asarray(seq_len, dtype=np.int64)
+    B = int(block_size)
+    n = -(-L // B)
+    r = L - (n - 1) * B
+    return B * (n - 1) * (n - 2) // 2 + r * (n - 1)
+
+
+def _roof(flops, bytes_, eff: float, hw: Hardware, kernels: int):
+    return (np.maximum(flops / (hw.peak_flops * eff), bytes_ / (hw.memory_bandwidth * hw.memory_efficiency))
+            + kernels * hw.launch_overhead)
+
+
+def _tp_allreduce(tokens, model: ModelConfig, tp: int, hw: Hardware, count: int):
+    """``count`` ring all-reduces of a [tokens, hidden] activation across the TP group (Megatron f/g)."""
+    if tp == 1:
+        return 0.0 * np.asarray(tokens, dtype=float)
+    nbytes = np.asarray(tokens, dtype=float) * model.hidden * model.dtype_bytes
+    return count * 2 * (tp - 1) / tp * nbytes / hw.tp_bandwidth
+
+
+def attention_time(seq_len, budget, model: ModelConfig, tp: int, block_size: int, hw: Hardware, *,
+                   backward: bool = False):
+    """Seconds of one layer's MoBA attention for one sequence (numpy-broadcastable)."""
+    L = np.asarray(seq_len, dtype=np.int64)
+    n = -(-L // block_size)
+    k = np.minimum(np.asarray(budget, dtype=np.int64), n)
+    heads = model.heads / tp
+    kvh = math.ceil(model.kv_heads / tp)  # KV heads are replicated when kv_heads < tp
+    d, db = model.head_dim, model.dtype_bytes
+    matmul = moba_pairs(L, block_size, k).astype(float) * 4 * d * heads
+    gate = gate_candidates(L, block_size).astype(float) * 2 * d * heads
+    # bytes: Q in, O out, K/V of every (query block, selected key block) pair, fp32 gate scores w+r
+    block_pairs = n * k - k * (k - 1) / 2  # sum_c min(k, c + 1) for k <= n
+    fwd_bytes = (2 * L * heads * d * db + block_pairs * 2 * block_size * kvh * d * db
+                 + 2 * 4 * gate_candidates(L, block_size) * heads)
+    if backward:
+        return _roof(2.5 * matmul, 2.5 * fwd_bytes, hw.attention_efficiency, hw, KERNELS["attn_bwd"])
+    return _roof(matmul + gate, fwd_bytes, hw.attention_efficiency, hw, KERNELS["attn_fwd"])
+
+
+def dense_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: bool = False):
+    """Seconds of one layer's dense part (norms, QKV/O, SwiGLU MLP) on ``tokens`` tokens."""
+    T = np.asarray(tokens, dtype=float)
+    h, db = model.hidden, model.dtype_bytes
+    qkv = (model.heads + 2 * model.kv_heads) * model.head_dim / tp
+    flops = 2 * T * model.params_per_layer / tp
+    # weights once + activation traffic of each op (norms, residuals, QKV/O in/out, MLP in/act/out)
+    act = T * (14 * h + qkv + model.heads * model.head_dim / tp + 6 * model.ffn / tp) * db
+    nbytes = model.params_per_layer / tp * db + act
+    mult = 2 if backward else 1
+    kernels = KERNELS["layer_bwd" if backward else "layer_fwd"]
+    return _roof(mult * flops, mult * nbytes, hw.gemm_efficiency, hw, kernels) + _tp_allreduce(
+        T, model, tp, hw, 2)
+
+
+def embed_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: bool = False):
+    """Seconds of the (vocab-parallel) embedding lookup, or its gradient scatter-add."""
+    T = np.asarray(tokens, dtype=float)
+    nbytes = 2 * T * model.hidden * model.dtype_bytes * (2 if backward else 1)
+    kernels = KERNELS["embed_bwd" if backward else "embed_fwd"]
+    return _roof(0.0 * T, nbytes, hw.gemm_efficiency, hw, kernels) + _tp_allreduce(
+        T, model, tp, hw, 0 if backward else 1)
+
+
+def head_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: bool = False):
+    """Seconds of final norm + LM head + cross-entropy (fp32 logits, vocab split over TP)."""
+    T = np.asarray(tokens, dtype=float)
+    flops = 2 * T * model.hidden * model.vocab / tp
+    logits = T * model.vocab / tp * 4
+    weights = model.hidden * model.vocab / tp * model.dtype_bytes
+    if backward:
+        return _roof(2 * flops, 2 * weights + 2 * logits, hw.gemm_efficiency, hw, KERNELS["head_bwd"])
+    return _roof(flops, weights + 3 * logits, hw.gemm_efficiency, hw, KERNELS["head_fwd"])
+
+
+def build_table(hw: Hardware, model: ModelConfig, tp: int, block_size: int, *,
+                seq_lens: np.ndarray | None = None, budgets: np.ndarray | None = None,
+                tokens: np.ndarray | None = None) -> pd.DataFrame:
+    """The profile rows of one (hardware, model, tp, block size)."""
+    seq_lens = default_seq_lens() if seq_lens is None else np.asarray(seq_lens, dtype=np.int64)
+    budgets = DEFAULT_BUDGETS if budgets is None else np.asarray(budgets, dtype=np.int64)
+    tokens = default_seq_lens(16, 262144) if tokens is None else np.asarray(tokens, dtype=np.int64)
+    S, K = np.meshgrid(seq_lens, budgets, indexing="ij")
+    frames = []
+    for op, bwd in (("attn_fwd", False), ("attn_bwd", True)):
+        lat = attention_time(S.ravel(), K.ravel(), model, tp, block_size, hw, backward=bwd)
+        frames.append(pd.DataFrame({"op": op, "seq_len": S.ravel(), "budget": K.ravel(), "latency_s": lat}))
+    for name, fn in (("layer", dense_time), ("embed", embed_time), ("head", head_time)):
+        for suffix, bwd in (("fwd", False), ("bwd", True)):
+            lat = fn(tokens, model, tp, hw, backward=bwd)
+            frames.append(pd.DataFrame({"op": f"{name}_{suffix}", "seq_len": tokens, "budget": 0,
+                                        "latency_s": lat}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def build_profile(hw: Hardware, model: ModelConfig, tp: int, block_size: int | None = None) -> Profile:
+    """An analytical profile (table + sidecar) for ``model`` at ``tp`` on ``hw``."""
+    block = model.block_size if block_size is None else block_size
+    table = build_table(hw, model, tp, block)
+    return Profile(table=table, meta=sidecar(hw, model, tp, block), source=f"analytical-{hw.device}")
+
+
+def sidecar(hw: Hardware, model: ModelConfig, tp: int, block_size: int) -> dict:
+    import numpy
+    import pandas
+
+    from sparsebalance import __version__
+
+    return {
+        "format_version": 1, "device": hw.device, "dtype": "bf16", "analytical": True,
+        "model": {"name": model.name} | {k: getattr(model, k) for k in MODEL_DIMS}
+                 | {"dtype_bytes": model.dtype_bytes},
+        "block_size": block_size, "tp": tp,
+        "how": ("analytical roofline: max(FLOPs / (peak x efficiency), bytes / (HBM bandwidth x "
+                "efficiency)) + launches x overhead; MoBA attention FLOPs from the exact attended-pair "
+                "count, backward 2.5x forward matmuls (FlashAttention-2); not measured"),
+        "command": COMMAND,
+        "versions": {"sparsebalance": __version__, "numpy": numpy.__version__,
+                     "pandas": pandas.__version__},
+        "memory_bandwidth": hw.memory_bandwidth * hw.memory_efficiency,
+        "roofline": asdict(hw),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="sparsebalance/data/profiles", help="parent directory")
+    ap.add_argument("--tp", type=int, default=2, help="tensor-parallel degree (the paper: 2)")
+    args = ap.parse_args(argv)
+    model = qwen25_3b()
+    for hw in (H200, H20):
+        prof = build_profile(hw, model, args.tp)
+        path = write_profile(prof.table, prof.meta, Path(args.out) / f"analytical-{hw.device}")
+        print(f"wrote {path} ({len(prof.table)} rows)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,322 @@
+"""Latency model against hand-computed values on a synthetic profile with known closed forms."""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sparsebalance.errors import ConfigError
+from sparsebalance.simulator.config import ClusterConfig, ModelConfig, h200_4x8, qwen25_3b
+from sparsebalance.simulator.latency import load_latency_model
+from sparsebalance.simulator.profile import Profile
+
+SEQ = (64, 128, 256, 512)
+BUD = (1, 2, 4, 8)
+TOK = (32, 1024, 4096)
+
+
+def f_attn(L, k):  # bilinear, so bilinear interpolation reproduces it exactly (and extrapolates it)
+    return 1e-4 + 2e-6 * L + 3e-5 * k + 1e-8 * L * k
+
+
+def g_dense(T):
+    return 1e-5 + 1e-8 * T
+
+
+def e_embed(T):
+    return 1e-9 * T
+
+
+def h_head(T):
+    return 2e-6 + 3e-9 * T
+
+
+MODEL = ModelConfig(name="t", hidden=64, layers=6, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=256,
+                    block_size=32, dtype_bytes=2)
+PARAMS_PER_LAYER = 37120  # by hand: q 64*64+64, kv 2*(64*32+32), o 64*64, mlp 3*64*128, norms 2*64
+EMBED = 256 * 64
+
+
+def table(*, optim=False) -> pd.DataFrame:
+    rows = [(op, s, k, m * f_attn(s, k)) for op, m in (("attn_fwd", 1), ("attn_bwd", 2))
+            for s in SEQ for k in BUD]
+    for op, fn in (("layer_fwd", g_dense), ("layer_bwd", lambda t: 2 * g_dense(t)),
+                   ("embed_fwd", e_embed), ("embed_bwd", lambda t: 2 * e_embed(t)),
+                   ("head_fwd", h_head), ("head_bwd", lambda t: 2 * h_head(t))):
+        rows += [(op, t, 0, fn(t)) for t in TOK]
+    if optim:
+        rows += [("optim", 100_000, 0, 1e-4), ("optim", 1_000_000, 0, 1e-3)]
+    return pd.DataFrame(rows, columns=["op", "seq_len", "budget", "latency_s"])
+
+
+def meta(**over):
+    m = {"format_version": 1, "device": "test", "dtype": "bf16", "analytical": False,
+         "model": {"hidden": 64, "layers": 99, "heads": 4, "kv_heads": 2, "head_dim": 16, "ffn": 128,
+                   "vocab": 256},
+         "block_size": 32, "tp": 1, "how": "measured: synthetic", "command": "test", "versions": {},
+         "memory_bandwidth": 1e11}
+    m.update(over)
+    return m
+
+
+def cluster(**kw) -> ClusterConfig:
+    base = {"device": "test", "pp": 2, "dp": 4, "tp": 1, "global_batch": 16, "p2p_bandwidth": 1e10,
+            "p2p_latency": 5e-6, "allreduce_bandwidth": 2e10, "allreduce_latency": 7e-6}
+    return ClusterConfig(**(base | kw))
+
+
+def lm(extrapolate="warn", *, optim=False, m=None, **cl):
+    prof = Profile(table=table(optim=optim), meta=m or meta(), source="synthetic")
+    return load_latency_model(prof, MODEL, cluster(**cl), extrapolate=extrapolate)
+
+
+def test_exact_on_grid_points_and_bilinear_between():
+    model = lm()
+    for s in SEQ:
+        for k in BUD:
+            if k <= math.ceil(s / 32):
+                assert model.attention(s, k) == pytest.approx(f_attn(s, k), rel=1e-12)
+                assert model.attention(s, k, backward=True) == pytest.approx(2 * f_attn(s, k), rel=1e-12)
+    # between grid points: the bilinear closed form at (200, 3): 1e-4 + 4e-4 + 9e-5 + 6e-6
+    assert model.attention(200, 3) == pytest.approx(1e-4 + 4e-4 + 9e-5 + 6e-6, rel=1e-12)
+    for t in (32, 500, 1024, 3000, 4096):
+        assert model.dense(t) == pytest.approx(g_dense(t), rel=1e-12)
+        assert model.dense(t, backward=True) == pytest.approx(2 * g_dense(t), rel=1e-12)
+
+
+def test_bilinear_on_a_non_bilinear_table_by_hand():
+    t = table()
+    sel = (t.op == "attn_fwd") & t.seq_len.isin([128, 256]) & t.budget.isin([2, 4])
+    corners = {(128, 2): 1.0, (128, 4): 3.0, (256, 2): 5.0, (256, 4): 11.0}
+    t.loc[sel, "latency_s"] = [corners[(s, k)] for s, k in zip(t[sel].seq_len, t[sel].budget)]
+    model = load_latency_model(Profile(table=t, meta=meta(), source="x"), MODEL, cluster())
+    # (160, 3): 1/4 of the way in seq_len, half-way in budget
+    lo, hi = (1.0 + 3.0) / 2, (5.0 + 11.0) / 2
+    assert model.attention(160, 3) == pytest.approx(lo + 0.25 * (hi - lo), rel=1e-12)
+    assert model.attention(256, 3) == pytest.approx(8.0, rel=1e-12)
+
+
+def test_effective_budget_at_or_above_block_count_is_dense():
+    model = lm()
+    # 100 tokens at block 32 = 4 blocks: any top-k >= 4 is the dense value f(100, 4)
+    for k in (4, 5, 8, 500):
+        assert model.attention(100, k) == pytest.approx(f_attn(100, 4), rel=1e-12)
+    assert model.effective_budget(100, 7) == 4 and model.effective_budget(100, 2) == 2
+    assert model.attention(100, 3) < model.attention(100, 4)
+
+
+def test_out_of_range_warns_once_per_op_then_extrapolates_linearly():
+    model = lm("warn")
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        v = model.attention(1000, 2)
+        model.attention(2000, 2)
+        model.attention(3000, 1)
+    assert [str(w.message)[:50] for w in rec] == ["latency: attn_fwd seq_len 1000 is outside the prof"]
+    assert "[64, 512]" in str(rec[0].message) and rec[0].category is RuntimeWarning
+    assert v == pytest.approx(f_attn(1000, 2), rel=1e-12)  # linear continuation of the end segment
+    with pytest.warns(RuntimeWarning, match="attn_bwd"):
+        model.attention(1000, 2, backward=True)
+    with pytest.warns(RuntimeWarning, match="layer_fwd tokens 8192"):
+        assert model.dense(8192) == pytest.approx(g_dense(8192), rel=1e-12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.attention(5000, 1)  # already warned for this op: silent
+
+
+def test_out_of_range_error_names_op_value_and_range():
+    model = lm("error")
+    with pytest.raises(ConfigError, match=r"attn_fwd seq_len 1000 is outside the profiled range \[64, 512\]"):
+        model.attention(1000, 2)
+    with pytest.raises(ConfigError, match=r"attn_fwd budget 16 is outside the profiled range \[1, 8\]"):
+        model.attention(512, 16)
+    with pytest.raises(ConfigError, match=r"layer_bwd tokens 10 is outside .*\[32, 4096\]"):
+        model.dense(10, backward=True)
+
+
+def test_out_of_range_clamp_uses_the_nearest_profiled_value():
+    model = lm("clamp")
+    assert model.attention(1000, 2) == pytest.approx(f_attn(512, 2), rel=1e-12)
+    assert model.attention(20, 1) == pytest.approx(f_attn(64, 1), rel=1e-12)
+    assert model.attention(512, 16) == pytest.approx(f_attn(512, 8), rel=1e-12)
+    assert model.dense(10_000) == pytest.approx(g_dense(4096), rel=1e-12)
+
+
+def test_bad_extrapolate_setting():
+    with pytest.raises(ConfigError, match="extrapolate: 'maybe' is not allowed; choose one of warn, error, clamp"):
+        lm("maybe")
+
+
+@pytest.mark.parametrize("layers, pp, vs", [(36, 4, 1), (36, 4, 2), (6, 4, 1), (7, 2, 3), (24, 8, 3),
+                                            (5, 5, 1), (28, 3, 2)])
+def test_stage_layers_cover_every_layer_once(layers, pp, vs):
+    m = ModelConfig(hidden=64, layers=layers, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=256,
+                    block_size=32)
+    sched = {"schedule": "interleaved", "virtual_stages": vs} if vs > 1 else {}
+    model = load_latency_model(Profile(table=table(), meta=meta(), source="x"), m,
+                               cluster(pp=pp, dp=1, **sched))
+    virtual = [model.stage_layers(v % pp, v // pp) for v in range(pp * vs)]
+    assert [i for r in virtual for i in r] == list(range(layers))  # contiguous, in virtual order
+    sizes = [len(r) for r in virtual]
+    assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
+    assert sizes == sorted(sizes, reverse=True)  # the remainder goes to the first virtual stages
+
+
+def test_interleaved_chunk_is_virtual_stage_c_times_pp_plus_s():
+    m = ModelConfig(hidden=64, layers=8, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=256, block_size=32)
+    model = load_latency_model(Profile(table=table(), meta=meta(), source="x"), m,
+                               cluster(pp=2, dp=1, schedule="interleaved", virtual_stages=2))
+    assert model.stage_layers(0, 0) == range(2) and model.stage_layers(1, 0) == range(2, 4)
+    assert model.stage_layers(0, 1) == range(4, 6) and model.stage_layers(1, 1) == range(6, 8)
+    with pytest.raises(ConfigError, match="chunk in 0..1"):
+        model.stage_layers(0, 2)
+
+
+def test_too_many_stages_for_the_layers():
+    with pytest.raises(ConfigError, match="pp x virtual_stages = 8 exceeds model.layers = 6"):
+        lm(pp=8, dp=1, global_batch=8)
+
+
+def test_stage_time_and_microbatch_latency_by_hand():
+    model = lm()  # pp 2: stage 0 = layers 0..2 (+ embedding), stage 1 = layers 3..5 (+ head)
+    lengths, T = [100, 300], 400
+    budget = (1, 1, 2, 4, 8, 8)
+    f0 = sum(f_attn(L, 1) + f_attn(L, 1) + f_attn(L, 2) for L in lengths) + 3 * g_dense(T) + e_embed(T)
+    assert model.stage_time(lengths, budget, 0, backward=False) == pytest.approx(f0, rel=1e-12)
+    # 100 tokens = 4 blocks: budget 8 is dense (4); 300 tokens = 10 blocks but the grid ends at 8
+    b1 = 2 * (sum(f_attn(100, k) for k in (4, 4, 4)) + sum(f_attn(300, k) for k in (4, 8, 8)))
+    b1 += 2 * 3 * g_dense(T) + 2 * h_head(T)
+    assert model.stage_time(lengths, budget, 1, backward=True) == pytest.approx(b1, rel=1e-12)
+    whole = sum(3 * f_attn(L, min(k, math.ceil(L / 32))) for L in lengths for k in budget)
+    whole += 6 * 3 * g_dense(T) + 3 * e_embed(T) + 3 * h_head(T)
+    assert model.microbatch_latency(lengths, budget) == pytest.approx(whole, rel=1e-12)
+    per_stage = sum(model.stage_time(lengths, budget, s, backward=b) for s in (0, 1) for b in (False, True))
+    assert per_stage == pytest.approx(whole, rel=1e-12)
+    assert model.microbatch_latency(lengths, 2) == pytest.approx(
+        sum(6 * 3 * f_attn(L, 2) for L in lengths) + 18 * g_dense(T) + 3 * e_embed(T) + 3 * h_head(T),
+        rel=1e-12)
+
+
+def test_bad_budget_shape():
+    with pytest.raises(ConfigError, match="tuple of 6 per-layer"):
+        lm().microbatch_latency([100], (1, 2))
+    with pytest.raises(ConfigError, match="budget >= 1"):
+        lm().attention(100, 0)
+
+
+def test_p2p_time_closed_form():
+    assert lm().p2p_time(1000) == pytest.approx(5e-6 + 1000 * 64 * 2 / 1e10, rel=1e-12)
+
+
+def test_allreduce_ring_closed_form():
+    model = lm()  # pp 2, dp 4, tp 1, untied
+    s0 = 3 * PARAMS_PER_LAYER + EMBED
+    s1 = 3 * PARAMS_PER_LAYER + 64 + EMBED
+    assert model.stage_params(0) == s0 and model.stage_params(1) == s1
+    for s, p in ((0, s0), (1, s1)):
+        assert model.allreduce_time(s) == pytest.approx(2 * 3 / 4 * p * 2 / 2e10 + 7e-6, rel=1e-12)
+    assert lm(dp=1).allreduce_time(0) == 0.0
+
+
+def test_tied_embeddings_counted_once_without_pipeline_and_twice_with_one():
+    tied = ModelConfig(hidden=64, layers=6, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=256,
+                       block_size=32, tie_embeddings=True)
+    prof = Profile(table=table(), meta=meta(), source="x")
+    one_meta = load_latency_model(Profile(table=table(), meta=meta(tp=2), source="x"), tied,
+                                  cluster(pp=1, dp=2, tp=2))
+    assert one_meta.stage_params(0) == 6 * PARAMS_PER_LAYER + EMBED + 64
+    p = 6 * PARAMS_PER_LAYER + EMBED + 64
+    assert one_meta.allreduce_time(0) == pytest.approx(2 * 1 / 2 * p / 2 * 2 / 2e10 + 7e-6, rel=1e-12)
+    two = load_latency_model(prof, tied, cluster(pp=2, dp=2))
+    assert two.stage_params(0) == 3 * PARAMS_PER_LAYER + EMBED
+    assert two.stage_params(1) == 3 * PARAMS_PER_LAYER + 64 + EMBED
+
+
+def test_optimizer_from_optim_rows_or_memory_bandwidth():
+    model = lm()
+    p0 = 3 * PARAMS_PER_LAYER + EMBED
+    assert model.optimizer_time(0) == pytest.approx(p0 * 16 / 1e11, rel=1e-12)
+    with_rows = lm(optim=True)
+    # optim rows: 1e-4 s at 1e5 params, 1e-3 s at 1e6 params -> linear in between
+    assert with_rows.optimizer_time(0) == pytest.approx(1e-4 + (p0 - 1e5) * (9e-4 / 9e5), rel=1e-12)
+
+
+def test_measured_profile_must_match_the_run():
+    prof = Profile(table=table(), meta=meta(), source="measured.csv")
+    with pytest.raises(ConfigError, match=r"tp 1 \(run: cluster.tp = 2\)"):
+        load_latency_model(prof, MODEL, cluster(tp=2))
+    with pytest.raises(ConfigError, match=r"block_size 32 \(run: model.block_size = 64\)"):
+        load_latency_model(prof, ModelConfig(hidden=64, layers=6, heads=4, kv_heads=2, head_dim=16,
+                                             ffn=128, vocab=256, block_size=64), cluster())
+    with pytest.raises(ConfigError, match=r"model.ffn 128 \(run: 256\)"):
+        load_latency_model(prof, ModelConfig(hidden=64, layers=6, heads=4, kv_heads=2, head_dim=16,
+                                             ffn=256, vocab=256, block_size=32), cluster())
+    # layers may differ (the table is per layer): sidecar says 99, the model has 6
+    assert load_latency_model(prof, MODEL, cluster()).model.layers == 6
+
+
+def test_analytical_profile_is_re_derived_for_another_model():
+    from sparsebalance.simulator.roofline import H200, attention_time, dense_time
+
+    model = load_latency_model("analytical-h200", MODEL, cluster(tp=1, device="h200"))
+    assert "re-derived" in model.profile.source
+    assert model.attention(1024, 4) == pytest.approx(
+        float(attention_time(1024, 4, MODEL, 1, 32, H200)), rel=1e-12)
+    assert model.dense(4096, backward=True) == pytest.approx(
+        float(dense_time(4096, MODEL, 1, H200, backward=True)), rel=1e-12)
+
+
+def test_shipped_profile_is_used_as_is_for_its_own_model():
+    model = load_latency_model("analytical-h200", qwen25_3b(), h200_4x8())
+    assert "re-derived" not in model.profile.source
+    assert model.profile.meta["analytical"] is True
+
+
+def test_microbatch_latency_is_fast_enough_for_policies():
+    """4,096 sequences x 64 candidate budgets (what a DST pass may ask for), then SAB-like packing
+    queries: must stay far below the 100 ms decision budget per iteration once warm."""
+    model = load_latency_model("analytical-h200", qwen25_3b(), h200_4x8())
+    rng = np.random.default_rng(0)
+    lengths = np.clip(rng.lognormal(9, 1, 4096), 256, 65536).astype(int).tolist()
+    for L in lengths:  # warm the caches (first iteration)
+        model.microbatch_latency([L], 32)
+    t0 = time.perf_counter()
+    for L in lengths:
+        model.microbatch_latency([L], 32)
+    warm = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for k in (8, 16, 24, 32, 40, 48, 56, 64):
+        for L in lengths:
+            model.microbatch_latency([L], k)
+    cold = time.perf_counter() - t0
+    assert warm < 0.1, f"4,096 cached micro-batch queries took {warm * 1e3:.1f} ms"
+    assert cold < 2.0, f"32,768 uncached micro-batch queries took {cold * 1e3:.1f} ms"
+
+
+def test_vectorised_microbatch_latencies_match_the_closed_form():
+    model = lm("warn")
+    mbs = [[100], [64, 512], [300, 200, 40], [], [1000]]  # 40 and 1000 are outside [64, 512]
+    ks = [1, 2, 8, 3, 2]
+    want = []
+    for mb, k in zip(mbs, ks):
+        T = sum(mb)
+        dense = 0.0 if T == 0 else 18 * g_dense(T) + 3 * e_embed(T) + 3 * h_head(T)
+        want.append(sum(6 * 3 * f_attn(L, min(k, math.ceil(L / 32))) for L in mb) + dense)
+    with pytest.warns(RuntimeWarning):
+        got = model.microbatch_latencies(mbs, ks)
+    assert got == pytest.approx(want, rel=1e-12)
+    assert model.microbatch_latencies(mbs[:3], 2) == pytest.approx(
+        [model.microbatch_latency(mb, 2) for mb in mbs[:3]], rel=1e-12)
+    with pytest.raises(ConfigError, match="one budget per micro-batch"):
+        model.microbatch_latencies(mbs, [1, 2])
+
+
+def test_device_mismatch_warns():
+    prof = Profile(table=table(), meta=meta(), source="x")
+    with pytest.warns(UserWarning, match="device 'test' but cluster.device is 'h20'"):
+        load_latency_model(prof, MODEL, cluster(device="h20"))

@@ -1,0 +1,153 @@
+"""Profile format: round trip, lookup by name/dir/CSV, and every bad-input path."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sparsebalance.errors import ConfigError
+from sparsebalance.simulator.profile import (
+    OPS,
+    SIDECAR_KEYS,
+    load_profile,
+    shipped_profiles,
+    write_profile,
+)
+
+
+def small_table() -> pd.DataFrame:
+    rows = []
+    for op in ("attn_fwd", "attn_bwd"):
+        for s in (256, 512, 1024):
+            for k in (1, 2, 4):
+                rows.append((op, s, k, 1e-6 * s * k))
+    for op in ("layer_fwd", "layer_bwd", "embed_fwd", "embed_bwd", "head_fwd", "head_bwd"):
+        for t in (256, 1024):
+            rows.append((op, t, 0, 1e-7 * t))
+    return pd.DataFrame(rows, columns=["op", "seq_len", "budget", "latency_s"])
+
+
+def small_meta(**over) -> dict:
+    meta = {"format_version": 1, "device": "cpu", "dtype": "fp32", "analytical": False,
+            "model": {"hidden": 64, "layers": 4, "heads": 4, "kv_heads": 2, "head_dim": 16, "ffn": 128,
+                      "vocab": 256},
+            "block_size": 32, "tp": 1, "how": "measured: median of 5 after 2 warm-up",
+            "command": "test", "versions": {"torch": "none"}}
+    meta.update(over)
+    return meta
+
+
+def _write_raw(directory, table: pd.DataFrame, meta: dict | None):
+    directory.mkdir(parents=True, exist_ok=True)
+    table.to_csv(directory / "profile.csv", index=False)
+    if meta is not None:
+        (directory / "profile.json").write_text(json.dumps(meta))
+    return directory
+
+
+def test_round_trip_is_exact(tmp_path):
+    table = small_table()
+    table.loc[0, "latency_s"] = 1 / 3  # needs all 17 digits to survive the CSV
+    write_profile(table, small_meta(), tmp_path / "p")
+    prof = load_profile(tmp_path / "p")
+    got = prof.rows("attn_fwd").set_index(["seq_len", "budget"])["latency_s"]
+    assert got[(256, 1)] == 1 / 3
+    assert got[(1024, 4)] == 1e-6 * 1024 * 4
+    assert len(prof.table) == len(table)
+    assert prof.meta == small_meta()
+    assert set(prof.ops) == {"attn_fwd", "attn_bwd", "layer_fwd", "layer_bwd", "embed_fwd",
+                             "embed_bwd", "head_fwd", "head_bwd"}
+
+
+def test_lookup_by_directory_csv_and_relative_base_dir(tmp_path):
+    write_profile(small_table(), small_meta(), tmp_path / "p")
+    by_dir = load_profile("p", base_dir=tmp_path)
+    by_csv = load_profile(tmp_path / "p" / "profile.csv")
+    pd.testing.assert_frame_equal(by_dir.table, by_csv.table)
+    # a CSV with its own <stem>.json beside it
+    other = tmp_path / "q"
+    other.mkdir()
+    small_table().to_csv(other / "h.csv", index=False)
+    (other / "h.json").write_text(json.dumps(small_meta(device="x")))
+    assert load_profile(other / "h.csv").meta["device"] == "x"
+
+
+def test_shipped_profiles_are_found_by_name():
+    names = shipped_profiles()
+    assert {"analytical-h200", "analytical-h20"} <= set(names)
+    prof = load_profile("analytical-h20")
+    assert prof.meta["analytical"] is True and prof.meta["device"] == "h20"
+
+
+def test_unknown_name_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="neither a shipped profile"):
+        load_profile("no-such-profile", base_dir=tmp_path)
+
+
+@pytest.mark.parametrize("mutate, pattern", [
+    (lambda t: t.drop(columns=["budget"]), r"missing column\(s\) budget"),
+    (lambda t: t.assign(op=t["op"].where(t.index != 3, "attn_fwdd")), r"unknown op 'attn_fwdd'"),
+    (lambda t: t.assign(latency_s=t["latency_s"].where(t.index != 5, -1.0)), r"latency_s must be finite and >= 0"),
+    (lambda t: t.assign(latency_s=t["latency_s"].where(t.index != 5, np.inf)), r"latency_s must be finite"),
+    (lambda t: t.assign(latency_s=t["latency_s"].where(t.index != 5, np.nan)), r"latency_s must be finite"),
+    (lambda t: pd.concat([t, t.iloc[[2]]]), r"duplicated grid point op attn_fwd, seq_len 256, budget 4"),
+    (lambda t: t.drop(index=4), r"attn_fwd grid is not rectilinear"),
+    (lambda t: t[t["op"] != "layer_bwd"], r"layer_bwd have no rows"),
+    (lambda t: t.assign(budget=t["budget"].where(t["op"] != "head_fwd", 3)), r"head_fwd rows must have budget 0"),
+    (lambda t: t.assign(seq_len=t["seq_len"].astype(float) + 0.5), r"seq_len must hold integers"),
+])
+def test_bad_table_names_file_and_problem(tmp_path, mutate, pattern):
+    d = _write_raw(tmp_path / "bad", mutate(small_table()), small_meta())
+    with pytest.raises(ConfigError, match=pattern) as err:
+        load_profile(d)
+    assert "profile.csv" in str(err.value)
+
+
+def test_missing_sidecar_file(tmp_path):
+    d = _write_raw(tmp_path / "nosidecar", small_table(), None)
+    with pytest.raises(ConfigError, match=r"profile\.json: sidecar missing"):
+        load_profile(d)
+
+
+@pytest.mark.parametrize("key", list(SIDECAR_KEYS))
+def test_missing_sidecar_key(tmp_path, key):
+    meta = small_meta()
+    del meta[key]
+    d = _write_raw(tmp_path / "m", small_table(), meta)
+    with pytest.raises(ConfigError, match=rf"profile\.json: sidecar is missing key\(s\) {key}"):
+        load_profile(d)
+
+
+@pytest.mark.parametrize("over, pattern", [
+    ({"format_version": 2}, "format_version 2 is not supported"),
+    ({"analytical": "no"}, "'analytical' must be true or false"),
+    ({"block_size": 0}, "'block_size' must be > 0"),
+    ({"tp": True}, "'tp' must be an integer"),
+    ({"memory_bandwidth": -5}, "memory_bandwidth must be a positive number"),
+    ({"model": {"hidden": -1}}, "model dims hidden must be positive"),
+])
+def test_bad_sidecar_values(tmp_path, over, pattern):
+    d = _write_raw(tmp_path / "s", small_table(), small_meta(**over))
+    with pytest.raises(ConfigError, match=pattern):
+        load_profile(d)
+
+
+def test_sidecar_not_json(tmp_path):
+    d = _write_raw(tmp_path / "j", small_table(), None)
+    (d / "profile.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="is not valid JSON"):
+        load_profile(d)
+
+
+def test_write_refuses_bad_input(tmp_path):
+    with pytest.raises(ConfigError, match="missing key"):
+        write_profile(small_table(), {"device": "cpu"}, tmp_path / "w")
+    assert not (tmp_path / "w").exists()
+
+
+def test_ops_constant_matches_the_contract():
+    assert set(OPS) == {"attn_fwd", "attn_bwd", "layer_fwd", "layer_bwd", "embed_fwd", "embed_bwd",
+                        "head_fwd", "head_bwd", "optim"}

@@ -1,0 +1,167 @@
+"""``sparsebalance pipeline FILE --schedule {gpipe,1f1b,interleaved} [--json] [--virtual-stages N]``.
+
+Replays explicit durations through a schedule. FILE is JSON, seconds throughout::
+
+    {"forward": [[f00, f01, ...], ...], "backward": [[...], ...],
+     "p2p_latency": 0.0, "allreduce_time": 0.0, "optimizer_time": 0.0}
+
+``forward[s][j]`` is micro-batch j on (virtual) stage s; with the interleaved schedule there are
+pp x N rows, row ``c * pp + s`` being chunk c of physical stage s. For data parallelism:
+``{"replicas": [{"forward": ..., "backward": ...}, ...], "p2p_latency": ..., "allreduce_time": ...}``.
+``p2p_latency`` is the seconds of one transfer; ``allreduce_time`` and ``optimizer_time`` (optional,
+default 0) are a number or one per physical stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from sparsebalance.errors import ConfigError
+
+_TOP_KEYS = {"forward", "backward", "replicas", "p2p_latency", "allreduce_time", "optimizer_time"}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", metavar="FILE", help="durations JSON (see `sparsebalance pipeline --help`)")
+    p.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "interleaved"),
+                   help="pipeline schedule (default 1f1b)")
+    p.add_argument("--virtual-stages", type=int, default=None, metavar="N",
+                   help="model chunks per stage for --schedule interleaved (default 2); rows = pp x N")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def _matrix(value: Any, where: str) -> list[list[float]]:
+    if not isinstance(value, list) or not value or not all(isinstance(r, list) for r in value):
+        raise ConfigError(f"{where}: expected a non-empty list of rows (one per stage) of seconds")
+    width = len(value[0])
+    if width == 0:
+        raise ConfigError(f"{where}[0]: needs at least one micro-batch")
+    for s, row in enumerate(value):
+        if len(row) != width:
+            raise ConfigError(f"{where}: ragged rows: row 0 has {width} micro-batches, "
+                              f"row {s} has {len(row)}")
+        for j, x in enumerate(row):
+            _seconds(x, f"{where}[{s}][{j}]")
+    return [[float(x) for x in row] for row in value]
+
+
+def _seconds(x: Any, where: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        raise ConfigError(f"{where}: expected a number of seconds, got {x!r}")
+    if x < 0:
+        raise ConfigError(f"{where}: must be >= 0 seconds, got {x!r}")
+    return float(x)
+
+
+def _per_stage(value: Any, where: str, pp: int) -> float | list[float]:
+    if isinstance(value, list):
+        if len(value) != pp:
+            raise ConfigError(f"{where}: expected a number or {pp} values (one per stage), got {len(value)}")
+        return [_seconds(x, f"{where}[{i}]") for i, x in enumerate(value)]
+    return _seconds(value, where)
+
+
+def load_durations(path: str | Path, schedule: str, virtual_stages: int):
+    """Parse and validate a durations file into a ``PipelineInput`` (ConfigError naming the problem)."""
+    import numpy as np
+
+    from sparsebalance.simulator.engine import PipelineInput
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"FILE: no such file {str(path)!r}")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"FILE: {path} is not JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError("FILE: expected a JSON object with keys forward, backward (or replicas)")
+    unknown = sorted(set(data) - _TOP_KEYS)
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown key; allowed keys are {', '.join(sorted(_TOP_KEYS))}")
+    if "replicas" in data:
+        if "forward" in data or "backward" in data:
+            raise ConfigError("replicas: give either replicas or top-level forward/backward, not both")
+        reps = data["replicas"]
+        if not isinstance(reps, list) or not reps or not all(isinstance(r, dict) for r in reps):
+            raise ConfigError("replicas: expected a non-empty list of {\"forward\": ..., \"backward\": ...}")
+        sources = [(r, f"replicas[{i}].") for i, r in enumerate(reps)]
+    else:
+        sources = [(data, "")]
+    fwd, bwd = [], []
+    for src, where in sources:
+        for key, out in (("forward", fwd), ("backward", bwd)):
+            if key not in src:
+                raise ConfigError(f"{where}{key}: missing key (seconds per stage and micro-batch)")
+            out.append(_matrix(src[key], where + key))
+        extra = sorted(set(src) - {"forward", "backward"}) if where else []
+        if extra:
+            raise ConfigError(f"{where}{extra[0]}: unknown key; a replica has forward and backward")
+    shape = (len(fwd[0]), len(fwd[0][0]))
+    for i, (f, b) in enumerate(zip(fwd, bwd)):
+        for name, mat in (("forward", f), ("backward", b)):
+            if (len(mat), len(mat[0])) != shape:
+                where = f"replicas[{i}].{name}" if len(fwd) > 1 else name
+                raise ConfigError(f"{where}: shape {len(mat)} x {len(mat[0])} differs from forward's "
+                                  f"{shape[0]} x {shape[1]} (stages x micro-batches)")
+    nv = shape[0]
+    if nv % virtual_stages:
+        raise ConfigError(f"forward: {nv} rows is not a multiple of --virtual-stages {virtual_stages}")
+    pp = nv // virtual_stages
+    return PipelineInput(
+        schedule=schedule, pp=pp, virtual_stages=virtual_stages, forward=np.array(fwd),
+        backward=np.array(bwd), p2p=_seconds(data.get("p2p_latency", 0.0), "p2p_latency"),
+        allreduce=_per_stage(data.get("allreduce_time", 0.0), "allreduce_time", pp),
+        optimizer=_per_stage(data.get("optimizer_time", 0.0), "optimizer_time", pp))
+
+
+def run(args: argparse.Namespace) -> int:
+    from sparsebalance.simulator.engine import simulate
+
+    v = args.virtual_stages
+    if v is None:
+        v = 2 if args.schedule == "interleaved" else 1
+    if v < 1:
+        raise ConfigError(f"--virtual-stages: must be >= 1, got {v}")
+    res = simulate(load_durations(args.file, args.schedule, v))
+    tr = res.trace
+    if args.json:
+        ops = [{"replica": int(r), "stage": int(s), "microbatch": int(j), "op": op,
+                "start": float(a), "end": float(b)}
+               for r, s, j, op, a, b in zip(tr["dp_rank"], tr["stage"], tr["microbatch"], tr["op"],
+                                            tr["start_s"], tr["end_s"])]
+        out = {"schedule": args.schedule, "virtual_stages": v, "iteration_time": res.iteration_time,
+               "bubble_fraction": res.bubble_fraction, "stage_busy": res.stage_busy.tolist(),
+               "imbalance": res.imbalance, "stage_imbalance": res.stage_imbalance,
+               "microbatch_latency": res.microbatch_latency.tolist(), "ops": ops}
+        json.dump(out, sys.stdout)
+        sys.stdout.write("\n")
+        return 0
+    _print_table(args.schedule, v, res)
+    return 0
+
+
+def _print_table(schedule: str, v: int, res) -> None:
+    import pandas as pd
+
+    dp, pp = res.device_busy.shape
+    print(f"schedule {schedule}" + (f" (virtual stages {v})" if schedule == "interleaved" else "")
+          + f", {dp} replica(s) x {pp} stage(s) x {res.microbatch_latency.shape[1]} micro-batches")
+    print(f"iteration time   {res.iteration_time:.6g} s")
+    print(f"bubble fraction  {res.bubble_fraction:.4f}")
+    print(f"imbalance        {res.imbalance:.4f} (max/mean micro-batch F+B)")
+    tr = res.trace
+    fb = tr[tr["op"].isin(["F", "B"])]
+    per = fb.groupby(["dp_rank", "stage"]).agg(first_start_s=("start_s", "min"),
+                                               last_end_s=("end_s", "max"))
+    per["busy_s"] = res.device_busy.ravel()
+    per["idle_s"] = res.iteration_time - per["busy_s"]
+    per["order"] = [" ".join(f"{o}{j}" for o, j in zip(g["op"], g["microbatch"]))
+                    for _, g in fb.groupby(["dp_rank", "stage"])]
+    with pd.option_context("display.width", 160, "display.max_colwidth", 70, "display.max_rows", 200):
+        print(per.reset_index().rename(columns={"dp_rank": "replica"}).to_string(index=False))

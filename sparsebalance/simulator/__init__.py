@@ -1,0 +1,26 @@
+"""The cluster simulator: configs, plans, latency model, schedules, SimPy engine, executor, trace.
+
+Nothing here imports torch. The heavier names are loaded on first use::
+
+    from sparsebalance.simulator import PipelineInput, simulate, stage_orders, SimulatorExecutor
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    "PipelineInput": "engine", "PipelineResult": "engine", "simulate": "engine",
+    "stage_orders": "schedules", "validate_schedule": "schedules",
+    "SimulatorExecutor": "executor",
+    "to_chrome_trace": "trace", "write_trace": "trace", "TRACE_COLUMNS": "trace", "TRACE_OPS": "trace",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sparsebalance.simulator' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"sparsebalance.simulator.{module}"), name)

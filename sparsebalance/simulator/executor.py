@@ -1,0 +1,93 @@
+"""``SimulatorExecutor``: the ``loop.Executor`` that predicts an iteration with the SimPy engine.
+
+Durations come from the latency model (docs/architecture.md): ``stage_time`` per (virtual stage,
+micro-batch) forward and backward, ``p2p_time`` of the micro-batch's tokens for every stage boundary,
+``allreduce_time`` and ``optimizer_time`` per physical stage. Imports no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from sparsebalance.errors import ConfigError
+from sparsebalance.loop import IterationResult
+from sparsebalance.simulator.config import ClusterConfig, ModelConfig
+from sparsebalance.simulator.engine import PipelineInput, PipelineResult, simulate
+from sparsebalance.simulator.plan import Budgets, Plan
+
+_CACHE_LIMIT = 200_000
+
+
+class SimulatorExecutor:
+    """Runs a plan + budgets through the cluster's schedule; seconds throughout."""
+
+    name = "simulator"
+
+    def __init__(self, latency: Any, model: ModelConfig, cluster: ClusterConfig) -> None:
+        self.latency = latency
+        self.model = model
+        self.cluster = cluster
+        self.last: PipelineResult | None = None
+        """The engine's full result of the last ``execute`` (start/end arrays, per-device busy)."""
+        # (vstage, backward, lengths, budget) -> seconds; sequences recur across epochs and policies
+        self._stage_cache: dict[tuple, float] = {}
+        self._fixed = (
+            np.array([latency.allreduce_time(s) for s in range(cluster.pp)], dtype=float),
+            np.array([latency.optimizer_time(s) for s in range(cluster.pp)], dtype=float),
+        )
+
+    def _stage_time(self, vs: int, backward: bool, lengths: tuple[int, ...], budget) -> float:
+        key = (vs, backward, lengths, budget)
+        hit = self._stage_cache.get(key)
+        if hit is None:
+            if len(self._stage_cache) > _CACHE_LIMIT:
+                self._stage_cache.clear()
+            pp = self.cluster.pp
+            hit = self._stage_cache[key] = float(self.latency.stage_time(
+                lengths, budget, vs % pp, backward=backward, chunk=vs // pp))
+        return hit
+
+    def build_input(self, iteration: int, plan: Plan, budgets: Budgets) -> PipelineInput:
+        """The engine input of one iteration (exposed for tests and the validate verb)."""
+        c = self.cluster
+        dp, m = plan.dp, plan.num_microbatches
+        if dp != c.dp:
+            raise ConfigError(f"plan: has {dp} DP ranks but cluster.dp = {c.dp}")
+        if m < 1 or any(len(r) != m for r in plan.ranks):
+            raise ConfigError(f"plan: every DP rank needs the same number (>= 1) of micro-batches, got "
+                              f"{[len(r) for r in plan.ranks]}")
+        if len(budgets) != dp or any(len(b) != m for b in budgets):
+            raise ConfigError("budgets: shape must match the plan (one budget per micro-batch)")
+        nv = c.pp * c.virtual_stages
+        fwd = np.empty((dp, nv, m))
+        bwd = np.empty((dp, nv, m))
+        p2p = np.empty((dp, 1, m))
+        tokens = np.empty((dp, m))
+        mean_budget = np.empty((dp, m))
+        for r, j, mb in plan.microbatches():
+            lengths = mb.lengths
+            budget = budgets[r][j]
+            for vs in range(nv):
+                fwd[r, vs, j] = self._stage_time(vs, False, lengths, budget)
+                bwd[r, vs, j] = self._stage_time(vs, True, lengths, budget)
+            tokens[r, j] = mb.tokens
+            p2p[r, 0, j] = self.latency.p2p_time(mb.tokens)
+            mean_budget[r, j] = float(np.mean(budget)) if isinstance(budget, tuple) else float(budget)
+        return PipelineInput(schedule=c.schedule, pp=c.pp, virtual_stages=c.virtual_stages,
+                             forward=fwd, backward=bwd, p2p=p2p, allreduce=self._fixed[0],
+                             optimizer=self._fixed[1], tokens=tokens, budget=mean_budget,
+                             iteration=iteration)
+
+    def execute(self, iteration: int, plan: Plan, budgets: Budgets) -> IterationResult:
+        res = simulate(self.build_input(iteration, plan, budgets))
+        self.last = res
+        return IterationResult(
+            iteration_time_s=res.iteration_time,
+            trace=res.trace,
+            microbatch_latency_s=res.microbatch_latency.tolist(),
+            stage_busy_s=res.stage_busy.tolist(),
+            bubble_fraction=res.bubble_fraction,
+            extra={"stage_imbalance": res.stage_imbalance, "replica_imbalance": res.replica_imbalance},
+        )

@@ -1,0 +1,111 @@
+"""SimulatorExecutor with a closed-form latency double (and the real latency model when present)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sparsebalance.data.sequence import Sequence
+from sparsebalance.simulator.config import ClusterConfig, tiny
+from sparsebalance.simulator.executor import SimulatorExecutor
+from sparsebalance.simulator.plan import Plan, uniform_budgets
+from sparsebalance.simulator.trace import TRACE_COLUMNS
+
+
+class LinearLatency:
+    """Test double of the latency-model contract: seconds linear in tokens, independent of budget
+    except through ``budget_cost``; chunk c of stage s costs (1 + c) x the stage's base."""
+
+    def __init__(self, pp: int, per_token=1e-4, bwd_factor=2.0, p2p=0.003, budget_cost=0.0):
+        self.pp, self.per_token, self.bwd_factor = pp, per_token, bwd_factor
+        self.p2p, self.budget_cost = p2p, budget_cost
+
+    def stage_time(self, lengths, budget, stage, *, backward, chunk=0):
+        k = float(np.mean(budget)) if isinstance(budget, tuple) else float(budget)
+        base = sum(lengths) * self.per_token * (1 + chunk) + self.budget_cost * k
+        return base * (self.bwd_factor if backward else 1.0)
+
+    def p2p_time(self, tokens):
+        return self.p2p
+
+    def allreduce_time(self, stage):
+        return 0.01 * (stage + 1)
+
+    def optimizer_time(self, stage):
+        return 0.002
+
+
+def _plan(dp, m, length=1000):
+    return Plan.from_lists([[[Sequence(id=r * m + j, length=length)] for j in range(m)] for r in range(dp)])
+
+
+def test_uniform_gpipe_closed_form():
+    dp, pp, m, L = 2, 3, 4, 1000
+    cluster = ClusterConfig(pp=pp, dp=dp, schedule="gpipe", global_batch=dp * m)
+    lat = LinearLatency(pp)
+    plan = _plan(dp, m, L)
+    res = SimulatorExecutor(lat, tiny(), cluster).execute(0, plan, uniform_budgets(plan, 4))
+    f, b, c = L * 1e-4, 2 * L * 1e-4, 0.003
+    ends = (m + pp - 1) * (f + b) + 2 * (pp - 1) * c - np.arange(pp) * b
+    assert res.iteration_time_s == pytest.approx(float(np.max(ends + 0.01 * (np.arange(pp) + 1) + 0.002)))
+    assert res.stage_busy_s == pytest.approx([m * (f + b)] * pp)
+    assert np.asarray(res.microbatch_latency_s) == pytest.approx(np.full((dp, m), pp * (f + b)))
+    busy = dp * pp * m * (f + b)
+    assert res.bubble_fraction == pytest.approx(1 - busy / (dp * pp * res.iteration_time_s))
+    assert tuple(res.trace.columns) == TRACE_COLUMNS
+
+
+def test_heterogeneous_plan_maps_chunks_budgets_and_tokens():
+    dp, pp, v, m = 2, 2, 2, 4
+    cluster = ClusterConfig(pp=pp, dp=dp, schedule="interleaved", virtual_stages=v, global_batch=dp * m)
+    lat = LinearLatency(pp, budget_cost=1e-3)
+    lengths = [[100, 2000, 300, 4000], [50, 60, 7000, 800]]
+    plan = Plan.from_lists([[[Sequence(id=10 * r + j, length=L)] for j, L in enumerate(row)]
+                            for r, row in enumerate(lengths)])
+    layers = tiny().layers
+    budgets = ((4, 8, (2,) * layers, 16), (1, 2, 3, (4, 6) * (layers // 2)))
+    ex = SimulatorExecutor(lat, tiny(), cluster)
+    inp = ex.build_input(3, plan, budgets)
+    for r in range(dp):
+        for j in range(m):
+            for c in range(v):
+                for s in range(pp):
+                    want = lat.stage_time([lengths[r][j]], budgets[r][j], s, backward=False, chunk=c)
+                    assert inp.forward[r, c * pp + s, j] == pytest.approx(want)
+                    assert inp.backward[r, c * pp + s, j] == pytest.approx(2 * want)
+    res = ex.execute(3, plan, budgets)
+    tr = res.trace
+    f0 = tr[(tr["op"] == "F") & (tr["dp_rank"] == 1) & (tr["microbatch"] == 3)]
+    assert (f0["tokens"] == 800).all() and np.allclose(f0["budget"], 5.0) and len(f0) == pp * v
+    assert (tr["iteration"] == 3).all()
+    lat_mb = np.asarray(res.microbatch_latency_s)
+    assert lat_mb[0, 1] == pytest.approx(3 * sum(lat.stage_time([2000], 8, s, backward=False, chunk=c)
+                                                 for s in range(pp) for c in range(v)))
+    assert res.iteration_time_s >= lat_mb.max()  # one micro-batch's chain is a lower bound
+
+
+def test_plan_shape_mismatch_is_a_config_error():
+    from sparsebalance.errors import ConfigError
+
+    cluster = ClusterConfig(pp=2, dp=2, schedule="gpipe", global_batch=4)
+    ex = SimulatorExecutor(LinearLatency(2), tiny(), cluster)
+    plan = _plan(1, 2)
+    with pytest.raises(ConfigError, match="cluster.dp"):
+        ex.execute(0, plan, uniform_budgets(plan, 4))
+
+
+def test_with_the_shipped_latency_model():
+    latency = pytest.importorskip("sparsebalance.simulator.latency")
+    from sparsebalance.simulator.config import h200_4x8, qwen25_3b
+
+    model, cluster = qwen25_3b(), h200_4x8()
+    lm = latency.load_latency_model("analytical-h200", model, cluster)
+    rng = np.random.default_rng(0)
+    plan = Plan.from_lists([[[Sequence(id=4 * r + j, length=int(rng.integers(1000, 30000)))]
+                             for j in range(4)] for r in range(4)])
+    res = SimulatorExecutor(lm, model, cluster).execute(0, plan, uniform_budgets(plan, 32))
+    lat = np.asarray(res.microbatch_latency_s)
+    for r, j, mb in plan.microbatches():
+        assert lat[r, j] == pytest.approx(lm.microbatch_latency(mb.lengths, 32), rel=1e-9)
+    assert res.iteration_time_s >= max(lat.max(), max(res.stage_busy_s))
+    assert 0 < res.bubble_fraction < 1

@@ -1,0 +1,154 @@
+"""The MoBA Triton kernels under the Triton interpreter (CPU), checked against independent oracles.
+
+Oracles: the float64 mask-based reference (``naive.py``) and dense causal SDPA; gradients of the
+reference come from autograd in float64. Shapes are small so the whole module runs in well under a
+minute. TRITON_INTERPRET must be set before triton is first imported.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+    pytest.skip("triton imported without TRITON_INTERPRET=1 and no CUDA", allow_module_level=True)
+
+from sparsebalance.errors import ConfigError
+from sparsebalance.kernels.moba.naive import moba_attention_naive, naive_selection
+from sparsebalance.kernels.moba.triton_impl import moba_attention_triton
+from sparsebalance.kernels.moba.triton_select import build_index
+
+DEV = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+B = 16
+D = 16
+# ragged: not multiples of the block, one shorter than a block, one exactly a block
+LENS = [37, 70, 9, 16, 53]
+
+
+def _inputs(seed: int, h: int, hkv: int, lens=LENS, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    t = sum(lens)
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+    q, k, v, do = (torch.randn(t, n, D, generator=g) for n in (h, hkv, hkv, h))
+    return q, k, v, do, cu
+
+
+def _rel(a, b) -> float:
+    """max |a - b| / max |b| (elementwise, not a norm ratio, so one wrong row cannot hide)."""
+    return float((a.detach().double().cpu() - b.detach().double().cpu()).abs().max() / b.detach().abs().max())
+
+
+def _run(fn, q, k, v, do, dtype):
+    qs, ks, vs = (x.detach().to(device=DEV, dtype=dtype).clone().requires_grad_() for x in (q, k, v))
+    out = fn(qs, ks, vs)
+    out.backward(do.to(device=DEV, dtype=dtype))
+    return out, qs.grad, ks.grad, vs.grad
+
+
+def _reference(q, k, v, do, cu, topk, dtype=torch.float32):
+    """float64 naive on the same (possibly rounded to ``dtype``) inputs."""
+    rounded = [x.to(dtype).double() for x in (q, k, v, do)]
+    return _run(lambda a, b, c: moba_attention_naive(a, b, c, cu, B, topk), *rounded, torch.float64)
+
+
+CASES = {
+    "mha-topk2": (4, 4, 2, None),
+    "gqa2-topk3": (4, 2, 3, None),
+    "mqa-topk-per-seq": (4, 1, torch.tensor([2, 4, 1, 3, 1]), None),
+    "gqa2-tile8-per-seq": (4, 2, torch.tensor([3, 1, 2, 2, 4]), (8, 16)),
+    "gqa2-keytile8-topk2": (2, 1, 2, (16, 8)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_matches_float64_reference_fp32(case):
+    h, hkv, topk, tiles = CASES[case]
+    q, k, v, do, cu = _inputs(list(CASES).index(case), h, hkv)
+    bm, bn = tiles or (None, None)
+    got = _run(lambda a, b, c: moba_attention_triton(a, b, c, cu.to(DEV), B, topk, block_m=bm, block_n=bn),
+               q, k, v, do, torch.float32)
+    ref = _reference(q, k, v, do, cu, topk)
+    for name, a, r in zip(("out", "dq", "dk", "dv"), got, ref):
+        assert _rel(a, r) <= 1e-4, f"{name}: rel err {_rel(a, r):.2e}"
+
+
+@pytest.mark.parametrize("dtype,bound", [(torch.float16, 2e-3), (torch.bfloat16, 2e-2)], ids=["fp16", "bf16"])
+def test_half_precision(dtype, bound):
+    q, k, v, do, cu = _inputs(7, 4, 2, lens=[37, 70])
+    got = _run(lambda a, b, c: moba_attention_triton(a, b, c, cu.to(DEV), B, 3), q, k, v, do, dtype)
+    assert got[0].dtype == dtype
+    ref = _reference(q, k, v, do, cu, 3, dtype)
+    for name, a, r in zip(("out", "dq", "dk", "dv"), got, ref):
+        assert _rel(a, r) <= bound, f"{name}: rel err {_rel(a, r):.2e}"
+
+
+def _dense_causal(q, k, v, cu):
+    """Per-sequence causal SDPA (float64), kv heads repeated for GQA."""
+    g = q.shape[1] // k.shape[1]
+    outs = []
+    bounds = cu.tolist()
+    for a, b in itertools.pairwise(bounds):
+        qs, ks, vs = (x[a:b].transpose(0, 1) for x in (q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)))
+        outs.append(torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True).transpose(0, 1))
+    return torch.cat(outs)
+
+
+def test_full_budget_equals_dense_causal_sdpa():
+    q, k, v, do, cu = _inputs(11, 4, 2)
+    topk = -(-max(LENS) // B)  # >= number of blocks of every sequence
+    got = _run(lambda a, b, c: moba_attention_triton(a, b, c, cu.to(DEV), B, topk), q, k, v, do, torch.float32)
+    ref = _run(lambda a, b, c: _dense_causal(a, b, c, cu), q.double(), k.double(), v.double(), do.double(),
+               torch.float64)
+    for name, a, r in zip(("out", "dq", "dk", "dv"), got, ref):
+        assert _rel(a, r) <= 1e-4, f"{name}: rel err {_rel(a, r):.2e}"
+
+
+def test_small_budget_differs_from_dense():
+    q, k, v, _, cu = _inputs(12, 2, 2, lens=[80])
+    out = moba_attention_triton(q.to(DEV), k.to(DEV), v.to(DEV), cu.to(DEV), B, 2).cpu()
+    dense = _dense_causal(q.double(), k.double(), v.double(), cu)
+    # rows in blocks 0 and 1 see every earlier key either way; later rows drop blocks
+    assert _rel(out[:2 * B], dense[:2 * B]) <= 1e-4
+    assert _rel(out[2 * B:], dense[2 * B:]) > 1e-2
+
+
+def test_selection_matches_naive_selection():
+    q, k, _, _, cu = _inputs(13, 4, 2)
+    topk = torch.tensor([3, 2, 1, 2, 4])
+    idx = build_index(q, k, cu, B, topk, block_m=8, block_n=16)
+    bounds = cu.tolist()
+    for s, (a, b) in enumerate(itertools.pairwise(bounds)):
+        want = naive_selection(q[a:b].double(), k[a:b].double(), B, int(topk[s]))  # [L, H, nb]
+        sel = idx.sel[a:b].long()
+        nb = want.shape[2]
+        got = torch.zeros(*want.shape[:2], nb + 1, dtype=torch.bool)  # column nb absorbs the -1 padding
+        got.scatter_(2, torch.where(sel >= 0, sel, nb), True)
+        got = got[..., :nb]
+        assert torch.equal(got, want), f"sequence {s}"
+
+
+@pytest.mark.parametrize("bad,field", [
+    ({"k_shape": (5, 2, 16)}, "k"),
+    ({"hkv": 3}, "k"),
+    ({"cu": [0, 20, 10, 100]}, "cu_seqlens"),
+    ({"cu": [0, 50, 99]}, "cu_seqlens"),
+    ({"topk": 0}, "topk"),
+    ({"topk": torch.tensor([1, 2, 3])}, "topk"),
+    ({"block_size": 24}, "block_size"),
+], ids=["k-rows", "heads-not-divisible", "cu-decreasing", "cu-not-ending-at-T", "topk-zero",
+        "topk-wrong-length", "block-not-pow2"])
+def test_bad_input_names_the_argument(bad, field):
+    g = torch.Generator().manual_seed(3)
+    hkv = bad.get("hkv", 2)
+    q = torch.randn(100, 4, 16, generator=g)
+    k = torch.randn(*bad.get("k_shape", (100, hkv, 16)), generator=g)
+    v = torch.randn_like(k)
+    cu = torch.tensor(bad.get("cu", [0, 40, 100]), dtype=torch.int32)
+    with pytest.raises(ConfigError, match=f"^{field}:"):
+        moba_attention_triton(q, k, v, cu, bad.get("block_size", 16), bad.get("topk", 2))

@@ -8,6 +8,9 @@ from sparsebalance.errors import check, check_choice, check_positive
 
 ANCHORS = ("mean", "min", "max")
 ANCHOR_SCOPES = ("global", "pipeline")
+PACKERS = ("lpt", "lpt-swap")
+COVERAGE_SHAPES = ("power", "geometric")
+COVERAGE_AGGS = ("tokens", "min")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -36,8 +39,21 @@ class PolicyConfig:
     """SAB: weight of the past in the EMA of DST budgets per length bucket."""
     token_cap: int | None = None
     """Packing policies: max tokens per micro-batch (None = micro_batch_size sequences each)."""
+    min_microbatches: int | None = None
+    """Token-cap packing: at least this many micro-batches per rank (None = cluster.pp, so every
+    pipeline stage has work in steady state); never more than the rank's sequences."""
     packer: str = "lpt-swap"
     """SAB packer: lpt or lpt-swap (LPT then pairwise improvement swaps)."""
+    swap_rounds: int = 100
+    """lpt-swap: at most this many improving swaps/moves per packing (each lowers the makespan)."""
+    bucket_base: float = 2.0
+    """SAB: sequences share an EMA budget when floor(log_base(length)) is equal (2 = octaves)."""
+    coverage_rate: float = 1.5
+    """Coverage model: decay rate of gate-score mass with block rank for sensitivity 1.0."""
+    coverage_shape: str = "power"
+    """Coverage model: power (mass ~ rank^-rate) or geometric (mass ~ exp(-rate (rank - 1)))."""
+    coverage_agg: str = "tokens"
+    """Micro-batch coverage of packed sequences: tokens (token-weighted mean) or min."""
 
     def __post_init__(self) -> None:
         check_positive(self.k0, "k0")
@@ -50,4 +66,12 @@ class PolicyConfig:
         check(0.0 <= self.ema_decay < 1.0, "ema_decay", f"must lie in [0, 1), got {self.ema_decay}")
         if self.token_cap is not None:
             check_positive(self.token_cap, "token_cap")
-        check_choice(self.packer, "packer", ("lpt", "lpt-swap"))
+        if self.min_microbatches is not None:
+            check_positive(self.min_microbatches, "min_microbatches")
+        check_choice(self.packer, "packer", PACKERS)
+        check_positive(self.swap_rounds, "swap_rounds", allow_zero=True)
+        check(self.bucket_base > 1.0, "bucket_base", f"must be > 1, got {self.bucket_base}")
+        check_positive(self.coverage_rate, "coverage_rate")
+        check_choice(self.coverage_shape, "coverage_shape", COVERAGE_SHAPES)
+        check_choice(self.coverage_agg, "coverage_agg", COVERAGE_AGGS)
+        check(self.k_max >= self.k_min, "k_max", f"must be >= k_min ({self.k_min}), got {self.k_max}")

@@ -1,0 +1,97 @@
+"""SAB + DST decision time per iteration (batching + tuning, wall clock, this CPU) at global batch
+16, 256 and 4,096, and what LPT-swap buys over plain LPT (predicted makespan).
+
+Setting: Qwen2.5-3B, analytical-h200 profile, chatqa2-like lengths, DP2 x PP4, micro-batches packed
+to 64K tokens. Each global batch is fresh data (a dataset of 8 global batches, cycled), the policy
+state carried as in a run; the first iteration (cold caches) is reported apart. On a shared machine
+the median and min are the steadier figures.
+Targets (issue 3): < 1 ms at 16, < 100 ms at 4,096.
+
+    python benchmarks/bench_policies.py [--iterations 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import pandas as pd
+
+
+def setup(gb: int, packer: str = "lpt-swap"):
+    from sparsebalance.data import load_sequences
+    from sparsebalance.data.config import DataConfig
+    from sparsebalance.policies.base import PolicyContext
+    from sparsebalance.policies.config import PolicyConfig
+    from sparsebalance.policies.coverage import make_coverage_model
+    from sparsebalance.policies.registry import make_batching, make_tuning
+    from sparsebalance.simulator.config import ClusterConfig, qwen25_3b
+    from sparsebalance.simulator.latency import load_latency_model
+
+    model = qwen25_3b()
+    cluster = ClusterConfig(pp=4, dp=2, tp=1, global_batch=gb)
+    policy = PolicyConfig(batching="sab", tuning="dst", token_cap=65536, packer=packer)
+    latency = load_latency_model("analytical-h200", model, cluster)
+    seqs = load_sequences(DataConfig(num_sequences=8 * gb, seed=1))
+    ctx = PolicyContext(model=model, cluster=cluster, policy=policy, latency=latency,
+                        coverage=make_coverage_model(model, policy, seed=0))
+    return seqs, ctx, make_batching(policy), make_tuning(policy)
+
+
+def bench(gb: int, iterations: int) -> dict:
+    seqs, ctx, sab, dst = setup(gb)
+    times = []
+    for it in range(iterations + 1):
+        batch = seqs[(it % 8) * gb:(it % 8 + 1) * gb]
+        t0 = time.perf_counter()
+        plan = sab.plan(batch, ctx)
+        budgets = dst.budgets(plan, ctx)
+        times.append((time.perf_counter() - t0) * 1e3)
+        sab.observe(plan, budgets, None)
+    warm = np.array(times[1:])
+    return {"global_batch": gb, "microbatches": plan.dp * plan.num_microbatches,
+            "first_ms": times[0], "mean_ms": warm.mean(), "median_ms": np.median(warm),
+            "min_ms": warm.min(), "p90_ms": np.percentile(warm, 90),
+            "max_ms": warm.max()}
+
+
+def packer_gain(gb: int, iterations: int) -> dict:
+    """Predicted makespans (max over micro-batches and over ranks, at k0) of LPT vs LPT-swap."""
+    out = {}
+    for packer in ("lpt", "lpt-swap"):
+        seqs, ctx, sab, _ = setup(gb, packer)
+        mb_max, rank_max = [], []
+        for it in range(iterations):
+            batch = seqs[(it % 8) * gb:(it % 8 + 1) * gb]
+            plan = sab.plan(batch, ctx)
+            lat = [[ctx.latency.microbatch_latency(mb.lengths, ctx.policy.k0) for mb in r]
+                   for r in plan.ranks]
+            mb_max.append(max(max(r) for r in lat))
+            rank_max.append(max(sum(r) for r in lat))
+        out[packer] = (np.mean(mb_max), np.mean(rank_max))
+    return {"global_batch": gb,
+            "mb_makespan_lpt_s": out["lpt"][0], "mb_makespan_swap_s": out["lpt-swap"][0],
+            "rank_makespan_lpt_s": out["lpt"][1], "rank_makespan_swap_s": out["lpt-swap"][1],
+            "mb_gain_pct": 100 * (1 - out["lpt-swap"][0] / out["lpt"][0]),
+            "rank_gain_pct": 100 * (1 - out["lpt-swap"][1] / out["lpt"][1])}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iterations", type=int, default=20)
+    args = ap.parse_args(argv)
+    sizes = (16, 256, 4096)
+    rows = [bench(gb, args.iterations if gb < 4096 else max(3, args.iterations // 4)) for gb in sizes]
+    df = pd.DataFrame(rows)
+    df["target_ms"] = df.global_batch.map({16: 1.0, 4096: 100.0})
+    print("SAB + DST decision time per iteration (ms)")
+    print(df.round(3).to_string(index=False))
+    gains = pd.DataFrame([packer_gain(gb, 10 if gb < 4096 else 3) for gb in sizes])
+    print("\nLPT vs LPT-swap, predicted makespan at k0 (s) and reduction (%)")
+    print(gains.round(4).to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

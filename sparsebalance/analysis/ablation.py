@@ -1,0 +1,89 @@
+"""The paper's Table I beside ours: the table, the side-by-side text and the bar chart.
+
+Paper numbers (../shared/PAPER.md, from reviews of the full text): one node, Qwen2.5-3B, ChatQA2,
+DP2 x PP4, global batch 16. Missing cells are NaN.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+CONFIGS = ("baseline", "+DST", "+SAB", "+SAB+DST", "+LBB", "+LBB+DST")
+"""Table I rows, in order."""
+
+ROW_POLICIES = {
+    "baseline": ("sequential", "fixed"),
+    "+DST": ("sequential", "dst"),
+    "+SAB": ("sab", "fixed"),
+    "+SAB+DST": ("sab", "dst"),
+    "+LBB": ("lbb", "fixed"),
+    "+LBB+DST": ("lbb", "dst"),
+}
+"""(batching, tuning) of each row. The ablation's baseline is MoBA at a fixed budget with data-order
+packing (``sequential``): the table adds LBB as a row of its own, so LBB cannot be its baseline
+(LBB + fixed is the baseline of the paper's end-to-end runs, our ``+LBB`` row)."""
+
+NAN = float("nan")
+PAPER = pd.DataFrame({
+    "config": list(CONFIGS),
+    "paper_imbalance": [1.81, 1.73, 1.41, 1.34, NAN, NAN],
+    "paper_iteration_time_s": [4.202, 3.902, 3.471, 3.108, NAN, NAN],
+    "paper_speedup": [1.00, 1.08, 1.21, 1.35, 1.23, 1.28],
+    "paper_overhead_ms": [0.0, 37.0, 1.8, 44.0, NAN, NAN],
+})
+
+JSON_KEYS = ("config", "imbalance", "iteration_time_s", "speedup", "overhead_ms")
+
+
+def side_by_side(ours: pd.DataFrame) -> pd.DataFrame:
+    """Our rows (columns of JSON_KEYS) joined with the paper's, in Table I order."""
+    return ours.merge(PAPER, on="config", how="left").set_index("config").loc[list(CONFIGS)] \
+        .reset_index()
+
+
+def format_table(t: pd.DataFrame) -> str:
+    """Plain-text Table I: ours | paper for each column."""
+    def f(x, fmt):
+        return "-" if pd.isna(x) else format(x, fmt)
+
+    head = (f"{'config':<10} {'imbalance':>17} {'iteration (s)':>19} {'speedup':>15} "
+            f"{'overhead (ms)':>19}")
+    sub = f"{'':<10} {'ours':>8} {'paper':>8} {'ours':>9} {'paper':>9} {'ours':>7} {'paper':>7} " \
+          f"{'ours':>9} {'paper':>9}"
+    lines = [head, sub]
+    for _, r in t.iterrows():
+        lines.append(
+            f"{r['config']:<10} {f(r['imbalance'], '.2f'):>8} {f(r['paper_imbalance'], '.2f'):>8} "
+            f"{f(r['iteration_time_s'], '.3f'):>9} {f(r['paper_iteration_time_s'], '.3f'):>9} "
+            f"{f(r['speedup'], '.2f'):>7} {f(r['paper_speedup'], '.2f'):>7} "
+            f"{f(r['overhead_ms'], '.2f'):>9} {f(r['paper_overhead_ms'], '.1f'):>9}")
+    return "\n".join(lines)
+
+
+def plot_ablation(t: pd.DataFrame, path: Path, title: str = "") -> None:
+    """Grouped bars: speedup and imbalance, ours vs the paper's; PNG + SVG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = np.arange(len(t))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    for ax, col, label in ((axes[0], "speedup", "speedup vs baseline"),
+                           (axes[1], "imbalance", "imbalance (max / mean micro-batch)")):
+        ax.bar(x - 0.2, t[col], 0.4, label="simulated (ours)")
+        ax.bar(x + 0.2, t[f"paper_{col}"].fillna(0), 0.4, label="paper", alpha=0.7)
+        ax.set_xticks(x, t["config"], rotation=20)
+        ax.set_ylabel(label)
+        ax.axhline(1.0, color="k", lw=0.6)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title or "Table I ablation: simulated vs paper")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path.with_suffix(".png"), dpi=130)
+    fig.savefig(path.with_suffix(".svg"))
+    plt.close(fig)

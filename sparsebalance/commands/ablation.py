@@ -1,0 +1,139 @@
+"""``sparsebalance ablation``: the paper's Table I, simulated, beside the paper's numbers.
+
+Setting (the paper's ablation): Qwen2.5-3B, chatqa2-like data, DP2 x PP4 (TP1, one node of eight
+H200), global batch 16, the analytical-h200 profile, 1F1B; micro-batches packed up to 64K tokens
+(the data's longest sample), at least PP per rank. Each row is the mean over ``--seeds`` x
+``--iterations`` simulated iterations of the same data (the rows see identical global batches).
+``overhead_ms`` is our measured policy decision time per iteration (batching + tuning, this CPU).
+
+``--anchors`` runs the anchor x p study instead: SAB + DST with MEAN/MIN/MAX x p in {0.1, 0.2, 0.3},
+speedup vs the same baseline against mean coverage, with a Pareto plot.
+Outputs go to ``--out`` (default results/ablation): ``ablation.csv``, ``ablation.png``/``.svg``,
+``anchors.csv``, ``anchors_pareto.png``/``.svg``, and ``config.toml`` (the resolved base config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+BASE: dict[str, Any] = {
+    "name": "ablation",
+    "iterations": 20,
+    "profile": "analytical-h200",
+    "model": {"preset": "qwen2.5-3b"},
+    "cluster": {"preset": "h200-4x8", "name": "h200-1x8-dp2pp4", "dp": 2, "pp": 4, "tp": 1,
+                "global_batch": 16},
+    "data": {"distribution": "chatqa2-like", "num_sequences": 1024},
+    "policy": {"batching": "sequential", "tuning": "fixed", "token_cap": 65536},
+}
+ANCHORS = ("mean", "min", "max")
+PS = (0.1, 0.2, 0.3)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="base run config (TOML) instead of the built-in Table I setting")
+    p.add_argument("--iterations", type=int, default=20, help="iterations per seed (default 20)")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated data seeds (default 0,1,2)")
+    p.add_argument("--anchors", action="store_true", help="run the anchor x p study instead")
+    p.add_argument("--json", action="store_true", help="print the table as JSON (stdout) only")
+    p.add_argument("--out", default="results/ablation", help="output directory")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _configs(args, policy: dict[str, Any], seeds: list[int]):
+    from sparsebalance.runconfig import load_run_config, run_config_from_mapping
+
+    out = []
+    for seed in seeds:
+        over = {"policy": policy, "seed": seed, "data": {"seed": seed}}
+        if args.config:
+            flat = {f"{s}.{k}": v for s, t in over.items() if isinstance(t, dict) for k, v in t.items()}
+            flat |= {"seed": seed, "iterations": args.iterations}
+            out.append(load_run_config(args.config, flat))
+        else:
+            data = json.loads(json.dumps(BASE))
+            for section, table in over.items():
+                if isinstance(table, dict):
+                    data[section].update(table)
+                else:
+                    data[section] = table
+            data["iterations"] = args.iterations
+            out.append(run_config_from_mapping(data))
+    return out
+
+
+def _measure(cfgs) -> dict[str, float]:
+    from sparsebalance.commands._common import run_simulation
+
+    frames = [run_simulation(c, progress=False).metrics for c in cfgs]
+    m = pd.concat(frames, ignore_index=True)
+    floor = m["tuning_floor_share"].mean() if "tuning_floor_share" in m else 0.0
+    return {"imbalance": float(m["imbalance"].mean()),
+            "iteration_time_s": float(m["iteration_time_s"].mean()),
+            "overhead_ms": float(m["decision_ms"].mean()),
+            "mean_budget": float(m["mean_budget"].mean()),
+            "mean_coverage": float(m["mean_coverage"].mean()),
+            "floor_share": float(floor)}
+
+
+def run(args) -> int:
+    from tqdm import tqdm
+
+    from sparsebalance.analysis import ablation as A
+    from sparsebalance.errors import ConfigError
+    from sparsebalance.runconfig import dump_toml
+
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        raise ConfigError(f"--seeds: expected comma-separated integers, got {args.seeds!r}") from None
+    if not seeds:
+        raise ConfigError("--seeds: give at least one seed")
+    if args.iterations < 1:
+        raise ConfigError(f"--iterations: must be >= 1, got {args.iterations}")
+    if args.anchors:
+        jobs = [("baseline", {"batching": "sequential", "tuning": "fixed"})]
+        jobs += [(f"{a.upper()}{p}", {"batching": "sab", "tuning": "dst", "anchor": a, "p": p})
+                 for a in ANCHORS for p in PS]
+    else:
+        jobs = [(name, {"batching": b, "tuning": t}) for name, (b, t) in A.ROW_POLICIES.items()]
+    cfgs = {name: _configs(args, pol, seeds) for name, pol in jobs}  # validates before running
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.toml").write_text(dump_toml(cfgs["baseline"][0]))
+    rows = []
+    for name, _ in tqdm(jobs, desc="ablation", disable=args.no_progress or args.json, file=sys.stderr):
+        rows.append({"config": name, **_measure(cfgs[name])})
+    df = pd.DataFrame(rows)
+    df["speedup"] = df.loc[df.config == "baseline", "iteration_time_s"].iloc[0] / df["iteration_time_s"]
+    if args.anchors:
+        df["anchor"] = [""] + [a for a in ANCHORS for _ in PS]
+        df["p"] = [float("nan")] + [p for _ in ANCHORS for p in PS]
+        df.to_csv(out / "anchors.csv", index=False)
+        from sparsebalance.analysis.sweep import plot_pareto
+
+        plot_pareto(df[df.config != "baseline"], out / "anchors_pareto",
+                    title="SAB+DST: anchor x p (speedup vs sequential+fixed)")
+        if args.json:
+            print(json.dumps(df.to_dict("records")))
+            return 0
+        cols = ["config", "speedup", "mean_coverage", "mean_budget", "floor_share", "imbalance",
+                "iteration_time_s", "overhead_ms"]
+        print(df[cols].round(4).to_string(index=False))
+        print(f"table: {out / 'anchors.csv'}  figure: {out / 'anchors_pareto.png'}")
+        return 0
+    table = A.side_by_side(df)
+    table.to_csv(out / "ablation.csv", index=False)
+    A.plot_ablation(table, out / "ablation")
+    if args.json:
+        print(json.dumps([{k: r[k] for k in A.JSON_KEYS} for r in table.to_dict("records")]))
+        return 0
+    print(A.format_table(table))
+    print(f"table: {out / 'ablation.csv'}  figure: {out / 'ablation.png'}")
+    return 0

@@ -1,0 +1,194 @@
+"""Packing items (sequences) with costs into bins (DP ranks or micro-batches): LPT and swaps.
+
+Both packers are deterministic: ties in cost are broken by item index, ties in load by bin index.
+
+* :func:`lpt` — longest processing time first: items in decreasing cost, each into the least-loaded
+  bin that may still take it. Bins may have an exact item count (``count``: every bin gets exactly
+  that many, which is how fixed-size micro-batches and equal-count ranks are built) or a minimum
+  (``min_count``: every bin ends non-empty, an item is never placed where it would leave too few
+  items to fill the bins still short) and a token cap (prefer bins the item fits in; if none fits,
+  the bin with the fewest tokens). Without count constraints LPT's makespan is at most
+  4/3 - 1/(3 m) of the optimum (Graham 1969).
+* :func:`improve` — local search on the makespan: repeatedly take the most-loaded bin and apply the
+  pairwise swap (or, when counts may change, single move) with one of the lightest bins that lowers
+  that bin's load the most without raising the other above it. Every accepted step strictly lowers
+  the loaded bin, so it terminates; ``rounds`` bounds the work.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+
+def lpt(costs: np.ndarray, bins: int, *, count: int | None = None, min_count: int = 0,
+        tokens: np.ndarray | None = None, token_cap: int | None = None) -> list[list[int]]:
+    """Item indices per bin (each list in placement order). ``costs``/``tokens``: shape [items].
+
+    A heap of (load, bin) gives the least-loaded bin in O(log bins); bins that are full, not
+    allowed (the min-count rule) or too full for the item's tokens are popped, set aside and pushed
+    back, so the usual case costs O(items log bins)."""
+    cost = [float(c) for c in np.asarray(costs, dtype=np.float64)]
+    n = len(cost)
+    if count is not None and count * bins != n:
+        raise ValueError(f"lpt: {n} items cannot fill {bins} bins of exactly {count}")
+    if min_count * bins > n:
+        raise ValueError(f"lpt: {n} items cannot give {bins} bins at least {min_count} each")
+    tok_of = [0.0] * n if tokens is None else [float(t) for t in tokens]
+    cap = None if token_cap is None or tokens is None else float(token_cap)
+    order = np.lexsort((np.arange(n), -np.asarray(cost))).tolist()  # cost desc, index asc
+    heap = [(0.0, b) for b in range(bins)]
+    cnt, tok, lds = [0] * bins, [0.0] * bins, [0.0] * bins
+    out: list[list[int]] = [[] for _ in range(bins)]
+    deficit = min_count * bins                          # items still owed to short bins
+    for placed, i in enumerate(order):
+        remaining = n - placed - 1                      # items still to place after this one
+        only_short = count is None and deficit > remaining
+        aside, chosen, fallback = [], None, None
+        while heap:
+            load, b = heapq.heappop(heap)
+            if count is not None and cnt[b] >= count:
+                continue                                # full for good: drop from the heap
+            aside.append((load, b))
+            if only_short and cnt[b] >= min_count:
+                continue
+            if cap is not None and tok[b] + tok_of[i] > cap:
+                if fallback is None or tok[b] < tok[fallback]:
+                    fallback = b
+                continue
+            chosen = b
+            break
+        if chosen is None:  # nothing fits: the bin with the fewest tokens takes it (cap exceeded)
+            chosen = fallback
+        for entry in aside:
+            if entry[1] != chosen:
+                heapq.heappush(heap, entry)
+        out[chosen].append(i)
+        if cnt[chosen] < min_count:
+            deficit -= 1
+        cnt[chosen] += 1
+        tok[chosen] += tok_of[i]
+        lds[chosen] += cost[i]
+        heapq.heappush(heap, (lds[chosen], chosen))
+    return out
+
+
+def loads(assign: list[list[int]], costs: np.ndarray) -> np.ndarray:
+    costs = np.asarray(costs, dtype=np.float64)
+    return np.array([costs[b].sum() if b else 0.0 for b in assign])
+
+
+def improve(assign: list[list[int]], costs: np.ndarray, *, rounds: int = 100, moves: bool = False,
+            min_count: int = 1, tokens: np.ndarray | None = None, token_cap: int | None = None,
+            partners: int = 8) -> list[list[int]]:
+    """Pairwise swaps (and single moves when ``moves``) that lower the makespan; returns a new
+    assignment. Token cap: a step may not push a bin of two or more items over ``token_cap``.
+
+    Per round, the heaviest bin ``a`` is paired with the ``partners`` lightest bins. For a partner
+    ``b`` the ideal transfer is ``d* = (load_a - load_b) / 2``; a sorted search finds, for each item
+    of ``a``, the items of ``b`` whose cost is nearest to ``cost_i - d*`` (two neighbours), and moves
+    take the item of ``a`` nearest to ``d*``. So a round is O(|a| log |b|) per partner, which keeps
+    thousands of sequences per bin cheap; the best step over all partners is applied."""
+    costs = np.asarray(costs, dtype=np.float64)
+    tokens = np.zeros_like(costs) if tokens is None else np.asarray(tokens, dtype=np.float64)
+    cap = np.inf if token_cap is None else float(token_cap)
+    nb = len(assign)
+    if nb < 2:
+        return [list(b) for b in assign]
+    if costs.size <= SMALL:
+        return _improve_small(assign, costs, rounds, moves, min_count, tokens, cap)
+    members = [list(b) for b in assign]
+    ld = np.array([costs[b].sum() for b in members])
+    tk = np.array([tokens[b].sum() for b in members])
+    for _ in range(rounds):
+        a = int(np.argmax(ld))
+        la = ld[a]
+        best, step = la - 1e-12 * max(la, 1e-300), None
+        ia = np.asarray(members[a], dtype=np.int64)
+        ca = costs[ia]
+        light = [int(b) for b in np.argsort(ld, kind="stable")[:partners + 1] if b != a][:partners]
+        for b in light:
+            lb, ib = ld[b], np.asarray(members[b], dtype=np.int64)
+            target = (la - lb) / 2.0
+            if ib.size and ca.size:
+                order = np.argsort(costs[ib], kind="stable")
+                cb = costs[ib][order]
+                pos = np.searchsorted(cb, ca - target)
+                for cand in (np.clip(pos, 0, cb.size - 1), np.clip(pos - 1, 0, cb.size - 1)):
+                    j = ib[order[cand]]
+                    d = ca - costs[j]
+                    worst = np.maximum(la - d, lb + d)
+                    dt = tokens[ia] - tokens[j]
+                    ok = (d > 0) & ((tk[a] - dt <= cap) | (ia.size < 2)) & \
+                         ((tk[b] + dt <= cap) | (ib.size < 2))
+                    worst = np.where(ok, worst, np.inf)
+                    k = int(np.argmin(worst))
+                    if worst[k] < best:
+                        best, step = worst[k], (int(ia[k]), int(j[k]), b)
+            if moves and ia.size > max(min_count, 1):
+                worst = np.maximum(la - ca, lb + ca)
+                ok = (tk[b] + tokens[ia] <= cap) | (ib.size == 0)
+                worst = np.where(ok, worst, np.inf)
+                k = int(np.argmin(worst))
+                if worst[k] < best:
+                    best, step = worst[k], (int(ia[k]), None, b)
+        if step is None:
+            break
+        i, j, b = step
+        for item, src, dst in ((i, a, b),) + (((j, b, a),) if j is not None else ()):
+            members[src].remove(item)
+            members[dst].append(item)
+            ld[src] -= costs[item]
+            ld[dst] += costs[item]
+            tk[src] -= tokens[item]
+            tk[dst] += tokens[item]
+    return members
+
+
+SMALL = 64
+"""Up to this many items, :func:`improve` searches every swap/move in plain Python (numpy's per-call
+overhead dominates there); the result is the exhaustive best step per round."""
+
+
+def _improve_small(assign, costs, rounds, moves, min_count, tokens, cap) -> list[list[int]]:
+    c = costs.tolist()
+    t = tokens.tolist()
+    members = [list(b) for b in assign]
+    ld = [sum(c[i] for i in b) for b in members]
+    tk = [sum(t[i] for i in b) for b in members]
+    for _ in range(rounds):
+        a = max(range(len(members)), key=lambda b: (ld[b], -b))
+        la = ld[a]
+        best, step = la - 1e-12 * max(la, 1e-300), None
+        for b, mb in enumerate(members):
+            if b == a:
+                continue
+            for i in members[a]:
+                if moves and len(members[a]) > max(min_count, 1) and \
+                        (tk[b] + t[i] <= cap or not mb):
+                    w = max(la - c[i], ld[b] + c[i])
+                    if w < best:
+                        best, step = w, (i, None, b)
+                for j in mb:
+                    d = c[i] - c[j]
+                    if d <= 0:
+                        continue
+                    dt = t[i] - t[j]
+                    if (tk[a] - dt > cap and len(members[a]) > 1) or \
+                            (tk[b] + dt > cap and len(mb) > 1):
+                        continue
+                    w = max(la - d, ld[b] + d)
+                    if w < best:
+                        best, step = w, (i, j, b)
+        if step is None:
+            break
+        i, j, b = step
+        for item, src, dst in ((i, a, b),) + (((j, b, a),) if j is not None else ()):
+            members[src].remove(item)
+            members[dst].append(item)
+            ld[src] -= c[item]
+            ld[dst] += c[item]
+            tk[src] -= t[item]
+            tk[dst] += t[item]
+    return members

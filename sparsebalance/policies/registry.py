@@ -1,0 +1,40 @@
+"""Policy names -> classes. Command lines and configs name policies; an unknown name lists the known.
+
+Batching: ``sequential``, ``lbb``, ``sorted``, ``quadratic``, ``sab``. Tuning: ``fixed``, ``dst``.
+Every class takes nothing (batching without parameters) or the :class:`PolicyConfig`.
+"""
+
+from __future__ import annotations
+
+from sparsebalance.errors import check_choice
+from sparsebalance.policies.batching import LengthBased, Quadratic, Sequential, Sorted
+from sparsebalance.policies.config import PolicyConfig
+from sparsebalance.policies.sab import SparsityAware
+from sparsebalance.policies.tuning import DynamicSparsity, Fixed
+
+BATCHING: dict[str, type] = {
+    "sequential": Sequential,
+    "lbb": LengthBased,
+    "sorted": Sorted,
+    "quadratic": Quadratic,
+    "sab": SparsityAware,
+}
+TUNING: dict[str, type] = {"fixed": Fixed, "dst": DynamicSparsity}
+
+_NEEDS_CONFIG = {SparsityAware, Fixed, DynamicSparsity}
+
+
+def _make(table: dict[str, type], name: str, field: str, cfg: PolicyConfig):
+    check_choice(name, field, table)
+    cls = table[name]
+    return cls(cfg) if cls in _NEEDS_CONFIG else cls()
+
+
+def make_batching(cfg: PolicyConfig):
+    """A fresh batching policy (its state, e.g. SAB's EMA, starts empty)."""
+    return _make(BATCHING, cfg.batching, "policy.batching", cfg)
+
+
+def make_tuning(cfg: PolicyConfig):
+    """A fresh tuning policy."""
+    return _make(TUNING, cfg.tuning, "policy.tuning", cfg)

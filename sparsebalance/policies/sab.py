@@ -1,0 +1,77 @@
+"""SAB, sparsity-aware batching: pack by predicted latency at the budget DST is likely to choose.
+
+Decisions (the paper states the idea, not these details):
+
+* **Cost of a sequence** = ``latency.microbatch_latency([length], k_est)`` (seconds, F + B over the
+  model) where ``k_est`` is the EMA budget of the sequence's length bucket; a fractional ``k_est``
+  is interpolated between its integer neighbours. A micro-batch's cost is the sum of its sequences'
+  costs (the dense part is linear in tokens, so this is the single-sequence predictions' sum up to
+  the fixed per-micro-batch terms).
+* **Buckets**: ``floor(log_b(length))`` with ``b = policy.bucket_base`` (2: one bucket per octave,
+  e.g. 16K-32K), so sequences of similar length share what DST did to their peers.
+* **EMA**: every bucket starts at ``k0``. After each iteration, each bucket that occurred is updated
+  once with the token-weighted mean budget its sequences received (a per-layer budget counts as its
+  layer mean): ``ema = d * ema + (1 - d) * observed`` with ``d = policy.ema_decay``. One update per
+  bucket per iteration keeps the state independent of the order of sequences in the plan.
+* **Packing**: two stages within the current global batch (across DP ranks, then into micro-batches,
+  see :func:`sparsebalance.policies.batching.two_stage`), LPT, then with ``packer = "lpt-swap"``
+  at most ``swap_rounds`` improving pairwise swaps/moves per stage.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from sparsebalance.data.sequence import Sequence
+from sparsebalance.policies.base import PolicyContext
+from sparsebalance.policies.batching import two_stage
+from sparsebalance.policies.config import PolicyConfig
+from sparsebalance.policies.predict import Predictor
+from sparsebalance.simulator.plan import Budgets, Plan
+
+
+class SparsityAware:
+    """``sab``: see the module docstring."""
+
+    name = "sab"
+
+    def __init__(self, cfg: PolicyConfig) -> None:
+        self.cfg = cfg
+        self.ema: dict[int, float] = {}
+        """EMA budget per length bucket (missing bucket = k0)."""
+        self._predict: Predictor | None = None
+
+    def bucket(self, length: int) -> int:
+        # a tiny epsilon keeps exact powers (e.g. 2**14) in their own bucket despite float log
+        return math.floor(math.log(length) / math.log(self.cfg.bucket_base) + 1e-9)
+
+    def expected_budget(self, length: int) -> float:
+        return self.ema.get(self.bucket(length), float(self.cfg.k0))
+
+    def costs(self, batch: list[Sequence], ctx: PolicyContext) -> np.ndarray:
+        """Predicted latency (seconds) of each sequence alone at its bucket's EMA budget."""
+        if self._predict is None or self._predict.latency is not ctx.latency:
+            self._predict = Predictor(ctx.latency)
+        return np.array([self._predict.at((s.length,), self.expected_budget(s.length))
+                         for s in batch])
+
+    def plan(self, batch: list[Sequence], ctx: PolicyContext) -> Plan:
+        swaps = self.cfg.swap_rounds if self.cfg.packer == "lpt-swap" else 0
+        return two_stage(batch, self.costs(batch, ctx), ctx, swaps=swaps)
+
+    def observe(self, plan: Plan, budgets: Budgets, result=None) -> None:
+        num: dict[int, float] = {}
+        den: dict[int, float] = {}
+        for r, j, mb in plan.microbatches():
+            b = budgets[r][j]
+            k = float(np.mean(b)) if isinstance(b, tuple) else float(b)
+            for s in mb.sequences:
+                key = self.bucket(s.length)
+                num[key] = num.get(key, 0.0) + s.length * k
+                den[key] = den.get(key, 0.0) + s.length
+        d = self.cfg.ema_decay
+        for key in sorted(num):
+            prev = self.ema.get(key, float(self.cfg.k0))
+            self.ema[key] = d * prev + (1.0 - d) * num[key] / den[key]

@@ -1,0 +1,120 @@
+import numpy as np
+import pytest
+from policy_doubles import make_ctx, random_batch
+
+from sparsebalance.data.sequence import Sequence
+from sparsebalance.policies.registry import make_tuning
+from sparsebalance.simulator.plan import Plan
+
+
+def brute_floor(ctx, mb, p, k0, k_min=1):
+    """Smallest k with token-weighted coverage >= 1 - p, clamped to [k_min, k0] (scan, no search)."""
+    for k in range(1, k0 + 1):
+        c = sum(s.length * ctx.coverage.coverage(s, k) for s in mb.sequences) / mb.tokens
+        if c >= 1 - p - 1e-12:
+            return max(k, k_min)
+    return k0
+
+
+def lat(ctx, mb, b):
+    return ctx.latency.microbatch_latency(mb.lengths, b)
+
+
+def skewed_plan(seed=0):
+    batch = random_batch(16, seed, lo=512, hi=65536)
+    return batch, Plan.from_lists([[[s] for s in batch[:8]], [[s] for s in batch[8:]]])
+
+
+@pytest.mark.parametrize("anchor", ["mean", "min", "max"])
+@pytest.mark.parametrize("p", [0.05, 0.1, 0.3])
+@pytest.mark.parametrize("per_layer", [False, True])
+@pytest.mark.parametrize("seed", range(3))
+def test_dst_stays_between_floor_and_k_max(anchor, p, per_layer, seed):
+    _, plan = skewed_plan(seed)
+    ctx = make_ctx(dp=2, global_batch=16, tuning="dst", anchor=anchor, p=p, per_layer=per_layer,
+                   k0=16, k_max=40)
+    budgets = make_tuning(ctx.policy).budgets(plan, ctx)
+    for r, j, mb in plan.microbatches():
+        ks = budgets[r][j] if per_layer else (budgets[r][j],)
+        if per_layer:
+            assert len(ks) == ctx.model.layers
+        f = brute_floor(ctx, mb, p, 16)
+        assert all(f <= k <= 40 for k in ks)
+
+
+def test_max_anchor_never_slows_and_never_beats_fixed():
+    for seed in range(5):
+        _, plan = skewed_plan(seed)
+        ctx = make_ctx(dp=2, global_batch=16, tuning="dst", anchor="max")
+        budgets = make_tuning(ctx.policy).budgets(plan, ctx)
+        base = [lat(ctx, mb, 32) for _, _, mb in plan.microbatches()]
+        new = [lat(ctx, mb, budgets[r][j]) for r, j, mb in plan.microbatches()]
+        assert max(new) <= max(base) * (1 + 1e-12)          # no straggler slowed further
+        assert all(n >= b * (1 - 1e-12) for n, b in zip(new, base))  # nobody got faster than fixed
+
+
+@pytest.mark.parametrize("scope", ["global", "pipeline"])
+def test_mean_anchor_lowers_imbalance(scope):
+    _, plan = skewed_plan(1)
+    ctx = make_ctx(dp=2, global_batch=16, tuning="dst", anchor="mean", anchor_scope=scope, p=0.3)
+    budgets = make_tuning(ctx.policy).budgets(plan, ctx)
+    base = np.array([lat(ctx, mb, 32) for _, _, mb in plan.microbatches()])
+    new = np.array([lat(ctx, mb, budgets[r][j]) for r, j, mb in plan.microbatches()])
+    assert new.max() / new.mean() < base.max() / base.mean()
+
+
+def test_dst_hits_the_anchor_exactly_when_unconstrained():
+    """Closed form: with coverage ~1 everywhere (steep decay), each budget is the largest k whose
+    latency is <= the mean anchor, found here by a linear scan."""
+    batch = [Sequence(id=i, length=L, sensitivity=50.0) for i, L in enumerate([2048, 8192, 32768, 65536])]
+    plan = Plan.from_lists([[[batch[0]], [batch[3]]], [[batch[1]], [batch[2]]]])
+    ctx = make_ctx(dp=2, global_batch=4, tuning="dst", anchor="mean", p=0.1, k_max=64)
+    budgets = make_tuning(ctx.policy).budgets(plan, ctx)
+    A = np.mean([lat(ctx, mb, 32) for _, _, mb in plan.microbatches()])
+    for r, j, mb in plan.microbatches():
+        n_blocks = -(-max(mb.lengths) // 256)
+        hi = min(64, max(32, n_blocks))
+        want = max(k for k in range(1, hi + 1) if lat(ctx, mb, k) <= A * (1 + 1e-12))
+        assert budgets[r][j] == want
+
+
+def test_infeasible_takes_the_floor_and_counts():
+    batch = [Sequence(id=0, length=65536, sensitivity=1.0), Sequence(id=1, length=512, sensitivity=1.0)]
+    plan = Plan.from_lists([[[batch[0]]], [[batch[1]]]])
+    ctx = make_ctx(dp=2, global_batch=2, tuning="dst", anchor="min", p=0.1)
+    tun = make_tuning(ctx.policy)
+    budgets = tun.budgets(plan, ctx)
+    f = brute_floor(ctx, plan.ranks[0][0], 0.1, 32)
+    assert budgets[0][0] == f and tun.stats["infeasible"] == 1.0
+    assert tun.stats["floor_share"] >= 0.5
+
+
+def test_per_layer_spreads_extra_layers_and_respects_anchor():
+    _, plan = skewed_plan(2)
+    ctx = make_ctx(dp=2, global_batch=16, tuning="dst", anchor="mean", per_layer=True, layers=8, p=0.3)
+    budgets = make_tuning(ctx.policy).budgets(plan, ctx)
+    A = np.mean([lat(ctx, mb, 32) for _, _, mb in plan.microbatches()])
+    for r, j, mb in plan.microbatches():
+        b = budgets[r][j]
+        assert max(b) - min(b) <= 1
+        if min(b) > brute_floor(ctx, mb, 0.3, 32):  # not floored: within the anchor
+            assert lat(ctx, mb, b) <= A * (1 + 1e-9)
+
+
+def test_fixed_is_k0():
+    _, plan = skewed_plan(0)
+    ctx = make_ctx(dp=2, global_batch=16, k0=24)
+    assert {b for r in make_tuning(ctx.policy).budgets(plan, ctx) for b in r} == {24}
+
+
+def test_measured_coverage_reaches_the_model():
+    class R:
+        def __init__(self):
+            self.coverage = {0: (1.0,)}
+    batch = [Sequence(id=0, length=256 * 40, sensitivity=0.3)]
+    plan = Plan.from_lists([[[batch[0]]]])
+    ctx = make_ctx(dp=1, global_batch=1, tuning="dst")
+    tun = make_tuning(ctx.policy)
+    tun.budgets(plan, ctx)
+    tun.observe(plan, None, R())
+    assert ctx.coverage.coverage(batch[0], 1) == 1.0

@@ -1,0 +1,56 @@
+"""`sparsebalance ablation`: Table I rows, JSON keys, files, the anchor x p study, errors."""
+
+import json
+import time
+
+import pandas as pd
+import pytest
+
+from sparsebalance import cli
+
+
+@pytest.fixture
+def main(monkeypatch):
+    monkeypatch.setattr(cli, "VERBS", {"ablation": cli.VERBS["ablation"]})
+    return cli.main
+
+
+def test_json_rows(main, tmp_path, capsys):
+    assert main(["ablation", "--json", "--iterations", "3", "--seeds", "0", "--out", str(tmp_path)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["config"] for r in rows] == ["baseline", "+DST", "+SAB", "+SAB+DST", "+LBB", "+LBB+DST"]
+    assert all(set(r) == {"config", "imbalance", "iteration_time_s", "speedup", "overhead_ms"} for r in rows)
+    base = rows[0]["iteration_time_s"]
+    for r in rows:
+        assert r["speedup"] == pytest.approx(base / r["iteration_time_s"])
+        assert r["imbalance"] >= 1.0 and r["overhead_ms"] >= 0
+    t = pd.read_csv(tmp_path / "ablation.csv")
+    assert t.loc[t.config == "+SAB+DST", "paper_speedup"].item() == 1.35
+    assert (tmp_path / "ablation.png").is_file() and (tmp_path / "ablation.svg").is_file()
+
+
+def test_anchor_study(main, tmp_path, capsys):
+    assert main(["ablation", "--anchors", "--iterations", "2", "--seeds", "0", "--out", str(tmp_path),
+                 "--no-progress"]) == 0
+    df = pd.read_csv(tmp_path / "anchors.csv")
+    assert len(df) == 10 and set(df.anchor.dropna()) == {"mean", "min", "max"}
+    mx = df[df.anchor == "max"]
+    # MAX never lowers a budget: coverage at least the baseline's, and no speedup from tuning itself
+    assert (mx.mean_coverage >= df.loc[df.config == "baseline", "mean_coverage"].item() - 1e-9).all()
+    assert (tmp_path / "anchors_pareto.png").is_file()
+
+
+@pytest.mark.slow
+def test_default_run_under_a_minute(main, tmp_path, capsys):
+    t0 = time.perf_counter()
+    assert main(["ablation", "--out", str(tmp_path), "--no-progress"]) == 0
+    assert time.perf_counter() - t0 < 60
+    assert "+SAB+DST" in capsys.readouterr().out
+
+
+def test_bad_input(main, tmp_path, capsys):
+    assert main(["ablation", "--seeds", "x", "--out", str(tmp_path)]) == 2
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[policy]\nanchor = "median"\n')
+    assert main(["ablation", "--config", str(bad), "--out", str(tmp_path)]) == 2
+    assert "anchor" in capsys.readouterr().err

@@ -91,6 +91,8 @@ def run_loop(*, batches: Iterator[list[Sequence]], batching: BatchingPolicy, tun
         budgets = tuning.budgets(plan, ctx)
         decision_ms = (time.perf_counter() - t0) * 1e3
         result = executor.execute(it, plan, budgets)
+        for seq_id, curve in result.coverage.items():  # real gate scores feed the next floors
+            ctx.coverage.observe(seq_id, curve)
         batching.observe(plan, budgets, result)
         tuning.observe(plan, budgets, result)
         flat_b = [_budget_mean(b) for r in budgets for b in r]

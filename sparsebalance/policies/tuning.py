@@ -68,7 +68,6 @@ class DynamicSparsity:
         self.cfg = cfg
         self.stats: dict[str, float] = {}
         self._predict: Predictor | None = None
-        self._coverage = None
 
     def floor(self, mb, ctx: PolicyContext, k_hi: int) -> int:
         """Coverage floor of a micro-batch, clamped to [k_min, k0]."""
@@ -82,7 +81,6 @@ class DynamicSparsity:
         if self._predict is None or self._predict.latency is not ctx.latency:
             self._predict = Predictor(ctx.latency)
         P = self._predict
-        self._coverage = ctx.coverage
         mbs = list(plan.microbatches())
         lat0 = np.array([P(mb.lengths, cfg.k0) for _, _, mb in mbs])
         agg = _ANCHOR[cfg.anchor]
@@ -134,10 +132,6 @@ class DynamicSparsity:
         return tuple(k + 1 if (i + 1) * m // layers > i * m // layers else k for i in range(layers))
 
     def observe(self, plan: Plan, budgets: Budgets, result=None) -> None:
-        """Budgets carry no state across iterations (decision 1); coverage curves measured by the
-        executor (realrun: ``result.coverage``, by sequence id) go to the coverage model, so the
-        next floors use real gate scores."""
-        measured = getattr(result, "coverage", None) or {}
-        if self._coverage is not None:
-            for seq_id, curve in measured.items():
-                self._coverage.observe(seq_id, curve)
+        """Budgets carry no state across iterations (decision 1). Coverage curves measured by the
+        executor (realrun: ``result.coverage``) reach the coverage model through the loop, so the
+        next floors use real gate scores whatever the tuning policy."""

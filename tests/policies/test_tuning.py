@@ -3,7 +3,7 @@ import pytest
 from policy_doubles import make_ctx, random_batch
 
 from sparsebalance.data.sequence import Sequence
-from sparsebalance.policies.registry import make_tuning
+from sparsebalance.policies.registry import make_batching, make_tuning
 from sparsebalance.simulator.plan import Plan
 
 
@@ -107,14 +107,24 @@ def test_fixed_is_k0():
     assert {b for r in make_tuning(ctx.policy).budgets(plan, ctx) for b in r} == {24}
 
 
-def test_measured_coverage_reaches_the_model():
-    class R:
-        def __init__(self):
-            self.coverage = {0: (1.0,)}
+def test_measured_coverage_reaches_the_model_through_the_loop():
+    """A curve measured by the executor (realrun's real gate scores) replaces the parametric one,
+    whatever the tuning policy: the loop hands it to the coverage model."""
+    import pandas as pd
+
+    from sparsebalance.loop import IterationResult, run_loop
+
+    class MeasuringExecutor:
+        name = "measuring"
+
+        def execute(self, iteration, plan, budgets):
+            return IterationResult(iteration_time_s=1.0, trace=pd.DataFrame(),
+                                   microbatch_latency_s=[[1.0]], stage_busy_s=[1.0],
+                                   bubble_fraction=0.0, coverage={0: (1.0,)})
+
     batch = [Sequence(id=0, length=256 * 40, sensitivity=0.3)]
-    plan = Plan.from_lists([[[batch[0]]]])
-    ctx = make_ctx(dp=1, global_batch=1, tuning="dst")
-    tun = make_tuning(ctx.policy)
-    tun.budgets(plan, ctx)
-    tun.observe(plan, None, R())
+    ctx = make_ctx(dp=1, global_batch=1, tuning="fixed")
+    assert ctx.coverage.coverage(batch[0], 1) < 1.0
+    run_loop(batches=iter([batch]), batching=make_batching(ctx.policy), tuning=make_tuning(ctx.policy),
+             executor=MeasuringExecutor(), ctx=ctx, iterations=1, progress=False)
     assert ctx.coverage.coverage(batch[0], 1) == 1.0

@@ -26,17 +26,19 @@ VERBS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only ``verb``'s module is imported (none for the top-level help)."""
     parser = argparse.ArgumentParser(
         prog="sparsebalance",
         description="Load-balanced long-context training with dynamic sparse attention: "
                     "simulate, tune and validate batching and sparsity policies.")
     parser.add_argument("--version", action="version", version=f"sparsebalance {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
-    for verb, (module, help_) in VERBS.items():
-        p = sub.add_parser(verb, help=help_, description=help_)
+    for name, (module, help_) in VERBS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
         p.set_defaults(_module=module)
-        _load(module).add_arguments(p)
+        if verb == name:
+            _load(module).add_arguments(p)
     return parser
 
 
@@ -45,7 +47,10 @@ def _load(module: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # Import only the chosen verb's module: `--help` and `simulate` stay free of torch.
+    verb = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(verb if verb in VERBS else None)
     args = parser.parse_args(argv)
     if not getattr(args, "verb", None):
         parser.print_help()

@@ -3,7 +3,6 @@ process and returns a :class:`CliResult` (exit code, stdout, stderr)."""
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 
 import pytest
@@ -20,14 +19,8 @@ class CliResult:
 
 
 @pytest.fixture
-def run_cli(capsys, monkeypatch):
+def run_cli(capsys):
     from sparsebalance import cli
-
-    # Verbs are written in parallel; a verb whose module does not exist yet must not break the
-    # others (a verb module that exists but fails to import still fails here).
-    present = {v: spec for v, spec in cli.VERBS.items()
-               if importlib.util.find_spec(f"sparsebalance.commands.{spec[0]}") is not None}
-    monkeypatch.setattr(cli, "VERBS", present)
 
     def _run(*argv) -> CliResult:
         capsys.readouterr()

@@ -10,8 +10,7 @@ from sparsebalance import cli
 
 
 @pytest.fixture
-def main(monkeypatch):
-    monkeypatch.setattr(cli, "VERBS", {"ablation": cli.VERBS["ablation"]})
+def main():
     return cli.main
 
 

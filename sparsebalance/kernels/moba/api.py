@@ -1,0 +1,136 @@
+"""Public MoBA entry points: ``moba_attention`` (backend dispatch) and ``moba_coverage``.
+
+Both validate their inputs first; bad input raises :class:`sparsebalance.errors.ConfigError`
+(a ``ValueError``) whose message starts with the argument's name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sparsebalance.errors import ConfigError, check_choice
+
+BACKENDS = ("auto", "triton", "torch", "naive")
+
+
+def _check_cu_seqlens(cu_seqlens: Any, total: int, device: Any) -> None:
+    import torch
+
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1:
+        raise ConfigError("cu_seqlens: must be a 1-D torch.int32 tensor [N + 1]")
+    if cu_seqlens.device != device:
+        raise ConfigError(f"cu_seqlens: must be on {device}, got {cu_seqlens.device}")
+    if cu_seqlens.numel() < 2:
+        raise ConfigError("cu_seqlens: needs at least 2 entries (one sequence)")
+    c = cu_seqlens.cpu()
+    if int(c[0]) != 0:
+        raise ConfigError(f"cu_seqlens: must start at 0, got {int(c[0])}")
+    if not bool((c[1:] > c[:-1]).all()):
+        raise ConfigError("cu_seqlens: must be strictly increasing (no empty sequences)")
+    if int(c[-1]) != total:
+        raise ConfigError(f"cu_seqlens: must end at the token count T = {total}, got {int(c[-1])}")
+
+
+def _check_qk(q: Any, k: Any) -> None:
+    import torch
+
+    for name, x in (("q", q), ("k", k)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 3:
+            raise ConfigError(f"{name}: must be a 3-D tensor [T, heads, head_dim]")
+        if not x.is_floating_point():
+            raise ConfigError(f"{name}: must be a floating-point tensor, got {x.dtype}")
+    if k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
+        raise ConfigError(f"k: shape {tuple(k.shape)} does not match q {tuple(q.shape)} "
+                          "(need [T, H_kv, D] with the T and D of q)")
+    if k.dtype != q.dtype:
+        raise ConfigError(f"k: dtype {k.dtype} differs from q's {q.dtype}")
+    if k.device != q.device:
+        raise ConfigError(f"k: device {k.device} differs from q's {q.device}")
+    if k.shape[1] < 1 or q.shape[1] % k.shape[1] != 0:
+        raise ConfigError(f"k: kv heads ({k.shape[1]}) must divide the query heads H ({q.shape[1]})")
+
+
+def _check_block_size(block_size: Any) -> None:
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ConfigError(f"block_size: must be an integer >= 1, got {block_size!r}")
+
+
+def _topk_tensor(topk: Any, n: int, device: Any) -> Any:
+    """Validate ``topk`` (int >= 1 or integer tensor [N] >= 1) and return a LongTensor [N] on device."""
+    import torch
+
+    if isinstance(topk, torch.Tensor):
+        if topk.is_floating_point() or topk.is_complex() or topk.dtype == torch.bool:
+            raise ConfigError(f"topk: tensor must have an integer dtype, got {topk.dtype}")
+        if topk.dim() != 1 or topk.numel() != n:
+            raise ConfigError(f"topk: tensor must have shape [N] = [{n}] (one per sequence), "
+                              f"got {tuple(topk.shape)}")
+        if n and int(topk.min()) < 1:
+            raise ConfigError(f"topk: must be >= 1, got {int(topk.min())}")
+        return topk.to(device=device, dtype=torch.int64)
+    if isinstance(topk, bool) or not isinstance(topk, int):
+        raise ConfigError(f"topk: must be an int or an integer tensor [N], got {type(topk).__name__}")
+    if topk < 1:
+        raise ConfigError(f"topk: must be >= 1, got {topk}")
+    return torch.full((n,), topk, dtype=torch.int64, device=device)
+
+
+def validate(q: Any, k: Any, v: Any, cu_seqlens: Any, block_size: Any, topk: Any) -> Any:
+    """Check every argument of ``moba_attention``; return ``topk`` as a LongTensor ``[N]``."""
+    import torch
+
+    _check_qk(q, k)
+    if not isinstance(v, torch.Tensor) or tuple(v.shape) != tuple(k.shape):
+        got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+        raise ConfigError(f"v: shape {got} must equal k's {tuple(k.shape)}")
+    if v.dtype != q.dtype:
+        raise ConfigError(f"v: dtype {v.dtype} differs from q's {q.dtype}")
+    if v.device != q.device:
+        raise ConfigError(f"v: device {v.device} differs from q's {q.device}")
+    _check_cu_seqlens(cu_seqlens, q.shape[0], q.device)
+    _check_block_size(block_size)
+    return _topk_tensor(topk, cu_seqlens.numel() - 1, q.device)
+
+
+def moba_attention(q: Any, k: Any, v: Any, cu_seqlens: Any, block_size: int = 64, topk: Any = 4,
+                   backend: str = "auto") -> Any:
+    """MoBA attention over packed sequences; returns ``[T, H, D]`` like ``q``.
+
+    ``q`` ``[T, H, D]``, ``k``/``v`` ``[T, H_kv, D]`` (``H % H_kv == 0``), ``cu_seqlens`` int32 ``[N + 1]``
+    (0, ..., T, strictly increasing), ``block_size`` in tokens, ``topk`` (blocks attended per query,
+    own block included) an int or an integer tensor ``[N]``. ``backend``: ``"auto"`` (Triton on CUDA
+    tensors, the chunked PyTorch implementation elsewhere), ``"triton"``, ``"torch"`` or ``"naive"``.
+    """
+    check_choice(backend, "backend", BACKENDS)
+    topk_t = validate(q, k, v, cu_seqlens, block_size, topk)
+    if backend == "auto":
+        backend = "triton" if q.device.type == "cuda" else "torch"
+    if backend == "triton":
+        from sparsebalance.kernels.moba.triton_impl import moba_attention_triton
+
+        return moba_attention_triton(q, k, v, cu_seqlens, block_size, topk_t)
+    if backend == "naive":
+        from sparsebalance.kernels.moba.naive import moba_attention_naive
+
+        return moba_attention_naive(q, k, v, cu_seqlens, block_size, topk_t)
+    from sparsebalance.kernels.moba.chunked import moba_attention_chunked
+
+    return moba_attention_chunked(q, k, v, cu_seqlens, block_size, topk_t)
+
+
+def moba_coverage(q: Any, k: Any, cu_seqlens: Any, block_size: int, topks: Any) -> Any:
+    """Gate coverage ``[N, len(topks)]`` float64: per sequence and budget, the mean (over query tokens
+    with past blocks, and heads) share of softmax(gate scores / sqrt(D)) over past blocks held by the
+    chosen ``k - 1`` blocks. 1.0 when nothing is dropped (also for sequences without past blocks)."""
+    _check_qk(q, k)
+    _check_cu_seqlens(cu_seqlens, q.shape[0], q.device)
+    _check_block_size(block_size)
+    try:
+        ks = [int(x) for x in topks]
+    except (TypeError, ValueError):
+        raise ConfigError(f"topks: must be a sequence of integers >= 1, got {topks!r}") from None
+    if not ks or min(ks) < 1:
+        raise ConfigError(f"topks: must be a non-empty sequence of integers >= 1, got {ks}")
+    from sparsebalance.kernels.moba.coverage import coverage
+
+    return coverage(q, k, cu_seqlens, block_size, ks)

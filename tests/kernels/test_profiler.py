@@ -1,0 +1,74 @@
+"""Profiler: the measurement instrument, the written profile, and agreement with the shipped one."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from sparsebalance.commands import profile as profile_cmd  # noqa: E402
+from sparsebalance.errors import ConfigError  # noqa: E402
+from sparsebalance.kernels.profiler import Bench, ProfileGrid  # noqa: E402
+from sparsebalance.simulator.config import ClusterConfig, tiny  # noqa: E402
+from sparsebalance.simulator.latency import load_latency_model  # noqa: E402
+from sparsebalance.simulator.profile import load_profile  # noqa: E402
+
+SMALL = dict(seq_lens=(64, 160), budgets=(1, 3), tokens=(32, 96), params=(500, 5000), repeats=2, warmup=1)
+
+
+def test_null_core_layer_is_the_decoder_layer_without_attention():
+    """With a zero attention core, a Qwen2 layer is x + MLP(post_norm(x)) (o_proj has no bias)."""
+    bench = Bench(tiny(), ProfileGrid(**SMALL))
+    layer = bench.layer
+    x = torch.randn(1, 40, 64, generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(40)[None]
+    pe = bench.net.model.rotary_emb(x, pos)
+    out = layer(x, attention_mask=None, position_ids=pos, position_embeddings=pe)
+    out = out[0] if isinstance(out, tuple) else out
+    expect = x + layer.mlp(layer.post_attention_layernorm(x))
+    assert torch.allclose(out, expect, atol=1e-6)
+    out.sum().backward()  # zero gradients flow through q/k/v projections: they receive a grad tensor
+    assert layer.self_attn.k_proj.weight.grad is not None and layer.mlp.up_proj.weight.grad.abs().sum() > 0
+
+
+def test_command_writes_a_loadable_profile(tmp_path):
+    args = argparse.Namespace(device="cpu", model="tiny", out=str(tmp_path / "p"), seq_lens="64,160",
+                              budgets="1,3", tokens="32,96", params="500,5000", repeats=2, warmup=1,
+                              threads=1, dtype=None, block_size=None, tp=1, no_progress=True)
+    assert profile_cmd.run(args) == 0
+    prof = load_profile(str(tmp_path / "p"))
+    assert set(prof.ops) == {"attn_fwd", "attn_bwd", "layer_fwd", "layer_bwd", "embed_fwd", "embed_bwd",
+                             "head_fwd", "head_bwd", "optim"}
+    attn = prof.rows("attn_fwd")
+    assert sorted(zip(attn.seq_len, attn.budget)) == [(64, 1), (64, 3), (160, 1), (160, 3)]
+    assert (prof.table.latency_s > 0).all()
+    assert prof.meta["block_size"] == 32 and prof.meta["model"]["heads"] == 4 and not prof.meta["analytical"]
+
+
+@pytest.mark.parametrize("field,value", [("repeats", 0), ("warmup", -1), ("device", "tpu"),
+                                         ("budgets", ()), ("dtype", "int8")])
+def test_bad_grid_names_the_field(field, value):
+    with pytest.raises(ConfigError, match=rf"^{field}:"):
+        ProfileGrid(**{field: value})
+
+
+def test_command_rejects_tp_above_one(tmp_path):
+    args = argparse.Namespace(model="tiny", tp=2, block_size=None)
+    with pytest.raises(ConfigError, match="^--tp:"):
+        profile_cmd.run(args)
+
+
+@pytest.mark.slow
+def test_shipped_profile_predicts_fresh_measurements_within_5_percent():
+    model = tiny()
+    lm = load_latency_model("cpu-tiny", model, ClusterConfig(pp=1, dp=1, global_batch=1))
+    bench = Bench(model, ProfileGrid(repeats=9, warmup=3))
+    f, b = bench.attention(4096, 4)
+    assert abs(lm.attention(4096, 4) - f) / f <= 0.05
+    assert abs(lm.attention(4096, 4, backward=True) - b) / b <= 0.05
+    f, b = bench.layer_dense(8192)
+    assert abs(lm.dense(8192) - f) / f <= 0.05
+    assert abs(lm.dense(8192, backward=True) - b) / b <= 0.05

@@ -226,7 +226,7 @@ def launch_config(block_size: int, head_dim: int, dtype: torch.dtype) -> dict:
 
     Picked with ``benchmarks/inspect_triton_sm90.py`` (sm_90a, bf16, D = 128, block 128): 64 x 64 tiles
     on 8 warps are the only candidate with no spills in all three kernels, and every tl.dot lowers to
-    wgmma (table in TRITON.md); not yet tuned by GPU timings.
+    wgmma (table in README.md, "Triton kernel"); not yet tuned by GPU timings.
     """
     if head_dim >= 128:
         return {"BLOCK_M": min(64, block_size), "BLOCK_N": min(64, block_size), "num_warps": 8, "num_stages": 2}

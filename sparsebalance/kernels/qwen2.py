@@ -1,0 +1,212 @@
+"""A Qwen2-architecture decoder (Hugging Face ``transformers``) whose attention is our MoBA op.
+
+The model is ``transformers.Qwen2ForCausalLM`` unchanged, with ``attn_implementation = "moba"``
+registered through ``transformers.AttentionInterface``; so a real checkpoint loads with
+``load_qwen2(local_dir)`` (``from_pretrained``, never a download) and its weights keep their names.
+
+Packed varlen micro-batches: one row of ``T`` tokens holding ``N`` sequences side by side, position
+ids restarting at 0 per sequence, ``cu_seqlens`` (int32 [N + 1]) passed to the attention function in a
+:class:`MobaArgs` keyword argument, which also carries the budget (per sequence, optionally per
+layer) and where to record gate coverage. No global state: every forward call says what it wants.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sparsebalance.simulator.config import ModelConfig
+
+ATTN_NAME = "moba"
+IGNORE_INDEX = -100
+
+
+@dataclass(kw_only=True, slots=True)
+class MobaArgs:
+    """Per-call MoBA controls, passed as ``moba=`` through the HF decoder layers to the attention.
+
+    Shapes: ``T`` tokens in the packed row, ``N`` sequences.
+    """
+
+    cu_seqlens: Any
+    """int32 tensor [N + 1]: sequence boundaries in the packed row (0, l0, l0 + l1, ..., T)."""
+    topk: Any
+    """Budget: int (all layers, all sequences), tuple of per-layer ints, or LongTensor [N] /
+    [layers, N] (per sequence, optionally per layer; row = global layer index)."""
+    block_size: int = 64
+    """MoBA key-block size in tokens."""
+    backend: str = "auto"
+    """moba_attention backend (auto, torch, naive, triton)."""
+    coverage_layer: int | None = None
+    """Global layer index whose q/k are kept for :meth:`coverage_curves` (None = none)."""
+    captured: Any = None
+    """(q [T, H, D], k [T, Hkv, D], cu_seqlens) of ``coverage_layer`` from the last forward, detached."""
+
+    def coverage_curves(self) -> list[np.ndarray]:
+        """Real gate coverage C(k), k = 1..n_blocks, of each sequence at ``coverage_layer``
+        (float64 [n_blocks_i] per sequence), from the q/k of the last forward; [] if none was kept."""
+        if self.captured is None:
+            return []
+        from sparsebalance.kernels import moba_coverage
+
+        q, k, cu = self.captured
+        nbs = [-(-int(n) // self.block_size) for n in (cu[1:] - cu[:-1]).tolist()]
+        cov = moba_coverage(q, k, cu, self.block_size, list(range(1, max(nbs) + 1)))
+        cov = np.asarray(cov.cpu(), dtype=np.float64)
+        return [cov[i, :nb].copy() for i, nb in enumerate(nbs)]
+
+
+def _layer_topk(topk: Any, layer: int, n: int) -> list[int]:
+    """The budgets of the ``n`` sequences at global layer ``layer``."""
+    if isinstance(topk, (int, np.integer)):
+        return [int(topk)] * n
+    if isinstance(topk, tuple):
+        return [int(topk[layer])] * n
+    arr = topk.detach().cpu().numpy() if hasattr(topk, "detach") else np.asarray(topk)
+    if arr.ndim == 2:
+        arr = arr[layer]
+    return [int(x) for x in arr.reshape(-1)]
+
+
+def moba_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                           moba: MobaArgs | None = None, **kwargs):
+    """The function registered as ``attn_implementation = "moba"``.
+
+    HF passes query [1, H, T, D], key/value [1, Hkv, T, D]; returns ([1, T, H, D], None). ``scaling``
+    must be 1/sqrt(D), which is what Qwen2 uses and what the MoBA kernels assume.
+    """
+    import torch
+
+    from sparsebalance.kernels import moba_attention
+
+    if moba is None:
+        raise ValueError("moba attention: pass moba=MobaArgs(cu_seqlens=..., topk=...) to forward; "
+                         "packed varlen input is required")
+    if query.shape[0] != 1:
+        raise ValueError(f"moba attention: expects one packed row (batch 1), got batch {query.shape[0]}")
+    d = query.shape[-1]
+    if scaling is not None and abs(scaling - d ** -0.5) > 1e-6:
+        raise ValueError(f"moba attention: scaling {scaling} != 1/sqrt(head_dim); not supported")
+    q = query[0].transpose(0, 1)  # [T, H, D]; the MoBA API takes grouped-query k/v as they are
+    k = key[0].transpose(0, 1)
+    v = value[0].transpose(0, 1)
+    cu = moba.cu_seqlens
+    n = cu.numel() - 1
+    layer = int(getattr(module, "layer_idx", 0))
+    ks = _layer_topk(moba.topk, layer, n)
+    topk = ks[0] if len(set(ks)) == 1 else torch.tensor(ks, dtype=torch.long, device=q.device)
+    out = moba_attention(q, k, v, cu, block_size=moba.block_size, topk=topk, backend=moba.backend)
+    if moba.coverage_layer is not None and layer == moba.coverage_layer:
+        # keep q/k only; the gate scores are computed by coverage_curves() outside the timed forward
+        moba.captured = (q.detach(), k.detach(), cu)
+    return out.unsqueeze(0), None
+
+
+def register_moba_attention() -> None:
+    """Register ``"moba"`` in transformers' AttentionInterface (idempotent)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_NAME, moba_attention_forward)
+
+
+def qwen2_config(model: ModelConfig, *, max_position_embeddings: int = 131072,
+                 rope_theta: float = 1_000_000.0):
+    """A ``transformers.Qwen2Config`` with the dimensions of ``model`` and MoBA attention."""
+    from transformers import Qwen2Config
+
+    register_moba_attention()
+    return Qwen2Config(
+        vocab_size=model.vocab, hidden_size=model.hidden, intermediate_size=model.ffn,
+        num_hidden_layers=model.layers, num_attention_heads=model.heads,
+        num_key_value_heads=model.kv_heads, head_dim=model.head_dim,
+        tie_word_embeddings=model.tie_embeddings, max_position_embeddings=max_position_embeddings,
+        rope_theta=rope_theta, use_cache=False, attn_implementation=ATTN_NAME,
+    )
+
+
+def build_qwen2(model: ModelConfig, *, seed: int = 0, dtype: str = "float32"):
+    """A random-initialised ``Qwen2ForCausalLM`` (same ``seed`` -> same weights on every process)."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    cfg = qwen2_config(model)
+    torch.manual_seed(seed)
+    net = Qwen2ForCausalLM(cfg).to(getattr(torch, dtype))
+    net.train()
+    return net
+
+
+def load_qwen2(local_dir: str, *, dtype: str = "float32"):
+    """Load a local checkpoint directory with MoBA attention (``local_files_only``: no download)."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    register_moba_attention()
+    return Qwen2ForCausalLM.from_pretrained(local_dir, attn_implementation=ATTN_NAME,
+                                            torch_dtype=getattr(torch, dtype), local_files_only=True)
+
+
+@dataclass(slots=True)
+class PackedBatch:
+    """One packed micro-batch as tensors (T tokens, N sequences)."""
+
+    input_ids: Any
+    """int64 [1, T] token ids."""
+    labels: Any
+    """int64 [1, T]: the next token of the same sequence, IGNORE_INDEX at each sequence's end."""
+    position_ids: Any
+    """int64 [1, T]: 0..len-1 restarting per sequence."""
+    cu_seqlens: Any
+    """int32 [N + 1] boundaries."""
+
+    @property
+    def label_tokens(self) -> int:
+        return int((self.labels != IGNORE_INDEX).sum())
+
+
+def pack(token_lists: list[np.ndarray], device: str = "cpu") -> PackedBatch:
+    """Pack sequences (int token arrays) into one row with per-sequence positions and labels."""
+    import torch
+
+    if not token_lists:
+        raise ValueError("pack: a micro-batch needs at least one sequence")
+    lens = [len(t) for t in token_lists]
+    ids = np.concatenate([np.asarray(t, dtype=np.int64) for t in token_lists])
+    labels = np.full_like(ids, IGNORE_INDEX)
+    pos = np.concatenate([np.arange(n, dtype=np.int64) for n in lens])
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    for a, b in itertools.pairwise(cu):
+        labels[a:b - 1] = ids[a + 1:b]
+    t = lambda x: torch.from_numpy(x).to(device)
+    return PackedBatch(input_ids=t(ids)[None], labels=t(labels)[None], position_ids=t(pos)[None],
+                       cu_seqlens=t(cu))
+
+
+def lm_loss_sum(logits, labels):
+    """Summed next-token cross entropy over labelled tokens, shape [] (float32 at least)."""
+    import torch
+    import torch.nn.functional as F
+
+    x = logits[0] if logits.dtype in (torch.float32, torch.float64) else logits[0].float()
+    return F.cross_entropy(x, labels[0], ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+def run_layers(net, hidden, batch: PackedBatch, moba: MobaArgs, layers=None):
+    """Run decoder ``layers`` (default: all) of ``net`` (a Qwen2ForCausalLM or a stage holding
+    ``model.layers`` and ``model.rotary_emb``) on hidden [1, T, hidden]."""
+    inner = net.model
+    pe = inner.rotary_emb(hidden, batch.position_ids)
+    for layer in (inner.layers if layers is None else layers):
+        hidden = layer(hidden, attention_mask=None, position_ids=batch.position_ids,
+                       position_embeddings=pe, moba=moba)
+    return hidden
+
+
+def full_forward_loss(net, batch: PackedBatch, moba: MobaArgs):
+    """Summed LM loss of ``batch`` through the whole model (the single-process reference path)."""
+    h = net.model.embed_tokens(batch.input_ids)
+    h = run_layers(net, h, batch, moba)
+    return lm_loss_sum(net.lm_head(net.model.norm(h)), batch.labels)

@@ -1,0 +1,105 @@
+"""Options of the real executor (the ``[realrun]`` table of a run config), validated before launch.
+
+Everything that can be checked without starting a process is checked here, so a bad config fails in
+``sparsebalance train`` / ``validate`` with one clear line instead of N crashing workers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sparsebalance.errors import ConfigError, check, check_choice, check_positive, from_mapping
+
+BACKENDS = ("gloo", "nccl")
+DEVICES = ("cpu", "cuda")
+ATTENTION_BACKENDS = ("auto", "torch", "naive", "triton")
+DTYPES = ("float32", "bfloat16", "float64")
+REALRUN_SCHEDULES = ("gpipe", "1f1b")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class RealrunConfig:
+    """How the PP x DP executor runs (``[realrun]`` in the run config)."""
+
+    backend: str = "gloo"
+    """torch.distributed backend: gloo (CPU) or nccl (CUDA)."""
+    device: str = "cpu"
+    """Where each rank computes: cpu or cuda (rank's local GPU = LOCAL_RANK)."""
+    threads: int = 1
+    """torch intra-op threads per process (1 on the CPU, so N processes do not oversubscribe cores)."""
+    timeout_s: float = 120.0
+    """Seconds any collective or P2P may wait before the rank gives up (bounds a hang after a fault)."""
+    lr: float = 1e-3
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float | None = None
+    """Clip the global gradient norm to this value (None = no clipping)."""
+    attention_backend: str = "auto"
+    """moba_attention backend: auto, torch (chunked PyTorch, CPU), naive (reference), triton (GPU)."""
+    dtype: str = "float32"
+    """Parameter and activation dtype: float32, bfloat16 or float64."""
+    coverage_layer: int = 0
+    """Layer whose real gate scores give each sequence's coverage curve (-1 = do not measure)."""
+    checkpoint: str | None = None
+    """Local Hugging Face checkpoint directory to start from (None = random init from the run seed)."""
+    fail_rank: int | None = None
+    """Fault injection for tests: this global rank raises RuntimeError at ``fail_iteration``."""
+    fail_iteration: int = 0
+    """Iteration at which ``fail_rank`` raises."""
+
+    def __post_init__(self) -> None:
+        check_choice(self.backend, "backend", BACKENDS)
+        check_choice(self.device, "device", DEVICES)
+        check_choice(self.attention_backend, "attention_backend", ATTENTION_BACKENDS)
+        check_choice(self.dtype, "dtype", DTYPES)
+        check_positive(self.threads, "threads")
+        check_positive(self.timeout_s, "timeout_s")
+        check_positive(self.lr, "lr")
+        check_positive(self.weight_decay, "weight_decay", allow_zero=True)
+        if self.grad_clip is not None:
+            check_positive(self.grad_clip, "grad_clip")
+        check(not (self.backend == "nccl" and self.device == "cpu"), "backend",
+              "nccl needs device = \"cuda\"; use backend = \"gloo\" on the CPU")
+        check_positive(self.fail_iteration, "fail_iteration", allow_zero=True)
+
+
+def realrun_config(cfg) -> RealrunConfig:
+    """Parse and cross-check ``cfg.realrun`` (a RunConfig) against the model and cluster."""
+    rr = from_mapping(RealrunConfig, cfg.realrun, "realrun")
+    m, c = cfg.model, cfg.cluster
+    check(-1 <= rr.coverage_layer < m.layers, "realrun.coverage_layer",
+          f"must lie in [0, {m.layers - 1}] (model.layers = {m.layers}) or be -1 (off), "
+          f"got {rr.coverage_layer}")
+    check_choice(c.schedule, "cluster.schedule", REALRUN_SCHEDULES)
+    check(c.tp == 1, "cluster.tp", f"realrun has no tensor parallelism; must be 1, got {c.tp}")
+    check(c.pp <= m.layers, "cluster.pp",
+          f"cannot exceed model.layers ({m.layers}): every stage needs a layer, got {c.pp}")
+    if rr.fail_rank is not None:
+        check(0 <= rr.fail_rank < c.pp * c.dp, "realrun.fail_rank",
+              f"must lie in [0, {c.pp * c.dp - 1}], got {rr.fail_rank}")
+    check(cfg.data.source != "distribution", "data.source",
+          "realrun trains on real tokens; use text_dir, jsonl, parquet or hf_disk "
+          "(e.g. source = \"text_dir\", path = \"stdlib\")")
+    if rr.device == "cuda":
+        try:
+            import torch
+        except ImportError:
+            raise ConfigError("realrun.device: cuda needs torch installed") from None
+        check(torch.cuda.is_available(), "realrun.device", "cuda requested but no CUDA device is visible")
+    return rr
+
+
+def world_size(cfg) -> int:
+    """Processes a run needs: one per (dp replica, stage)."""
+    return cfg.cluster.pp * cfg.cluster.dp
+
+
+def rank_layout(rank: int, pp: int) -> tuple[int, int]:
+    """Global rank -> (dp_rank, stage). Stages of one replica are consecutive ranks, so with
+    ``pp <= gpus_per_node`` every P2P hop stays inside a node and only the DP all-reduce crosses nodes."""
+    return rank // pp, rank % pp
+
+
+def global_rank(dp_rank: int, stage: int, pp: int) -> int:
+    return dp_rank * pp + stage

@@ -1,0 +1,44 @@
+"""Turn the ranks' reports of one iteration into the loop's IterationResult (the simulator's metrics,
+computed the same way from measured rows)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sparsebalance.loop import IterationResult
+from sparsebalance.simulator.trace import TRACE_COLUMNS
+
+
+def iteration_result(reports: list, *, pp: int, dp: int, microbatches: int) -> IterationResult:
+    """Merge rank reports. Iteration time = last OPTIM end - first rank's start (all ranks leave one
+    barrier together); a micro-batch's latency = its F + B seconds summed over stages; bubble
+    fraction = 1 - busy / (dp x pp x iteration time), busy = F + B seconds, as in the simulator."""
+    rows = [r for rep in reports for r in rep.rows]
+    trace = pd.DataFrame(rows, columns=list(TRACE_COLUMNS))
+    start = min(rep.start_s for rep in reports)
+    end = max(rep.end_s for rep in reports)
+    it_time = end - start
+    mb_lat = np.zeros((dp, microbatches))
+    busy = np.zeros((dp, pp))
+    compute = trace[trace["op"].isin(("F", "B"))]
+    for row in compute.itertuples(index=False):
+        dur = row.end_s - row.start_s
+        mb_lat[row.dp_rank, row.microbatch] += dur
+        busy[row.dp_rank, row.stage] += dur
+    bubble = float(1.0 - busy.sum() / (dp * pp * it_time)) if it_time > 0 else 0.0
+    coverage: dict[int, tuple[float, ...]] = {}
+    for rep in reports:
+        coverage.update(rep.coverage)
+    by_op = trace.assign(d=trace["end_s"] - trace["start_s"]).groupby("op")["d"].sum()
+    extra: dict[str, Any] = {
+        "loss": float(sum(rep.loss for rep in reports)),
+        "p2p_wait_s": float(by_op.get("P2P", 0.0)) / (dp * pp),
+        "allreduce_s": float(by_op.get("ALLREDUCE", 0.0)) / (dp * pp),
+        "optim_s": float(by_op.get("OPTIM", 0.0)) / (dp * pp),
+    }
+    return IterationResult(iteration_time_s=float(it_time), trace=trace,
+                           microbatch_latency_s=mb_lat.tolist(), stage_busy_s=busy.max(axis=0).tolist(),
+                           bubble_fraction=bubble, coverage=coverage, extra=extra)

@@ -1,0 +1,93 @@
+"""One pipeline stage of the Qwen2 model: which layers it holds and its forward.
+
+The full ``Qwen2ForCausalLM`` is built (or loaded from a local checkpoint) on every rank from the same
+seed, then cut: the first stage keeps the embedding, the last the final norm + LM head + loss, every
+stage a contiguous slice of decoder layers (the latency model's split, so predicted and measured
+stages hold the same layers). Layers keep their global ``layer_idx``, so per-layer budgets and the
+coverage layer address the same layer whatever the split.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def stage_layers(layers: int, pp: int, stage: int) -> range:
+    """Layers of ``stage``: contiguous, as even as possible, the first ``layers % pp`` stages one more.
+
+    The simulator's ``LatencyModel.stage_layers`` is used when it exists (one split everywhere);
+    this is the same rule, needed before a latency model is built and checked equal in the tests.
+    """
+    if not 0 <= stage < pp:
+        raise ValueError(f"stage: must lie in [0, {pp - 1}], got {stage}")
+    base, extra = divmod(layers, pp)
+    start = stage * base + min(stage, extra)
+    return range(start, start + base + (1 if stage < extra else 0))
+
+
+def build_stage(net: Any, stage: int, pp: int, layer_range: range):
+    """Cut ``net`` (a Qwen2ForCausalLM) to the modules of ``stage``; returns a :class:`StageModule`."""
+    return StageModule(net, stage, pp, layer_range)
+
+
+def _module_base():
+    import torch
+
+    return torch.nn.Module
+
+
+class StageModule(_module_base()):  # type: ignore[misc]
+    """The modules of one stage; ``forward`` returns hidden states [1, T, hidden] or, on the last
+    stage, the summed LM loss (a scalar) of the micro-batch."""
+
+    def __init__(self, net: Any, stage: int, pp: int, layer_range: range) -> None:
+        import torch
+
+        super().__init__()
+        self.stage, self.pp = stage, pp
+        self.first, self.last = stage == 0, stage == pp - 1
+        self.layer_range = layer_range
+        inner = torch.nn.Module()
+        inner.layers = torch.nn.ModuleList([net.model.layers[i] for i in layer_range])
+        inner.rotary_emb = net.model.rotary_emb
+        if self.first:
+            inner.embed_tokens = net.model.embed_tokens
+        if self.last:
+            inner.norm = net.model.norm
+            # a tied LM head shares the embedding Parameter only when both live on this stage
+            self.lm_head = net.lm_head
+        self.model = inner
+        self.config = net.config
+
+    def forward(self, hidden: Any, batch: Any, moba: Any) -> Any:
+        from sparsebalance.kernels.qwen2 import lm_loss_sum, run_layers
+
+        if self.first:
+            hidden = self.model.embed_tokens(batch.input_ids)
+        hidden = run_layers(self, hidden, batch, moba)
+        if self.last:
+            return lm_loss_sum(self.lm_head(self.model.norm(hidden)), batch.labels)
+        return hidden
+
+    def global_state_dict(self) -> dict[str, Any]:
+        """This stage's weights under the full model's (Hugging Face) names: layer i is
+        ``model.layers.<global i>``, so stages' dicts merge into one checkpoint."""
+        out = {}
+        lo = self.layer_range.start
+        for name, t in self.state_dict().items():
+            if name.startswith("model.layers."):
+                idx, rest = name.removeprefix("model.layers.").split(".", 1)
+                name = f"model.layers.{lo + int(idx)}.{rest}"
+            out[name] = t.detach().clone()
+        return out
+
+    def tied_parameter(self) -> Any:
+        """The embedding (first stage) or LM head (last stage) weight that a tied model must keep
+        equal across the two stages; None when untied or when both live on this one stage."""
+        if not getattr(self.config, "tie_word_embeddings", False) or (self.first and self.last):
+            return None
+        if self.first:
+            return self.model.embed_tokens.weight
+        if self.last:
+            return self.lm_head.weight
+        return None

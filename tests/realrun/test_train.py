@@ -1,0 +1,65 @@
+"""``sparsebalance train`` rejects bad configs before any process starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparsebalance.errors import ConfigError
+
+pytest.importorskip("torch")
+
+BASE = """
+name = "t"
+iterations = 2
+profile = "analytical-h200"
+[model]
+preset = "tiny"
+[cluster]
+pp = 2
+global_batch = 4
+[data]
+source = "text_dir"
+path = "stdlib"
+num_sequences = 16
+max_length = 256
+[policy]
+tuning = "dst"
+k0 = 2
+k_max = 8
+[realrun]
+"""
+
+
+@pytest.mark.parametrize("extra,field", [
+    ('backend = "nccl"', "realrun.backend"),
+    ("coverage_layer = 7", "realrun.coverage_layer"),
+    ("timeout_s = -1", "realrun.timeout_s"),
+])
+def test_validate_for_launch_rejects(tmp_path, extra, field):
+    from sparsebalance.commands.train import validate_for_launch
+
+    p = tmp_path / "run.toml"
+    p.write_text(BASE + extra + "\n")
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        validate_for_launch(str(p), [])
+
+
+def test_nproc_must_match(tmp_path):
+    import argparse
+
+    from sparsebalance.commands import train
+
+    p = tmp_path / "run.toml"
+    p.write_text(BASE)
+    parser = argparse.ArgumentParser()
+    train.add_arguments(parser)
+    with pytest.raises(ConfigError, match="--nproc"):
+        train.run(parser.parse_args(["--config", str(p), "--nproc", "3"]))
+
+
+def test_torchrun_command_shape():
+    from sparsebalance.commands.train import torchrun_command
+
+    cmd = torchrun_command("x.toml", 4, master_port=1234)
+    assert cmd[1:5] == ["-m", "torch.distributed.run", "--nproc-per-node", "4"]
+    assert cmd[-4:] == ["-m", "sparsebalance.realrun", "--config", "x.toml"]

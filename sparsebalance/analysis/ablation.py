@@ -26,6 +26,13 @@ ROW_POLICIES = {
 packing (``sequential``): the table adds LBB as a row of its own, so LBB cannot be its baseline
 (LBB + fixed is the baseline of the paper's end-to-end runs, our ``+LBB`` row)."""
 
+BEYOND_POLICIES = {
+    "+DST-CP": ("sequential", "dst-cp"),
+    "+SAB+DST-CP": ("sab", "dst-cp"),
+}
+"""Rows beyond the paper (printed and saved after Table I; not in ``--json``, which stays Table I):
+critical-path DST (``sparsebalance.policies.critical``) in place of DST."""
+
 NAN = float("nan")
 PAPER = pd.DataFrame({
     "config": list(CONFIGS),
@@ -39,9 +46,10 @@ JSON_KEYS = ("config", "imbalance", "iteration_time_s", "speedup", "overhead_ms"
 
 
 def side_by_side(ours: pd.DataFrame) -> pd.DataFrame:
-    """Our rows (columns of JSON_KEYS) joined with the paper's, in Table I order."""
-    return ours.merge(PAPER, on="config", how="left").set_index("config").loc[list(CONFIGS)] \
-        .reset_index()
+    """Our rows (columns of JSON_KEYS) joined with the paper's, in Table I order, then any
+    BEYOND_POLICIES rows present (paper cells NaN)."""
+    order = list(CONFIGS) + [c for c in BEYOND_POLICIES if c in set(ours["config"])]
+    return ours.merge(PAPER, on="config", how="left").set_index("config").loc[order].reset_index()
 
 
 def format_table(t: pd.DataFrame) -> str:
@@ -49,17 +57,19 @@ def format_table(t: pd.DataFrame) -> str:
     def f(x, fmt):
         return "-" if pd.isna(x) else format(x, fmt)
 
-    head = (f"{'config':<10} {'imbalance':>17} {'iteration (s)':>19} {'speedup':>15} "
-            f"{'overhead (ms)':>19}")
-    sub = f"{'':<10} {'ours':>8} {'paper':>8} {'ours':>9} {'paper':>9} {'ours':>7} {'paper':>7} " \
-          f"{'ours':>9} {'paper':>9}"
+    cov = "mean_coverage" in t
+    head = (f"{'config':<12} {'imbalance':>17} {'iteration (s)':>19} {'speedup':>15} "
+            f"{'overhead (ms)':>19}" + (f" {'coverage':>9}" if cov else ""))
+    sub = f"{'':<12} {'ours':>8} {'paper':>8} {'ours':>9} {'paper':>9} {'ours':>7} {'paper':>7} " \
+          f"{'ours':>9} {'paper':>9}" + (f" {'ours':>9}" if cov else "")
     lines = [head, sub]
     for _, r in t.iterrows():
         lines.append(
-            f"{r['config']:<10} {f(r['imbalance'], '.2f'):>8} {f(r['paper_imbalance'], '.2f'):>8} "
+            f"{r['config']:<12} {f(r['imbalance'], '.2f'):>8} {f(r['paper_imbalance'], '.2f'):>8} "
             f"{f(r['iteration_time_s'], '.3f'):>9} {f(r['paper_iteration_time_s'], '.3f'):>9} "
             f"{f(r['speedup'], '.2f'):>7} {f(r['paper_speedup'], '.2f'):>7} "
-            f"{f(r['overhead_ms'], '.2f'):>9} {f(r['paper_overhead_ms'], '.1f'):>9}")
+            f"{f(r['overhead_ms'], '.2f'):>9} {f(r['paper_overhead_ms'], '.1f'):>9}"
+            + (f" {f(r['mean_coverage'], '.4f'):>9}" if cov else ""))
     return "\n".join(lines)
 
 

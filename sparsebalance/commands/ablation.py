@@ -8,6 +8,11 @@ H200), global batch 16, the analytical-h200 profile, 1F1B; micro-batches packed 
 
 ``--anchors`` runs the anchor x p study instead: SAB + DST with MEAN/MIN/MAX x p in {0.1, 0.2, 0.3},
 speedup vs the same baseline against mean coverage, with a Pareto plot.
+
+Beyond the paper: Table I mode adds ``+DST-CP`` and ``+SAB+DST-CP`` (critical-path DST, see
+``sparsebalance.policies.critical``) after the paper's rows, with mean coverage in the printed table
+(``--json`` stays the paper's six rows); the anchor study adds SAB + dst-cp at each p to
+``anchors_cp.csv`` and to the Pareto plot (``anchors.csv`` keeps its ten rows).
 Outputs go to ``--out`` (default results/ablation): ``ablation.csv``, ``ablation.png``/``.svg``,
 ``anchors.csv``, ``anchors_pareto.png``/``.svg``, and ``config.toml`` (the resolved base config).
 """
@@ -101,8 +106,10 @@ def run(args) -> int:
         jobs = [("baseline", {"batching": "sequential", "tuning": "fixed"})]
         jobs += [(f"{a.upper()}{p}", {"batching": "sab", "tuning": "dst", "anchor": a, "p": p})
                  for a in ANCHORS for p in PS]
+        jobs += [(f"CP{p}", {"batching": "sab", "tuning": "dst-cp", "p": p}) for p in PS]
     else:
         jobs = [(name, {"batching": b, "tuning": t}) for name, (b, t) in A.ROW_POLICIES.items()]
+        jobs += [(name, {"batching": b, "tuning": t}) for name, (b, t) in A.BEYOND_POLICIES.items()]
     cfgs = {name: _configs(args, pol, seeds) for name, pol in jobs}  # validates before running
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -113,26 +120,31 @@ def run(args) -> int:
     df = pd.DataFrame(rows)
     df["speedup"] = df.loc[df.config == "baseline", "iteration_time_s"].iloc[0] / df["iteration_time_s"]
     if args.anchors:
-        df["anchor"] = [""] + [a for a in ANCHORS for _ in PS]
-        df["p"] = [float("nan")] + [p for _ in ANCHORS for p in PS]
+        df["anchor"] = [""] + [a for a in ANCHORS for _ in PS] + ["dst-cp"] * len(PS)
+        df["p"] = [float("nan")] + [p for _ in ANCHORS for p in PS] + list(PS)
+        cp = df.config.str.startswith("CP")
+        df, df_cp = df[~cp], df[cp]
         df.to_csv(out / "anchors.csv", index=False)
+        df_cp.to_csv(out / "anchors_cp.csv", index=False)
         from sparsebalance.analysis.sweep import plot_pareto
 
-        plot_pareto(df[df.config != "baseline"], out / "anchors_pareto",
-                    title="SAB+DST: anchor x p (speedup vs sequential+fixed)")
+        plot_pareto(pd.concat([df[df.config != "baseline"], df_cp]), out / "anchors_pareto",
+                    title="SAB+DST anchor x p, and SAB+DST-CP (speedup vs sequential+fixed)")
         if args.json:
             print(json.dumps(df.to_dict("records")))
             return 0
         cols = ["config", "speedup", "mean_coverage", "mean_budget", "floor_share", "imbalance",
                 "iteration_time_s", "overhead_ms"]
-        print(df[cols].round(4).to_string(index=False))
-        print(f"table: {out / 'anchors.csv'}  figure: {out / 'anchors_pareto.png'}")
+        print(pd.concat([df, df_cp])[cols].round(4).to_string(index=False))
+        print(f"table: {out / 'anchors.csv'} (+ {out / 'anchors_cp.csv'})  "
+              f"figure: {out / 'anchors_pareto.png'}")
         return 0
     table = A.side_by_side(df)
     table.to_csv(out / "ablation.csv", index=False)
     A.plot_ablation(table, out / "ablation")
     if args.json:
-        print(json.dumps([{k: r[k] for k in A.JSON_KEYS} for r in table.to_dict("records")]))
+        print(json.dumps([{k: r[k] for k in A.JSON_KEYS} for r in table.to_dict("records")
+                          if r["config"] in A.CONFIGS]))
         return 0
     print(A.format_table(table))
     print(f"table: {out / 'ablation.csv'}  figure: {out / 'ablation.png'}")

@@ -77,7 +77,7 @@ def two_stage(batch: list[Sequence], costs: np.ndarray, ctx: PolicyContext, *,
             if swaps:
                 ranks = packing.improve(ranks, costs, rounds=swaps, moves=True, min_count=mm)
             first[:] = [ranks]
-        return ranks, _pack_ranks(ranks, costs, tokens, mm, cap, swaps)
+        return ranks, _pack_ranks(ranks, costs, tokens, mm, cap)
 
     ranks, plan = attempt(m)
     if plan is None and m < hi:
@@ -99,24 +99,26 @@ def two_stage(batch: list[Sequence], costs: np.ndarray, ctx: PolicyContext, *,
             else:
                 bad = mid
         m, ranks, plan = good
-        if plan is None:  # even one sequence per micro-batch breaks it: keep the last packing
-            plan = _pack_ranks(ranks, costs, tokens, m, cap, swaps, force=True)
-    return _to_plan(batch, plan, costs)
+    if plan is None:  # even the most micro-batches break it: keep the last packing, over the cap
+        plan = _pack_ranks(ranks, costs, tokens, m, cap, force=True)
+    if swaps:  # swaps never push a multi-sequence micro-batch over the cap: only the final packing
+        plan = [packing.improve(mbs, costs[idx], rounds=swaps, moves=True, tokens=tokens[idx],
+                                token_cap=cap) for idx, mbs in zip(ranks, plan)]
+    return _to_plan(batch, [[[int(idx[i]) for i in mb] for mb in mbs]
+                            for idx, mbs in zip(ranks, plan)], costs)
 
 
-def _pack_ranks(ranks, costs, tokens, m: int, cap: int, swaps: int, force: bool = False):
-    """Stage 2: each rank's sequences into ``m`` micro-batches; None when a multi-sequence
-    micro-batch would exceed the cap (unless ``force``)."""
+def _pack_ranks(ranks, costs, tokens, m: int, cap: int, force: bool = False):
+    """Stage 2: LPT of each rank's sequences into ``m`` micro-batches (indices into the rank's
+    list); None as soon as a multi-sequence micro-batch would exceed the cap (unless ``force``)."""
     plan = []
     for idx in ranks:
         idx = np.asarray(idx)
-        mbs_idx = packing.lpt(costs[idx], m, min_count=1, tokens=tokens[idx], token_cap=cap)
-        if swaps:
-            mbs_idx = packing.improve(mbs_idx, costs[idx], rounds=swaps, moves=True,
-                                      tokens=tokens[idx], token_cap=cap)
-        if not force and any(len(mb) > 1 and tokens[idx[mb]].sum() > cap for mb in mbs_idx):
+        mbs_idx = packing.lpt(costs[idx], m, min_count=1, tokens=tokens[idx], token_cap=cap,
+                              strict_cap=not force)
+        if mbs_idx is None:
             return None
-        plan.append([[int(idx[i]) for i in mb] for mb in mbs_idx])
+        plan.append(mbs_idx)
     return plan
 
 

@@ -20,7 +20,7 @@ class PolicyConfig:
     batching: str = "sequential"
     """Batching policy name (sequential, lbb, sorted, quadratic, sab)."""
     tuning: str = "fixed"
-    """Tuning policy name (fixed, dst)."""
+    """Tuning policy name (fixed, dst, dst-cp)."""
     k0: int = 32
     """Default MoBA budget (top-k blocks, own block included)."""
     k_min: int = 1
@@ -54,6 +54,11 @@ class PolicyConfig:
     """Coverage model: power (mass ~ rank^-rate) or geometric (mass ~ exp(-rate (rank - 1)))."""
     coverage_agg: str = "tokens"
     """Micro-batch coverage of packed sequences: tokens (token-weighted mean) or min."""
+    cp_rounds: int = 64
+    """dst-cp: at most this many lowering rounds per iteration (each one batched evaluation)."""
+    cp_raise_tol: float = 0.0
+    """dst-cp: relative growth of the predicted iteration time the raising phase may spend on
+    coverage (0 = only free bubbles; never beyond the fixed-budget time)."""
 
     def __post_init__(self) -> None:
         check_positive(self.k0, "k0")
@@ -74,4 +79,7 @@ class PolicyConfig:
         check_positive(self.coverage_rate, "coverage_rate")
         check_choice(self.coverage_shape, "coverage_shape", COVERAGE_SHAPES)
         check_choice(self.coverage_agg, "coverage_agg", COVERAGE_AGGS)
+        check_positive(self.cp_rounds, "cp_rounds", allow_zero=True)
+        check(0.0 <= self.cp_raise_tol < 1.0, "cp_raise_tol",
+              f"must lie in [0, 1), got {self.cp_raise_tol}")
         check(self.k_max >= self.k_min, "k_max", f"must be >= k_min ({self.k_min}), got {self.k_max}")

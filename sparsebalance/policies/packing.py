@@ -23,54 +23,68 @@ import numpy as np
 
 
 def lpt(costs: np.ndarray, bins: int, *, count: int | None = None, min_count: int = 0,
-        tokens: np.ndarray | None = None, token_cap: int | None = None) -> list[list[int]]:
+        tokens: np.ndarray | None = None, token_cap: int | None = None,
+        strict_cap: bool = False) -> list[list[int]] | None:
     """Item indices per bin (each list in placement order). ``costs``/``tokens``: shape [items].
 
-    A heap of (load, bin) gives the least-loaded bin in O(log bins); bins that are full, not
-    allowed (the min-count rule) or too full for the item's tokens are popped, set aside and pushed
-    back, so the usual case costs O(items log bins)."""
-    cost = [float(c) for c in np.asarray(costs, dtype=np.float64)]
+    A heap of (load, bin) gives the least-loaded bin in O(log bins). The usual case (the top of the
+    heap may take the item) costs one ``heapreplace``; otherwise bins that are full, not allowed
+    (the min-count rule) or too full for the item's tokens are popped, set aside and pushed back.
+    ``strict_cap``: return None as soon as an item would have to join a non-empty bin over the cap
+    (a later LPT step only adds items, so that bin could never come back under it)."""
+    cost = np.asarray(costs, dtype=np.float64)
     n = len(cost)
     if count is not None and count * bins != n:
         raise ValueError(f"lpt: {n} items cannot fill {bins} bins of exactly {count}")
     if min_count * bins > n:
         raise ValueError(f"lpt: {n} items cannot give {bins} bins at least {min_count} each")
-    tok_of = [0.0] * n if tokens is None else [float(t) for t in tokens]
-    cap = None if token_cap is None or tokens is None else float(token_cap)
-    order = np.lexsort((np.arange(n), -np.asarray(cost))).tolist()  # cost desc, index asc
+    order = np.lexsort((np.arange(n), -cost)).tolist()  # cost desc, index asc
+    cost_l = cost.tolist()
+    tok_of = [0.0] * n if tokens is None else np.asarray(tokens, dtype=np.float64).tolist()
+    cap = float("inf") if token_cap is None or tokens is None else float(token_cap)
+    full = n + 1 if count is None else count           # no bin ever reaches n + 1 items
     heap = [(0.0, b) for b in range(bins)]
-    cnt, tok, lds = [0] * bins, [0.0] * bins, [0.0] * bins
+    cnt, tok = [0] * bins, [0.0] * bins
     out: list[list[int]] = [[] for _ in range(bins)]
     deficit = min_count * bins                          # items still owed to short bins
+    heappop, heappush, heapreplace = heapq.heappop, heapq.heappush, heapq.heapreplace
     for placed, i in enumerate(order):
-        remaining = n - placed - 1                      # items still to place after this one
-        only_short = count is None and deficit > remaining
-        aside, chosen, fallback = [], None, None
-        while heap:
-            load, b = heapq.heappop(heap)
-            if count is not None and cnt[b] >= count:
-                continue                                # full for good: drop from the heap
-            aside.append((load, b))
-            if only_short and cnt[b] >= min_count:
-                continue
-            if cap is not None and tok[b] + tok_of[i] > cap:
-                if fallback is None or tok[b] < tok[fallback]:
-                    fallback = b
-                continue
+        t_i = tok_of[i]
+        # only bins still short of min_count may take the item when the rest are owed to them
+        only_short = count is None and deficit > n - placed - 1
+        load, b = heap[0]
+        if cnt[b] < full and not (only_short and cnt[b] >= min_count) and tok[b] + t_i <= cap:
+            heapreplace(heap, (load + cost_l[i], b))    # fast path: the least-loaded bin takes it
             chosen = b
-            break
-        if chosen is None:  # nothing fits: the bin with the fewest tokens takes it (cap exceeded)
-            chosen = fallback
-        for entry in aside:
-            if entry[1] != chosen:
-                heapq.heappush(heap, entry)
+        else:
+            aside, chosen, fallback = [], None, None
+            while heap:
+                load, b = heappop(heap)
+                if cnt[b] >= full:
+                    continue                            # full for good: drop from the heap
+                aside.append((load, b))
+                if only_short and cnt[b] >= min_count:
+                    continue
+                if tok[b] + t_i > cap:
+                    if fallback is None or tok[b] < tok[fallback]:
+                        fallback = b
+                    continue
+                chosen = b
+                break
+            if chosen is None:  # nothing fits: the bin with the fewest tokens takes it (cap exceeded)
+                chosen = fallback
+                if strict_cap and cnt[chosen]:
+                    return None
+            for entry in aside:
+                if entry[1] == chosen:
+                    heappush(heap, (entry[0] + cost_l[i], chosen))
+                else:
+                    heappush(heap, entry)
         out[chosen].append(i)
         if cnt[chosen] < min_count:
             deficit -= 1
         cnt[chosen] += 1
-        tok[chosen] += tok_of[i]
-        lds[chosen] += cost[i]
-        heapq.heappush(heap, (lds[chosen], chosen))
+        tok[chosen] += t_i
     return out
 
 

@@ -1,6 +1,7 @@
 """Policy names -> classes. Command lines and configs name policies; an unknown name lists the known.
 
-Batching: ``sequential``, ``lbb``, ``sorted``, ``quadratic``, ``sab``. Tuning: ``fixed``, ``dst``.
+Batching: ``sequential``, ``lbb``, ``sorted``, ``quadratic``, ``sab``. Tuning: ``fixed``, ``dst``,
+``dst-cp`` (critical-path DST, :mod:`.critical`).
 Every class takes nothing (batching without parameters) or the :class:`PolicyConfig`.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 from sparsebalance.errors import check_choice
 from sparsebalance.policies.batching import LengthBased, Quadratic, Sequential, Sorted
 from sparsebalance.policies.config import PolicyConfig
+from sparsebalance.policies.critical import CriticalPathDST
 from sparsebalance.policies.sab import SparsityAware
 from sparsebalance.policies.tuning import DynamicSparsity, Fixed
 
@@ -19,9 +21,9 @@ BATCHING: dict[str, type] = {
     "quadratic": Quadratic,
     "sab": SparsityAware,
 }
-TUNING: dict[str, type] = {"fixed": Fixed, "dst": DynamicSparsity}
+TUNING: dict[str, type] = {"fixed": Fixed, "dst": DynamicSparsity, "dst-cp": CriticalPathDST}
 
-_NEEDS_CONFIG = {SparsityAware, Fixed, DynamicSparsity}
+_NEEDS_CONFIG = {SparsityAware, Fixed, DynamicSparsity, CriticalPathDST}
 
 
 def _make(table: dict[str, type], name: str, field: str, cfg: PolicyConfig):

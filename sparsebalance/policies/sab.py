@@ -51,11 +51,14 @@ class SparsityAware:
         return self.ema.get(self.bucket(length), float(self.cfg.k0))
 
     def costs(self, batch: list[Sequence], ctx: PolicyContext) -> np.ndarray:
-        """Predicted latency (seconds) of each sequence alone at its bucket's EMA budget."""
+        """Predicted latency (seconds, shape [len(batch)]) of each sequence alone at its bucket's
+        EMA budget: one vectorised prediction for the whole batch (two where k_est is fractional)."""
         if self._predict is None or self._predict.latency is not ctx.latency:
             self._predict = Predictor(ctx.latency)
-        return np.array([self._predict.at((s.length,), self.expected_budget(s.length))
-                         for s in batch])
+        lengths = [s.length for s in batch]
+        k_est = {L: self.expected_budget(L) for L in set(lengths)}
+        return self._predict.at_many(np.array(lengths, dtype=np.int64),
+                                     np.array([k_est[L] for L in lengths], dtype=np.float64))
 
     def plan(self, batch: list[Sequence], ctx: PolicyContext) -> Plan:
         swaps = self.cfg.swap_rounds if self.cfg.packer == "lpt-swap" else 0

@@ -70,46 +70,58 @@ class DynamicSparsity:
         self._predict: Predictor | None = None
 
     def floor(self, mb, ctx: PolicyContext, k_hi: int) -> int:
-        """Coverage floor of a micro-batch, clamped to [k_min, k0]."""
-        c = ctx.coverage.microbatch_curve(mb, k_hi)
+        """Coverage floor of a micro-batch, clamped to [k_min, k0]. Only C(1..k0) is needed: a
+        floor beyond k0 is clamped to k0 anyway (k_hi >= k0 always)."""
+        k_top = min(k_hi, self.cfg.k0)
+        c = ctx.coverage.microbatch_curve(mb, k_top)
         ok = np.nonzero(c >= 1.0 - self.cfg.p - 1e-12)[0]
-        f = int(ok[0]) + 1 if ok.size else k_hi
+        f = int(ok[0]) + 1 if ok.size else k_top
         return max(self.cfg.k_min, min(f, self.cfg.k0))
 
     def budgets(self, plan: Plan, ctx: PolicyContext) -> Budgets:
+        """All micro-batches at once: one vectorised prediction at k0, then a lock-step bisection
+        for k* (see :meth:`Predictor.largest_within_many`); floors only where k* <= k0."""
         cfg = self.cfg
         if self._predict is None or self._predict.latency is not ctx.latency:
             self._predict = Predictor(ctx.latency)
         P = self._predict
         mbs = list(plan.microbatches())
-        lat0 = np.array([P(mb.lengths, cfg.k0) for _, _, mb in mbs])
+        lengths = [mb.lengths for _, _, mb in mbs]
+        rank = np.array([r for r, _, _ in mbs], dtype=np.int64)
+        lat0 = P.many(lengths, cfg.k0)
         agg = _ANCHOR[cfg.anchor]
-        if cfg.anchor_scope == "global":
+        if not mbs:
+            anchors = np.zeros(0)
+        elif cfg.anchor_scope == "global":
             anchors = np.full(len(mbs), agg(lat0))
         else:
-            rank = np.array([r for r, _, _ in mbs])
-            anchors = np.array([agg(lat0[rank == r]) for r in rank])
+            per_rank = {r: agg(lat0[rank == r]) for r in np.unique(rank).tolist()}
+            anchors = np.array([per_rank[r] for r in rank.tolist()])
+        n_blocks = -(-np.array([max(x) for x in lengths], dtype=np.int64) // ctx.model.block_size)
+        k_hi = np.minimum(cfg.k_max, np.maximum(cfg.k0, n_blocks))
+        kstar = P.largest_within_many(lengths, anchors, cfg.k_min, k_hi, start=cfg.k0,
+                                      at_start=lat0)
         layers = ctx.model.layers
+        step = self._per_layer_counts(lengths, kstar, k_hi, anchors, layers) if cfg.per_layer \
+            else None
         out: list[list[Budget]] = [[] for _ in plan.ranks]
         at_floor = infeasible = 0
         means = []
-        for (r, _, mb), A in zip(mbs, anchors):
-            n_blocks = -(-max(mb.lengths) // ctx.model.block_size)
-            k_hi = min(cfg.k_max, max(cfg.k0, n_blocks))
-            k = P.largest_within(mb.lengths, A, cfg.k_min, k_hi, start=cfg.k0)
+        for i, (r, _, mb) in enumerate(mbs):
+            k = int(kstar[i])
             # the floor (<= k0) can only bind when k* <= k0; skip the coverage work otherwise
-            f = self.floor(mb, ctx, k_hi) if k is None or k <= cfg.k0 else cfg.k0
+            f = self.floor(mb, ctx, int(k_hi[i])) if k <= cfg.k0 else cfg.k0
             budget: Budget
-            if k is None or k < f:
+            if k < f:  # k == -1: even k_min is too slow
                 infeasible += 1
                 k = f
                 budget = (f,) * layers if cfg.per_layer else f
-            elif cfg.per_layer:
-                budget = self._per_layer(mb.lengths, k, k_hi, A, layers)
+            elif step is not None:
+                budget = _spread(k, int(step[i]), layers)
             else:
                 budget = k
             at_floor += k == f and k <= cfg.k0
-            means.append(float(np.mean(budget)))
+            means.append(float(np.mean(budget)) if step is not None else float(k))
             out[r].append(budget)
         n = max(len(mbs), 1)
         self.stats = {
@@ -122,16 +134,29 @@ class DynamicSparsity:
         }
         return tuple(tuple(b) for b in out)
 
-    def _per_layer(self, lengths, k: int, k_hi: int, A: float, layers: int) -> tuple[int, ...]:
-        m = 0
-        if k < k_hi:
-            lo, hi = self._predict(lengths, k), self._predict(lengths, k + 1)
-            if hi > lo:
-                m = int(np.floor(layers * (A - lo) / (hi - lo) + 1e-9))
-                m = max(0, min(m, layers - 1))
-        return tuple(k + 1 if (i + 1) * m // layers > i * m // layers else k for i in range(layers))
+    def _per_layer_counts(self, lengths, kstar: np.ndarray, k_hi: np.ndarray, anchors: np.ndarray,
+                          layers: int) -> np.ndarray:
+        """Per micro-batch, how many layers get k* + 1: the largest m with
+        lat(k*) + m / L (lat(k*+1) - lat(k*)) <= A (0 where k* is -1 or k_hi)."""
+        m = np.zeros(len(lengths), dtype=np.int64)
+        idx = np.flatnonzero((kstar >= 1) & (kstar < k_hi))
+        if idx.size:
+            sub = [lengths[i] for i in idx.tolist()]
+            lo = self._predict.many(sub, kstar[idx])
+            hi = self._predict.many(sub, kstar[idx] + 1)
+            rise = hi > lo
+            with np.errstate(divide="ignore", invalid="ignore"):
+                q = np.floor(layers * (anchors[idx] - lo) / np.where(rise, hi - lo, 1.0) + 1e-9)
+            m[idx] = np.where(rise, np.clip(q, 0, layers - 1), 0).astype(np.int64)
+        return m
 
     def observe(self, plan: Plan, budgets: Budgets, result=None) -> None:
         """Budgets carry no state across iterations (decision 1). Coverage curves measured by the
         executor (realrun: ``result.coverage``) reach the coverage model through the loop, so the
         next floors use real gate scores whatever the tuning policy."""
+
+
+def _spread(k: int, m: int, layers: int) -> tuple[int, ...]:
+    """``m`` of ``layers`` layers at k + 1, evenly over the depth (layer i when floor((i+1)m/L) >
+    floor(im/L)), the rest at k."""
+    return tuple(k + 1 if (i + 1) * m // layers > i * m // layers else k for i in range(layers))

@@ -58,7 +58,8 @@ def test_per_sequence_budgets_equal_separate_runs():
                                                            block_size=32)).detach())
     assert float(packed.detach()) == pytest.approx(alone, rel=1e-10)
     # and the budget matters: top-1 differs from dense on a sequence with several blocks
-    dense = float(full_forward_loss(net, b, MobaArgs(cu_seqlens=b.cu_seqlens, topk=64, block_size=32)))
+    dense = float(full_forward_loss(net, b, MobaArgs(cu_seqlens=b.cu_seqlens, topk=64,
+                                                     block_size=32)).detach())
     assert abs(dense - float(packed.detach())) > 1e-6
 
 

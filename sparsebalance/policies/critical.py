@@ -1,0 +1,264 @@
+"""``dst-cp``: critical-path DST. Budgets chosen against the pipeline schedule, not an anchor.
+
+DST (:mod:`.tuning`) balances every micro-batch toward an anchor latency. What sets the pace of a
+PP x DP iteration is the critical path of the schedule: the slowest replica's 1F1B/GPipe makespan,
+then the all-reduce that waits for it. ``dst-cp`` predicts that iteration time exactly (the
+engine's dependency model as a max-plus recurrence, :class:`PipelineEvaluator`) and:
+
+(a) **lowers** budgets greedily, starting from ``k0`` everywhere: in every round each micro-batch
+    of a *critical* replica (one whose finish sets the iteration time) is tried at
+    ``max(floor, k - step)``; per critical replica the move with the largest saving of predicted
+    iteration time per unit of coverage lost is applied (all critical replicas move together, since
+    lowering one of two tied replicas saves nothing). When no critical replica has an improving
+    move, ``step`` halves (``k0 // 4``, ..., 1); the phase ends at step 1 or after ``cp_rounds``
+    rounds. Floors are DST's (smallest k with C(k) >= 1 - p, clamped to [k_min, k0]).
+(b) **raises** budgets into bubbles: micro-batches in order of rising coverage take the largest
+    k <= k_hi whose predicted iteration time stays <= ``T_a (1 + cp_raise_tol)`` (``T_a`` = end of
+    phase a; never above the ``fixed`` time), all k of one micro-batch scored in one batched call;
+    two passes. ``k_hi = min(k_max, max(k0, n_blocks))`` as in DST.
+
+Never slower than ``fixed`` in prediction: (a) accepts only moves that lower the predicted time, (b)
+is capped by it. Deterministic (ties go to the lowest flat index). Budgets are ints (one per
+micro-batch). Limitation: a single-micro-batch move cannot shorten a replica whose makespan is set
+by two disjoint paths at once; phase (a) then stops early.
+
+Cost: stage times of every micro-batch at every k in [floor, k_hi] (``LatencyModel.attention``
+summed over its sequences, affine in a stage's layer count; cached across iterations), then at most
+``cp_rounds`` batched evaluations of <= dp * m candidates plus 2 * dp * m batched evaluations of
+<= k_hi candidates, each O(2 V m) numpy row operations (V virtual stages, m micro-batches).
+``stats``: mean_budget, floor_share, lowered, raised (counts vs k0), rounds, and predicted seconds:
+``predicted_fixed_s`` (all k0), ``lowered_s`` (after a), ``predicted_s`` (final).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sparsebalance.errors import ConfigError
+from sparsebalance.policies.base import PolicyContext
+from sparsebalance.policies.config import PolicyConfig
+from sparsebalance.policies.tuning import DynamicSparsity
+from sparsebalance.simulator.plan import Budgets, Plan
+from sparsebalance.simulator.schedules import stage_orders
+
+
+class PipelineEvaluator:
+    """The engine's timing model (:mod:`sparsebalance.simulator.engine`) as a recurrence.
+
+    Each device runs its actions in schedule order; an action starts at max(device free, input
+    ready) where the input of F(vs, j) is F(vs-1, j) + p2p[vs-1, j] (time 0 for vs = 0), of
+    B(vs, j) is B(vs+1, j) + p2p[vs, j], and of B(V-1, j) is F(V-1, j). Actions are visited once in
+    a topological order fixed per (schedule, pp, m, virtual_stages), so many candidate duration
+    sets are evaluated at once, one numpy row operation per action.
+    """
+
+    def __init__(self, schedule: str, pp: int, m: int, virtual_stages: int = 1) -> None:
+        orders = stage_orders(schedule, pp, m, virtual_stages)
+        self.pp, self.m, self.nv = pp, m, pp * virtual_stages
+        nv, n = self.nv, 2 * self.nv * m
+        self.sentinel = n  # a node that ends at 0: "no predecessor"
+
+        def node(op: str, vs: int, j: int) -> int:
+            return (0 if op == "F" else nv * m) + vs * m + j
+
+        def dep(op: str, vs: int, j: int) -> int:
+            if op == "F":
+                return node("F", vs - 1, j) if vs > 0 else self.sentinel
+            return node("F", vs, j) if vs == nv - 1 else node("B", vs + 1, j)
+
+        ptr, done, prev = [0] * pp, [False] * (n + 1), [self.sentinel] * pp
+        done[self.sentinel] = True
+        steps: list[tuple[int, int, int]] = []
+        while any(ptr[s] < len(orders[s]) for s in range(pp)):
+            moved = False
+            for s in range(pp):
+                while ptr[s] < len(orders[s]):
+                    a = orders[s][ptr[s]]
+                    d = dep(*a)
+                    if not done[d]:
+                        break
+                    i = node(*a)
+                    steps.append((i, prev[s], d))
+                    done[i], prev[s] = True, i
+                    ptr[s] += 1
+                    moved = True
+            if not moved:
+                raise RuntimeError(f"schedule {schedule!r} deadlocks")
+        self.steps = steps
+        self.last = prev  # last action of each physical stage
+
+    def replica_finish(self, fwd: np.ndarray, bwd: np.ndarray, p2p) -> np.ndarray:
+        """End of each physical stage's last action, seconds, [C, pp], for C candidate replicas.
+
+        ``fwd``, ``bwd``: [C, V, m] seconds; ``p2p``: broadcastable to [C, V - 1, m] seconds."""
+        fwd = np.asarray(fwd, dtype=float)
+        c, nv, m = fwd.shape
+        dur = np.concatenate([fwd.reshape(c, nv * m), np.asarray(bwd, float).reshape(c, nv * m)], 1).T
+        lag = np.zeros((2 * nv, m, c))
+        if nv > 1:
+            p = np.broadcast_to(np.asarray(p2p, dtype=float), (c, nv - 1, m)).transpose(1, 2, 0)
+            lag[1:nv] = p            # F(vs, j) waits for F(vs-1, j) + p2p[vs-1, j]
+            lag[nv:2 * nv - 1] = p   # B(vs, j) waits for B(vs+1, j) + p2p[vs, j]
+        lag = lag.reshape(2 * nv * m, c)
+        end = np.zeros((2 * nv * m + 1, c))
+        for i, pv, d in self.steps:
+            end[i] = np.maximum(end[pv], end[d] + lag[i]) + dur[i]
+        return end[self.last].T
+
+    def iteration_time(self, fwd, bwd, p2p, allreduce, optimizer) -> float:
+        """Seconds of one iteration, ``fwd``/``bwd`` [dp, V, m]; the engine's ``iteration_time``."""
+        fin = self.replica_finish(fwd, bwd, p2p)
+        tail = np.asarray(allreduce, float) + np.asarray(optimizer, float)
+        return float((fin.max(axis=0) + tail).max())
+
+
+class CriticalPathDST:
+    """``dst-cp``: see the module docstring."""
+
+    name = "dst-cp"
+
+    def __init__(self, cfg: PolicyConfig) -> None:
+        self.cfg = cfg
+        self.stats: dict[str, float] = {}
+        self._dst = DynamicSparsity(cfg)
+        self._evaluators: dict[tuple, PipelineEvaluator] = {}
+        self._latency = None
+        self._tail: np.ndarray | None = None
+
+    def _evaluator(self, cluster, m: int) -> PipelineEvaluator:
+        key = (cluster.schedule, cluster.pp, m, cluster.virtual_stages)
+        ev = self._evaluators.get(key)
+        if ev is None:
+            ev = self._evaluators[key] = PipelineEvaluator(*key)
+        return ev
+
+    def stage_table(self, lm, lengths: tuple[int, ...], k_lo: int, k_hi: int, nv: int, pp: int):
+        """Forward and backward seconds of every virtual stage at k = k_lo..k_hi: two arrays
+        [k_hi - k_lo + 1, V]. A stage's time is affine in its attention: n_layers(vs) x sum over
+        sequences of ``attention(L, k)`` + a budget-free part, taken from one ``stage_time`` call."""
+        ks = range(k_lo, k_hi + 1)
+        n_layers = np.array([len(lm.stage_layers(vs % pp, vs // pp)) for vs in range(nv)], float)
+        out = []
+        for bw in (False, True):
+            a = np.array([sum(lm.attention(L, k, backward=bw) for L in lengths) for k in ks])
+            base = np.array([lm.stage_time(lengths, k_lo, vs % pp, backward=bw, chunk=vs // pp)
+                             for vs in range(nv)]) - n_layers * a[0]
+            out.append(base[None, :] + a[:, None] * n_layers[None, :])
+        return out[0], out[1]
+
+    def budgets(self, plan: Plan, ctx: PolicyContext) -> Budgets:
+        cfg, lm, cl = self.cfg, ctx.latency, ctx.cluster
+        if not hasattr(lm, "stage_time"):
+            raise ConfigError("policy.tuning: dst-cp needs a latency model with stage_time "
+                              "(sparsebalance.simulator.latency.LatencyModel)")
+        dp, m = plan.dp, plan.num_microbatches
+        pp, nv = cl.pp, cl.pp * cl.virtual_stages
+        ev = self._evaluator(cl, m)
+        if self._latency is not lm:
+            self._latency = lm
+            self._tail = np.array([lm.allreduce_time(s) + lm.optimizer_time(s) for s in range(pp)])
+        tail = self._tail
+        # per flat micro-batch i = r * m + j
+        lo, hi, covs, tabs = [], [], [], []
+        p2p = np.zeros((dp, max(nv - 1, 1), m))
+        for r, j, mb in plan.microbatches():
+            n_blocks = -(-max(mb.lengths) // ctx.model.block_size)
+            k_hi = min(cfg.k_max, max(cfg.k0, n_blocks))
+            f = self._dst.floor(mb, ctx, k_hi)
+            lo.append(f)
+            hi.append(k_hi)
+            covs.append(ctx.coverage.microbatch_curve(mb, k_hi))
+            tabs.append(self.stage_table(lm, mb.lengths, f, k_hi, nv, pp))
+            p2p[r, :, j] = lm.p2p_time(mb.tokens)
+        p2p = p2p[:, : nv - 1]
+        K = np.full((dp, m), cfg.k0, dtype=np.int64)
+        F = np.empty((dp, nv, m))
+        B = np.empty((dp, nv, m))
+
+        def put(Fa, Ba, rows, r, j, k):  # stage times of micro-batch (r, j) at budget k into rows
+            i = r * m + j
+            Fa[rows, :, j] = tabs[i][0][k - lo[i]]
+            Ba[rows, :, j] = tabs[i][1][k - lo[i]]
+
+        for r in range(dp):
+            for j in range(m):
+                put(F, B, r, r, j, cfg.k0)
+
+        def finish(Fa, Ba, P):  # per replica time to the end of its slowest stage's optimizer step
+            return (ev.replica_finish(Fa, Ba, P) + tail[None, :]).max(axis=1)
+
+        R = finish(F, B, p2p)
+        T_fixed = T = float(R.max())
+        eps = 1e-12 * T
+        step, rounds = max(1, cfg.k0 // 4), 0
+        while rounds < cfg.cp_rounds:  # (a) lower critical micro-batches
+            crit = np.flatnonzero(R >= T - eps)
+            rest = float(np.max(R[R < T - eps])) if (R < T - eps).any() else -np.inf
+            cand = [(r, j) for r in crit for j in range(m) if K[r, j] > lo[r * m + j]]
+            if cand:
+                cr = np.array([c[0] for c in cand])
+                kn = [max(lo[r * m + j], int(K[r, j]) - step) for r, j in cand]
+                Fc, Bc = F[cr], B[cr]
+                for row, ((r, j), k) in enumerate(zip(cand, kn)):
+                    put(Fc, Bc, row, r, j, k)
+                obj = np.maximum(finish(Fc, Bc, p2p[cr]), rest)
+                saving = T - obj
+                loss = np.array([covs[r * m + j][K[r, j] - 1] - covs[r * m + j][k - 1]
+                                 for (r, j), k in zip(cand, kn)])
+                eff = saving / np.maximum(loss, 1e-15)
+            best = {}
+            for row, (r, j) in enumerate(cand):
+                if saving[row] > eps and (r not in best or eff[row] > eff[best[r]]):
+                    best[r] = row
+            rounds += 1
+            if len(best) < len(crit):  # some critical replica cannot be shortened at this step
+                if step == 1:
+                    break
+                step //= 2
+                continue
+            for r, row in best.items():
+                j = cand[row][1]
+                K[r, j] = kn[row]
+                put(F, B, r, r, j, kn[row])
+            R = finish(F, B, p2p)
+            T = float(R.max())
+        T_a = T
+        bound = max(T_a, min(T_a * (1.0 + cfg.cp_raise_tol), T_fixed)) * (1 + 1e-12)
+        for _ in range(2):  # (b) spend bubbles on coverage
+            changed = False
+            order = sorted(range(dp * m), key=lambda i: (covs[i][K[i // m, i % m] - 1], i))
+            for i in order:
+                r, j = divmod(i, m)
+                ks = np.arange(K[r, j] + 1, hi[i] + 1)
+                if ks.size == 0:
+                    continue
+                Fc = np.repeat(F[r:r + 1], ks.size, axis=0)
+                Bc = np.repeat(B[r:r + 1], ks.size, axis=0)
+                Fc[:, :, j] = tabs[i][0][ks - lo[i]]
+                Bc[:, :, j] = tabs[i][1][ks - lo[i]]
+                others = float(np.max(np.delete(R, r))) if dp > 1 else -np.inf
+                Rc = finish(Fc, Bc, p2p[r:r + 1])
+                ok = np.flatnonzero(np.maximum(Rc, others) <= bound)
+                if ok.size:
+                    K[r, j] = int(ks[ok[-1]])
+                    put(F, B, r, r, j, int(K[r, j]))
+                    R[r] = Rc[ok[-1]]
+                    changed = True
+            if not changed:
+                break
+        n = dp * m
+        floors = np.array(lo).reshape(dp, m)
+        self.stats = {
+            "mean_budget": float(K.mean()) if n else float(cfg.k0),
+            "floor_share": float(((K == floors) & (K <= cfg.k0)).mean()) if n else 0.0,
+            "lowered": float((K < cfg.k0).sum()),
+            "raised": float((K > cfg.k0).sum()),
+            "predicted_s": float(R.max()),
+            "predicted_fixed_s": T_fixed,
+            "lowered_s": T_a,
+            "rounds": float(rounds),
+        }
+        return tuple(tuple(int(k) for k in row) for row in K)
+
+    def observe(self, plan: Plan, budgets: Budgets, result=None) -> None:
+        """Stateless across iterations, like DST (its decision 1)."""

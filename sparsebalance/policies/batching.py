@@ -11,7 +11,9 @@ each rank. Two modes:
   but at least ``policy.min_microbatches``, default ``cluster.pp``, so the pipeline fills) and
   raise ``M`` until no rank has to exceed the cap (galloping up in steps of M/32, M/16, ..., then
   bisecting the last gap down to M/64; at most ``len(batch) / dp``); a sequence longer
-  than the cap gets a micro-batch of its own. The order-keeping policies (sequential, sorted) fill
+  than the cap gets a micro-batch of its own. A count is tried by LPT alone, which gives up at the
+  first sequence that would push a multi-sequence micro-batch over the cap; improvement swaps run
+  once, on the final packing (they never break the cap, so they cannot make it infeasible). The order-keeping policies (sequential, sorted) fill
   micro-batches greedily in their order, then split the fullest multi-sequence micro-batch at its
   token midpoint until the count is a multiple of ``dp`` and at least ``dp * min_microbatches``.
 

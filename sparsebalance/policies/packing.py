@@ -115,9 +115,12 @@ def improve(assign: list[list[int]], costs: np.ndarray, *, rounds: int = 100, mo
     members = [list(b) for b in assign]
     ld = np.array([costs[b].sum() for b in members])
     tk = np.array([tokens[b].sum() for b in members])
+    top = float(costs.max()) if costs.size and costs.min() >= 0 else np.inf
     for _ in range(rounds):
         a = int(np.argmax(ld))
         la = ld[a]
+        if len(members[a]) == 1 and costs[members[a][0]] >= top:
+            break  # a lone largest item: no move or swap can lower it (common at large n)
         best, step = la - 1e-12 * max(la, 1e-300), None
         ia = np.asarray(members[a], dtype=np.int64)
         ca = costs[ia]

@@ -42,10 +42,16 @@ class SparsityAware:
         self.ema: dict[int, float] = {}
         """EMA budget per length bucket (missing bucket = k0)."""
         self._predict: Predictor | None = None
+        self._buckets: dict[int, int] = {}
 
     def bucket(self, length: int) -> int:
-        # a tiny epsilon keeps exact powers (e.g. 2**14) in their own bucket despite float log
-        return math.floor(math.log(length) / math.log(self.cfg.bucket_base) + 1e-9)
+        b = self._buckets.get(length)
+        if b is None:
+            # a tiny epsilon keeps exact powers (e.g. 2**14) in their own bucket despite float log
+            b = math.floor(math.log(length) / math.log(self.cfg.bucket_base) + 1e-9)
+            if len(self._buckets) < 1_000_000:  # memo per length: lengths recur, logs add up
+                self._buckets[length] = b
+        return b
 
     def expected_budget(self, length: int) -> float:
         return self.ema.get(self.bucket(length), float(self.cfg.k0))

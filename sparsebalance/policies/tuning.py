@@ -9,7 +9,8 @@ DST, per iteration (decisions where the paper is silent are marked *ours*):
    iteration (``anchor_scope = "global"``: DP replicas wait for each other at the all-reduce) or
    the micro-batches of one DP pipeline (``"pipeline"``).
 3. ``k*`` = the largest ``k`` in ``[k_min, k_hi]`` with predicted latency <= ``A`` (binary search,
-   latency is non-decreasing in k). Stragglers (latency > A) thus lower their budget, fast ones raise
+   latency is non-decreasing in k; all micro-batches in lock-step, one vectorised prediction per
+   step, see :meth:`Predictor.largest_within_many`). Stragglers (latency > A) thus lower their budget, fast ones raise
    it; ``k_hi = min(k_max, max(k0, n_blocks))`` where ``n_blocks`` is the block count of the
    micro-batch's longest sequence (*ours*: a larger top-k selects nothing more).
 4. Coverage floor ``f`` = smallest k with micro-batch coverage >= 1 - p (see

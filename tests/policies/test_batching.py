@@ -115,3 +115,16 @@ def test_bad_policy_config(kw, field):
     from sparsebalance.policies.config import PolicyConfig
     with pytest.raises(ConfigError, match=f"^{field}:"):
         PolicyConfig(**kw)
+
+
+@pytest.mark.parametrize("packer", ["lpt", "lpt-swap"])
+def test_large_token_cap_packing_keeps_the_cap(packer):
+    """600 sequences, dp 2: a valid plan, every multi-sequence micro-batch within the cap, and at
+    least the token lower bound of micro-batches per rank."""
+    cap = 65536
+    batch = random_batch(600, 4, lo=200, hi=65536)
+    ctx = make_ctx(dp=2, global_batch=600, token_cap=cap, batching="sab", packer=packer)
+    plan = make_batching(ctx.policy).plan(batch, ctx)
+    check_plan(plan, batch, 2)
+    assert all(mb.tokens <= cap or len(mb.sequences) == 1 for _, _, mb in plan.microbatches())
+    assert plan.num_microbatches >= -(-sum(s.length for s in batch) // (2 * cap))

@@ -117,3 +117,105 @@ def test_largest_within_matches_a_scan():
         got = Predictor(L(table)).largest_within((1,), limit, int(lo), int(hi), start=start)
         ok = [k for k in range(lo, hi + 1) if table[k - 1] <= limit]
         assert got == (max(ok) if ok else None)
+
+
+def reference_lpt(costs, bins, *, min_count=0, tokens=None, cap=None):
+    """LPT by linear scan over bins sorted by (load, index): the textbook rule the heap packer
+    implements (least-loaded bin that may take the item; the fewest tokens when none fits)."""
+    n = len(costs)
+    tokens = np.zeros(n) if tokens is None else tokens
+    cap = np.inf if cap is None else cap
+    order = sorted(range(n), key=lambda i: (-costs[i], i))
+    load, tok, cnt = [0.0] * bins, [0.0] * bins, [0] * bins
+    out = [[] for _ in range(bins)]
+    for placed, i in enumerate(order):
+        owed = sum(max(0, min_count - c) for c in cnt)
+        allowed = [b for b in range(bins) if not (owed > n - placed - 1 and cnt[b] >= min_count)]
+        allowed.sort(key=lambda b: (load[b], b))
+        fits = [b for b in allowed if tok[b] + tokens[i] <= cap]
+        b = fits[0] if fits else min(allowed, key=lambda b: tok[b])  # min keeps the first of ties
+        out[b].append(i)
+        load[b] += costs[i]
+        tok[b] += tokens[i]
+        cnt[b] += 1
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_heap_lpt_matches_the_linear_scan(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 120))
+    bins = int(rng.integers(1, min(n, 30) + 1))
+    costs = np.round(rng.exponential(1.0, n), int(rng.integers(0, 3)))  # rounding makes ties
+    tokens = rng.integers(1, 1000, n).astype(float)
+    cap = float(rng.choice([300, 1500, 1e9]))
+    min_count = int(rng.integers(0, n // bins + 1))
+    got = packing.lpt(costs, bins, min_count=min_count, tokens=tokens, token_cap=cap)
+    assert got == reference_lpt(costs, bins, min_count=min_count, tokens=tokens, cap=cap)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_strict_cap_gives_up_exactly_when_the_cap_breaks(seed):
+    """Oracle: the non-strict packing, checked for a multi-item bin over the cap."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(4, 200))
+    bins = int(rng.integers(1, n // 2 + 1))
+    tokens = rng.integers(1, 4000, n).astype(float)
+    costs = tokens ** 1.5 * rng.uniform(0.8, 1.2, n)
+    cap = float(tokens.sum() / bins * rng.uniform(0.9, 1.4))
+    loose = packing.lpt(costs, bins, min_count=1, tokens=tokens, token_cap=cap)
+    strict = packing.lpt(costs, bins, min_count=1, tokens=tokens, token_cap=cap, strict_cap=True)
+    broken = any(len(b) > 1 and tokens[b].sum() > cap for b in loose)
+    assert (strict is None) == broken
+    if not broken:
+        assert strict == loose
+
+
+class TableLatency:
+    """Per micro-batch a monotone latency table over k (micro-batch = (row,)); scalar and
+    vectorised calls, counted apart."""
+
+    def __init__(self, tables):
+        self.tables, self.scalar, self.vector = tables, 0, 0
+
+    def microbatch_latency(self, lengths, k):
+        self.scalar += 1
+        return float(self.tables[lengths[0], k - 1])
+
+    def microbatch_latencies(self, microbatches, ks):
+        self.vector += 1
+        rows = np.array([mb[0] for mb in microbatches])
+        return self.tables[rows, np.asarray(ks) - 1]
+
+
+@pytest.mark.parametrize("m", [5, 300])  # below and above VECTOR_MIN
+def test_largest_within_many_matches_a_scan(m):
+    from sparsebalance.policies.predict import Predictor
+
+    rng = np.random.default_rng(m)
+    steps = rng.exponential(1.0, (m, 64)) * (rng.random((m, 64)) < 0.7)   # flat stretches too
+    tables = rng.random((m, 1)) + np.cumsum(steps, axis=1)
+    lo = rng.integers(1, 33, m)
+    hi = np.maximum(lo, rng.integers(1, 65, m))
+    limits = rng.uniform(tables.min() - 1, tables.max() + 1, m)
+    limits[:m // 3] = tables[np.arange(m // 3), 31]           # exactly at a prediction (k = 32)
+    lat = TableLatency(tables)
+    got = Predictor(lat).largest_within_many([(i,) for i in range(m)], limits, lo, hi, start=32)
+    for i in range(m):
+        ok = [k for k in range(lo[i], hi[i] + 1) if tables[i, k - 1] <= limits[i] * (1 + 1e-12)]
+        assert got[i] == (max(ok) if ok else -1)
+    assert (lat.vector > 0) == (m >= 64)
+
+
+def test_at_many_interpolates_like_at():
+    from sparsebalance.policies.predict import Predictor
+
+    rng = np.random.default_rng(0)
+    tables = np.cumsum(rng.exponential(1.0, (100, 64)), axis=1)
+    ks = rng.uniform(1, 63, 100)
+    ks[::4] = np.floor(ks[::4])                               # integer budgets: no interpolation
+    got = Predictor(TableLatency(tables)).at_many(np.arange(100), ks)
+    lo = np.floor(ks).astype(int)
+    want = tables[np.arange(100), lo - 1] + (ks - lo) * (tables[np.arange(100), lo] -
+                                                           tables[np.arange(100), lo - 1])
+    np.testing.assert_allclose(got, want, rtol=1e-15)

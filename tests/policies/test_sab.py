@@ -51,3 +51,22 @@ def test_sab_dst_loop_is_deterministic():
             out.append((plan, budgets, dict(sab.ema)))
         return out
     assert run() == run()
+
+
+def test_costs_of_a_large_batch_interpolate_the_scalar_model():
+    """300 sequences (the vectorised path) on the shipped latency model: each cost equals the
+    scalar model at floor(k_est) and ceil(k_est), mixed linearly, k_est = its bucket's EMA."""
+    from sparsebalance.simulator.config import ClusterConfig, qwen25_3b
+    from sparsebalance.simulator.latency import load_latency_model
+
+    model = qwen25_3b()
+    latency = load_latency_model("analytical-h200", model, ClusterConfig(pp=4, dp=2))
+    ctx = make_ctx(dp=2, global_batch=300, batching="sab", latency=latency, block=model.block_size)
+    sab = make_batching(ctx.policy)
+    batch = random_batch(300, 3, lo=100, hi=65536)
+    sab.ema.update({12: 20.25, 14: 9.0, 15: 40.5})
+    got = sab.costs(batch, ctx)
+    for s, c in zip(batch, got):
+        k = sab.ema.get(sab.bucket(s.length), 32.0)
+        lo, hi = (latency.microbatch_latency([s.length], kk) for kk in (int(k), int(k) + 1))
+        assert c == pytest.approx(lo + (k - int(k)) * (hi - lo), rel=1e-12)

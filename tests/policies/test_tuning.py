@@ -128,3 +128,81 @@ def test_measured_coverage_reaches_the_model_through_the_loop():
     run_loop(batches=iter([batch]), batching=make_batching(ctx.policy), tuning=make_tuning(ctx.policy),
              executor=MeasuringExecutor(), ctx=ctx, iterations=1, progress=False)
     assert ctx.coverage.coverage(batch[0], 1) == 1.0
+
+
+class VectorLatency:
+    """ClosedFormLatency's formula with a numpy ``microbatch_latencies`` as well (so DST takes its
+    vectorised path on many micro-batches); scalar calls stay available to the oracle."""
+
+    def __init__(self, layers=4, block=256, a=1e-10, c=1e-7):
+        self.layers, self.block, self.a, self.c = layers, block, a, c
+
+    def microbatch_latency(self, lengths, budget):
+        ks = budget if isinstance(budget, tuple) else (budget,) * self.layers
+        return sum(self.a * L * min(k, -(-L // self.block)) * self.block + self.c * L
+                   for k in ks for L in lengths)
+
+    def microbatch_latencies(self, microbatches, ks):
+        ks = np.broadcast_to(np.asarray(ks), (len(microbatches),))
+        return np.array([self.microbatch_latency(mb, int(k)) for mb, k in zip(microbatches, ks)])
+
+
+@pytest.mark.parametrize("anchor,scope", [("mean", "global"), ("min", "pipeline"), ("max", "global")])
+@pytest.mark.parametrize("per_layer", [False, True])
+def test_dst_on_many_microbatches_matches_a_scan(anchor, scope, per_layer):
+    """160 micro-batches (vectorised path): each budget equals the brute-force rule: the largest k
+    in [k_min, k_hi] with latency <= anchor (linear scan), or the coverage floor when that is lower
+    (or none exists); per-layer: m layers at k* + 1, m from the closed form."""
+    rng = np.random.default_rng(7)
+    batch = random_batch(320, 11, lo=300, hi=65536)
+    mbs = [batch[i:i + int(n)] for i, n in zip(range(0, 320, 2), rng.integers(1, 3, 160))]
+    plan = Plan.from_lists([[mb for mb in mbs[:80]], [mb for mb in mbs[80:]]])
+    ctx = make_ctx(dp=2, global_batch=320, tuning="dst", anchor=anchor, anchor_scope=scope,
+                   p=0.2, k0=16, k_max=48, per_layer=per_layer, latency=VectorLatency())
+    dst = make_tuning(ctx.policy)
+    budgets = dst.budgets(plan, ctx)
+    lat0 = {(r, j): lat(ctx, mb, 16) for r, j, mb in plan.microbatches()}
+    agg = {"mean": np.mean, "min": np.min, "max": np.max}[anchor]
+    floors = 0
+    for r, j, mb in plan.microbatches():
+        pool = [v for (q, _), v in lat0.items() if scope == "global" or q == r]
+        A = agg(pool)
+        k_hi = min(48, max(16, -(-max(mb.lengths) // 256)))
+        ok = [k for k in range(1, k_hi + 1) if lat(ctx, mb, k) <= A * (1 + 1e-12)]
+        f = brute_floor(ctx, mb, 0.2, 16)
+        if not ok or max(ok) < f:
+            want = (f,) * 4 if per_layer else f
+            floors += 1
+        elif per_layer:
+            k = max(ok)
+            m = 0
+            if k < k_hi:
+                lo_, hi_ = lat(ctx, mb, k), lat(ctx, mb, k + 1)
+                m = min(3, max(0, int(np.floor(4 * (A - lo_) / (hi_ - lo_) + 1e-9)))) if hi_ > lo_ else 0
+            want = tuple(k + 1 if (i + 1) * m // 4 > i * m // 4 else k for i in range(4))
+        else:
+            want = max(ok)
+        assert budgets[r][j] == want, (r, j)
+    assert dst.stats["infeasible"] == floors
+
+
+def test_dst_with_the_shipped_latency_model_matches_a_scan():
+    """The real (analytical H200) latency model, 96 micro-batches: budgets equal a linear scan of
+    ``microbatch_latency`` (scalar calls) under the mean anchor."""
+    from sparsebalance.simulator.config import ClusterConfig, qwen25_3b
+    from sparsebalance.simulator.latency import load_latency_model
+
+    model = qwen25_3b()
+    latency = load_latency_model("analytical-h200", model, ClusterConfig(pp=4, dp=2))
+    batch = random_batch(192, 5, lo=500, hi=65536)
+    plan = Plan.from_lists([[[s] for s in batch[:96]], [[s] for s in batch[96:]]])
+    ctx = make_ctx(dp=2, global_batch=192, tuning="dst", anchor="mean", p=0.1, latency=latency,
+                   block=model.block_size)
+    budgets = make_tuning(ctx.policy).budgets(plan, ctx)
+    A = np.mean([latency.microbatch_latency(mb.lengths, 32) for _, _, mb in plan.microbatches()])
+    for r, j, mb in plan.microbatches():
+        k_hi = min(64, max(32, -(-max(mb.lengths) // model.block_size)))
+        ok = [k for k in range(1, k_hi + 1)
+              if latency.microbatch_latency(mb.lengths, k) <= A * (1 + 1e-12)]
+        f = brute_floor(ctx, mb, 0.1, 32)
+        assert budgets[r][j] == (max(ok) if ok and max(ok) >= f else f)

@@ -1,0 +1,202 @@
+"""Predicted vs measured tables of one ``sparsebalance validate`` run (pure pandas, no torch).
+
+Inputs are the shared trace schema and per-iteration metrics of each side: the measured ones from a
+realrun directory (``metrics.csv``, ``measured_trace.csv``), the predicted ones from replaying that
+run's exact plans and budgets through the simulator. ``delta_pct = (predicted - measured) / measured``
+x 100 (positive = the simulator is pessimistic), as in :mod:`sparsebalance.analysis.compare`.
+
+Warm-up: iteration 0 of a real run pays one-off costs the profile never sees (first autograd graph,
+allocator growth, lazy imports, first gloo connection use), so the headline error and the speedups
+exclude it whenever a run has more than one iteration; the tables keep it, flagged ``warmup``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sparsebalance.analysis.compare import compare, mean_abs_error, speedup_table, stage_busy
+
+OPS = ("F", "B", "P2P", "ALLREDUCE", "OPTIM")
+"""Trace ops; a measured P2P row is a receive *wait* (idle included), a predicted one the transfer."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Side:
+    """One policy's run seen from both sides (seconds throughout)."""
+
+    policy: str
+    """Label, e.g. ``baseline`` or ``sab+dst``."""
+    predicted_metrics: pd.DataFrame
+    """One row per iteration: ``iteration, iteration_time_s, tokens``."""
+    measured_metrics: pd.DataFrame
+    """metrics.csv of the real run: ``iteration, iteration_time_s, tokens, ...``."""
+    predicted_trace: pd.DataFrame
+    """Simulator trace of the replay (TRACE_COLUMNS)."""
+    measured_trace: pd.DataFrame
+    """measured_trace.csv of the real run (TRACE_COLUMNS)."""
+
+
+def _tag(df: pd.DataFrame, policy: str, warmup_excluded: bool) -> pd.DataFrame:
+    df.insert(0, "policy", policy)
+    df["warmup"] = (df["iteration"] == 0) & warmup_excluded
+    return df
+
+
+def iteration_table(side: Side, *, warmup_excluded: bool) -> pd.DataFrame:
+    """``policy, iteration, predicted, measured, delta_pct, predicted_tokens, measured_tokens,
+    warmup``: iteration times (s) and the tokens each side processed (equal when the replay ran the
+    run's own plans)."""
+    t = compare(side.predicted_metrics, side.measured_metrics, ["iteration"], "iteration_time_s")
+    tok = side.predicted_metrics[["iteration", "tokens"]].rename(columns={"tokens": "predicted_tokens"})
+    t = t.merge(tok, on="iteration").merge(
+        side.measured_metrics[["iteration", "tokens"]].rename(columns={"tokens": "measured_tokens"}),
+        on="iteration")
+    return _tag(t, side.policy, warmup_excluded)
+
+
+def stage_table(side: Side, *, warmup_excluded: bool) -> pd.DataFrame:
+    """Per (iteration, dp_rank, stage): F + B busy seconds predicted vs measured."""
+    t = compare(stage_busy(side.predicted_trace), stage_busy(side.measured_trace),
+                ["iteration", "dp_rank", "stage"], "busy_s")
+    return _tag(t, side.policy, warmup_excluded)
+
+
+def _op_sums(trace: pd.DataFrame, iteration_time: pd.Series) -> pd.DataFrame:
+    """Per (iteration, dp_rank, stage, op) summed seconds, plus two derived ops: ``idle`` = iteration
+    time minus F + B (comparable on both sides: the simulator's bubble vs the real P2P waits,
+    all-reduce, optimizer and overheads) and ``untraced`` = iteration time minus every traced second
+    (in a real run: Python and framework work between actions, coverage, sends; in the simulator:
+    pipeline idle, since it has no wait rows)."""
+    d = trace.assign(seconds=trace["end_s"] - trace["start_s"])
+    s = d.groupby(["iteration", "dp_rank", "stage", "op"], sort=True)["seconds"].sum()
+    full = s.unstack("op").reindex(columns=list(OPS)).fillna(0.0)
+    traced = full.sum(axis=1)
+    its = full.index.get_level_values("iteration")
+    total = iteration_time.reindex(its).to_numpy()
+    full["idle"] = total - (full["F"] + full["B"]).to_numpy()
+    full["untraced"] = total - traced.to_numpy()
+    return full.stack().rename("seconds").reset_index()
+
+
+def op_table(side: Side, *, warmup_excluded: bool) -> pd.DataFrame:
+    """Per (iteration, dp_rank, stage, op): seconds predicted vs measured; ops F, B, P2P, ALLREDUCE,
+    OPTIM, ``idle`` and ``untraced`` (see :func:`_op_sums`)."""
+    pm = side.predicted_metrics.set_index("iteration")["iteration_time_s"]
+    mm = side.measured_metrics.set_index("iteration")["iteration_time_s"]
+    t = compare(_op_sums(side.predicted_trace, pm), _op_sums(side.measured_trace, mm),
+                ["iteration", "dp_rank", "stage", "op"], "seconds")
+    return _tag(t, side.policy, warmup_excluded)
+
+
+def action_table(side: Side, *, warmup_excluded: bool) -> pd.DataFrame:
+    """Row for row: every F and B action (iteration, dp_rank, stage, microbatch, op) predicted vs
+    measured seconds, with its tokens and budget from the measured trace."""
+    key = ["iteration", "dp_rank", "stage", "microbatch", "op"]
+
+    def dur(tr: pd.DataFrame) -> pd.DataFrame:
+        fb = tr[tr["op"].isin(["F", "B"])]
+        return fb.assign(seconds=fb["end_s"] - fb["start_s"])[[*key, "seconds", "tokens", "budget"]]
+
+    meas = dur(side.measured_trace)
+    t = compare(dur(side.predicted_trace), meas, key, "seconds")
+    t = t.merge(meas[[*key, "tokens", "budget"]], on=key)
+    return _tag(t, side.policy, warmup_excluded)
+
+
+def headline(iterations: pd.DataFrame, baseline: str, policy: str, *, warmup_excluded: bool) -> dict:
+    """The summary: mean absolute iteration-time error (fraction; over both policies, warm-up
+    excluded when flagged, and with it), speedups of ``policy`` over ``baseline`` and whether the
+    ranking agrees. Speedup = mean baseline time / mean policy time over the counted iterations."""
+    counted = iterations[~iterations["warmup"]]
+    sp = speedup_table(counted, baseline)
+    row = sp[sp["policy"] == policy].iloc[0]
+    pred, meas = float(row["predicted_speedup"]), float(row["measured_speedup"])
+    per_policy = {p: mean_abs_error(g) for p, g in counted.groupby("policy", sort=False)}
+    return {
+        "mean_abs_error": mean_abs_error(counted),
+        "mean_abs_error_with_warmup": mean_abs_error(iterations),
+        "mean_abs_error_by_policy": per_policy,
+        "warmup_excluded": bool(warmup_excluded),
+        "predicted_speedup": pred,
+        "measured_speedup": meas,
+        "speedup_delta_pct": (pred - meas) / meas * 100.0,
+        "ranking_agrees": bool(np.sign(pred - 1.0) == np.sign(meas - 1.0)),
+        "baseline": baseline,
+        "policy": policy,
+        "iterations_counted": int(counted["iteration"].nunique()),
+    }
+
+
+def op_summary(ops: pd.DataFrame) -> pd.DataFrame:
+    """Per (policy, stage, op) over counted iterations: mean predicted and measured seconds per
+    iteration and the Δ % of those means (where the error comes from)."""
+    counted = ops[~ops["warmup"]]
+    g = counted.groupby(["policy", "stage", "op"], sort=False)[["predicted", "measured"]].mean()
+    g = g.reset_index()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        g["delta_pct"] = np.where(g["measured"] != 0, (g["predicted"] - g["measured"])
+                                  / g["measured"] * 100.0, np.nan)
+    return g
+
+
+def plot_validation(iterations: pd.DataFrame, speedups: pd.DataFrame, path: str | Path,
+                    title: str = "") -> Path:
+    """Two panels, predicted (y) vs measured (x) with the y = x line and a ±10 % band: iteration
+    times (s) per policy (warm-up hollow) and the speedup of each policy over the baseline.
+    Writes ``path`` (PNG) and an SVG beside it; returns the PNG path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.8))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+
+    def frame(ax, xs, ys, quantity, unit):
+        lo, hi = float(min(np.min(xs), np.min(ys))), float(max(np.max(xs), np.max(ys)))
+        pad = 0.1 * (hi - lo) if hi > lo else 0.1 * max(abs(hi), 1e-9)
+        line = np.array([lo - pad, hi + pad])
+        ax.plot(line, line, color="black", lw=1, label="y = x")
+        ax.fill_between(line, line * 0.9, line * 1.1, color="grey", alpha=0.15, label="±10 %")
+        ax.set_xlim(*line)
+        ax.set_ylim(*line)
+        ax.set_aspect("equal")
+        ax.grid(alpha=0.3)
+        ax.set_xlabel(f"measured {quantity}{unit}")
+        ax.set_ylabel(f"predicted {quantity}{unit}")
+
+    ax = axes[0]
+    for c, (pol, g) in zip(colors, iterations.groupby("policy", sort=False)):
+        w = g["warmup"].to_numpy(bool)
+        ax.scatter(g["measured"][~w], g["predicted"][~w], color=c, s=30, zorder=3, label=pol)
+        if w.any():
+            ax.scatter(g["measured"][w], g["predicted"][w], facecolors="none", edgecolors=c, s=30,
+                       zorder=3, label=f"{pol} (warm-up)")
+    frame(ax, iterations["measured"], iterations["predicted"], "iteration time", " (s)")
+    ax.set_title("iteration times", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left")
+
+    ax = axes[1]
+    ax.scatter(speedups["measured_speedup"], speedups["predicted_speedup"], color=colors[0], s=40,
+               zorder=3)
+    for _, r in speedups.iterrows():
+        ax.annotate(str(r["policy"]), (r["measured_speedup"], r["predicted_speedup"]),
+                    textcoords="offset points", xytext=(5, 4), fontsize=8)
+    frame(ax, np.r_[speedups["measured_speedup"], 1.0], np.r_[speedups["predicted_speedup"], 1.0],
+          "speedup over baseline", "")
+    ax.axhline(1.0, color="grey", lw=0.6, ls=":")
+    ax.axvline(1.0, color="grey", lw=0.6, ls=":")
+    ax.set_title("speedup (quadrants off the dotted lines: ranking)", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.suptitle(title or "predicted vs measured", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    fig.savefig(path.with_suffix(".svg"))
+    plt.close(fig)
+    return path

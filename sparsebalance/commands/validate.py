@@ -1,0 +1,170 @@
+"""``sparsebalance validate RUN.toml``: run realrun for the baseline and the config's policy, replay
+each run's exact plans and budgets through the simulator, and compare predicted with measured.
+
+Steps: (1) validate both configs (the config's policy and the baseline ``sequential`` + ``fixed``,
+the ablation's baseline) before any process starts; (2) run each under torchrun with the same seed and
+data order (``<out>/runs/<policy>/``); (3) read each run's ``plans.json`` back and execute it with
+``SimulatorExecutor`` on the run's profile; (4) print and save per-iteration, per-stage and per-op
+predicted vs measured (Δ %), the mean absolute iteration-time error (warm-up iteration 0 excluded
+when there is more than one iteration: see analysis/validate.py) and the speedups side by side.
+
+Outputs under ``--out`` (default ``results/validate-<name>/``): ``config.toml`` (resolved, the
+config's policy), ``iterations.csv``, ``stages.csv``, ``ops.csv``, ``op_summary.csv``,
+``actions.csv``, ``speedup.csv``, ``summary.json``, ``validate.png`` / ``.svg`` and ``runs/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BASELINE = {"batching": "sequential", "tuning": "fixed"}
+"""The baseline every policy is measured against (the ablation's)."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="run config (TOML or JSON) with a [realrun] table")
+    p.add_argument("--json", action="store_true", help="print one JSON object (stdout) only")
+    p.add_argument("--iterations", type=int, default=None, help="iterations per run (default: the config's)")
+    p.add_argument("--out", default=None, help="output directory (default results/validate-<name>)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set data.max_length=1024 (repeatable)")
+    p.add_argument("--master-port", type=int, default=29500, help="rendezvous port on localhost")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars from the real runs")
+
+
+def _policy_label(policy) -> str:
+    return f"{policy.batching}+{policy.tuning}"
+
+
+def _launch(config: str, sets: list[str], nproc: int, outdir: Path, args) -> int:
+    """Run realrun under torchrun into ``outdir``; returns the exit code (0 = ok)."""
+    from sparsebalance.commands.train import torchrun_command
+
+    extra = [x for s in sets for x in ("--set", s)] + ["--output-dir", str(outdir)]
+    if args.no_progress or args.json:
+        extra.append("--quiet")
+    cmd = torchrun_command(config, nproc, master_port=args.master_port, extra=extra)
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    # the workers' stdout goes to our stderr: with --json, stdout carries the one JSON object only
+    try:
+        sys.stderr.fileno()
+        res = subprocess.run(cmd, check=False, env=env, stdout=sys.stderr)
+    except (AttributeError, OSError, ValueError):  # stderr is not a file (e.g. captured in tests)
+        res = subprocess.run(cmd, check=False, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        sys.stderr.write(res.stdout)
+    if res.returncode != 0:
+        print(f"sparsebalance validate: realrun failed (exit {res.returncode}) for {outdir}; the "
+              "failing rank's 'realrun: rank ...' line above names it", file=sys.stderr)
+    return res.returncode
+
+
+def replay(cfg, run_dir: Path):
+    """Predicted side of one real run: its plans.json through SimulatorExecutor with ``cfg.profile``.
+    Returns (metrics: iteration, iteration_time_s, tokens; trace in TRACE_COLUMNS)."""
+    import pandas as pd
+
+    from sparsebalance.realrun.results import load_plans
+    from sparsebalance.simulator.executor import SimulatorExecutor
+    from sparsebalance.simulator.latency import load_latency_model
+
+    latency = load_latency_model(cfg.profile, cfg.model, cfg.cluster, base_dir=cfg.base_dir,
+                                 extrapolate=cfg.latency_extrapolate)
+    executor = SimulatorExecutor(latency, cfg.model, cfg.cluster)
+    plans, budgets = load_plans(run_dir / "plans.json")
+    rows, traces = [], []
+    for it, (plan, bud) in enumerate(zip(plans, budgets)):
+        res = executor.execute(it, plan, bud)
+        rows.append({"iteration": it, "iteration_time_s": res.iteration_time_s,
+                     "tokens": sum(s.length for s in plan.sequences())})
+        traces.append(res.trace)
+    return pd.DataFrame(rows), pd.concat(traces, ignore_index=True)
+
+
+def _print_report(out: Path, tables: dict, summary: dict) -> None:
+    its, stages, ops = tables["iterations"], tables["stages"], tables["op_summary"]
+    cols = ["policy", "iteration", "predicted", "measured", "delta_pct", "warmup"]
+    print("per iteration: iteration time (s), delta = (predicted - measured) / measured")
+    print(its[cols].round(4).to_string(index=False))
+    st = stages[~stages["warmup"]].groupby(["policy", "dp_rank", "stage"], sort=False)[
+        ["predicted", "measured"]].mean().reset_index()
+    st["delta_pct"] = (st["predicted"] - st["measured"]) / st["measured"] * 100
+    print("\nper stage: F + B busy seconds per iteration (mean over counted iterations)")
+    print(st.round(4).to_string(index=False))
+    print("\nper op: seconds per iteration (measured P2P = receive wait; untraced = time outside "
+          "any traced action)")
+    print(ops.round(4).to_string(index=False))
+    w = "excluded (first-iteration one-off costs)" if summary["warmup_excluded"] else "included"
+    print(f"\nmean absolute iteration-time error: {summary['mean_abs_error'] * 100:.1f} % "
+          f"(warm-up iteration 0 {w}; with it: {summary['mean_abs_error_with_warmup'] * 100:.1f} %)")
+    print(f"speedup of {summary['policy']} over {summary['baseline']}: predicted "
+          f"{summary['predicted_speedup']:.3f}x, measured {summary['measured_speedup']:.3f}x "
+          f"(delta {summary['speedup_delta_pct']:+.1f} %); ranking "
+          f"{'agrees' if summary['ranking_agrees'] else 'DISAGREES'}")
+    print(f"tables and figure: {out} (validate.png)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from sparsebalance.analysis import validate as V
+    from sparsebalance.analysis.compare import speedup_table
+    from sparsebalance.commands.train import validate_for_launch
+    from sparsebalance.errors import ConfigError
+    from sparsebalance.realrun.config import world_size
+    from sparsebalance.runconfig import dump_toml
+
+    if args.iterations is not None and args.iterations < 1:
+        raise ConfigError(f"--iterations: must be >= 1, got {args.iterations}")
+    sets = list(args.set) + ([f"iterations={args.iterations}"] if args.iterations else [])
+    cfg = validate_for_launch(args.config, sets)
+    base_sets = sets + [f'policy.{k}="{v}"' for k, v in BASELINE.items()]
+    base_cfg = validate_for_launch(args.config, base_sets)
+    label, base_label = _policy_label(cfg.policy), "baseline"
+    if (cfg.policy.batching, cfg.policy.tuning) == tuple(BASELINE.values()):
+        raise ConfigError("policy: validate compares the config's policy with the baseline "
+                          "sequential + fixed; set policy.batching / policy.tuning to another pair "
+                          "(e.g. sab + dst)")
+    out = Path(args.out) if args.out else Path(cfg.output_dir) / f"validate-{cfg.name}"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.toml").write_text(dump_toml(cfg))
+    warmup_excluded = cfg.iterations > 1
+    sides = []
+    for name, c, s in ((base_label, base_cfg, base_sets), (label, cfg, sets)):
+        run_dir = out / "runs" / name.replace("+", "_")
+        rc = _launch(args.config, s, world_size(c), run_dir, args)
+        if rc != 0:
+            return rc
+        pm, pt = replay(c, run_dir)
+        sides.append(V.Side(policy=name, predicted_metrics=pm,
+                            measured_metrics=pd.read_csv(run_dir / "metrics.csv"),
+                            predicted_trace=pt, measured_trace=pd.read_csv(run_dir / "measured_trace.csv")))
+    kw = {"warmup_excluded": warmup_excluded}
+    tables = {
+        "iterations": pd.concat([V.iteration_table(s, **kw) for s in sides], ignore_index=True),
+        "stages": pd.concat([V.stage_table(s, **kw) for s in sides], ignore_index=True),
+        "ops": pd.concat([V.op_table(s, **kw) for s in sides], ignore_index=True),
+        "actions": pd.concat([V.action_table(s, **kw) for s in sides], ignore_index=True),
+    }
+    tables["op_summary"] = V.op_summary(tables["ops"])
+    its = tables["iterations"]
+    tables["speedup"] = speedup_table(its[~its["warmup"]], base_label)
+    summary = V.headline(its, base_label, label, **kw)
+    summary["load_average"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    summary["out"] = str(out)
+    for name, t in tables.items():
+        t.to_csv(out / f"{name}.csv", index=False)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    V.plot_validation(its, tables["speedup"], out / "validate.png",
+                      title=f"{cfg.name}: {label} vs {base_label} (profile {cfg.profile})")
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        _print_report(out, tables, summary)
+    return 0

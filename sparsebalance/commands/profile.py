@@ -35,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
     p.add_argument("--block-size", type=int, default=None, help="override the preset's block size")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (only 1 is measured)")
+    p.add_argument("--concurrency", type=int, default=1,
+                   help="CPU: run this many copies of the measurement at once (the real run's "
+                        "processes per host, pp x dp) and record the median over copies")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
@@ -62,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     grid = ProfileGrid(repeats=args.repeats, warmup=args.warmup, threads=args.threads,
                        device=args.device, dtype=dtype, **kw)
-    table = run_profile(model, grid, progress=not args.no_progress)
+    table = run_profile(model, grid, progress=not args.no_progress, concurrency=args.concurrency)
     import transformers
 
     dev_name = (torch.cuda.get_device_name() if args.device == "cuda"
@@ -70,9 +73,11 @@ def run(args: argparse.Namespace) -> int:
     meta = {
         "format_version": FORMAT_VERSION, "device": dev_name, "dtype": dtype, "analytical": False,
         "model": {d: getattr(model, d) for d in MODEL_DIMS},
-        "block_size": model.block_size, "tp": 1,
+        "block_size": model.block_size, "tp": 1, "concurrency": args.concurrency,
         "how": (f"sparsebalance.kernels.profiler: median of {grid.repeats} after {grid.warmup} warm-up "
-                f"calls ({'CUDA events' if args.device == 'cuda' else 'perf_counter'}); layer_* = one HF "
+                f"calls ({'CUDA events' if args.device == 'cuda' else 'perf_counter'}), "
+                f"{args.concurrency} concurrent cop{'y' if args.concurrency == 1 else 'ies'} "
+                "(median over copies); layer_* = one HF "
                 "Qwen2DecoderLayer with a zero-cost attention core; attn_* = moba_attention (auto backend)"),
         "command": "sparsebalance profile " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else []),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,

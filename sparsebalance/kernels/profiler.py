@@ -218,18 +218,22 @@ class Bench:
         return self.timer.median(lambda _=None: opt.step())
 
 
-def run_profile(model: ModelConfig, grid: ProfileGrid, progress: bool = True) -> Any:
-    """Measure every op of the grid; returns the profile table (``op, seq_len, budget, latency_s``)."""
-    import pandas as pd
+def _jobs(grid: ProfileGrid) -> list[tuple[str, int, int]]:
+    return ([("attn", L, k) for L in grid.seq_lens for k in grid.budgets]
+            + [(op, n, 0) for op in ("layer", "embed", "head") for n in grid.tokens]
+            + [("optim", n, 0) for n in grid.params])
+
+
+def _measure(model: ModelConfig, grid: ProfileGrid, progress: bool, barrier: Any = None) -> list:
+    """Rows ``(op, seq_len, budget, latency_s)``; with a barrier, every point starts in step with
+    the other copies of this measurement."""
     from tqdm import tqdm
 
     bench = Bench(model, grid)
-    jobs: list[tuple[str, int, int]] = (
-        [("attn", L, k) for L in grid.seq_lens for k in grid.budgets]
-        + [(op, n, 0) for op in ("layer", "embed", "head") for n in grid.tokens]
-        + [("optim", n, 0) for n in grid.params])
     rows = []
-    for op, n, k in tqdm(jobs, desc="profile", disable=not progress, unit="pt"):
+    for op, n, k in tqdm(_jobs(grid), desc="profile", disable=not progress, unit="pt"):
+        if barrier is not None:
+            barrier.wait()
         if op == "optim":
             rows.append(("optim", n, 0, bench.optim(n)))
             continue
@@ -238,6 +242,44 @@ def run_profile(model: ModelConfig, grid: ProfileGrid, progress: bool = True) ->
         else:
             f, b = {"layer": bench.layer_dense, "embed": bench.embed, "head": bench.head}[op](n)
         rows += [(f"{op}_fwd", n, k, f), (f"{op}_bwd", n, k, b)]
-    if not rows:
+    return rows
+
+
+def _copy(model: ModelConfig, grid: ProfileGrid, barrier: Any, show: bool) -> list:
+    return _measure(model, grid, show, barrier)
+
+
+def run_profile(model: ModelConfig, grid: ProfileGrid, progress: bool = True,
+                concurrency: int = 1) -> Any:
+    """Measure every op of the grid; returns the profile table (``op, seq_len, budget, latency_s``).
+
+    ``concurrency`` > 1 (CPU): that many copies of the measurement run at once in separate
+    processes, stepping through the grid together, and each point records the median over copies.
+    Why: realrun puts pp x dp worker processes on one host; on a CPU they share caches, memory
+    bandwidth and whatever else the host runs, so an op timed alone is faster than the same op in
+    the real run. Measure under the run's own concurrency to predict it.
+    """
+    import pandas as pd
+
+    check(concurrency >= 1, "concurrency", f"must be >= 1, got {concurrency}")
+    if not _jobs(grid):
         raise ConfigError("profile: the grid is empty")
+    if concurrency == 1:
+        rows = _measure(model, grid, progress)
+    else:
+        check(grid.device == "cpu", "concurrency", "only CPU profiles run several copies at once")
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        ctx = mp.get_context("spawn")
+        with ctx.Manager() as manager:
+            barrier = manager.Barrier(concurrency)
+            with ProcessPoolExecutor(concurrency, mp_context=ctx) as pool:
+                futures = [pool.submit(_copy, model, grid, barrier, progress and i == 0)
+                           for i in range(concurrency)]
+                copies = [f.result() for f in futures]
+        table = pd.concat([pd.DataFrame(c, columns=["op", "seq_len", "budget", "latency_s"])
+                           for c in copies])
+        return (table.groupby(["op", "seq_len", "budget"], sort=False, as_index=False)
+                .latency_s.median())
     return pd.DataFrame(rows, columns=["op", "seq_len", "budget", "latency_s"])

@@ -433,7 +433,10 @@ def load_latency_model(profile: str | Profile, model: ModelConfig, cluster: Clus
         raise ConfigError(f"profile: {prof.source} does not match the run: " + "; ".join(bad)
                           + ". Measure a profile for this model and plan (sparsebalance profile)")
     device = str(prof.meta.get("device", ""))
-    if device and cluster.device and device.lower() != cluster.device.lower():
+    # A measured profile names the device in full ("cpu x86_64, 1 thread(s)", "NVIDIA H200"): the
+    # cluster's short label matches when it is a word of that name.
+    words = device.lower().replace(",", " ").split()
+    if device and cluster.device and cluster.device.lower() not in words + [device.lower()]:
         warnings.warn(f"profile {prof.source} is for device {device!r} but cluster.device is "
                       f"{cluster.device!r}; predictions follow the profile", stacklevel=2)
     return LatencyModel(prof, model, cluster, extrapolate=extrapolate)

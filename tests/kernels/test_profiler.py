@@ -18,6 +18,24 @@ from sparsebalance.simulator.profile import load_profile  # noqa: E402
 SMALL = dict(seq_lens=(64, 160), budgets=(1, 3), tokens=(32, 96), params=(500, 5000), repeats=2, warmup=1)
 
 
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    profile_cmd.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_concurrent_copies_write_one_profile(tmp_path):
+    """Two copies measured in step: one row per grid point (median over copies), sidecar says so."""
+    args = _parse("--out", str(tmp_path / "c"), "--seq-lens", "64,160", "--budgets", "1,3",
+                  "--tokens", "32,96", "--params", "500,5000", "--repeats", "1", "--warmup", "1",
+                  "--concurrency", "2", "--no-progress")
+    assert profile_cmd.run(args) == 0
+    prof = load_profile(str(tmp_path / "c"))
+    assert len(prof.table) == 2 * 2 * 2 + 3 * 2 * 2 + 2
+    assert prof.meta["concurrency"] == 2 and "2 concurrent copies" in prof.meta["how"]
+    assert (prof.table.latency_s > 0).all()
+
+
 def test_null_core_layer_is_the_decoder_layer_without_attention():
     """With a zero attention core, a Qwen2 layer is x + MLP(post_norm(x)) (o_proj has no bias)."""
     bench = Bench(tiny(), ProfileGrid(**SMALL))
@@ -34,9 +52,9 @@ def test_null_core_layer_is_the_decoder_layer_without_attention():
 
 
 def test_command_writes_a_loadable_profile(tmp_path):
-    args = argparse.Namespace(device="cpu", model="tiny", out=str(tmp_path / "p"), seq_lens="64,160",
-                              budgets="1,3", tokens="32,96", params="500,5000", repeats=2, warmup=1,
-                              threads=1, dtype=None, block_size=None, tp=1, no_progress=True)
+    args = _parse("--out", str(tmp_path / "p"), "--seq-lens", "64,160", "--budgets", "1,3",
+                  "--tokens", "32,96", "--params", "500,5000", "--repeats", "2", "--warmup", "1",
+                  "--no-progress")
     assert profile_cmd.run(args) == 0
     prof = load_profile(str(tmp_path / "p"))
     assert set(prof.ops) == {"attn_fwd", "attn_bwd", "layer_fwd", "layer_bwd", "embed_fwd", "embed_bwd",

@@ -36,11 +36,14 @@ def main() -> None:
     _step("1. simulate the default cluster (Qwen2.5-3B, DP4 x PP4 x TP2, H200, SAB + DST)",
           ["simulate", "--config", str(demo_cfg)])
     _step("2. the paper's ablation (Table I), simulated", ["ablation"])
-    _step("3. anchor x p sweep", ["sweep", "--config", str(demo_cfg),
-                                   "--grid", str(ROOT / "examples" / "sweep_anchor_p.toml")])
-    _step("4. predicted vs measured on this CPU (torchrun, gloo, PP 2)",
-          ["validate", str(ROOT / "examples" / "cpu_pp2.toml"), "--quick"])
-    print("\nDone. Results are under results/: demo/, ablation/, sweep-anchor-p/, validate-cpu_pp2/")
+    _step("3. anchor x p sweep (SAB + DST, MEAN/MIN/MAX x p in {0.1, 0.2, 0.3}, 2 seeds)",
+          ["sweep", "--grid", str(ROOT / "examples" / "sweep_anchor_p.toml"), "--iterations", "5",
+           "--jobs", "2", "--out", "results/sweep-anchor-p", "--no-progress"])
+    _step("4. predicted vs measured on this CPU (real torchrun, gloo, PP 2: baseline and SAB + DST)",
+          ["validate", str(ROOT / "examples" / "cpu_pp2.toml"), "--no-progress"])
+    print("\nDone. Results are under results/: demo/ (simulation: metrics.csv, trace.csv, trace.json for "
+          "Perfetto, timeline.png), ablation/ (ablation.csv, ablation.png, anchors), sweep-anchor-p/ "
+          "(results.csv), validate-cpu_pp2/ (iterations.csv, stages.csv, validate.png)")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import pandas as pd
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="cpu-tiny")
-    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--repeats", type=int, default=20)
     args = ap.parse_args()
 
     import torch
@@ -28,7 +28,7 @@ def main() -> None:
     torch.set_num_threads(1)
     model = tiny()
     lm = load_latency_model(args.profile, model, ClusterConfig(pp=1, dp=1, global_batch=1))
-    bench = Bench(model, ProfileGrid(repeats=args.repeats, warmup=3))
+    bench = Bench(model, ProfileGrid(repeats=args.repeats, warmup=5))
     rows = []
     for seq_len, budget in [(1024, 4), (2048, 8), (4096, 4), (4096, 16)]:
         f, b = bench.attention(seq_len, budget)

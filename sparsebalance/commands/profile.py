@@ -29,8 +29,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budgets", default=None, help="attention top-k values, e.g. 1,2,4,8")
     p.add_argument("--tokens", default=None, help="dense-op token counts, e.g. 64,1024,8192")
     p.add_argument("--params", default=None, help="optimizer parameter counts")
-    p.add_argument("--repeats", type=int, default=5, help="timed calls per point (median)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed calls first")
+    p.add_argument("--repeats", type=int, default=10, help="timed calls per point")
+    p.add_argument("--warmup", type=int, default=5, help="untimed calls first")
+    p.add_argument("--statistic", default="mean", choices=("mean", "median"),
+                   help="what a point records over its repeats (mean: expected values add up)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (realrun uses 1)")
     p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
     p.add_argument("--block-size", type=int, default=None, help="override the preset's block size")
@@ -64,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
           if getattr(args, k)}
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     grid = ProfileGrid(repeats=args.repeats, warmup=args.warmup, threads=args.threads,
+                       statistic=args.statistic,
                        device=args.device, dtype=dtype, **kw)
     table = run_profile(model, grid, progress=not args.no_progress, concurrency=args.concurrency)
     import transformers
@@ -74,10 +77,11 @@ def run(args: argparse.Namespace) -> int:
         "format_version": FORMAT_VERSION, "device": dev_name, "dtype": dtype, "analytical": False,
         "model": {d: getattr(model, d) for d in MODEL_DIMS},
         "block_size": model.block_size, "tp": 1, "concurrency": args.concurrency,
-        "how": (f"sparsebalance.kernels.profiler: median of {grid.repeats} after {grid.warmup} warm-up "
+        "how": (f"sparsebalance.kernels.profiler: {grid.statistic} of {grid.repeats} after {grid.warmup} "
+                "warm-up "
                 f"calls ({'CUDA events' if args.device == 'cuda' else 'perf_counter'}), "
                 f"{args.concurrency} concurrent cop{'y' if args.concurrency == 1 else 'ies'} "
-                "(median over copies); layer_* = one HF "
+                f"({grid.statistic} over copies); layer_* = one HF "
                 "Qwen2DecoderLayer with a zero-cost attention core; attn_* = moba_attention (auto backend)"),
         "command": "sparsebalance profile " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else []),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,

@@ -11,7 +11,7 @@ Every op is timed on the module code the real run executes (``sparsebalance.kern
 * ``embed_*``: the embedding lookup; ``head_*``: final norm + LM head + summed cross entropy;
 * ``optim``: one ``torch.optim.AdamW`` step over ``seq_len`` parameters.
 
-Timing: median of ``repeats`` after ``warmup`` calls; CPU: ``time.perf_counter`` with
+Timing: mean (or median, ``statistic``) of ``repeats`` after ``warmup`` calls; CPU: ``time.perf_counter`` with
 ``torch.set_num_threads(threads)`` (1 by default: realrun runs one thread per process); CUDA:
 CUDA events around each call after a synchronize. Backward ops time only ``backward()``; the forward
 that feeds it runs untimed before each repeat.
@@ -55,6 +55,10 @@ class ProfileGrid:
     """Activation/weight dtype: float32, bfloat16 or float16."""
     seed: int = 0
     """Seed of the random inputs and weights."""
+    statistic: str = "mean"
+    """What a point records over its repeats: mean (default) or median. The simulator adds
+    durations, and expected values add; on a shared CPU a few calls in ten take 2-3x longer
+    (page faults, kernel threads), which the median hides but every real run pays."""
 
     def __post_init__(self) -> None:
         for f in ("seq_lens", "budgets", "tokens", "params"):
@@ -65,11 +69,12 @@ class ProfileGrid:
         check(self.threads >= 1, "threads", f"must be >= 1, got {self.threads}")
         check_choice(self.device, "device", ("cpu", "cuda"))
         check_choice(self.dtype, "dtype", ("float32", "bfloat16", "float16"))
+        check_choice(self.statistic, "statistic", ("mean", "median"))
 
 
 @dataclass(kw_only=True, slots=True)
 class Timer:
-    """Median-of-repeats timing on one device."""
+    """Mean- or median-of-repeats timing on one device."""
 
     device: str
     """cpu or cuda."""
@@ -77,11 +82,14 @@ class Timer:
     """Timed calls."""
     warmup: int
     """Untimed calls first."""
+    statistic: str = "mean"
+    """mean or median of the timed calls."""
     samples: list[float] = field(default_factory=list)
-    """Seconds of each timed call of the last :meth:`median`."""
+    """Seconds of each timed call of the last :meth:`measure`."""
 
-    def median(self, fn: Callable[[], Any], setup: Callable[[], Any] | None = None) -> float:
-        """Median seconds of ``fn(setup())`` (``setup`` untimed, its result passed to ``fn``)."""
+    def measure(self, fn: Callable[[], Any], setup: Callable[[], Any] | None = None) -> float:
+        """Seconds of ``fn(setup())`` (``setup`` untimed, its result passed to ``fn``): the
+        ``statistic`` over ``repeats`` timed calls after ``warmup`` untimed ones."""
         import torch
 
         cuda = self.device == "cuda"
@@ -102,7 +110,7 @@ class Timer:
                 dt = time.perf_counter() - t0
             if i >= self.warmup:
                 self.samples.append(dt)
-        return statistics.median(self.samples)
+        return (statistics.fmean if self.statistic == "mean" else statistics.median)(self.samples)
 
 
 def _null_core_fn() -> Any:
@@ -146,7 +154,8 @@ class Bench:
         self.net = build_qwen2(model, seed=grid.seed, dtype=grid.dtype).to(self.dev)
         self.net.config._attn_implementation = NULL_CORE
         self.layer = self.net.model.layers[0]
-        self.timer = Timer(device=grid.device, repeats=grid.repeats, warmup=grid.warmup)
+        self.timer = Timer(device=grid.device, repeats=grid.repeats, warmup=grid.warmup,
+                           statistic=grid.statistic)
         self.gen = torch.Generator(device=self.dev).manual_seed(grid.seed)
 
     def _randn(self, *shape: int, grad: bool = False) -> Any:
@@ -168,7 +177,7 @@ class Bench:
             return moba_attention(q, k, v, cu, block_size=m.block_size, topk=budget)
 
         t_f = self._fwd_time(fwd)
-        t_b = self.timer.median(lambda out: out.backward(dout), setup=fwd)
+        t_b = self.timer.measure(lambda out: out.backward(dout), setup=fwd)
         return t_f, t_b
 
     def layer_dense(self, tokens: int) -> tuple[float, float]:
@@ -185,19 +194,19 @@ class Bench:
             return out[0] if isinstance(out, tuple) else out
 
         t_f = self._fwd_time(fwd)
-        t_b = self.timer.median(lambda y: y.backward(dy), setup=fwd)
+        t_b = self.timer.measure(lambda y: y.backward(dy), setup=fwd)
         return t_f, t_b
 
     def _fwd_time(self, fwd: Callable[[Any], Any]) -> float:
         # Forward with autograd recording, as in training (the graph is built and then dropped).
-        return self.timer.median(fwd)
+        return self.timer.measure(fwd)
 
     def embed(self, tokens: int) -> tuple[float, float]:
         ids = self.torch.randint(0, self.model.vocab, (1, tokens), generator=self.gen, device=self.dev)
         emb = self.net.model.embed_tokens
         dy = self._randn(1, tokens, self.model.hidden)
         t_f = self._fwd_time(lambda _=None: emb(ids))
-        t_b = self.timer.median(lambda y: y.backward(dy), setup=lambda: emb(ids))
+        t_b = self.timer.measure(lambda y: y.backward(dy), setup=lambda: emb(ids))
         return t_f, t_b
 
     def head(self, tokens: int) -> tuple[float, float]:
@@ -209,13 +218,13 @@ class Bench:
         def fwd(_: Any = None) -> Any:
             return lm_loss_sum(self.net.lm_head(self.net.model.norm(h)), labels)
 
-        return self._fwd_time(fwd), self.timer.median(lambda loss: loss.backward(), setup=fwd)
+        return self._fwd_time(fwd), self.timer.measure(lambda loss: loss.backward(), setup=fwd)
 
     def optim(self, params: int) -> float:
         p = self.torch.nn.Parameter(self._randn(params).float())
         p.grad = self._randn(params).float()
         opt = self.torch.optim.AdamW([p], lr=1e-4)
-        return self.timer.median(lambda _=None: opt.step())
+        return self.timer.measure(lambda _=None: opt.step())
 
 
 def _jobs(grid: ProfileGrid) -> list[tuple[str, int, int]]:
@@ -254,7 +263,7 @@ def run_profile(model: ModelConfig, grid: ProfileGrid, progress: bool = True,
     """Measure every op of the grid; returns the profile table (``op, seq_len, budget, latency_s``).
 
     ``concurrency`` > 1 (CPU): that many copies of the measurement run at once in separate
-    processes, stepping through the grid together, and each point records the median over copies.
+    processes, stepping through the grid together, and each point records the statistic over copies.
     Why: realrun puts pp x dp worker processes on one host; on a CPU they share caches, memory
     bandwidth and whatever else the host runs, so an op timed alone is faster than the same op in
     the real run. Measure under the run's own concurrency to predict it.
@@ -280,6 +289,6 @@ def run_profile(model: ModelConfig, grid: ProfileGrid, progress: bool = True,
                 copies = [f.result() for f in futures]
         table = pd.concat([pd.DataFrame(c, columns=["op", "seq_len", "budget", "latency_s"])
                            for c in copies])
-        return (table.groupby(["op", "seq_len", "budget"], sort=False, as_index=False)
-                .latency_s.median())
+        per_point = table.groupby(["op", "seq_len", "budget"], sort=False, as_index=False).latency_s
+        return per_point.mean() if grid.statistic == "mean" else per_point.median()
     return pd.DataFrame(rows, columns=["op", "seq_len", "budget", "latency_s"])

@@ -32,7 +32,7 @@ def test_concurrent_copies_write_one_profile(tmp_path):
     assert profile_cmd.run(args) == 0
     prof = load_profile(str(tmp_path / "c"))
     assert len(prof.table) == 2 * 2 * 2 + 3 * 2 * 2 + 2
-    assert prof.meta["concurrency"] == 2 and "2 concurrent copies" in prof.meta["how"]
+    assert prof.meta["concurrency"] == 2 and "2 concurrent copies" in prof.meta["how"] and "mean of 1 after 1" in prof.meta["how"]
     assert (prof.table.latency_s > 0).all()
 
 

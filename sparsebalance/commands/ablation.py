@@ -129,7 +129,7 @@ def run(args) -> int:
         from sparsebalance.analysis.sweep import plot_pareto
 
         plot_pareto(pd.concat([df[df.config != "baseline"], df_cp]), out / "anchors_pareto",
-                    title="SAB+DST anchor x p, and SAB+DST-CP (speedup vs sequential+fixed)")
+                    title="SAB + DST anchor x p and SAB + DST-CP\n(speedup vs sequential + fixed)")
         if args.json:
             print(json.dumps(df.to_dict("records")))
             return 0

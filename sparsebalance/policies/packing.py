@@ -152,15 +152,20 @@ def improve(assign: list[list[int]], costs: np.ndarray, *, rounds: int = 100, mo
                     best, step = worst[k], (int(ia[k]), None, b)
         if step is None:
             break
-        i, j, b = step
-        for item, src, dst in ((i, a, b),) + (((j, b, a),) if j is not None else ()):
-            members[src].remove(item)
-            members[dst].append(item)
-            ld[src] -= costs[item]
-            ld[dst] += costs[item]
-            tk[src] -= tokens[item]
-            tk[dst] += tokens[item]
+        _apply(step, a, members, ld, tk, costs, tokens)
     return members
+
+
+def _apply(step, a, members, ld, tk, costs, tokens) -> None:
+    """Move item i from bin a to bin b (and item j back from b to a for a swap), in place."""
+    i, j, b = step
+    for item, src, dst in ((i, a, b),) + (((j, b, a),) if j is not None else ()):
+        members[src].remove(item)
+        members[dst].append(item)
+        ld[src] -= costs[item]
+        ld[dst] += costs[item]
+        tk[src] -= tokens[item]
+        tk[dst] += tokens[item]
 
 
 SMALL = 64
@@ -200,12 +205,5 @@ def _improve_small(assign, costs, rounds, moves, min_count, tokens, cap) -> list
                         best, step = w, (i, j, b)
         if step is None:
             break
-        i, j, b = step
-        for item, src, dst in ((i, a, b),) + (((j, b, a),) if j is not None else ()):
-            members[src].remove(item)
-            members[dst].append(item)
-            ld[src] -= c[item]
-            ld[dst] += c[item]
-            tk[src] -= t[item]
-            tk[dst] += t[item]
+        _apply(step, a, members, ld, tk, c, t)
     return members

@@ -1,7 +1,6 @@
 """`sparsebalance ablation`: Table I rows, JSON keys, files, the anchor x p study, errors."""
 
 import json
-import time
 
 import pandas as pd
 import pytest
@@ -40,11 +39,13 @@ def test_anchor_study(main, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_default_run_under_a_minute(main, tmp_path, capsys):
-    t0 = time.perf_counter()
+def test_default_run_prints_every_row(main, tmp_path, capsys):
+    """The full default setting (3 seeds x 20 iterations); its run time is reported in the README,
+    not asserted here."""
     assert main(["ablation", "--out", str(tmp_path), "--no-progress"]) == 0
-    assert time.perf_counter() - t0 < 60
-    assert "+SAB+DST" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    for row in ("baseline", "+DST", "+SAB", "+SAB+DST", "+LBB", "+LBB+DST"):
+        assert f"\n{row} " in out
 
 
 def test_bad_input(main, tmp_path, capsys):

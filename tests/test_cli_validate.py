@@ -121,6 +121,24 @@ def test_tables_and_headline_against_hand_values():
     assert len(acts) == 3 * 2 * 2 and set(acts["op"]) == {"F", "B"}
 
 
+def test_rounds_pool_into_round_means():
+    """Two rounds of the same plans: the headline error is that of the per-iteration means over
+    rounds, the per-run error that of every row; speedups pool all counted rows."""
+    sides = [_side("baseline", [5.0, 2.0], [9.0, 2.4]), _side("sab+dst", [5.0, 1.0], [9.0, 1.0]),
+             _side("sab+dst", [5.0, 1.0], [9.0, 1.5]), _side("baseline", [5.0, 2.0], [9.0, 1.6])]
+    for sd, rnd in zip(sides, (0, 0, 1, 1)):
+        sd.round = rnd
+    its = pd.concat([V.iteration_table(s, warmup_excluded=True) for s in sides])
+    h = V.headline(its, "baseline", "sab+dst", warmup_excluded=True)
+    # means over rounds: baseline 2.0 vs 2.0 -> 0 %, sab+dst 1.0 vs 1.25 -> 20 %
+    assert h["mean_abs_error"] == pytest.approx((0.0 + 0.2) / 2)
+    # rows: 2/2.4, 2/1.6, 1/1, 1/1.5
+    assert h["mean_abs_error_per_run"] == pytest.approx((0.4 / 2.4 + 0.4 / 1.6 + 0 + 0.5 / 1.5) / 4)
+    assert h["measured_speedup"] == pytest.approx(2.0 / 1.25) and h["predicted_speedup"] == pytest.approx(2.0)
+    assert h["measured_speedup_by_round"] == {0: pytest.approx(2.4), 1: pytest.approx(1.6 / 1.5)}
+    assert h["rounds"] == 2 and h["iterations_counted"] == 1
+
+
 def test_plot_writes_png_and_svg(tmp_path):
     its = pd.concat([V.iteration_table(_side(p, [1.0, 1.0], [1.1, 0.9]), warmup_excluded=True)
                      for p in ("baseline", "x")])
@@ -140,13 +158,14 @@ def test_end_to_end_replays_the_runs_own_plans(tmp_path, run_cli):
     from sparsebalance.simulator.latency import load_latency_model
 
     out = tmp_path / "val"
-    r = run_cli("validate", _cfg(tmp_path), "--json", "--out", out, "--master-port", "29677")
+    r = run_cli("validate", _cfg(tmp_path), "--json", "--out", out, "--master-port", "29677",
+                "--rounds", "2")
     assert r.code == 0, r.err[-3000:]
     summary = json.loads(r.out)
     for key in ("mean_abs_error", "predicted_speedup", "measured_speedup", "ranking_agrees",
-                "warmup_excluded"):
+                "warmup_excluded", "mean_abs_error_per_run", "measured_speedup_by_round"):
         assert key in summary
-    assert summary["warmup_excluded"] is True
+    assert summary["warmup_excluded"] is True and summary["rounds"] == 2
     for f in ("config.toml", "iterations.csv", "stages.csv", "ops.csv", "op_summary.csv",
               "actions.csv", "speedup.csv", "summary.json", "validate.png", "validate.svg"):
         assert (out / f).stat().st_size > 0, f
@@ -154,27 +173,42 @@ def test_end_to_end_replays_the_runs_own_plans(tmp_path, run_cli):
     cfg = load_run_config(tmp_path / "run.toml")
     lm = load_latency_model(cfg.profile, cfg.model, cfg.cluster, base_dir=cfg.base_dir, extrapolate="clamp")
     stages = pd.read_csv(out / "stages.csv")
-    meas_times = {}
+    meas, pred, started = {}, {}, {}
     for policy, sub in (("baseline", "baseline"), ("sab+dst", "sab_dst")):
-        run_dir = out / "runs" / sub
-        metrics = pd.read_csv(run_dir / "metrics.csv")
-        plans, budgets = load_plans(run_dir / "plans.json")
-        mine = its[its.policy == policy].sort_values("iteration")
-        # same iterations and the same tokens per iteration as the real run processed
-        assert mine["iteration"].tolist() == metrics["iteration"].tolist() == [0, 1]
-        assert mine["predicted_tokens"].tolist() == metrics["tokens"].tolist()
-        assert mine["measured"].to_numpy() == pytest.approx(metrics["iteration_time_s"].to_numpy())
-        # predicted stage busy = sum of the latency model's stage times over the run's own plan
-        for it, (plan, bud) in enumerate(zip(plans, budgets)):
-            for s in range(cfg.cluster.pp):
-                want = sum(lm.stage_time(mb.lengths, bud[r][j], s, backward=b)
-                           for r, j, mb in plan.microbatches() for b in (False, True))
-                got = stages[(stages.policy == policy) & (stages.iteration == it) & (stages.stage == s)]
-                assert got["predicted"].iloc[0] == pytest.approx(want, rel=1e-9)
-        counted = mine[mine.iteration > 0]
-        meas_times[policy] = metrics["iteration_time_s"].iloc[1:].mean()
-        assert np.all(np.isfinite(counted["predicted"]))
-    assert summary["measured_speedup"] == pytest.approx(meas_times["baseline"] / meas_times["sab+dst"])
-    counted = its[its.iteration > 0]
-    mae = np.mean(np.abs(counted["predicted"] - counted["measured"]) / counted["measured"])
-    assert summary["mean_abs_error"] == pytest.approx(mae)
+        for rnd in (0, 1):
+            run_dir = out / "runs" / sub / f"round{rnd}"
+            started[(policy, rnd)] = (run_dir / "config.toml").stat().st_mtime
+            metrics = pd.read_csv(run_dir / "metrics.csv")
+            plans, budgets = load_plans(run_dir / "plans.json")
+            mine = its[(its.policy == policy) & (its["round"] == rnd)].sort_values("iteration")
+            # same iterations and the same tokens per iteration as the real run processed
+            assert mine["iteration"].tolist() == metrics["iteration"].tolist() == [0, 1]
+            assert mine["predicted_tokens"].tolist() == metrics["tokens"].tolist()
+            assert mine["measured"].to_numpy() == pytest.approx(metrics["iteration_time_s"].to_numpy())
+            # predicted stage busy = sum of the latency model's stage times over the run's own plan
+            for it, (plan, bud) in enumerate(zip(plans, budgets)):
+                for s in range(cfg.cluster.pp):
+                    want = sum(lm.stage_time(mb.lengths, bud[r][j], s, backward=b)
+                               for r, j, mb in plan.microbatches() for b in (False, True))
+                    got = stages[(stages.policy == policy) & (stages["round"] == rnd)
+                                 & (stages.iteration == it) & (stages.stage == s)]
+                    assert got["predicted"].iloc[0] == pytest.approx(want, rel=1e-9)
+            meas[(policy, rnd)] = metrics["iteration_time_s"].iloc[1]  # iteration 1: the counted one
+            pred[(policy, rnd)] = mine["predicted"].iloc[1]
+            assert np.isfinite(pred[(policy, rnd)])
+    # ABBA: baseline, policy in round 0, then policy, baseline in round 1
+    order = sorted(started, key=started.get)
+    assert order == [("baseline", 0), ("sab+dst", 0), ("sab+dst", 1), ("baseline", 1)]
+    mb = (meas[("baseline", 0)] + meas[("baseline", 1)]) / 2
+    mp = (meas[("sab+dst", 0)] + meas[("sab+dst", 1)]) / 2
+    assert summary["measured_speedup"] == pytest.approx(mb / mp)
+    assert summary["measured_speedup_by_round"]["1"] == pytest.approx(
+        meas[("baseline", 1)] / meas[("sab+dst", 1)])
+    # headline: |delta| of the round means; per run: of every counted (round, iteration)
+    errs = []
+    for policy, m in (("baseline", mb), ("sab+dst", mp)):
+        p = (pred[(policy, 0)] + pred[(policy, 1)]) / 2
+        errs.append(abs(p - m) / m)
+    assert summary["mean_abs_error"] == pytest.approx(np.mean(errs))
+    per_run = [abs(pred[k] - meas[k]) / meas[k] for k in meas]
+    assert summary["mean_abs_error_per_run"] == pytest.approx(np.mean(per_run))

@@ -38,10 +38,13 @@ class Side:
     """Simulator trace of the replay (TRACE_COLUMNS)."""
     measured_trace: pd.DataFrame
     """measured_trace.csv of the real run (TRACE_COLUMNS)."""
+    round: int = 0
+    """Which of the interleaved rounds of real runs this is (0-based; see commands/validate.py)."""
 
 
-def _tag(df: pd.DataFrame, policy: str, warmup_excluded: bool) -> pd.DataFrame:
-    df.insert(0, "policy", policy)
+def _tag(df: pd.DataFrame, side: Side, warmup_excluded: bool) -> pd.DataFrame:
+    df.insert(0, "policy", side.policy)
+    df.insert(1, "round", side.round)
     df["warmup"] = (df["iteration"] == 0) & warmup_excluded
     return df
 
@@ -55,14 +58,14 @@ def iteration_table(side: Side, *, warmup_excluded: bool) -> pd.DataFrame:
     t = t.merge(tok, on="iteration").merge(
         side.measured_metrics[["iteration", "tokens"]].rename(columns={"tokens": "measured_tokens"}),
         on="iteration")
-    return _tag(t, side.policy, warmup_excluded)
+    return _tag(t, side, warmup_excluded)
 
 
 def stage_table(side: Side, *, warmup_excluded: bool) -> pd.DataFrame:
     """Per (iteration, dp_rank, stage): F + B busy seconds predicted vs measured."""
     t = compare(stage_busy(side.predicted_trace), stage_busy(side.measured_trace),
                 ["iteration", "dp_rank", "stage"], "busy_s")
-    return _tag(t, side.policy, warmup_excluded)
+    return _tag(t, side, warmup_excluded)
 
 
 def _op_sums(trace: pd.DataFrame, iteration_time: pd.Series) -> pd.DataFrame:
@@ -89,7 +92,7 @@ def op_table(side: Side, *, warmup_excluded: bool) -> pd.DataFrame:
     mm = side.measured_metrics.set_index("iteration")["iteration_time_s"]
     t = compare(_op_sums(side.predicted_trace, pm), _op_sums(side.measured_trace, mm),
                 ["iteration", "dp_rank", "stage", "op"], "seconds")
-    return _tag(t, side.policy, warmup_excluded)
+    return _tag(t, side, warmup_excluded)
 
 
 def action_table(side: Side, *, warmup_excluded: bool) -> pd.DataFrame:
@@ -104,31 +107,59 @@ def action_table(side: Side, *, warmup_excluded: bool) -> pd.DataFrame:
     meas = dur(side.measured_trace)
     t = compare(dur(side.predicted_trace), meas, key, "seconds")
     t = t.merge(meas[[*key, "tokens", "budget"]], on=key)
-    return _tag(t, side.policy, warmup_excluded)
+    return _tag(t, side, warmup_excluded)
 
 
 def headline(iterations: pd.DataFrame, baseline: str, policy: str, *, warmup_excluded: bool) -> dict:
-    """The summary: mean absolute iteration-time error (fraction; over both policies, warm-up
-    excluded when flagged, and with it), speedups of ``policy`` over ``baseline`` and whether the
-    ranking agrees. Speedup = mean baseline time / mean policy time over the counted iterations."""
+    """The summary over counted iterations (warm-up excluded when flagged) of every round.
+
+    * ``mean_abs_error`` (fraction): per (policy, iteration), predicted and measured times are first
+      averaged over the rounds (the simulator predicts an expected time; repeated real runs of the
+      same plan estimate it), then the mean |Δ| over both policies' iterations. With one round this
+      is the plain per-iteration error.
+    * ``mean_abs_error_per_run``: the mean |Δ| over every (round, iteration) row, i.e. including the
+      run-to-run noise of single iterations; ``..._with_warmup``: the headline with iteration 0.
+    * speedup = mean baseline time / mean policy time over all counted rows, predicted and measured,
+      and per round (``measured_speedup_by_round``); ``ranking_agrees``: both on the same side of 1.
+    """
     counted = iterations[~iterations["warmup"]]
     sp = speedup_table(counted, baseline)
     row = sp[sp["policy"] == policy].iloc[0]
     pred, meas = float(row["predicted_speedup"]), float(row["measured_speedup"])
-    per_policy = {p: mean_abs_error(g) for p, g in counted.groupby("policy", sort=False)}
+    pooled, pooled_all = round_means(counted), round_means(iterations)
+    per_policy = {p: mean_abs_error(g) for p, g in pooled.groupby("policy", sort=False)}
+    by_round = {}
+    for r, g in counted.groupby("round", sort=True) if "round" in counted else ():
+        if set(g["policy"]) >= {baseline, policy}:
+            by_round[int(r)] = float(speedup_table(g, baseline).set_index("policy")
+                                     .loc[policy, "measured_speedup"])
     return {
-        "mean_abs_error": mean_abs_error(counted),
-        "mean_abs_error_with_warmup": mean_abs_error(iterations),
+        "mean_abs_error": mean_abs_error(pooled),
+        "mean_abs_error_per_run": mean_abs_error(counted),
+        "mean_abs_error_with_warmup": mean_abs_error(pooled_all),
         "mean_abs_error_by_policy": per_policy,
         "warmup_excluded": bool(warmup_excluded),
         "predicted_speedup": pred,
         "measured_speedup": meas,
+        "measured_speedup_by_round": by_round,
         "speedup_delta_pct": (pred - meas) / meas * 100.0,
         "ranking_agrees": bool(np.sign(pred - 1.0) == np.sign(meas - 1.0)),
         "baseline": baseline,
         "policy": policy,
+        "rounds": int(counted["round"].nunique()) if "round" in counted else 1,
         "iterations_counted": int(counted["iteration"].nunique()),
     }
+
+
+def round_means(iterations: pd.DataFrame) -> pd.DataFrame:
+    """Per (policy, iteration): predicted and measured iteration times averaged over the rounds,
+    with ``delta_pct`` of the means and ``rounds`` (how many were averaged)."""
+    g = iterations.groupby(["policy", "iteration"], sort=False)
+    t = g[["predicted", "measured"]].mean()
+    t["rounds"] = g.size()
+    t = t.reset_index()
+    t["delta_pct"] = (t["predicted"] - t["measured"]) / t["measured"] * 100.0
+    return t
 
 
 def op_summary(ops: pd.DataFrame) -> pd.DataFrame:

@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
         "block_size": model.block_size, "tp": 1, "concurrency": args.concurrency,
         "how": (f"sparsebalance.kernels.profiler: {grid.statistic} of {grid.repeats} after {grid.warmup} "
                 "warm-up "
-                f"calls ({'CUDA events' if args.device == 'cuda' else 'perf_counter'}), "
+                f"calls ({'CUDA events' if args.device == 'cuda' else 'perf_counter'}) in {grid.repeats} "
+                "interleaved rounds (every op timed once per round, seeded order), "
                 f"{args.concurrency} concurrent cop{'y' if args.concurrency == 1 else 'ies'} "
                 f"({grid.statistic} over copies); layer_* = one HF "
                 "Qwen2DecoderLayer with a zero-cost attention core; attn_* = moba_attention (auto backend)"),

@@ -3,10 +3,13 @@ each run's exact plans and budgets through the simulator, and compare predicted 
 
 Steps: (1) validate both configs (the config's policy and the baseline ``sequential`` + ``fixed``,
 the ablation's baseline) before any process starts; (2) run each under torchrun with the same seed and
-data order (``<out>/runs/<policy>/``); (3) read each run's ``plans.json`` back and execute it with
+data order, ``--rounds`` times, interleaved ABBA (baseline, policy, policy, baseline, ...) so that a
+drift of the shared machine's speed during the call falls on both policies alike
+(``<out>/runs/<policy>/round<r>/``); (3) read each run's ``plans.json`` back and execute it with
 ``SimulatorExecutor`` on the run's profile; (4) print and save per-iteration, per-stage and per-op
-predicted vs measured (Δ %), the mean absolute iteration-time error (warm-up iteration 0 excluded
-when there is more than one iteration: see analysis/validate.py) and the speedups side by side.
+predicted vs measured (Δ %), the mean absolute iteration-time error (of the per-iteration means over
+rounds; warm-up iteration 0 excluded when there is more than one iteration: see
+analysis/validate.py) and the speedups side by side.
 
 Outputs under ``--out`` (default ``results/validate-<name>/``): ``config.toml`` (resolved, the
 config's policy), ``iterations.csv``, ``stages.csv``, ``ops.csv``, ``op_summary.csv``,
@@ -30,6 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="run config (TOML or JSON) with a [realrun] table")
     p.add_argument("--json", action="store_true", help="print one JSON object (stdout) only")
     p.add_argument("--iterations", type=int, default=None, help="iterations per run (default: the config's)")
+    p.add_argument("--rounds", type=int, default=4,
+                   help="real runs per policy, interleaved ABBA (baseline, policy, policy, baseline, ...) "
+                        "so that drift of the machine's speed falls on both alike (default 4)")
     p.add_argument("--out", default=None, help="output directory (default results/validate-<name>)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set data.max_length=1024 (repeatable)")
@@ -88,10 +94,13 @@ def replay(cfg, run_dir: Path):
 
 
 def _print_report(out: Path, tables: dict, summary: dict) -> None:
+    from sparsebalance.analysis.validate import round_means
+
     its, stages, ops = tables["iterations"], tables["stages"], tables["op_summary"]
-    cols = ["policy", "iteration", "predicted", "measured", "delta_pct", "warmup"]
-    print("per iteration: iteration time (s), delta = (predicted - measured) / measured")
-    print(its[cols].round(4).to_string(index=False))
+    cols = ["policy", "iteration", "predicted", "measured", "delta_pct", "rounds"]
+    print(f"per iteration: iteration time (s), mean over {summary['rounds']} round(s); "
+          "delta = (predicted - measured) / measured")
+    print(round_means(its)[cols].round(4).to_string(index=False))
     st = stages[~stages["warmup"]].groupby(["policy", "dp_rank", "stage"], sort=False)[
         ["predicted", "measured"]].mean().reset_index()
     st["delta_pct"] = (st["predicted"] - st["measured"]) / st["measured"] * 100
@@ -107,10 +116,13 @@ def _print_report(out: Path, tables: dict, summary: dict) -> None:
     print(extra.round(4).to_string(index=False))
     w = "excluded (first-iteration one-off costs)" if summary["warmup_excluded"] else "included"
     print(f"\nmean absolute iteration-time error: {summary['mean_abs_error'] * 100:.1f} % "
-          f"(warm-up iteration 0 {w}; with it: {summary['mean_abs_error_with_warmup'] * 100:.1f} %)")
+          f"(round means; warm-up iteration 0 {w}; with it: "
+          f"{summary['mean_abs_error_with_warmup'] * 100:.1f} %; over single runs' iterations: "
+          f"{summary['mean_abs_error_per_run'] * 100:.1f} %)")
     print(f"speedup of {summary['policy']} over {summary['baseline']}: predicted "
           f"{summary['predicted_speedup']:.3f}x, measured {summary['measured_speedup']:.3f}x "
-          f"(delta {summary['speedup_delta_pct']:+.1f} %); ranking "
+          f"(delta {summary['speedup_delta_pct']:+.1f} %; measured per round: "
+          f"{', '.join(f'{v:.3f}' for v in summary['measured_speedup_by_round'].values())}); ranking "
           f"{'agrees' if summary['ranking_agrees'] else 'DISAGREES'}")
     print(f"tables and figure: {out} (validate.png)")
 
@@ -127,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.iterations is not None and args.iterations < 1:
         raise ConfigError(f"--iterations: must be >= 1, got {args.iterations}")
+    if args.rounds < 1:
+        raise ConfigError(f"--rounds: must be >= 1, got {args.rounds}")
     sets = list(args.set) + ([f"iterations={args.iterations}"] if args.iterations else [])
     cfg = validate_for_launch(args.config, sets)
     base_sets = sets + [f'policy.{k}="{v}"' for k, v in BASELINE.items()]
@@ -140,16 +154,20 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.toml").write_text(dump_toml(cfg))
     warmup_excluded = cfg.iterations > 1
+    pair = ((base_label, base_cfg, base_sets), (label, cfg, sets))
     sides = []
-    for name, c, s in ((base_label, base_cfg, base_sets), (label, cfg, sets)):
-        run_dir = out / "runs" / name.replace("+", "_")
-        rc = _launch(args.config, s, world_size(c), run_dir, args)
-        if rc != 0:
-            return rc
-        pm, pt = replay(c, run_dir)
-        sides.append(V.Side(policy=name, predicted_metrics=pm,
-                            measured_metrics=pd.read_csv(run_dir / "metrics.csv"),
-                            predicted_trace=pt, measured_trace=pd.read_csv(run_dir / "measured_trace.csv")))
+    for r in range(args.rounds):
+        # ABBA: linear drift of a shared machine over the call cancels in the pooled means
+        for name, c, s in (pair if r % 2 == 0 else pair[::-1]):
+            run_dir = out / "runs" / name.replace("+", "_") / f"round{r}"
+            rc = _launch(args.config, s, world_size(c), run_dir, args)
+            if rc != 0:
+                return rc
+            pm, pt = replay(c, run_dir)
+            sides.append(V.Side(policy=name, round=r, predicted_metrics=pm,
+                                measured_metrics=pd.read_csv(run_dir / "metrics.csv"), predicted_trace=pt,
+                                measured_trace=pd.read_csv(run_dir / "measured_trace.csv")))
+    sides.sort(key=lambda sd: (sd.policy != base_label, sd.round))
     kw = {"warmup_excluded": warmup_excluded}
     tables = {
         "iterations": pd.concat([V.iteration_table(s, **kw) for s in sides], ignore_index=True),

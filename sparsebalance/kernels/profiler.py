@@ -11,7 +11,8 @@ Every op is timed on the module code the real run executes (``sparsebalance.kern
 * ``embed_*``: the embedding lookup; ``head_*``: final norm + LM head + summed cross entropy;
 * ``optim``: one ``torch.optim.AdamW`` step over ``seq_len`` parameters.
 
-Timing: mean (or median, ``statistic``) of ``repeats`` after ``warmup`` calls; CPU: ``time.perf_counter`` with
+Timing: mean (or median, ``statistic``) of ``repeats`` after ``warmup`` calls, measured in
+interleaved rounds (each round times every op of the grid once, see :func:`_measure`); CPU: ``time.perf_counter`` with
 ``torch.set_num_threads(threads)`` (1 by default: realrun runs one thread per process); CUDA:
 CUDA events around each call after a synchronize. Backward ops time only ``backward()``; the forward
 that feeds it runs untimed before each repeat.
@@ -44,7 +45,7 @@ class ProfileGrid:
     params: tuple[int, ...] = (10_000, 100_000, 1_000_000)
     """Parameter counts of the optim op."""
     repeats: int = 5
-    """Timed calls per point; the median is recorded."""
+    """Timed calls per point: one per interleaved round over the whole grid."""
     warmup: int = 2
     """Untimed calls before timing."""
     threads: int = 1
@@ -87,30 +88,33 @@ class Timer:
     samples: list[float] = field(default_factory=list)
     """Seconds of each timed call of the last :meth:`measure`."""
 
-    def measure(self, fn: Callable[[], Any], setup: Callable[[], Any] | None = None) -> float:
-        """Seconds of ``fn(setup())`` (``setup`` untimed, its result passed to ``fn``): the
-        ``statistic`` over ``repeats`` timed calls after ``warmup`` untimed ones."""
+    def once(self, fn: Callable[[Any], Any], setup: Callable[[], Any] | None = None) -> float:
+        """Seconds of one call ``fn(setup())`` (``setup`` untimed)."""
         import torch
 
-        cuda = self.device == "cuda"
-        self.samples = []
-        for i in range(self.warmup + self.repeats):
-            arg = setup() if setup else None
-            if cuda:
-                torch.cuda.synchronize()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn(arg)
-                end.record()
-                torch.cuda.synchronize()
-                dt = start.elapsed_time(end) / 1e3
-            else:
-                t0 = time.perf_counter()
-                fn(arg)
-                dt = time.perf_counter() - t0
-            if i >= self.warmup:
-                self.samples.append(dt)
-        return (statistics.fmean if self.statistic == "mean" else statistics.median)(self.samples)
+        arg = setup() if setup else None
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(arg)
+            end.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end) / 1e3
+        t0 = time.perf_counter()
+        fn(arg)
+        return time.perf_counter() - t0
+
+    def reduce(self, samples: list[float]) -> float:
+        return (statistics.fmean if self.statistic == "mean" else statistics.median)(samples)
+
+    def measure(self, fn: Callable[[Any], Any], setup: Callable[[], Any] | None = None) -> float:
+        """Seconds of ``fn(setup())`` (``setup`` untimed, its result passed to ``fn``): the
+        ``statistic`` over ``repeats`` consecutive timed calls after ``warmup`` untimed ones."""
+        for _ in range(self.warmup):
+            self.once(fn, setup)
+        self.samples = [self.once(fn, setup) for _ in range(self.repeats)]
+        return self.reduce(self.samples)
 
 
 def _null_core_fn() -> Any:
@@ -164,6 +168,34 @@ class Bench:
 
     def attention(self, seq_len: int, budget: int) -> tuple[float, float]:
         """(forward, backward) seconds of MoBA attention on one sequence of ``seq_len`` tokens."""
+        return self._time(self.items("attn", seq_len, budget))
+
+    def layer_dense(self, tokens: int) -> tuple[float, float]:
+        """(forward, backward) seconds of one decoder layer without its attention core."""
+        return self._time(self.items("layer", tokens, 0))
+
+    def embed(self, tokens: int) -> tuple[float, float]:
+        return self._time(self.items("embed", tokens, 0))
+
+    def head(self, tokens: int) -> tuple[float, float]:
+        return self._time(self.items("head", tokens, 0))
+
+    def optim(self, params: int) -> float:
+        return self._time(self.items("optim", params, 0))[0]
+
+    def _time(self, items: list) -> tuple[float, ...]:
+        return tuple(self.timer.measure(fn, setup) for _, fn, setup in items)
+
+    def items(self, op: str, n: int, k: int) -> list[tuple[tuple[str, int, int], Callable, Any]]:
+        """Timed closures of one grid point: ``[((row op, n, k), fn, setup), ...]``; one timed call
+        is ``fn(setup())`` with ``setup`` (the untimed forward feeding a backward) or None."""
+        build = {"attn": self._attn, "layer": self._layer, "embed": self._embed, "head": self._head,
+                 "optim": self._optim}[op]
+        closures = build(n, k)
+        names = (f"{op}_fwd", f"{op}_bwd") if op != "optim" else ("optim",)
+        return [((name, n, k), fn, setup) for name, (fn, setup) in zip(names, closures)]
+
+    def _attn(self, seq_len: int, budget: int) -> list:
         from sparsebalance.kernels import moba_attention
 
         m = self.model
@@ -176,12 +208,9 @@ class Bench:
         def fwd(_: Any = None) -> Any:
             return moba_attention(q, k, v, cu, block_size=m.block_size, topk=budget)
 
-        t_f = self._fwd_time(fwd)
-        t_b = self.timer.measure(lambda out: out.backward(dout), setup=fwd)
-        return t_f, t_b
+        return [(fwd, None), (lambda out: out.backward(dout), fwd)]
 
-    def layer_dense(self, tokens: int) -> tuple[float, float]:
-        """(forward, backward) seconds of one decoder layer without its attention core."""
+    def _layer(self, tokens: int, _: int) -> list:
         torch = self.torch
         pos = torch.arange(tokens, device=self.dev)[None]
         x = self._randn(1, tokens, self.model.hidden, grad=True)
@@ -190,26 +219,19 @@ class Bench:
         dy = self._randn(1, tokens, self.model.hidden)
 
         def fwd(_: Any = None) -> Any:
+            # with autograd recording, as in training (the graph is built and then dropped)
             out = self.layer(x, attention_mask=None, position_ids=pos, position_embeddings=pe)
             return out[0] if isinstance(out, tuple) else out
 
-        t_f = self._fwd_time(fwd)
-        t_b = self.timer.measure(lambda y: y.backward(dy), setup=fwd)
-        return t_f, t_b
+        return [(fwd, None), (lambda y: y.backward(dy), fwd)]
 
-    def _fwd_time(self, fwd: Callable[[Any], Any]) -> float:
-        # Forward with autograd recording, as in training (the graph is built and then dropped).
-        return self.timer.measure(fwd)
-
-    def embed(self, tokens: int) -> tuple[float, float]:
+    def _embed(self, tokens: int, _: int) -> list:
         ids = self.torch.randint(0, self.model.vocab, (1, tokens), generator=self.gen, device=self.dev)
         emb = self.net.model.embed_tokens
         dy = self._randn(1, tokens, self.model.hidden)
-        t_f = self._fwd_time(lambda _=None: emb(ids))
-        t_b = self.timer.measure(lambda y: y.backward(dy), setup=lambda: emb(ids))
-        return t_f, t_b
+        return [(lambda _=None: emb(ids), None), (lambda y: y.backward(dy), lambda: emb(ids))]
 
-    def head(self, tokens: int) -> tuple[float, float]:
+    def _head(self, tokens: int, _: int) -> list:
         from sparsebalance.kernels.qwen2 import lm_loss_sum
 
         labels = self.torch.randint(0, self.model.vocab, (1, tokens), generator=self.gen, device=self.dev)
@@ -218,13 +240,13 @@ class Bench:
         def fwd(_: Any = None) -> Any:
             return lm_loss_sum(self.net.lm_head(self.net.model.norm(h)), labels)
 
-        return self._fwd_time(fwd), self.timer.measure(lambda loss: loss.backward(), setup=fwd)
+        return [(fwd, None), (lambda loss: loss.backward(), fwd)]
 
-    def optim(self, params: int) -> float:
+    def _optim(self, params: int, _: int) -> list:
         p = self.torch.nn.Parameter(self._randn(params).float())
         p.grad = self._randn(params).float()
         opt = self.torch.optim.AdamW([p], lr=1e-4)
-        return self.timer.measure(lambda _=None: opt.step())
+        return [(lambda _=None: opt.step(), None)]
 
 
 def _jobs(grid: ProfileGrid) -> list[tuple[str, int, int]]:
@@ -234,24 +256,36 @@ def _jobs(grid: ProfileGrid) -> list[tuple[str, int, int]]:
 
 
 def _measure(model: ModelConfig, grid: ProfileGrid, progress: bool, barrier: Any = None) -> list:
-    """Rows ``(op, seq_len, budget, latency_s)``; with a barrier, every point starts in step with
-    the other copies of this measurement."""
+    """Rows ``(op, seq_len, budget, latency_s)``, measured in interleaved rounds: ``warmup`` untimed
+    calls of every op first, then ``repeats`` rounds, each timing every op of the grid once in a
+    fresh seeded order. Why rounds: on a shared machine the load of other jobs comes in bursts of
+    seconds; timing one point's repeats back to back puts a whole burst on one or two grid points
+    (a profile that is not even monotone in length), whereas rounds spread it over all points
+    alike, so the profile keeps the true shape and records the machine's mean state over the
+    profiling window. With a barrier, the copies start every round together."""
+    import numpy as np
     from tqdm import tqdm
 
     bench = Bench(model, grid)
-    rows = []
-    for op, n, k in tqdm(_jobs(grid), desc="profile", disable=not progress, unit="pt"):
+    items = [it for job in _jobs(grid) for it in bench.items(*job)]
+    for _, fn, setup in items:
+        for _ in range(grid.warmup):
+            bench.timer.once(fn, setup)
+    samples: list[list[float]] = [[] for _ in items]
+    rng = np.random.default_rng(grid.seed)  # same seed in every copy: the copies stay in step
+    bar = tqdm(total=grid.repeats * len(items), desc="profile", disable=not progress, unit="call")
+    for _ in range(grid.repeats):
+        # one barrier per round, not per call: waking from it costs the copies and the barrier's
+        # manager process up to a millisecond of CPU on this 2-core host, which would land inside
+        # a sub-millisecond timed call; in one shared order the copies stay close to in step
         if barrier is not None:
             barrier.wait()
-        if op == "optim":
-            rows.append(("optim", n, 0, bench.optim(n)))
-            continue
-        if op == "attn":
-            f, b = bench.attention(n, k)
-        else:
-            f, b = {"layer": bench.layer_dense, "embed": bench.embed, "head": bench.head}[op](n)
-        rows += [(f"{op}_fwd", n, k, f), (f"{op}_bwd", n, k, b)]
-    return rows
+        for i in rng.permutation(len(items)):
+            _, fn, setup = items[i]
+            samples[i].append(bench.timer.once(fn, setup))
+            bar.update()
+    bar.close()
+    return [(*key, bench.timer.reduce(ts)) for (key, _, _), ts in zip(items, samples)]
 
 
 def _copy(model: ModelConfig, grid: ProfileGrid, barrier: Any, show: bool) -> list:

@@ -89,6 +89,7 @@ class StageWorker:
         prev = global_rank(d, s - 1, self.pp) if s > 0 else None
         nxt = global_rank(d, s + 1, self.pp) if s < self.pp - 1 else None
         saved: dict[int, tuple[Any, Any]] = {}
+        gated: list[tuple[list, Any]] = []  # (sequences, MobaArgs holding the coverage layer's q/k)
         self.opt.zero_grad(set_to_none=True)
         dist.barrier(group=self.groups["world"])
         rep.start_s = self.now()
@@ -118,9 +119,8 @@ class StageWorker:
                 else:
                     rep.loss += float(out.detach())
                 saved[j] = (x, out)
-                if self.coverage_here:  # gate scores outside the timed forward
-                    for (sid, _), curve in zip(seqs, moba.coverage_curves()):
-                        rep.coverage[int(sid)] = tuple(float(c) for c in curve)
+                if self.coverage_here:
+                    gated.append((seqs, moba))
             else:
                 x, out = saved.pop(j)
                 grad = None
@@ -142,6 +142,12 @@ class StageWorker:
         self._step()
         rep.end_s = self.now()
         rows.append((it, d, s, -1, "OPTIM", t0, rep.end_s, 0, 0))
+        # DST's coverage from the kept gate inputs, after the iteration's end: it is measurement for
+        # the tuning policy, not training work, and computed between F actions it would delay this
+        # stage's next action (and the pipeline behind it) by time no trace row shows.
+        for seqs, moba in gated:
+            for (sid, _), curve in zip(seqs, moba.coverage_curves()):
+                rep.coverage[int(sid)] = tuple(float(c) for c in curve)
         return rep
 
     def _allreduce(self) -> None:

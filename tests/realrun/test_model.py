@@ -66,8 +66,9 @@ def test_per_sequence_budgets_equal_separate_runs():
 def test_per_layer_budget_tuple_selects_by_layer():
     net = build_qwen2(tiny(), seed=4, dtype="float64")
     b = pack(_seqs([200], seed=5))
-    run = lambda topk: float(full_forward_loss(net, b, MobaArgs(cu_seqlens=b.cu_seqlens, topk=topk,
-                                                               block_size=32)))
+    def run(topk):
+        return float(full_forward_loss(net, b, MobaArgs(cu_seqlens=b.cu_seqlens, topk=topk,
+                                                        block_size=32)).detach())
     assert run((2, 2, 2, 2)) == pytest.approx(run(2), rel=1e-12)
     assert run((2, 64, 64, 64)) != pytest.approx(run(64), rel=1e-9)
 

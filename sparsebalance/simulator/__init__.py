@@ -16,7 +16,7 @@ _LAZY = {
     "to_chrome_trace": "trace", "write_trace": "trace", "TRACE_COLUMNS": "trace", "TRACE_OPS": "trace",
 }
 
-__all__ = sorted(_LAZY)
+__all__ = list(_LAZY)
 
 
 def __getattr__(name: str):

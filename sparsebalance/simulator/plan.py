@@ -54,7 +54,7 @@ class Plan:
         return [s for _, _, mb in self.microbatches() for s in mb.sequences]
 
     @staticmethod
-    def from_lists(ranks: list[list[list[Sequence]]]) -> "Plan":
+    def from_lists(ranks: list[list[list[Sequence]]]) -> Plan:
         return Plan(tuple(tuple(MicroBatch(tuple(mb)) for mb in r) for r in ranks))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -68,11 +69,15 @@ def to_chrome_trace(df) -> dict[str, Any]:
 
 
 def _int(x) -> int:
-    return int(x) if x == x else -1  # NaN (unknown) -> -1, as in the simulator's trace
+    return -1 if _isnan(x) else int(x)  # NaN (unknown) -> -1, as in the simulator's trace
 
 
 def _num(x) -> float | None:
-    return float(x) if x == x else None
+    return None if _isnan(x) else float(x)
+
+
+def _isnan(x) -> bool:
+    return isinstance(x, float) and math.isnan(x)
 
 
 def write_trace(df, directory: str | Path, prefix: str = "") -> tuple[Path, Path]:

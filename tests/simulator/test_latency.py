@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import math
-import time
 import warnings
 
-import numpy as np
 import pandas as pd
 import pytest
 

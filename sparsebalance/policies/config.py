@@ -18,7 +18,7 @@ class PolicyConfig:
     """A batching policy x a tuning policy. Names come from ``sparsebalance.policies.registry``."""
 
     batching: str = "sequential"
-    """Batching policy name (sequential, lbb, sorted, quadratic, sab)."""
+    """Batching policy name (sequential, lbb, sorted, quadratic, sab, sab-order)."""
     tuning: str = "fixed"
     """Tuning policy name (fixed, dst, dst-cp)."""
     k0: int = 32

@@ -1,6 +1,7 @@
 """Policy names -> classes. Command lines and configs name policies; an unknown name lists the known.
 
-Batching: ``sequential``, ``lbb``, ``sorted``, ``quadratic``, ``sab``. Tuning: ``fixed``, ``dst``,
+Batching: ``sequential``, ``lbb``, ``sorted``, ``quadratic``, ``sab``,
+``sab-order`` (SAB + schedule-aware micro-batch order, :mod:`.ordering`). Tuning: ``fixed``, ``dst``,
 ``dst-cp`` (critical-path DST, :mod:`.critical`).
 Every class takes nothing (batching without parameters) or the :class:`PolicyConfig`.
 """
@@ -11,6 +12,7 @@ from sparsebalance.errors import check_choice
 from sparsebalance.policies.batching import LengthBased, Quadratic, Sequential, Sorted
 from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.policies.critical import CriticalPathDST
+from sparsebalance.policies.ordering import ScheduleAwareOrder
 from sparsebalance.policies.sab import SparsityAware
 from sparsebalance.policies.tuning import DynamicSparsity, Fixed
 
@@ -20,10 +22,11 @@ BATCHING: dict[str, type] = {
     "sorted": Sorted,
     "quadratic": Quadratic,
     "sab": SparsityAware,
+    "sab-order": ScheduleAwareOrder,
 }
 TUNING: dict[str, type] = {"fixed": Fixed, "dst": DynamicSparsity, "dst-cp": CriticalPathDST}
 
-_NEEDS_CONFIG = {SparsityAware, Fixed, DynamicSparsity, CriticalPathDST}
+_NEEDS_CONFIG = {SparsityAware, ScheduleAwareOrder, Fixed, DynamicSparsity, CriticalPathDST}
 
 
 def _make(table: dict[str, type], name: str, field: str, cfg: PolicyConfig):

@@ -32,6 +32,8 @@ summed over its sequences, affine in a stage's layer count; cached across iterat
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from sparsebalance.errors import ConfigError
@@ -112,6 +114,16 @@ class PipelineEvaluator:
         return float((fin.max(axis=0) + tail).max())
 
 
+@functools.lru_cache(maxsize=64)
+def _evaluator_for(schedule: str, pp: int, m: int, virtual_stages: int) -> PipelineEvaluator:
+    return PipelineEvaluator(schedule, pp, m, virtual_stages)
+
+
+def evaluator_for(cluster, m: int) -> PipelineEvaluator:
+    """The (cached, read-only) evaluator of ``cluster``'s schedule for ``m`` micro-batches per rank."""
+    return _evaluator_for(cluster.schedule, cluster.pp, m, cluster.virtual_stages)
+
+
 class CriticalPathDST:
     """``dst-cp``: see the module docstring."""
 
@@ -121,16 +133,8 @@ class CriticalPathDST:
         self.cfg = cfg
         self.stats: dict[str, float] = {}
         self._dst = DynamicSparsity(cfg)
-        self._evaluators: dict[tuple, PipelineEvaluator] = {}
         self._latency = None
         self._tail: np.ndarray | None = None
-
-    def _evaluator(self, cluster, m: int) -> PipelineEvaluator:
-        key = (cluster.schedule, cluster.pp, m, cluster.virtual_stages)
-        ev = self._evaluators.get(key)
-        if ev is None:
-            ev = self._evaluators[key] = PipelineEvaluator(*key)
-        return ev
 
     def stage_table(self, lm, lengths: tuple[int, ...], k_lo: int, k_hi: int, nv: int, pp: int):
         """Forward and backward seconds of every virtual stage at k = k_lo..k_hi: two arrays
@@ -153,7 +157,7 @@ class CriticalPathDST:
                               "(sparsebalance.simulator.latency.LatencyModel)")
         dp, m = plan.dp, plan.num_microbatches
         pp, nv = cl.pp, cl.pp * cl.virtual_stages
-        ev = self._evaluator(cl, m)
+        ev = evaluator_for(cl, m)
         if self._latency is not lm:
             self._latency = lm
             self._tail = np.array([lm.allreduce_time(s) + lm.optimizer_time(s) for s in range(pp)])

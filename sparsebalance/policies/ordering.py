@@ -15,7 +15,7 @@ import numpy as np
 from sparsebalance.data.sequence import Sequence
 from sparsebalance.policies.base import PolicyContext
 from sparsebalance.policies.config import PolicyConfig
-from sparsebalance.policies.critical import PipelineEvaluator
+from sparsebalance.policies.critical import evaluator_for
 from sparsebalance.policies.sab import SparsityAware
 from sparsebalance.simulator.plan import MicroBatch, Plan
 
@@ -59,14 +59,6 @@ class ScheduleAwareOrder(SparsityAware):
         self.max_evaluations = max_evaluations
         """Candidate orders scored per DP rank at most (each costs O(2 V m) numpy row operations)."""
         self.stats: dict[str, float] = {}
-        self._evaluators: dict[tuple, PipelineEvaluator] = {}
-
-    def _evaluator(self, cluster, m: int) -> PipelineEvaluator:
-        key = (cluster.schedule, cluster.pp, m, cluster.virtual_stages)
-        ev = self._evaluators.get(key)
-        if ev is None:
-            ev = self._evaluators[key] = PipelineEvaluator(*key)
-        return ev
 
     def stage_times(self, mb: MicroBatch, ctx: PolicyContext) -> tuple[np.ndarray, np.ndarray]:
         """Forward and backward seconds of ``mb`` on every virtual stage, two arrays [V], each
@@ -128,7 +120,7 @@ class ScheduleAwareOrder(SparsityAware):
         def score(orders: list[list[int]]) -> np.ndarray:
             nonlocal used
             idx = np.array(orders, dtype=np.int64)  # [C, k]
-            ev = self._evaluator(cluster, idx.shape[1])
+            ev = evaluator_for(cluster, idx.shape[1])
             pp2p = np.broadcast_to(p2p[idx][:, None, :], (len(orders), max(nv - 1, 0), idx.shape[1]))
             fin = ev.replica_finish(fwd[:, idx].transpose(1, 0, 2), bwd[:, idx].transpose(1, 0, 2), pp2p)
             used += len(orders)

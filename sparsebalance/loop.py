@@ -2,48 +2,25 @@
 
 global batch -> batching policy -> plan -> tuning policy -> budgets -> executor -> trace.
 Written once: the executor (simulator or realrun) is passed in, policy state is carried across
-iterations, and decision time (batching + tuning, wall clock on this CPU) is measured.
+iterations, and decision time (batching + tuning, wall clock on this CPU) is measured. The executor
+interface (``Executor``, ``IterationResult``) lives in ``simulator/iteration.py`` so the simulator can
+implement it without importing policies.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from sparsebalance.data.sequence import Sequence
 from sparsebalance.policies.base import BatchingPolicy, PolicyContext, TuningPolicy
+from sparsebalance.simulator.iteration import Executor
 from sparsebalance.simulator.plan import Budgets, Plan
 from sparsebalance.simulator.trace import TRACE_COLUMNS
-
-
-@dataclass(slots=True)
-class IterationResult:
-    """What an executor reports for one iteration (seconds throughout)."""
-
-    iteration_time_s: float
-    trace: pd.DataFrame
-    """Rows in the TRACE_COLUMNS schema."""
-    microbatch_latency_s: list[list[float]]
-    """[dp_rank][microbatch]: F + B compute summed over stages (imbalance = max / mean)."""
-    stage_busy_s: list[float]
-    """[stage]: busy (compute) seconds, max over DP replicas."""
-    bubble_fraction: float
-    coverage: dict[int, tuple[float, ...]] = field(default_factory=dict)
-    """Measured coverage curves by sequence id (realrun, from real gate scores); empty in simulation."""
-    extra: dict[str, float] = field(default_factory=dict)
-    """Further per-iteration metrics (e.g. loss)."""
-
-
-class Executor(Protocol):
-    name: str
-
-    def execute(self, iteration: int, plan: Plan, budgets: Budgets) -> IterationResult:
-        ...
 
 
 def global_batches(sequences: list[Sequence], global_batch: int, *, shuffle: bool,

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sparsebalance.configmap import from_mapping, to_dict
 from sparsebalance.data.config import DataConfig
-from sparsebalance.errors import ConfigError, check, check_choice, check_positive, from_mapping, to_dict
+from sparsebalance.errors import ConfigError, check, check_choice, check_positive
 from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.simulator.config import (
     ClusterConfig,

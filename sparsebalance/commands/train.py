@@ -32,11 +32,11 @@ def torchrun_command(config: str, nproc: int, *, master_port: int = 29500,
 
 def validate_for_launch(config: str, overrides: list[str]):
     """Load and check everything rank 0 would; raises ConfigError. Returns the RunConfig."""
-    from sparsebalance.commands._common import prepare
     from sparsebalance.errors import ConfigError
     from sparsebalance.realrun.__main__ import parse_overrides
     from sparsebalance.realrun.config import realrun_config
     from sparsebalance.runconfig import load_run_config
+    from sparsebalance.runner import prepare
 
     cfg = load_run_config(config, parse_overrides(overrides))
     realrun_config(cfg)

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         where = f"rank {rank} (dp_rank {d}, stage {s})"
         prepared = None
         if rank == 0:  # data, latency model, policies: fail here, before any collective
-            from sparsebalance.commands._common import prepare
+            from sparsebalance.runner import prepare
 
             prepared = prepare(cfg)
         from sparsebalance.realrun.runtime import follower_loop, init_runtime

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sparsebalance.errors import ConfigError, check, check_choice, check_positive, from_mapping
+from sparsebalance.configmap import from_mapping
+from sparsebalance.errors import ConfigError, check, check_choice, check_positive
 
 BACKENDS = ("gloo", "nccl")
 DEVICES = ("cpu", "cuda")

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sparsebalance.loop import IterationResult
+from sparsebalance.simulator.iteration import IterationResult
 from sparsebalance.simulator.trace import TRACE_COLUMNS
 
 

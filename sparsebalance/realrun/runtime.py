@@ -134,7 +134,7 @@ def follower_loop(rt: Runtime) -> None:
 
 
 class RealrunExecutor:
-    """``loop.Executor`` on rank 0: broadcast (plan, budgets), run rank 0's share, gather every rank's
+    """``simulator.iteration.Executor`` on rank 0: broadcast (plan, budgets), run rank 0's share, gather every rank's
     trace rows, loss and measured coverage; feed the coverage to the policies' coverage model."""
 
     name = "realrun"

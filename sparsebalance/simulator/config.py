@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sparsebalance.errors import ConfigError, check, check_choice, check_positive, from_mapping
+from sparsebalance.configmap import from_mapping
+from sparsebalance.errors import ConfigError, check, check_choice, check_positive
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
@@ -171,7 +172,7 @@ def _with_preset(kind: str, presets: dict, cls: type, data: dict[str, Any], wher
         raise ConfigError(f"{where}.preset: unknown {kind} preset {preset!r}; "
                           f"choose one of {', '.join(presets)}")
     base = presets[preset]()
-    from sparsebalance.errors import to_dict
+    from sparsebalance.configmap import to_dict
     merged = to_dict(base) | data
     return from_mapping(cls, merged, where)
 

@@ -1,4 +1,4 @@
-"""``SimulatorExecutor``: the ``loop.Executor`` that predicts an iteration with the SimPy engine.
+"""``SimulatorExecutor``: the ``simulator.iteration.Executor`` that predicts an iteration with the SimPy engine.
 
 Durations come from the latency model (docs/architecture.md): ``stage_time`` per (virtual stage,
 micro-batch) forward and backward, ``p2p_time`` of the micro-batch's tokens for every stage boundary,
@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 
 from sparsebalance.errors import ConfigError
-from sparsebalance.loop import IterationResult
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
 from sparsebalance.simulator.engine import PipelineInput, PipelineResult, simulate
+from sparsebalance.simulator.iteration import IterationResult
 from sparsebalance.simulator.plan import Budgets, Plan
 
 _CACHE_LIMIT = 200_000

@@ -112,7 +112,8 @@ def test_measured_coverage_reaches_the_model_through_the_loop():
     whatever the tuning policy: the loop hands it to the coverage model."""
     import pandas as pd
 
-    from sparsebalance.loop import IterationResult, run_loop
+    from sparsebalance.loop import run_loop
+    from sparsebalance.simulator.iteration import IterationResult
 
     class MeasuringExecutor:
         name = "measuring"

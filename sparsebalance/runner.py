@@ -1,0 +1,59 @@
+"""Build a run from a RunConfig: data, latency model, coverage model, policies; run it in simulation.
+
+Shared by the CLI verbs (commands/) and the real run (realrun/__main__.py), so realrun does not
+import commands/. It knows data/, policies/ and simulator/, as loop.py does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sparsebalance.loop import LoopResult, global_batches, run_loop
+from sparsebalance.runconfig import RunConfig
+
+
+@dataclass(slots=True)
+class Prepared:
+    """Everything one run of the loop needs, built from a RunConfig."""
+
+    cfg: RunConfig
+    sequences: list
+    ctx: Any
+    batching: Any
+    tuning: Any
+    latency: Any
+
+
+def prepare(cfg: RunConfig) -> Prepared:
+    """Load data, latency model, coverage model and policies for ``cfg`` (validates names first)."""
+    from sparsebalance.data import load_sequences
+    from sparsebalance.policies.base import PolicyContext
+    from sparsebalance.policies.coverage import make_coverage_model
+    from sparsebalance.policies.registry import make_batching, make_tuning
+    from sparsebalance.simulator.latency import load_latency_model
+
+    batching = make_batching(cfg.policy)
+    tuning = make_tuning(cfg.policy)
+    latency = load_latency_model(cfg.profile, cfg.model, cfg.cluster, base_dir=cfg.base_dir,
+                                 extrapolate=cfg.latency_extrapolate)
+    sequences = load_sequences(cfg.data, base_dir=cfg.base_dir)
+    coverage = make_coverage_model(cfg.model, cfg.policy, seed=cfg.seed)
+    ctx = PolicyContext(model=cfg.model, cluster=cfg.cluster, policy=cfg.policy, latency=latency,
+                        coverage=coverage, rng=np.random.default_rng(cfg.seed))
+    return Prepared(cfg=cfg, sequences=sequences, ctx=ctx, batching=batching, tuning=tuning,
+                    latency=latency)
+
+
+def run_simulation(cfg: RunConfig, *, progress: bool = True, prepared: Prepared | None = None) -> LoopResult:
+    """Run ``cfg.iterations`` simulated iterations of ``cfg``."""
+    from sparsebalance.simulator.executor import SimulatorExecutor
+
+    p = prepared or prepare(cfg)
+    executor = SimulatorExecutor(p.latency, cfg.model, cfg.cluster)
+    batches = global_batches(p.sequences, cfg.cluster.global_batch, shuffle=cfg.data.shuffle,
+                             rng=np.random.default_rng(cfg.data.seed))
+    return run_loop(batches=batches, batching=p.batching, tuning=p.tuning, executor=executor,
+                    ctx=p.ctx, iterations=cfg.iterations, progress=progress)

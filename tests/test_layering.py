@@ -1,0 +1,64 @@
+"""The dependency rules of docs/architecture.md, checked on the source (every import, lazy ones too).
+
+An arrow points from importer to imported; a part may import only the parts listed for it. Shared
+top-level helpers (``errors``, ``configmap``) may be imported from anywhere.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "sparsebalance"
+SHARED = {"errors", "configmap"}
+ALLOWED = {
+    "data": set(),
+    "simulator": {"data"},
+    "policies": {"simulator", "data"},
+    "kernels": {"simulator", "data"},
+    "analysis": {"simulator", "data"},
+    "realrun": {"kernels", "policies", "simulator", "data", "loop", "runconfig", "runner", "analysis"},
+}
+THIRD_PARTY_FORBIDDEN = {
+    "data": {"torch", "triton"},
+    "simulator": {"torch", "triton"},
+    "policies": {"torch", "triton"},
+}
+
+
+def _imports(path: Path) -> set[str]:
+    """Top-level names of every module ``path`` imports (sparsebalance.X -> 'sparsebalance.X')."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        else:
+            continue
+        for n in names:
+            parts = n.split(".")
+            out.add(".".join(parts[:2]) if parts[0] == "sparsebalance" else parts[0])
+    return out
+
+
+@pytest.mark.parametrize("part", sorted(ALLOWED))
+def test_part_imports_only_what_the_rules_allow(part):
+    bad = []
+    for f in sorted((PKG / part).rglob("*.py")):
+        for mod in _imports(f):
+            if mod.startswith("sparsebalance."):
+                target = mod.split(".")[1]
+                if target != part and target not in SHARED and target not in ALLOWED[part]:
+                    bad.append(f"{f.relative_to(PKG)} imports sparsebalance.{target}")
+            elif mod in THIRD_PARTY_FORBIDDEN.get(part, ()):
+                bad.append(f"{f.relative_to(PKG)} imports {mod}")
+    assert not bad, "\n".join(bad)
+
+
+def test_shared_helpers_import_no_part():
+    for name in SHARED:
+        mods = _imports(PKG / f"{name}.py")
+        assert not {m for m in mods if m.startswith("sparsebalance.") and m.split(".")[1] not in SHARED}

@@ -1,4 +1,4 @@
-"""``sparsebalance pipeline FILE --schedule {gpipe,1f1b,interleaved} [--json] [--virtual-stages N]``.
+"""``sparsebalance pipeline FILE --schedule {gpipe,1f1b,interleaved} [--json [--ops]] [--virtual-stages N]``.
 
 Replays explicit durations through a schedule. FILE is JSON, seconds throughout::
 
@@ -10,6 +10,10 @@ pp x N rows, row ``c * pp + s`` being chunk c of physical stage s. For data para
 ``{"replicas": [{"forward": ..., "backward": ...}, ...], "p2p_latency": ..., "allreduce_time": ...}``.
 ``p2p_latency`` is the seconds of one transfer; ``allreduce_time`` and ``optimizer_time`` (optional,
 default 0) are a number or one per physical stage.
+
+``--json`` prints one JSON object with the iteration's figures (``iteration_time``, ``bubble_fraction``,
+``stage_busy``, imbalances, ``microbatch_latency``); ``--ops`` adds ``ops``, one record per trace row
+(F, B, P2P, ALLREDUCE, OPTIM), streamed out in chunks (a 65,536-action iteration has ~120,000).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--virtual-stages", type=int, default=None, metavar="N",
                    help="model chunks per stage for --schedule interleaved (default 2); rows = pp x N")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--ops", action="store_true",
+                   help="with --json: add one record per action (F, B, P2P, ALLREDUCE, OPTIM)")
 
 
 def _matrix(value: Any, where: str) -> list[list[float]]:
@@ -41,6 +47,13 @@ def _matrix(value: Any, where: str) -> list[list[float]]:
     width = len(value[0])
     if width == 0:
         raise ConfigError(f"{where}[0]: needs at least one micro-batch")
+    # fast path: exact numbers in equal rows (bool is an int subclass, hence the type() test)
+    if all(len(row) == width and all(type(x) is float or type(x) is int for x in row) for row in value):
+        import numpy as np
+
+        arr = np.array(value, dtype=float)
+        if np.isfinite(arr).all() and (arr >= 0).all():
+            return arr  # type: ignore[return-value]
     for s, row in enumerate(value):
         if len(row) != width:
             raise ConfigError(f"{where}: ragged rows: row 0 has {width} micro-batches, "
@@ -128,22 +141,35 @@ def run(args: argparse.Namespace) -> int:
         v = 2 if args.schedule == "interleaved" else 1
     if v < 1:
         raise ConfigError(f"--virtual-stages: must be >= 1, got {v}")
+    if args.ops and not args.json:
+        raise ConfigError("--ops: only with --json (the table prints per-device figures)")
     res = simulate(load_durations(args.file, args.schedule, v))
-    tr = res.trace
     if args.json:
-        ops = [{"replica": int(r), "stage": int(s), "microbatch": int(j), "op": op,
-                "start": float(a), "end": float(b)}
-               for r, s, j, op, a, b in zip(tr["dp_rank"], tr["stage"], tr["microbatch"], tr["op"],
-                                            tr["start_s"], tr["end_s"])]
         out = {"schedule": args.schedule, "virtual_stages": v, "iteration_time": res.iteration_time,
                "bubble_fraction": res.bubble_fraction, "stage_busy": res.stage_busy.tolist(),
                "imbalance": res.imbalance, "stage_imbalance": res.stage_imbalance,
-               "microbatch_latency": res.microbatch_latency.tolist(), "ops": ops}
-        json.dump(out, sys.stdout)
-        sys.stdout.write("\n")
+               "microbatch_latency": res.microbatch_latency.tolist()}
+        text = json.dumps(out)
+        if not args.ops:
+            sys.stdout.write(text + "\n")
+            return 0
+        sys.stdout.write(text[:-1] + ', "ops": [')
+        _stream_ops(res.trace, sys.stdout)
+        sys.stdout.write("]}\n")
         return 0
     _print_table(args.schedule, v, res)
     return 0
+
+
+def _stream_ops(tr, out, chunk: int = 20_000) -> None:
+    """Write the trace rows as JSON records, ``chunk`` rows per write (floats as ``repr``, which is
+    what ``json.dumps`` writes; the trace holds only finite numbers)."""
+    cols = [tr[c].tolist() for c in ("dp_rank", "stage", "microbatch", "op", "start_s", "end_s")]
+    rows = list(zip(*cols))
+    for lo in range(0, len(rows), chunk):
+        part = ",".join(f'{{"replica": {r}, "stage": {s}, "microbatch": {j}, "op": "{op}", '
+                        f'"start": {a!r}, "end": {b!r}}}' for r, s, j, op, a, b in rows[lo:lo + chunk])
+        out.write(part if lo == 0 else "," + part)
 
 
 def _print_table(schedule: str, v: int, res) -> None:

@@ -15,9 +15,10 @@ import numpy as np
 from sparsebalance.data.sequence import Sequence
 from sparsebalance.policies.base import PolicyContext
 from sparsebalance.policies.config import PolicyConfig
-from sparsebalance.policies.critical import evaluator_for
+from sparsebalance.policies.critical import graph_for
 from sparsebalance.policies.sab import SparsityAware
 from sparsebalance.simulator.plan import MicroBatch, Plan
+from sparsebalance.simulator.timing import replica_finish
 
 
 class ScheduleAwareOrder(SparsityAware):
@@ -120,9 +121,9 @@ class ScheduleAwareOrder(SparsityAware):
         def score(orders: list[list[int]]) -> np.ndarray:
             nonlocal used
             idx = np.array(orders, dtype=np.int64)  # [C, k]
-            ev = evaluator_for(cluster, idx.shape[1])
+            g = graph_for(cluster, idx.shape[1])
             pp2p = np.broadcast_to(p2p[idx][:, None, :], (len(orders), max(nv - 1, 0), idx.shape[1]))
-            fin = ev.replica_finish(fwd[:, idx].transpose(1, 0, 2), bwd[:, idx].transpose(1, 0, 2), pp2p)
+            fin = replica_finish(g, fwd[:, idx].transpose(1, 0, 2), bwd[:, idx].transpose(1, 0, 2), pp2p)
             used += len(orders)
             return (fin + tail[None, :]).max(axis=1)
 

@@ -3,7 +3,7 @@
 DST (:mod:`.tuning`) balances every micro-batch toward an anchor latency. What sets the pace of a
 PP x DP iteration is the critical path of the schedule: the slowest replica's 1F1B/GPipe makespan,
 then the all-reduce that waits for it. ``dst-cp`` predicts that iteration time exactly (the
-engine's dependency model as a max-plus recurrence, :class:`PipelineEvaluator`) and:
+simulator's timing core, :mod:`sparsebalance.simulator.timing`, on the schedule's graph) and:
 
 (a) **lowers** budgets greedily, starting from ``k0`` everywhere: in every round each micro-batch
     of a *critical* replica (one whose finish sets the iteration time) is tried at
@@ -40,7 +40,7 @@ from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.policies.tuning import DynamicSparsity
 from sparsebalance.simulator.plan import Budgets, Plan
 from sparsebalance.simulator.graph import ActionGraph, schedule_graph
-from sparsebalance.simulator.timing import replica_finish
+from sparsebalance.simulator.timing import pack_durations, pack_lags, replica_finish, time_graph, time_to_sink
 
 
 def graph_for(cluster, m: int) -> ActionGraph:
@@ -64,11 +64,17 @@ class CriticalPathDST:
         """Forward and backward seconds of every virtual stage at k = k_lo..k_hi: two arrays
         [k_hi - k_lo + 1, V]. A stage's time is affine in its attention: n_layers(vs) x sum over
         sequences of ``attention(L, k)`` + a budget-free part, taken from one ``stage_time`` call."""
-        ks = range(k_lo, k_hi + 1)
+        ks = np.arange(k_lo, k_hi + 1)
         n_layers = np.array([len(lm.stage_layers(vs % pp, vs // pp)) for vs in range(nv)], float)
+        many = getattr(lm, "attention_many", None)
         out = []
         for bw in (False, True):
-            a = np.array([sum(lm.attention(L, k, backward=bw) for L in lengths) for k in ks])
+            if many is None:
+                a = np.array([sum(lm.attention(L, k, backward=bw) for L in lengths) for k in ks.tolist()])
+            else:  # the same left-to-right sum over sequences as the scalar line above, per k
+                a = np.zeros(len(ks))
+                for L in lengths:
+                    a = a + many(np.full(len(ks), L), ks, backward=bw)
             base = np.array([lm.stage_time(lengths, k_lo, vs % pp, backward=bw, chunk=vs // pp)
                              for vs in range(nv)]) - n_layers * a[0]
             out.append(base[None, :] + a[:, None] * n_layers[None, :])
@@ -152,6 +158,18 @@ class CriticalPathDST:
             T = float(R.max())
         T_a = T
         bound = max(T_a, min(T_a * (1.0 + cfg.cp_raise_tol), T_fixed)) * (1 + 1e-12)
+        # Screening (exact): the longest path through an action x, start(x) + its duration + its
+        # time to the end, is a lower bound on the iteration time; with x's duration at budget k
+        # instead, still a lower bound. Budgets only rise in (b), so times computed once here stay
+        # lower bounds throughout. A micro-batch none of whose larger budgets passes this bound
+        # would be rejected by the exact evaluation below too; it is skipped without one.
+        lag_all = pack_lags(g, p2p, dp)
+        dur_all = pack_durations(g, {"F": F, "B": B})
+        st, _ = time_graph(g, dur_all, lag_all)
+        through = st + time_to_sink(g, dur_all, lag_all, tail)  # [n, dp], minus own duration
+        f_nodes = np.arange(nv)[:, None] * m + np.arange(m)[None, :]  # [V, m] node ids of F
+        b_nodes = f_nodes + nv * m
+        limit = bound * (1 + 1e-9)  # a margin for the rounding of the bound's sums
         for _ in range(2):  # (b) spend bubbles on coverage
             changed = False
             order = sorted(range(dp * m), key=lambda i: (covs[i][K[i // m, i % m] - 1], i))
@@ -159,6 +177,10 @@ class CriticalPathDST:
                 r, j = divmod(i, m)
                 ks = np.arange(K[r, j] + 1, hi[i] + 1)
                 if ks.size == 0:
+                    continue
+                lb = np.maximum((through[f_nodes[:, j], r][None, :] + tabs[i][0][ks - lo[i]]).max(axis=1),
+                                (through[b_nodes[:, j], r][None, :] + tabs[i][1][ks - lo[i]]).max(axis=1))
+                if (lb > limit).all():
                     continue
                 Fc = np.repeat(F[r:r + 1], ks.size, axis=0)
                 Bc = np.repeat(B[r:r + 1], ks.size, axis=0)

@@ -26,7 +26,7 @@ class ScheduleAwareOrder(SparsityAware):
 
     **Objective** (per DP rank r, seconds): ``max_s(finish[r, s] + allreduce[s] + optimizer[s])``,
     the time that rank's slowest stage leaves for the iteration's end, predicted by
-    :class:`~sparsebalance.policies.critical.PipelineEvaluator` (the SimPy engine's recurrence).
+    :func:`sparsebalance.simulator.timing.replica_finish` (the simulator's timing core).
     Ranks are independent (the iteration time is the max over ranks), so each is ordered alone.
     **Stage times** of a micro-batch are predicted at the budgets DST is likely to pick: every
     sequence at its length bucket's EMA budget ``k_est`` (SAB's estimate; fractional ``k_est``

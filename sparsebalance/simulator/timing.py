@@ -24,6 +24,8 @@ Arithmetic is the same as the former closed-form evaluator of ``policies/critica
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from sparsebalance.simulator.graph import ActionGraph
@@ -83,3 +85,44 @@ def replica_finish(graph: ActionGraph, fwd: np.ndarray, bwd: np.ndarray, p2p) ->
     fwd = np.asarray(fwd, dtype=float)
     dur = pack_durations(graph, {"F": fwd, "B": bwd})
     return stage_finish(graph, dur, pack_lags(graph, p2p, fwd.shape[0])).T
+
+
+@functools.lru_cache(maxsize=64)
+def _reverse_steps(graph: ActionGraph) -> tuple[tuple[np.ndarray, ...], ...]:
+    """Per level, last level first: (nodes, device successors, data successors [k, D'], their lag
+    ids [k, D']) - the successor view of the graph for :func:`time_to_sink`."""
+    n = graph.n
+    nxt = np.full(n + 1, n, dtype=np.int64)
+    nxt[graph.prev[graph.prev < n]] = np.flatnonzero(graph.prev < n)
+    recv, col = np.nonzero(graph.deps < n)
+    send = graph.deps[recv, col]
+    o = np.argsort(send, kind="stable")
+    send, recv, lag = send[o], recv[o], graph.lags[recv[o], col[o]]
+    counts = np.bincount(send, minlength=n)
+    width = max(1, int(counts.max()) if counts.size else 1)
+    succ = np.full((n, width), n, dtype=np.int64)
+    succ_lag = np.full((n, width), graph.zero_lag, dtype=np.int64)
+    slot = np.arange(len(send)) - np.repeat(np.cumsum(counts) - counts, counts)
+    succ[send, slot], succ_lag[send, slot] = recv, lag
+    return tuple((idx, nxt[idx], succ[idx], succ_lag[idx]) for idx in reversed(graph.levels))
+
+
+def time_to_sink(graph: ActionGraph, duration: np.ndarray, lag: np.ndarray | None, sink: np.ndarray) -> np.ndarray:
+    """[n, C] longest time from each node's end to the iteration's end: over its successors
+    (device next and data successors, plus their lags and durations), and ``sink[s]`` after the
+    last action of device ``s`` (all-reduce + optimizer). ``start + duration + this`` is the
+    length of the longest path through a node (= the iteration time on a critical node)."""
+    n = graph.n
+    c = duration.shape[1]
+    if lag is None:
+        lag = np.zeros((graph.zero_lag + 1, c))
+    out = np.full((n + 1, c), -np.inf)
+    out[graph.last] = np.broadcast_to(np.asarray(sink, dtype=float)[:, None], (graph.pp, c))
+    through = np.full((n + 1, c), -np.inf)  # duration + time to sink, from a node's start
+    for idx, nxt, succ, slag in _reverse_steps(graph):
+        t = np.maximum(out[idx], through[nxt])
+        for q in range(succ.shape[1]):
+            np.maximum(t, lag[slag[:, q]] + through[succ[:, q]], out=t)
+        out[idx] = t
+        through[idx] = t + duration[idx]
+    return out[:n]

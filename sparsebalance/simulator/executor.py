@@ -2,7 +2,10 @@
 
 Durations come from the latency model (docs/architecture.md): ``stage_time`` per (virtual stage,
 micro-batch) forward and backward, ``p2p_time`` of the micro-batch's tokens for every stage boundary,
-``allreduce_time`` and ``optimizer_time`` per physical stage. Imports no torch.
+``allreduce_time`` and ``optimizer_time`` per physical stage. Every iteration also reports the peak
+memory per device (``sparsebalance.simulator.memory``): ``extra`` holds ``peak_memory_gb`` (the
+largest device), ``peak_memory_gb_s<stage>`` (largest over DP ranks) and ``memory_exceeded`` (devices
+over ``cluster.device_memory``). Imports no torch.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
 from sparsebalance.simulator.engine import PipelineInput, PipelineResult, simulate
 from sparsebalance.simulator.iteration import IterationResult
+from sparsebalance.simulator.memory import GB, MemoryReport, check_fits, memory_report
 from sparsebalance.simulator.plan import Budgets, Plan
 
 _CACHE_LIMIT = 200_000
@@ -31,6 +35,9 @@ class SimulatorExecutor:
         self.cluster = cluster
         self.last: PipelineResult | None = None
         """The engine's full result of the last ``execute`` (start/end arrays, per-device busy)."""
+        self.last_memory: MemoryReport | None = None
+        """Peak memory per device of the last ``execute`` (sparsebalance.simulator.memory)."""
+        check_fits(model, cluster)
         # (vstage, backward, lengths, budget) -> seconds; sequences recur across epochs and policies
         self._stage_cache: dict[tuple, float] = {}
         self._fixed = (
@@ -81,13 +88,19 @@ class SimulatorExecutor:
                              iteration=iteration)
 
     def execute(self, iteration: int, plan: Plan, budgets: Budgets) -> IterationResult:
-        res = simulate(self.build_input(iteration, plan, budgets))
+        inp = self.build_input(iteration, plan, budgets)
+        res = simulate(inp)
         self.last = res
+        mem = self.last_memory = memory_report(self.model, self.cluster, res.graph, inp.tokens)
+        peak = mem.peak
+        memory = {"peak_memory_gb": float(peak.max()) / GB, "memory_exceeded": float(mem.exceeded)}
+        memory |= {f"peak_memory_gb_s{s}": float(v) / GB for s, v in enumerate(peak.max(axis=0))}
         return IterationResult(
             iteration_time_s=res.iteration_time,
             trace=res.trace,
             microbatch_latency_s=res.microbatch_latency.tolist(),
             stage_busy_s=res.stage_busy.tolist(),
             bubble_fraction=res.bubble_fraction,
-            extra={"stage_imbalance": res.stage_imbalance, "replica_imbalance": res.replica_imbalance},
+            extra={"stage_imbalance": res.stage_imbalance, "replica_imbalance": res.replica_imbalance,
+                   **memory},
         )

@@ -121,3 +121,24 @@ def test_bad_orders():
     with pytest.raises(ConfigError, match="method"):
         simulate(PipelineInput(schedule="gpipe", pp=1, forward=np.ones((1, 1, 1)),
                                backward=np.ones((1, 1, 1))), method="fast")
+
+
+@pytest.mark.parametrize("schedule,pp,m,v", [("1f1b", 4, 40, 1), ("gpipe", 3, 25, 1), ("interleaved", 2, 24, 2)])
+def test_plain_loops_equal_numpy_levels_bitwise(schedule, pp, m, v, monkeypatch):
+    import sparsebalance.simulator.timing as timing
+
+    g = schedule_graph(schedule, pp, m, v)
+    rng = np.random.default_rng(pp * m)
+    d = rng.uniform(0.1, 2, (g.n, 2))
+    lag = np.vstack([rng.uniform(0, .3, (g.zero_lag, 2)), np.zeros((1, 2))])
+    sink = rng.uniform(0, 1, pp)
+    assert timing._narrow(g, 2)
+    loops = timing.time_graph(g, d, lag), timing.time_to_sink(g, d, lag, sink)
+    monkeypatch.setattr(timing, "_narrow", lambda graph, columns: False)
+    levels = timing.time_graph(g, d, lag), timing.time_to_sink(g, d, lag, sink)
+    for a, b in zip(loops[0] + (loops[1],), levels[0] + (levels[1],)):
+        assert np.array_equal(a, b)
+    # the longest path through every action is at most the iteration time, and equal on some
+    through = levels[0][1] + levels[1]
+    T = (levels[0][1][g.last] + sink[:, None]).max(axis=0)
+    assert np.allclose(through.max(axis=0), T, rtol=1e-12) and (through <= T * (1 + 1e-12)).all()

@@ -1,0 +1,230 @@
+"""Exact iteration time when one micro-batch's stage times change, without re-timing the schedule.
+
+The policies ask many questions of the form "what would replica r's finish be if micro-batch j ran
+at budget k": ``dst-cp`` asks it for every micro-batch of the critical replicas in every round and
+for every larger budget of every micro-batch when spending bubbles. Re-timing the whole schedule
+per question costs O(actions); this module answers each in O(window) after one O(actions) pass.
+
+**Why it is exact.** Let ``a = F(0, j)`` and ``z = B(0, j)``: every action of micro-batch j (the set
+S) is a descendant of ``a`` and an ancestor of ``z`` (the F chain up the stages, then the B chain
+down). The *window* ``W = desc(a) ∩ anc(z)`` holds every path between actions of S; it is convex
+(a path leaving it never returns). Every other node is in ``A = anc(z) \\ W`` (before, its longest
+path from the start cannot cross W), ``D = desc(a) \\ W`` (after, its longest path to the end cannot
+cross W) or ``N`` (neither). So with new durations on S:
+
+* paths that avoid W keep their lengths: the longest is the max of ``end + to_sink`` over N, of
+  ``end(x) + lag + duration(y) + to_sink(y)`` over edges from A to D, of A's sink edges and D's
+  source edges, all read off the current times;
+* paths that touch W enter and leave it once: re-time only W (its outside predecessors keep their
+  end times), then add the best exit (an edge to D, or the sink).
+
+The finish is the larger of the two. Sizes: the window of 1F1B is about pp^2 + 2 pp actions (20 at
+PP 4 whatever m), so a question costs a few numpy operations per window position across all
+questions at once. Values equal a full re-timing up to the rounding of a differently associated
+sum (a few ulps); only F/B schedules (one backward kind) are handled.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from sparsebalance.simulator.graph import ActionGraph
+from sparsebalance.simulator.timing import retime_column, time_graph, time_to_sink
+
+
+def _bits(x: int, n: int) -> np.ndarray:
+    """Python-int bitset -> bool array [n] (bit i = node i)."""
+    raw = np.frombuffer(x.to_bytes((n + 7) // 8, "little"), dtype=np.uint8)
+    return np.unpackbits(raw, bitorder="little")[:n].astype(bool)
+
+
+def _pad(rows: list[np.ndarray], fill: int) -> np.ndarray:
+    width = max(1, max(len(r) for r in rows))
+    out = np.full((len(rows), width), fill, dtype=np.int64)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+class Windows:
+    """Per micro-batch index arrays of the decomposition (see the module docstring), padded to the
+    largest window; built once per graph (:func:`windows_for`)."""
+
+    def __init__(self, graph: ActionGraph) -> None:
+        if graph.kinds != ("F", "B"):
+            raise ValueError("windows: only F/B schedules")
+        g, n, m, nv = graph, graph.n, graph.m, graph.nv
+        self.graph = g
+        order = np.concatenate(g.levels)
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = np.arange(n)
+        src = np.concatenate([g.prev[g.prev < n], g.deps[g.deps < n]])
+        dst = np.concatenate([np.flatnonzero(g.prev < n), np.nonzero(g.deps < n)[0]])
+        elag = np.concatenate([np.full(int((g.prev < n).sum()), g.zero_lag), g.lags[g.deps < n]])
+        succ: list[list[int]] = [[] for _ in range(n)]
+        pred: list[list[int]] = [[] for _ in range(n)]
+        succ_lag: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+        for x, y, lg in zip(src.tolist(), dst.tolist(), elag.tolist()):
+            succ[x].append(y)
+            pred[y].append(x)
+            succ_lag[x].append((y, lg))
+        desc, anc = [0] * n, [0] * n
+        for x in reversed(order.tolist()):
+            b = 1 << x
+            for y in succ[x]:
+                b |= desc[y]
+            desc[x] = b
+        for x in order.tolist():
+            b = 1 << x
+            for p in pred[x]:
+                b |= anc[p]
+            anc[x] = b
+        dev_pos = np.empty(n, dtype=np.int64)
+        for o in g.orders:
+            dev_pos[o] = np.arange(len(o))
+        sink_stage = np.full(n, -1, dtype=np.int64)
+        sink_stage[g.last] = np.arange(g.pp)
+        source = (g.prev == n) | (g.deps == n).any(axis=1)
+        win, nset, cx, cy, cl, asink, dsrc = [], [], [], [], [], [], []
+        for j in range(m):
+            da, az = _bits(desc[j], n), _bits(anc[nv * m + j], n)
+            w = np.flatnonzero(da & az)
+            win.append(w[np.argsort(rank[w])])
+            nset.append(np.flatnonzero(~(da | az)))
+            a_only, d_only = az & ~da, da & ~az
+            cross = a_only[src] & d_only[dst]
+            cx.append(src[cross])
+            cy.append(dst[cross])
+            cl.append(elag[cross])
+            asink.append(np.flatnonzero(a_only & (sink_stage >= 0)))
+            # of D's source nodes on one device the first reaches the others (the device runs them
+            # in order), so its path from the start is the longest: keep one per device
+            ds = np.flatnonzero(d_only & source)
+            ds = ds[np.lexsort((dev_pos[ds], g.device[ds]))]
+            keep = np.ones(len(ds), dtype=bool)
+            keep[1:] = g.device[ds][1:] != g.device[ds][:-1]
+            dsrc.append(ds[keep])
+        self.win = _pad(win, n)  # [m, Wmax] node ids in topological order (n = padding)
+        self.nset, self.asink, self.dsrc = _pad(nset, n), _pad(asink, n), _pad(dsrc, n)
+        self.cx, self.cy, self.cl = _pad(cx, n), _pad(cy, n), _pad(cl, g.zero_lag)
+        self.sink_stage = np.append(sink_stage, -1)
+        wmax = self.win.shape[1]
+        # predecessors of each window position: local position in the window, or a global node
+        prev_all = np.append(g.prev, n)
+        dep_all = np.append(g.deps[:, 0], n)
+        lag_all = np.append(g.lags[:, 0], g.zero_lag)
+        self.pred_global = np.stack([prev_all[self.win], dep_all[self.win]], axis=2)  # [m, W, 2]
+        self.pred_lag = np.stack([np.full(self.win.shape, g.zero_lag), lag_all[self.win]], axis=2)
+        self.pred_local = np.full(self.pred_global.shape, -1, dtype=np.int64)
+        for j in range(m):
+            where = {int(x): p for p, x in enumerate(self.win[j]) if x < n}
+            for p in range(wmax):
+                for q in range(2):
+                    self.pred_local[j, p, q] = where.get(int(self.pred_global[j, p, q]), -1)
+        # outside successors of each window position (edges into D) for the exit value
+        outs = []
+        for j in range(m):
+            inside = set(self.win[j][self.win[j] < n].tolist())
+            outs.append([[(y, lg) for y, lg in succ_lag[x] if y not in inside] if x < n else []
+                         for x in self.win[j].tolist()])
+        width = max(1, max(len(o) for row in outs for o in row))
+        self.exit_node = np.full((m, wmax, width), n, dtype=np.int64)
+        self.exit_lag = np.full((m, wmax, width), g.zero_lag, dtype=np.int64)
+        for j, row in enumerate(outs):
+            for p, o in enumerate(row):
+                for e, (y, lg) in enumerate(o):
+                    self.exit_node[j, p, e], self.exit_lag[j, p, e] = y, lg
+        # which window positions are micro-batch j's own actions: index into [F(0..V-1), B(0..V-1)]
+        kind, rest = np.divmod(self.win, nv * m)
+        vs, mb = np.divmod(rest, m)
+        own = (self.win < n) & (mb == np.arange(m)[:, None])
+        self.own = np.where(own, kind * nv + vs, -1)
+
+
+@functools.lru_cache(maxsize=16)
+def windows_for(graph: ActionGraph) -> Windows:
+    """The (cached) windows of ``graph``."""
+    return Windows(graph)
+
+
+class ReplicaTimes:
+    """The current times of replicas under one graph, and exact answers to "finish of replica r
+    if micro-batch j had these stage times" (:meth:`finish_if`). ``duration`` [n, R] (node order),
+    ``lag`` [(V-1) m + 1, R], ``sink`` [pp] seconds after each stage's last action."""
+
+    def __init__(self, graph: ActionGraph, duration: np.ndarray, lag: np.ndarray, sink: np.ndarray) -> None:
+        self.graph, self.win = graph, windows_for(graph)
+        self.duration, self.lag = np.array(duration, dtype=float), np.asarray(lag, dtype=float)
+        self.sink = np.asarray(sink, dtype=float)
+        n, r = self.duration.shape
+        self.end = np.zeros((n + 1, r))
+        self.to_sink = np.full((n + 1, r), -np.inf)
+        self.refresh(range(r))
+
+    def refresh(self, replicas) -> None:
+        """Re-time ``replicas`` after their durations changed (one O(actions) pass each way)."""
+        cols = list(replicas)
+        if not cols:
+            return
+        d, lg = self.duration[:, cols], self.lag[:, cols]
+        _, end = time_graph(self.graph, d, lg, starts=False)
+        self.end[:-1, cols] = end
+        self.to_sink[:-1, cols] = time_to_sink(self.graph, d, lg, self.sink)
+
+    def update(self, replica: int, microbatch: int) -> None:
+        """Re-time ``replica`` after only ``microbatch``'s durations changed (its window and what
+        follows it forward, what precedes it backward)."""
+        g, m = self.graph, self.graph.m
+        retime_column(g, self.duration[:, replica], self.lag[:, replica], self.sink,
+                      self.end[:, replica], self.to_sink[:, replica], microbatch, g.nv * m + microbatch)
+
+    def finish(self) -> np.ndarray:
+        """[R] each replica's finish (last action's end + its stage's sink time, max over stages)."""
+        g = self.graph
+        return (self.end[g.last] + self.sink[:, None]).max(axis=0)
+
+    def finish_if(self, r: np.ndarray, j: np.ndarray, new: np.ndarray) -> np.ndarray:
+        """[C] finish of replica ``r[c]`` if micro-batch ``j[c]`` took durations ``new[c]``
+        ([C, 2V]: F of vstages 0..V-1, then B). Exact (module docstring)."""
+        w, n = self.win, self.graph.n
+        r, j = np.asarray(r, dtype=np.int64), np.asarray(j, dtype=np.int64)
+        c = len(r)
+        end, tos, lag, dur = self.end, self.to_sink, self.lag, self.duration
+        dur_ext = np.vstack([dur, np.zeros((1, dur.shape[1]))])
+        thr = tos + dur_ext  # duration + time to the end, from a node's start
+        best = np.full(c, -np.inf)
+        rc = r[:, None]
+        for idx in (w.nset[j],):  # paths through N
+            best = np.maximum(best, (end[idx, rc] + tos[idx, rc]).max(axis=1))
+        cx, cy, cl = w.cx[j], w.cy[j], w.cl[j]
+        best = np.maximum(best, (end[cx, rc] + lag[cl, rc] + thr[cy, rc]).max(axis=1))
+        a = w.asink[j]
+        stage = w.sink_stage[a]
+        best = np.maximum(best, np.where(stage >= 0, end[a, rc] + self.sink[stage], -np.inf).max(axis=1))
+        best = np.maximum(best, thr[w.dsrc[j], rc].max(axis=1))
+        win, own = w.win[j], w.own[j]  # [C, W]
+        pg, pl, plag = w.pred_global[j], w.pred_local[j], w.pred_lag[j]
+        r3 = r[:, None, None]
+        exit_v = np.where(w.sink_stage[win] >= 0, self.sink[w.sink_stage[win]], -np.inf)
+        exit_v = np.maximum(exit_v, (lag[w.exit_lag[j], r3] + thr[w.exit_node[j], r3]).max(axis=2))
+        lag_in = lag[plag, r3]  # [C, W, 2] lag of each predecessor edge
+        outside = end[pg, r3] + lag_in  # predecessors outside the window: their times stand
+        is_local = pl >= 0
+        any_local = is_local.any(axis=0)  # [W, 2]
+        dur_new = np.where(own >= 0, np.take_along_axis(new, np.maximum(own, 0), axis=1),
+                           dur_ext[win, r[:, None]])
+        local = np.zeros((c, win.shape[1]))
+        rows = np.arange(c)
+        for p in range(win.shape[1]):
+            t = None
+            for q in range(2):
+                v = outside[:, p, q]
+                if any_local[p, q]:
+                    li = pl[:, p, q]
+                    v = np.where(is_local[:, p, q], local[rows, np.maximum(li, 0)] + lag_in[:, p, q], v)
+                t = v if t is None else np.maximum(t, v)
+            local[:, p] = t + dur_new[:, p]
+        through = np.where(win < n, local + exit_v, -np.inf).max(axis=1)
+        return np.maximum(best, through)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -42,13 +41,15 @@ PS = (0.1, 0.2, 0.3)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="base run config (TOML) instead of the built-in Table I setting")
-    p.add_argument("--iterations", type=int, default=20, help="iterations per seed (default 20)")
+    from sparsebalance.commands._args import add_config, add_out, add_output_flags, positive_int
+
+    add_config(p, required=False, help="base run config (TOML) instead of the built-in Table I setting")
+    p.add_argument("--iterations", type=positive_int, default=20, help="iterations per seed (default 20)")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated data seeds (default 0,1,2)")
     p.add_argument("--anchors", action="store_true", help="run the anchor x p study instead")
     p.add_argument("--json", action="store_true", help="print the table as JSON (stdout) only")
-    p.add_argument("--out", default="results/ablation", help="output directory")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_out(p, "results/ablation")
+    add_output_flags(p)
 
 
 def _configs(args, policy: dict[str, Any], seeds: list[int]):
@@ -91,6 +92,7 @@ def run(args) -> int:
     from tqdm import tqdm
 
     from sparsebalance.analysis import ablation as A
+    from sparsebalance.commands._args import progress_enabled, resolve_out
     from sparsebalance.errors import ConfigError
     from sparsebalance.runconfig import dump_toml
 
@@ -100,8 +102,6 @@ def run(args) -> int:
         raise ConfigError(f"--seeds: expected comma-separated integers, got {args.seeds!r}") from None
     if not seeds:
         raise ConfigError("--seeds: give at least one seed")
-    if args.iterations < 1:
-        raise ConfigError(f"--iterations: must be >= 1, got {args.iterations}")
     if args.anchors:
         jobs = [("baseline", {"batching": "sequential", "tuning": "fixed"})]
         jobs += [(f"{a.upper()}{p}", {"batching": "sab", "tuning": "dst", "anchor": a, "p": p})
@@ -111,11 +111,10 @@ def run(args) -> int:
         jobs = [(name, {"batching": b, "tuning": t}) for name, (b, t) in A.ROW_POLICIES.items()]
         jobs += [(name, {"batching": b, "tuning": t}) for name, (b, t) in A.BEYOND_POLICIES.items()]
     cfgs = {name: _configs(args, pol, seeds) for name, pol in jobs}  # validates before running
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = resolve_out(args.out, "results/ablation", force=args.force, verb="ablation")
     (out / "config.toml").write_text(dump_toml(cfgs["baseline"][0]))
     rows = []
-    for name, _ in tqdm(jobs, desc="ablation", disable=args.no_progress or args.json, file=sys.stderr):
+    for name, _ in tqdm(jobs, desc="ablation", disable=args.json or not progress_enabled(args), file=sys.stderr):
         rows.append({"config": name, **_measure(cfgs[name])})
     df = pd.DataFrame(rows)
     df["speedup"] = df.loc[df.config == "baseline", "iteration_time_s"].iloc[0] / df["iteration_time_s"]

@@ -1,6 +1,7 @@
-"""``sparsebalance pipeline FILE --schedule {gpipe,1f1b,interleaved} [--json] [--virtual-stages N]``.
+"""``sparsebalance pipeline --config FILE --schedule {gpipe,1f1b,interleaved} [--json] [--out DIR]``.
 
-Replays explicit durations through a schedule. FILE is JSON, seconds throughout::
+Replays explicit durations through a schedule (``--virtual-stages N`` for interleaved). FILE (the
+durations JSON, docs/formats.md) holds seconds throughout::
 
     {"forward": [[f00, f01, ...], ...], "backward": [[...], ...],
      "p2p_latency": 0.0, "allreduce_time": 0.0, "optimizer_time": 0.0}
@@ -9,7 +10,8 @@ Replays explicit durations through a schedule. FILE is JSON, seconds throughout:
 pp x N rows, row ``c * pp + s`` being chunk c of physical stage s. For data parallelism:
 ``{"replicas": [{"forward": ..., "backward": ...}, ...], "p2p_latency": ..., "allreduce_time": ...}``.
 ``p2p_latency`` is the seconds of one transfer; ``allreduce_time`` and ``optimizer_time`` (optional,
-default 0) are a number or one per physical stage.
+default 0) are a number or one per physical stage. ``--out DIR`` also writes ``result.json`` (the
+``--json`` object), ``trace.csv`` and ``trace.json`` (Chrome/Perfetto) there.
 """
 
 from __future__ import annotations
@@ -21,18 +23,27 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sparsebalance.commands._args import (
+    add_config,
+    add_out,
+    positive_int,
+    resolve_out,
+    take_positional_config,
+)
 from sparsebalance.errors import ConfigError
 
 _TOP_KEYS = {"forward", "backward", "replicas", "p2p_latency", "allreduce_time", "optimizer_time"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", metavar="FILE", help="durations JSON (see `sparsebalance pipeline --help`)")
+    add_config(p, help="durations JSON: seconds per stage and micro-batch (format: docs/formats.md)",
+               positional=True)
     p.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "interleaved"),
                    help="pipeline schedule (default 1f1b)")
-    p.add_argument("--virtual-stages", type=int, default=None, metavar="N",
+    p.add_argument("--virtual-stages", type=positive_int, default=None, metavar="N",
                    help="model chunks per stage for --schedule interleaved (default 2); rows = pp x N")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    add_out(p, "none: print only")
 
 
 def _matrix(value: Any, where: str) -> list[list[float]]:
@@ -74,13 +85,13 @@ def load_durations(path: str | Path, schedule: str, virtual_stages: int):
 
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"FILE: no such file {str(path)!r}")
+        raise ConfigError(f"--config: no such file {str(path)!r}")
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"FILE: {path} is not JSON: {e}") from None
+        raise ConfigError(f"--config: {path} is not JSON: {e}") from None
     if not isinstance(data, dict):
-        raise ConfigError("FILE: expected a JSON object with keys forward, backward (or replicas)")
+        raise ConfigError("--config: expected a JSON object with keys forward, backward (or replicas)")
     unknown = sorted(set(data) - _TOP_KEYS)
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown key; allowed keys are {', '.join(sorted(_TOP_KEYS))}")
@@ -123,27 +134,40 @@ def load_durations(path: str | Path, schedule: str, virtual_stages: int):
 def run(args: argparse.Namespace) -> int:
     from sparsebalance.simulator.engine import simulate
 
+    take_positional_config(args)
     v = args.virtual_stages
     if v is None:
         v = 2 if args.schedule == "interleaved" else 1
-    if v < 1:
-        raise ConfigError(f"--virtual-stages: must be >= 1, got {v}")
-    res = simulate(load_durations(args.file, args.schedule, v))
+    inp = load_durations(args.config, args.schedule, v)
+    out = resolve_out(args.out, "", force=args.force, verb="pipeline") if args.out else None
+    res = simulate(inp)
     tr = res.trace
-    if args.json:
+    if args.json or out:
         ops = [{"replica": int(r), "stage": int(s), "microbatch": int(j), "op": op,
                 "start": float(a), "end": float(b)}
                for r, s, j, op, a, b in zip(tr["dp_rank"], tr["stage"], tr["microbatch"], tr["op"],
                                             tr["start_s"], tr["end_s"])]
-        out = {"schedule": args.schedule, "virtual_stages": v, "iteration_time": res.iteration_time,
+        doc = {"schedule": args.schedule, "virtual_stages": v, "iteration_time": res.iteration_time,
                "bubble_fraction": res.bubble_fraction, "stage_busy": res.stage_busy.tolist(),
                "imbalance": res.imbalance, "stage_imbalance": res.stage_imbalance,
                "microbatch_latency": res.microbatch_latency.tolist(), "ops": ops}
-        json.dump(out, sys.stdout)
-        sys.stdout.write("\n")
-        return 0
+        if out:
+            _write(out, doc, tr)
+        if args.json:
+            json.dump(doc, sys.stdout)
+            sys.stdout.write("\n")
+            return 0
     _print_table(args.schedule, v, res)
     return 0
+
+
+def _write(out: Path, doc: dict, trace) -> None:
+    from sparsebalance.fsutil import atomic_to_csv, atomic_write_json, atomic_write_text
+    from sparsebalance.simulator.trace import TRACE_COLUMNS, to_chrome_trace
+
+    atomic_write_json(out / "result.json", doc)
+    atomic_to_csv(trace[list(TRACE_COLUMNS)], out / "trace.csv")
+    atomic_write_text(out / "trace.json", json.dumps(to_chrome_trace(trace)))
 
 
 def _print_table(schedule: str, v: int, res) -> None:

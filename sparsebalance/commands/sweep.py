@@ -32,26 +32,36 @@ from typing import Any
 
 import pandas as pd
 
+from sparsebalance.commands._args import (
+    add_config,
+    add_out,
+    add_output_flags,
+    positive_int,
+    progress_enabled,
+    resolve_out,
+)
 from sparsebalance.errors import ConfigError
 
 DST_KEYS = ("policy.anchor", "policy.p", "policy.anchor_scope", "policy.per_layer")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="base run config (TOML); default: the built-in defaults")
-    p.add_argument("--grid", help="grid file (TOML, see the module docstring)")
+    add_config(p, required=False,
+               help="base run config (TOML); default: the grid file's `base`, else the built-in "
+                    "defaults (naming a different base than the grid's is an error)")
+    p.add_argument("--grid", metavar="FILE", help="grid file (TOML; docs/formats.md)")
     p.add_argument("--batching", help="comma-separated batching policies")
     p.add_argument("--tuning", help="comma-separated tuning policies")
     p.add_argument("--anchor", help="comma-separated DST anchors (mean, min, max)")
     p.add_argument("--p", help="comma-separated DST thresholds in (0, 1)")
     p.add_argument("--seeds", help="comma-separated seeds")
     p.add_argument("--clusters", help="comma-separated DPxPP shapes, e.g. 2x4,4x2")
-    p.add_argument("--iterations", type=int, help="iterations per run")
+    p.add_argument("--iterations", type=positive_int, help="iterations per run")
     p.add_argument("--baseline", default=None,
                    help="BATCHING+TUNING speedup is measured against (default sequential+fixed)")
-    p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
-    p.add_argument("--out", default="results/sweep", help="output directory (default results/sweep)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--jobs", type=positive_int, default=1, help="worker processes (default 1)")
+    add_out(p, "results/sweep; a sweep directory is resumed, --force starts it afresh")
+    add_output_flags(p)
 
 
 def _split(text: str, conv=str) -> list:
@@ -95,8 +105,13 @@ def load_grid(args) -> tuple[dict[str, list], dict[str, Any], dict[str, Any], st
         baseline = dict(data.get("baseline", baseline))
         if "iterations" in data:
             extra["iterations"] = data["iterations"]
-        if base is None and "base" in data:
-            base = str(path.parent / data["base"])
+        if "base" in data:
+            grid_base = path.parent / str(data["base"])
+            if base is None:
+                base = str(grid_base)
+            elif Path(base).resolve() != grid_base.resolve():
+                raise ConfigError(f"--config: {base} differs from the grid's base {grid_base}; "
+                                  "give the base in one place")
     flag_axes = {"policy.batching": (args.batching, str), "policy.tuning": (args.tuning, str),
                  "policy.anchor": (args.anchor, str), "policy.p": (args.p, float),
                  "seed": (args.seeds, int)}
@@ -105,7 +120,7 @@ def load_grid(args) -> tuple[dict[str, list], dict[str, Any], dict[str, Any], st
             axes[key] = _split(text, conv)
     if args.clusters:
         axes["cluster"] = [_shape(t) for t in _split(args.clusters)]
-    if args.iterations:
+    if args.iterations is not None:
         extra["iterations"] = args.iterations
     if args.baseline:
         try:
@@ -199,7 +214,8 @@ def run(args) -> int:
         cfg = _config(base, r, extra, base_cfg.base_dir)
         from sparsebalance.policies.registry import make_batching, make_tuning
         make_batching(cfg.policy), make_tuning(cfg.policy)
-    out = Path(args.out)
+    out = resolve_out(args.out, "results/sweep", force=args.force, verb="sweep",
+                      reuse=lambda p: (p / "results.csv").is_file())
     (out / "configs").mkdir(parents=True, exist_ok=True)
     table = out / "results.csv"
     done = pd.read_csv(table) if table.is_file() else pd.DataFrame()
@@ -208,7 +224,7 @@ def run(args) -> int:
             if run_id(r) not in done_ids]
     rows = done[done.metric != "speedup"].to_dict("records") if len(done) else []
     print(f"sweep: {len(runs)} runs, {len(runs) - len(jobs)} already in {table}, {len(jobs)} to run")
-    bar = tqdm(total=len(jobs), desc="sweep", disable=args.no_progress)
+    bar = tqdm(total=len(jobs), desc="sweep", disable=not progress_enabled(args))
 
     def save() -> pd.DataFrame:
         df = pd.DataFrame(rows)

@@ -100,8 +100,8 @@ def run(args) -> int:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
         raise ConfigError(f"--seeds: expected comma-separated integers, got {args.seeds!r}") from None
-    if not seeds:
-        raise ConfigError("--seeds: give at least one seed")
+    if not seeds or min(seeds) < 0:
+        raise ConfigError(f"--seeds: give one or more integers >= 0, got {args.seeds!r}")
     if args.anchors:
         jobs = [("baseline", {"batching": "sequential", "tuning": "fixed"})]
         jobs += [(f"{a.upper()}{p}", {"batching": "sab", "tuning": "dst", "anchor": a, "p": p})

@@ -30,7 +30,7 @@ from sparsebalance.commands._args import (
     resolve_out,
     take_positional_config,
 )
-from sparsebalance.errors import ConfigError
+from sparsebalance.errors import ConfigError, check_finite
 
 _TOP_KEYS = {"forward", "backward", "replicas", "p2p_latency", "allreduce_time", "optimizer_time"}
 
@@ -141,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
     inp = load_durations(args.config, args.schedule, v)
     out = resolve_out(args.out, "", force=args.force, verb="pipeline") if args.out else None
     res = simulate(inp)
+    check_finite({"iteration_time": res.iteration_time, "bubble_fraction": res.bubble_fraction,
+                  "imbalance": res.imbalance, "stage_imbalance": res.stage_imbalance}, "result")
     tr = res.trace
     if args.json or out:
         ops = [{"replica": int(r), "stage": int(s), "microbatch": int(j), "op": op,
@@ -154,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         if out:
             _write(out, doc, tr)
         if args.json:
-            json.dump(doc, sys.stdout)
+            json.dump(doc, sys.stdout, allow_nan=False)
             sys.stdout.write("\n")
             return 0
     _print_table(args.schedule, v, res)

@@ -14,13 +14,17 @@ import shlex
 import sys
 
 
-def _ints(text: str) -> tuple[int, ...]:
+def _ints(text: str, field: str = "grid") -> tuple[int, ...]:
     from sparsebalance.errors import ConfigError
 
     try:
         return tuple(int(x) for x in text.replace(",", " ").split())
     except ValueError:
-        raise ConfigError(f"expected comma-separated integers, got {text!r}") from None
+        raise ConfigError(f"{field}: expected comma-separated integers, got {text!r}") from None
+
+
+def text_of(vals: tuple[int, ...]) -> str:
+    return ",".join(map(str, vals)) or "nothing"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -76,15 +80,19 @@ def run(args: argparse.Namespace) -> int:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device: cuda requested but torch sees no CUDA device")
-    # before measuring: a bad --out must not cost the measurement
-    out_dir = resolve_out(args.out, args.out, force=args.force, verb="profile",
-                          ours=lambda p: {c.name for c in p.iterdir()} <= {"profile.csv", "profile.json"})
-    kw = {k: _ints(getattr(args, k)) for k in ("seq_lens", "budgets", "tokens", "params")
-          if getattr(args, k)}
+    kw = {k: _ints(getattr(args, k), "--" + k.replace("_", "-"))
+          for k in ("seq_lens", "budgets", "tokens", "params") if getattr(args, k) is not None}
+    for k, vals in kw.items():  # the profile format interpolates: one point per axis is too few
+        if len(set(vals)) < 2 or min(vals) < 1:
+            raise ConfigError(f"--{k.replace('_', '-')}: needs >= 2 distinct integers >= 1 "
+                              f"(the latency model interpolates between them), got {text_of(vals)}")
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     grid = ProfileGrid(repeats=args.repeats, warmup=args.warmup, threads=args.threads,
                        statistic=args.statistic,
                        device=args.device, dtype=dtype, **kw)
+    # before measuring: a bad --out must not cost the measurement
+    out_dir = resolve_out(args.out, args.out, force=args.force, verb="profile",
+                          ours=lambda p: {c.name for c in p.iterdir()} <= {"profile.csv", "profile.json"})
     table = run_profile(model, grid, progress=progress_enabled(args), concurrency=args.concurrency)
     import transformers
 
@@ -107,4 +115,12 @@ def run(args: argparse.Namespace) -> int:
     }
     out = write_profile(table, meta, out_dir)
     print(f"wrote {out}/profile.csv ({len(table)} rows) and profile.json")
+    from sparsebalance.simulator.profile import load_profile, monotone_violations
+
+    bad = monotone_violations(load_profile(out), model.block_size)
+    if bad:  # kept (the measurement is not lost) but said: runs refuse it until accepted
+        print(f"sparsebalance profile: warning: latency falls as work grows at {len(bad)} point(s): "
+              f"{'; '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}. Runs refuse this profile unless "
+              "--allow-nonmonotone or a \"nonmonotone\" note in profile.json says why; re-measuring "
+              "with more --repeats usually helps", file=sys.stderr)
     return 0

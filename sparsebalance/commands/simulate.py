@@ -38,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                    help="dotted override, value parsed as a TOML scalar, e.g. --set cluster.pp=8 "
                         "--set policy.batching=sab (repeatable)")
+    p.add_argument("--allow-nonmonotone", action="store_true",
+                   help="use a profile whose latency falls as work grows (a warning lists the points)")
     p.add_argument("--no-trace", action="store_true",
                    help="write no trace.csv / trace.json / timeline (big runs)")
     p.add_argument("--trace-limit", type=positive_int, default=TRACE_LIMIT, metavar="N",
@@ -62,20 +64,23 @@ def parse_override(item: str) -> tuple[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sparsebalance.commands._common import run_simulation, write_results
+    from sparsebalance.commands._common import prepare, run_simulation, write_results
     from sparsebalance.runconfig import load_run_config
 
     overrides = dict(parse_override(item) for item in args.overrides)
     if args.iterations is not None:
         overrides["iterations"] = args.iterations
+    if args.allow_nonmonotone:
+        overrides["allow_nonmonotone"] = True
     if args.output_root is not None:
         if args.out is not None:
             raise ConfigError("--output: give --out only (--output is its deprecated spelling)")
         overrides["output_dir"] = args.output_root
     cfg = load_run_config(args.config, overrides)
+    prepared = prepare(cfg)  # data, profile, policies: every input checked before any output
     # the results directory is created and probed before simulating: a bad path costs nothing
     out = resolve_out(args.out, Path(cfg.output_dir) / cfg.name, force=args.force, verb="simulate")
-    result = run_simulation(cfg, progress=progress_enabled(args))
+    result = run_simulation(cfg, progress=progress_enabled(args), prepared=prepared)
     out = write_results(cfg, result, out, trace=not args.no_trace, trace_limit=args.trace_limit)
     m = result.metrics
     c = cfg.cluster

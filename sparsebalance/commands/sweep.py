@@ -59,6 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iterations", type=positive_int, help="iterations per run")
     p.add_argument("--baseline", default=None,
                    help="BATCHING+TUNING speedup is measured against (default sequential+fixed)")
+    p.add_argument("--allow-nonmonotone", action="store_true",
+                   help="use a profile whose latency falls as work grows (a warning lists the points)")
     p.add_argument("--jobs", type=positive_int, default=1, help="worker processes (default 1)")
     add_out(p, "results/sweep; a sweep directory is resumed, --force starts it afresh")
     add_output_flags(p)
@@ -118,10 +120,14 @@ def load_grid(args) -> tuple[dict[str, list], dict[str, Any], dict[str, Any], st
     for key, (text, conv) in flag_axes.items():
         if text:
             axes[key] = _split(text, conv)
+    if any(s < 0 for s in axes.get("seed", [])):
+        raise ConfigError(f"--seeds: seeds must be integers >= 0, got {axes['seed']}")
     if args.clusters:
         axes["cluster"] = [_shape(t) for t in _split(args.clusters)]
     if args.iterations is not None:
         extra["iterations"] = args.iterations
+    if args.allow_nonmonotone:
+        extra["allow_nonmonotone"] = True
     if args.baseline:
         try:
             b, t = args.baseline.split("+")

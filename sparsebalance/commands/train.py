@@ -30,6 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="deprecated spelling of --out")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set iterations=3 (repeatable)")
+    p.add_argument("--allow-nonmonotone", action="store_true",
+                   help="use a profile whose latency falls as work grows (a warning lists the points)")
     p.add_argument("--master-port", type=port, default=None,
                    help="rendezvous port on localhost (default: a free one)")
     add_output_flags(p)
@@ -74,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
     from sparsebalance.errors import ConfigError
     from sparsebalance.realrun.config import world_size
 
+    if args.allow_nonmonotone:
+        args.set = [*args.set, "allow_nonmonotone=true"]
     cfg = validate_for_launch(args.config, args.set)
     n = world_size(cfg)
     nproc = args.nproc or n

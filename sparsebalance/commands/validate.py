@@ -42,6 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_out(p, "<output_dir>/validate-<name>")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set data.max_length=1024 (repeatable)")
+    p.add_argument("--allow-nonmonotone", action="store_true",
+                   help="use a profile whose latency falls as work grows (a warning lists the points)")
     p.add_argument("--master-port", type=port, default=None,
                    help="rendezvous port on localhost (default: a free one)")
     add_output_flags(p)
@@ -87,7 +89,8 @@ def replay(cfg, run_dir: Path):
     from sparsebalance.simulator.latency import load_latency_model
 
     latency = load_latency_model(cfg.profile, cfg.model, cfg.cluster, base_dir=cfg.base_dir,
-                                 extrapolate=cfg.latency_extrapolate)
+                                 extrapolate=cfg.latency_extrapolate,
+                                 allow_nonmonotone=cfg.allow_nonmonotone)
     executor = SimulatorExecutor(latency, cfg.model, cfg.cluster)
     plans, budgets = load_plans(run_dir / "plans.json")
     rows, traces = [], []
@@ -146,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
 
     take_positional_config(args)
     sets = list(args.set) + ([f"iterations={args.iterations}"] if args.iterations else [])
+    sets += ["allow_nonmonotone=true"] if args.allow_nonmonotone else []
     cfg = validate_for_launch(args.config, sets)
     base_sets = sets + [f'policy.{k}="{v}"' for k, v in BASELINE.items()]
     base_cfg = validate_for_launch(args.config, base_sets)

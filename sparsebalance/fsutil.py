@@ -15,6 +15,16 @@ from pathlib import Path
 from typing import Any
 
 
+def _umask() -> int:
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+_MODE = 0o666 & ~_umask()
+"""Mode of new files as ``open()`` would give them (mkstemp's 0600 would hide results from others)."""
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (temporary sibling, fsync, rename)."""
     path = Path(path)
@@ -23,6 +33,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
+            os.fchmod(f.fileno(), _MODE)
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:

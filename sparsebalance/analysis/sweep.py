@@ -12,23 +12,37 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-METRICS = ("iteration_time_s", "imbalance", "mean_budget", "mean_coverage", "floor_share",
-           "decision_ms")
+METRICS = ("iteration_time_s", "imbalance", "mean_budget", "mean_coverage", "floor_share")
 """Per-run metrics (means over iterations) a sweep records; ``speedup`` is added by
-:func:`with_speedup`."""
+:func:`with_speedup`. Deterministic: the same config gives the same numbers."""
+TIMING = ("decision_ms",)
+"""Wall-clock means a sweep records apart (``timing.csv``), with the run's ``wall_s``."""
 
 POLICY_KEYS = ("batching", "tuning", "anchor", "anchor_scope", "p", "per_layer", "packer")
 """Coordinates that name a policy; all other coordinates (seed, cluster shape...) pair a run with its
 baseline."""
 
 
-def summarize(metrics: pd.DataFrame) -> dict[str, float]:
-    """Per-run means of a loop's per-iteration metrics table."""
+def summarize(metrics: pd.DataFrame, names=METRICS) -> dict[str, float]:
+    """Per-run means of a loop's per-iteration metrics table (``names``: METRICS or TIMING)."""
     out = {}
-    for m in METRICS:
+    for m in names:
         col = m if m in metrics else f"tuning_{m}"
         out[m] = float(metrics[col].mean()) if col in metrics else 0.0
     return out
+
+
+def tidy(records) -> pd.DataFrame:
+    """Store records (``analysis.store.RunRecord``) -> the tidy table: run_id, coordinates, metric,
+    value (one row per run x metric)."""
+    rows = [{"run_id": r.run_id, **r.coords, "metric": m, "value": v}
+            for r in records for m, v in r.metrics.items()]
+    return pd.DataFrame(rows)
+
+
+def timing_table(records) -> pd.DataFrame:
+    """One row per run: run_id, coordinates and its wall-clock columns (decision_ms, wall_s)."""
+    return pd.DataFrame([{"run_id": r.run_id, **r.coords, **r.timing} for r in records])
 
 
 def wide(results: pd.DataFrame) -> pd.DataFrame:

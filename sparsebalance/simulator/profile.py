@@ -98,6 +98,17 @@ def _locate(name_or_path: str | Path, base_dir: str | Path) -> tuple[Path, Path]
                       f"nor an existing directory or CSV file (looked in {p})")
 
 
+def profile_fingerprint(name_or_path: str | Path, base_dir: str | Path = ".") -> str:
+    """SHA-256 of the profile's CSV and sidecar bytes: changes whenever a profile is re-measured (a
+    sweep's run id includes it, so a new profile never reuses old results)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in _locate(name_or_path, base_dir):
+        h.update(p.read_bytes() if p.is_file() else b"-")
+    return h.hexdigest()
+
+
 def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profile:
     """Load and validate a profile: a shipped name, a directory with profile.csv + profile.json,
     or the CSV path itself (sidecar ``<stem>.json`` or ``profile.json`` beside it)."""

@@ -2,7 +2,7 @@
 
 * :func:`die_with_parent` asks the kernel to SIGKILL the calling process when its parent dies
   (``prctl(PR_SET_PDEATHSIG)``), which holds even when the parent itself is SIGKILLed and cannot
-  clean up. Sweep workers, torchrun (set in the child before exec) and realrun workers use it, so a
+  clean up. Sweep workers, torchrun (:func:`dying_with_us`) and realrun workers use it, so a
   ``kill -9`` of ``sparsebalance`` leaves no orphan.
 * :func:`descendants` walks ``/proc`` for a process's children, grandchildren, ...; torchrun starts
   every worker in a session of its own, so ending torchrun's process group alone does not reach them.
@@ -41,10 +41,13 @@ def die_with_parent(expected_parent: int | None = None, sig: int = signal.SIGKIL
     return True
 
 
-def preexec_die_with_parent() -> None:
-    """``subprocess.Popen(preexec_fn=...)``: the child gets SIGKILL when the launching thread exits
-    (the setting survives exec)."""
-    die_with_parent()
+def dying_with_us(argv: list[str]) -> list[str]:
+    """``argv`` wrapped so that the started program is SIGKILLed when this process dies: a tiny
+    Python trampoline sets PDEATHSIG (which survives exec) and execs ``argv`` in place (same pid).
+    Used instead of ``Popen(preexec_fn=...)``, which is unsafe in a process with threads."""
+    code = ("import os, sys; from sparsebalance.procutil import die_with_parent; "
+            "die_with_parent(int(sys.argv[1])); os.execv(sys.argv[2], sys.argv[2:])")
+    return [sys.executable, "-c", code, str(os.getpid()), *argv]
 
 
 def pid_alive(pid: int) -> bool:

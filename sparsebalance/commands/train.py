@@ -7,9 +7,9 @@ names) is checked here first, so a bad config costs one line and exit code 2, ne
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
+
+from sparsebalance.realrun.launch import torchrun_command  # noqa: F401  (public: the command line)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,19 +37,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_output_flags(p)
 
 
-def torchrun_command(config: str, nproc: int, *, master_port: int | None = None,
-                     extra: list[str] | None = None) -> list[str]:
-    """The torchrun command line that starts ``nproc`` realrun workers on this node (on a free port
-    when ``master_port`` is None)."""
-    if master_port is None:
-        from sparsebalance.realrun.launch import free_port
-
-        master_port = free_port()
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-            "--master-addr", "127.0.0.1", "--master-port", str(master_port),
-            "-m", "sparsebalance.realrun", "--config", config, *(extra or [])]
-
-
 def validate_for_launch(config: str, overrides: list[str]):
     """Load and check everything rank 0 would; raises ConfigError. Returns the RunConfig."""
     from sparsebalance.errors import ConfigError
@@ -75,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from sparsebalance.commands._args import progress_enabled, resolve_out
     from sparsebalance.errors import ConfigError
     from sparsebalance.realrun.config import world_size
+    from sparsebalance.realrun.launch import check_port_free, launch
 
     if args.allow_nonmonotone:
         args.set = [*args.set, "allow_nonmonotone=true"]
@@ -83,15 +71,11 @@ def run(args: argparse.Namespace) -> int:
     nproc = args.nproc or n
     if nproc != n:
         raise ConfigError(f"--nproc: must equal cluster.pp x cluster.dp = {n} on one node, got {nproc}")
+    if args.master_port is not None:
+        check_port_free(args.master_port)
     out = resolve_out(args.out, Path(cfg.output_dir) / cfg.name, force=args.force, verb="train")
-    extra = [x for s in args.set for x in ("--set", s)] + ["--output-dir", str(out)]
-    if not progress_enabled(args):
-        extra.append("--quiet")
-    cmd = torchrun_command(args.config, nproc, master_port=args.master_port, extra=extra)
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    res = subprocess.run(cmd, check=False, env=env)
-    if res.returncode != 0:
-        print(f"sparsebalance train: realrun failed (exit {res.returncode}); the failing rank's "
-              "'realrun: rank ...' line above names it", file=sys.stderr)
-    return res.returncode
+    outcome = launch(args.config, nproc, out_dir=out, sets=args.set, master_port=args.master_port,
+                     quiet=False, progress=progress_enabled(args), what="train")
+    if outcome.returncode != 0:
+        print(f"sparsebalance {outcome.message}", file=sys.stderr)
+    return outcome.returncode

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -54,29 +53,17 @@ def _policy_label(policy) -> str:
 
 
 def _launch(config: str, sets: list[str], nproc: int, outdir: Path, args) -> int:
-    """Run realrun under torchrun into ``outdir``; returns the exit code (0 = ok)."""
-    from sparsebalance.commands.train import torchrun_command
-
-    extra = [x for s in sets for x in ("--set", s)] + ["--output-dir", str(outdir)]
+    """Run realrun under torchrun into ``outdir`` (``realrun/launch.py``: own process group, ended on
+    any exit; the rank that failed first named in one line); returns the exit code (0 = ok)."""
     from sparsebalance.commands._args import progress_enabled
+    from sparsebalance.realrun.launch import launch
 
-    if args.json or not progress_enabled(args):
-        extra.append("--quiet")
-    cmd = torchrun_command(config, nproc, master_port=args.master_port, extra=extra)
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
     # the workers' stdout goes to our stderr: with --json, stdout carries the one JSON object only
-    try:
-        sys.stderr.fileno()
-        res = subprocess.run(cmd, check=False, env=env, stdout=sys.stderr)
-    except (AttributeError, OSError, ValueError):  # stderr is not a file (e.g. captured in tests)
-        res = subprocess.run(cmd, check=False, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
-        sys.stderr.write(res.stdout)
-    if res.returncode != 0:
-        print(f"sparsebalance validate: realrun failed (exit {res.returncode}) for {outdir}; the "
-              "failing rank's 'realrun: rank ...' line above names it", file=sys.stderr)
-    return res.returncode
+    outcome = launch(config, nproc, out_dir=outdir, sets=sets, master_port=args.master_port,
+                     quiet=args.json or not progress_enabled(args), console=sys.stderr, what="validate")
+    if outcome.returncode != 0:
+        print(f"sparsebalance {outcome.message}", file=sys.stderr)
+    return outcome.returncode
 
 
 def replay(cfg, run_dir: Path):

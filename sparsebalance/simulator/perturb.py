@@ -34,6 +34,11 @@ from sparsebalance.simulator.graph import ActionGraph
 from sparsebalance.simulator.timing import retime_column, time_graph, time_to_sink
 
 
+SMALL_GRAPH = 64
+"""Up to this many actions per replica, :meth:`ReplicaTimes.finish_if` re-times the whole schedule
+for every question (one batched pass is cheaper than the window bookkeeping at this size)."""
+
+
 def _bits(x: int, n: int) -> np.ndarray:
     """Python-int bitset -> bool array [n] (bit i = node i)."""
     raw = np.frombuffer(x.to_bytes((n + 7) // 8, "little"), dtype=np.uint8)
@@ -191,6 +196,13 @@ class ReplicaTimes:
         w, n = self.win, self.graph.n
         r, j = np.asarray(r, dtype=np.int64), np.asarray(j, dtype=np.int64)
         c = len(r)
+        if n <= SMALL_GRAPH:  # a full re-timing of every question at once costs less here
+            g, nv, m = self.graph, self.graph.nv, self.graph.m
+            own_nodes = np.concatenate([np.arange(nv) * m, nv * m + np.arange(nv) * m])[None, :] + j[:, None]
+            d = self.duration[:, r]  # [n, C]
+            d[own_nodes.T, np.arange(c)[None, :]] = new.T
+            _, end = time_graph(g, d, self.lag[:, r], starts=False)
+            return (end[g.last] + self.sink[:, None]).max(axis=0)
         end, tos, lag, dur = self.end, self.to_sink, self.lag, self.duration
         dur_ext = np.vstack([dur, np.zeros((1, dur.shape[1]))])
         thr = tos + dur_ext  # duration + time to the end, from a node's start

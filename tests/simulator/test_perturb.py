@@ -25,8 +25,17 @@ def own(g, j):
     return np.concatenate([np.arange(g.nv) * g.m + j, g.nv * g.m + np.arange(g.nv) * g.m + j])
 
 
+@pytest.fixture(params=["window", "full"])
+def path(request, monkeypatch):
+    """Both ways of answering: the window decomposition, and a full re-timing (small graphs)."""
+    from sparsebalance.simulator import perturb
+
+    monkeypatch.setattr(perturb, "SMALL_GRAPH", 0 if request.param == "window" else 10**9)
+    return request.param
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_finish_if_equals_retiming(case):
+def test_finish_if_equals_retiming(case, path):
     g, rng, dur, lag, sink = setup(*case)
     times = ReplicaTimes(g, dur, lag, sink)
     c = 40

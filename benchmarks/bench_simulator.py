@@ -85,7 +85,7 @@ def executor_iteration(dp: int, pp: int, m: int, repeats: int) -> float:
 
 
 def cli(path: Path, repeats: int, ops: bool) -> float:
-    cmd = [sys.executable, "-m", "sparsebalance.cli", "pipeline", str(path), "--json"] + (["--ops"] if ops else [])
+    cmd = [sys.executable, "-m", "sparsebalance.cli", "pipeline", "--config", str(path), "--json"] + (["--ops"] if ops else [])
     return best(lambda: subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL), repeats)
 
 

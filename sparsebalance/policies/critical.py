@@ -23,9 +23,13 @@ micro-batch). Limitation: a single-micro-batch move cannot shorten a replica who
 by two disjoint paths at once; phase (a) then stops early.
 
 Cost: stage times of every micro-batch at every k in [floor, k_hi] (``LatencyModel.attention``
-summed over its sequences, affine in a stage's layer count; cached across iterations), then at most
-``cp_rounds`` batched evaluations of <= dp * m candidates plus 2 * dp * m batched evaluations of
-<= k_hi candidates, each O(2 V m) numpy row operations (V virtual stages, m micro-batches).
+summed over its sequences, affine in a stage's layer count; one vectorised call for all), then the
+moves are priced exactly without re-timing the schedule (:mod:`sparsebalance.simulator.perturb`):
+each replica's action times and times-to-end are kept, a move of micro-batch j re-times only the
+window between F(0, j) and B(0, j) (about pp^2 actions for 1F1B), and an applied move updates the
+kept times in one pass. So phase (a) costs O(rounds x (candidates x window + actions)) and phase
+(b) O(micro-batches x k range x window + applied moves x actions), where the former closed-form
+evaluator re-timed every action for every candidate (quadratic in micro-batches per rank).
 ``stats``: mean_budget, floor_share, lowered, raised (counts vs k0), rounds, and predicted seconds:
 ``predicted_fixed_s`` (all k0), ``lowered_s`` (after a), ``predicted_s`` (final).
 """

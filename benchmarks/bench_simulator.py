@@ -71,7 +71,8 @@ def executor_iteration(dp: int, pp: int, m: int, repeats: int) -> float:
     from sparsebalance.simulator.plan import Plan, uniform_budgets
 
     model = qwen25_3b()
-    cluster = replace(h200_4x8(), name="pp8-dp128", pp=pp, dp=dp, tp=1, global_batch=dp * m)
+    cluster = replace(h200_4x8(), name="pp8-dp128", pp=pp, dp=dp, tp=1, global_batch=dp * m,
+                      nodes=pp * dp // 8)
     lm = load_latency_model("analytical-h200", model, cluster, extrapolate="clamp")
     seqs = load_sequences(DataConfig(distribution="chatqa2-like", num_sequences=dp * m, seed=0))
     plan = Plan.from_lists([[[Sequence(id=r * m + j, length=seqs[r * m + j].length)] for j in range(m)]

@@ -33,23 +33,24 @@ import numpy as np
 from sparsebalance.simulator.graph import ActionGraph
 from sparsebalance.simulator.timing import retime_column, time_graph, time_to_sink
 
-
 SMALL_GRAPH = 64
 """Up to this many actions per replica, :meth:`ReplicaTimes.finish_if` re-times the whole schedule
 for every question (one batched pass is cheaper than the window bookkeeping at this size)."""
 
 
-def _bits(x: int, n: int) -> np.ndarray:
-    """Python-int bitset -> bool array [n] (bit i = node i)."""
-    raw = np.frombuffer(x.to_bytes((n + 7) // 8, "little"), dtype=np.uint8)
-    return np.unpackbits(raw, bitorder="little")[:n].astype(bool)
+def _bit_rows(bitsets: list[int], n: int) -> np.ndarray:
+    """Python-int bitsets -> bool matrix [len, n] (bit i of row r = node i), in one unpack."""
+    size = (n + 7) // 8
+    raw = np.frombuffer(b"".join(x.to_bytes(size, "little") for x in bitsets), dtype=np.uint8)
+    return np.unpackbits(raw.reshape(len(bitsets), size), axis=1, bitorder="little")[:, :n].astype(bool)
 
 
-def _pad(rows: list[np.ndarray], fill: int) -> np.ndarray:
-    width = max(1, max(len(r) for r in rows))
-    out = np.full((len(rows), width), fill, dtype=np.int64)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = r
+def _split_pad(rows: np.ndarray, values: np.ndarray, m: int, fill: int) -> np.ndarray:
+    """Values grouped by row (``rows`` ascending) -> [m, widest group] padded with ``fill``."""
+    counts = np.bincount(rows, minlength=m)
+    out = np.full((m, max(1, int(counts.max()) if counts.size else 1)), fill, dtype=np.int64)
+    col = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+    out[rows, col] = values
     return out
 
 
@@ -70,11 +71,9 @@ class Windows:
         elag = np.concatenate([np.full(int((g.prev < n).sum()), g.zero_lag), g.lags[g.deps < n]])
         succ: list[list[int]] = [[] for _ in range(n)]
         pred: list[list[int]] = [[] for _ in range(n)]
-        succ_lag: list[list[tuple[int, int]]] = [[] for _ in range(n)]
-        for x, y, lg in zip(src.tolist(), dst.tolist(), elag.tolist()):
+        for x, y in zip(src.tolist(), dst.tolist()):
             succ[x].append(y)
             pred[y].append(x)
-            succ_lag[x].append((y, lg))
         desc, anc = [0] * n, [0] * n
         for x in reversed(order.tolist()):
             b = 1 << x
@@ -92,55 +91,62 @@ class Windows:
         sink_stage = np.full(n, -1, dtype=np.int64)
         sink_stage[g.last] = np.arange(g.pp)
         source = (g.prev == n) | (g.deps == n).any(axis=1)
-        win, nset, cx, cy, cl, asink, dsrc = [], [], [], [], [], [], []
-        for j in range(m):
-            da, az = _bits(desc[j], n), _bits(anc[nv * m + j], n)
-            w = np.flatnonzero(da & az)
-            win.append(w[np.argsort(rank[w])])
-            nset.append(np.flatnonzero(~(da | az)))
-            a_only, d_only = az & ~da, da & ~az
-            cross = a_only[src] & d_only[dst]
-            cx.append(src[cross])
-            cy.append(dst[cross])
-            cl.append(elag[cross])
-            asink.append(np.flatnonzero(a_only & (sink_stage >= 0)))
-            # of D's source nodes on one device the first reaches the others (the device runs them
-            # in order), so its path from the start is the longest: keep one per device
-            ds = np.flatnonzero(d_only & source)
-            ds = ds[np.lexsort((dev_pos[ds], g.device[ds]))]
-            keep = np.ones(len(ds), dtype=bool)
-            keep[1:] = g.device[ds][1:] != g.device[ds][:-1]
-            dsrc.append(ds[keep])
-        self.win = _pad(win, n)  # [m, Wmax] node ids in topological order (n = padding)
-        self.nset, self.asink, self.dsrc = _pad(nset, n), _pad(asink, n), _pad(dsrc, n)
-        self.cx, self.cy, self.cl = _pad(cx, n), _pad(cy, n), _pad(cl, g.zero_lag)
+        # [m, n] bool matrices: descendants of F(0, j), ancestors of B(0, j), for every j at once
+        da = _bit_rows([desc[j] for j in range(m)], n)
+        az = _bit_rows([anc[nv * m + j] for j in range(m)], n)
+        in_w = da & az
+        a_only, d_only = az & ~da, da & ~az
+        rows_w, nodes_w = np.nonzero(in_w)  # row-major: nodes ascending within each j
+        o = np.lexsort((rank[nodes_w], rows_w))  # topological order within each window
+        self.win = _split_pad(rows_w[o], nodes_w[o], m, n)  # [m, Wmax] (n = padding)
+        self.nset = _split_pad(*np.nonzero(~(da | az)), m, n)
+        cross = a_only[:, src] & d_only[:, dst]  # [m, E] edges from A to D
+        cr, ce = np.nonzero(cross)
+        self.cx, self.cy = _split_pad(cr, src[ce], m, n), _split_pad(cr, dst[ce], m, n)
+        self.cl = _split_pad(cr, elag[ce], m, g.zero_lag)
+        self.asink = _split_pad(*np.nonzero(a_only & (sink_stage >= 0)), m, n)
+        # of D's source nodes on one device the first reaches the others (the device runs them in
+        # order), so its path from the start is the longest: keep one per (j, device)
+        firsts_r, firsts_n = [], []
+        for s_dev in range(g.pp):
+            cols = np.flatnonzero(source & (g.device == s_dev))
+            cols = cols[np.argsort(dev_pos[cols])]
+            if cols.size:
+                sub = d_only[:, cols]
+                has = sub.any(axis=1)
+                firsts_r.append(np.flatnonzero(has))
+                firsts_n.append(cols[sub.argmax(axis=1)[has]])
+        fr, fn = np.concatenate(firsts_r), np.concatenate(firsts_n)
+        o = np.argsort(fr, kind="stable")
+        self.dsrc = _split_pad(fr[o], fn[o], m, n)
         self.sink_stage = np.append(sink_stage, -1)
         wmax = self.win.shape[1]
+        # position of each node in each window (-1 outside), with a padding column for node n
+        pos = np.full((m, n + 1), -1, dtype=np.int64)
+        jj = np.repeat(np.arange(m), wmax)
+        ww = self.win.ravel()
+        pos[jj[ww < n], ww[ww < n]] = np.tile(np.arange(wmax), m)[ww < n]
         # predecessors of each window position: local position in the window, or a global node
         prev_all = np.append(g.prev, n)
         dep_all = np.append(g.deps[:, 0], n)
         lag_all = np.append(g.lags[:, 0], g.zero_lag)
         self.pred_global = np.stack([prev_all[self.win], dep_all[self.win]], axis=2)  # [m, W, 2]
         self.pred_lag = np.stack([np.full(self.win.shape, g.zero_lag), lag_all[self.win]], axis=2)
-        self.pred_local = np.full(self.pred_global.shape, -1, dtype=np.int64)
-        for j in range(m):
-            where = {int(x): p for p, x in enumerate(self.win[j]) if x < n}
-            for p in range(wmax):
-                for q in range(2):
-                    self.pred_local[j, p, q] = where.get(int(self.pred_global[j, p, q]), -1)
+        self.pred_local = np.take_along_axis(pos, self.pred_global.reshape(m, -1), axis=1).reshape(
+            self.pred_global.shape)
         # outside successors of each window position (edges into D) for the exit value
-        outs = []
-        for j in range(m):
-            inside = set(self.win[j][self.win[j] < n].tolist())
-            outs.append([[(y, lg) for y, lg in succ_lag[x] if y not in inside] if x < n else []
-                         for x in self.win[j].tolist()])
-        width = max(1, max(len(o) for row in outs for o in row))
-        self.exit_node = np.full((m, wmax, width), n, dtype=np.int64)
-        self.exit_lag = np.full((m, wmax, width), g.zero_lag, dtype=np.int64)
-        for j, row in enumerate(outs):
-            for p, o in enumerate(row):
-                for e, (y, lg) in enumerate(o):
-                    self.exit_node[j, p, e], self.exit_lag[j, p, e] = y, lg
+        counts = np.bincount(src, minlength=n)
+        width = max(1, int(counts.max()) if counts.size else 1)
+        so = np.argsort(src, kind="stable")
+        slot = np.arange(len(src)) - np.repeat(np.cumsum(counts) - counts, counts)
+        succ_pad = np.full((n + 1, width), n, dtype=np.int64)
+        succ_lag_pad = np.full((n + 1, width), g.zero_lag, dtype=np.int64)
+        succ_pad[src[so], slot] = dst[so]
+        succ_lag_pad[src[so], slot] = elag[so]
+        exit_node = succ_pad[self.win]  # [m, W, width]
+        inside = np.take_along_axis(pos, exit_node.reshape(m, -1), axis=1).reshape(exit_node.shape) >= 0
+        self.exit_node = np.where(inside, n, exit_node)
+        self.exit_lag = np.where(inside, g.zero_lag, succ_lag_pad[self.win])
         # which window positions are micro-batch j's own actions: index into [F(0..V-1), B(0..V-1)]
         kind, rest = np.divmod(self.win, nv * m)
         vs, mb = np.divmod(rest, m)

@@ -107,26 +107,29 @@ def bench_beyond(gb: int, iterations: int, reference: bool = False) -> dict:
     else:
         order, cp = ScheduleAwareOrder(pol), CriticalPathDST(pol)
     sab = SparsityAware(pol)
-    t_order, t_sab, t_cp = [], [], []
+    t_order, t_sab, t_cp, c_order, c_cp = [], [], [], [], []
     for it in range(iterations + 1):
         batch = seqs[(it % 8) * gb:(it % 8 + 1) * gb]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         order.plan(batch, ctx)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         plan = sab.plan(batch, ctx)
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.process_time()
         budgets = cp.budgets(plan, ctx)
-        t3 = time.perf_counter()
+        t3, c3 = time.perf_counter(), time.process_time()
+        c_order.append((c1 - c0) * 1e3)
+        c_cp.append((c3 - c2) * 1e3)
         order.observe(plan, budgets, None)
         sab.observe(plan, budgets, None)
         t_order.append((t1 - t0) * 1e3)
         t_sab.append((t2 - t1) * 1e3)
         t_cp.append((t3 - t2) * 1e3)
-    med = lambda x: float(np.median(x[1:])) if len(x) > 1 else float(x[0])  # noqa: E731
+    med = lambda x: float(np.median(x[1:])) if len(x) > 1 else float(x[0])
     return {"global_batch": gb, "microbatches": plan.dp * plan.num_microbatches,
             "sab_order_ms": med(t_order), "sab_ms": med(t_sab),
             "reorder_ms": med(t_order) - med(t_sab), "dst_cp_ms": med(t_cp),
-            "dst_cp_min_ms": float(np.min(t_cp[1:] or t_cp)), "first_dst_cp_ms": t_cp[0]}
+            "dst_cp_min_ms": float(np.min(t_cp[1:] or t_cp)), "first_dst_cp_ms": t_cp[0],
+            "sab_order_cpu_ms": med(c_order), "dst_cp_cpu_ms": med(c_cp)}
 
 
 def main(argv=None) -> int:

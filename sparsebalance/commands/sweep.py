@@ -301,6 +301,8 @@ def run(args) -> int:
         raise ConfigError(f"--out: another sweep is writing to {out}; wait for it or choose another "
                           "--out") from None
     (out / "configs").mkdir(exist_ok=True)
+    for tmp in [*out.glob(".*.tmp"), *(out / "configs").glob(".*.tmp")]:
+        tmp.unlink()  # a rename a kill interrupted: the complete file it was replacing is still there
     store = ResultStore(out)
     try:
         done = store.ids()

@@ -87,7 +87,31 @@ def _measure(cfgs) -> dict[str, float]:
             "overhead_ms": float(m["decision_ms"].mean()),
             "mean_budget": float(m["mean_budget"].mean()),
             "mean_coverage": float(m["mean_coverage"].mean()),
-            "floor_share": float(floor)}
+            "floor_share": float(floor),
+            **_memory(m)}
+
+
+def _memory(m: pd.DataFrame) -> dict[str, float]:
+    """Peak memory of the largest device (GB, max over iterations) and per stage, and how many
+    iterations put a device over the cluster's device memory (simulator/memory.py)."""
+    if "peak_memory_gb" not in m:
+        return {}
+    out = {"peak_memory_gb": float(m["peak_memory_gb"].max()),
+           "memory_exceeded_iterations": float((m["memory_exceeded"] > 0).sum())}
+    out |= {c: float(m[c].max()) for c in m.columns if c.startswith("peak_memory_gb_s")}
+    return out
+
+
+def _print_memory(df: pd.DataFrame) -> None:
+    if "peak_memory_gb" not in df:
+        return
+    stages = sorted(c for c in df.columns if c.startswith("peak_memory_gb_s"))
+    print("peak memory per device, GB (largest device; per stage " + ", ".join(s[-2:] for s in stages)
+          + "); * = over the device memory in some iteration")
+    for _, r in df.iterrows():
+        flag = " *" if r.get("memory_exceeded_iterations", 0) > 0 else ""
+        print(f"  {r['config']:<20} {r['peak_memory_gb']:8.1f}  ("
+              + ", ".join(f"{r[s]:.1f}" for s in stages) + ")" + flag)
 
 
 WALL_CLOCK = ("overhead_ms", "paper_overhead_ms")
@@ -147,6 +171,7 @@ def run(args) -> int:
         cols = ["config", "speedup", "mean_coverage", "mean_budget", "floor_share", "imbalance",
                 "iteration_time_s", "overhead_ms"]
         print(pd.concat([df, df_cp])[cols].round(4).to_string(index=False))
+        _print_memory(pd.concat([df, df_cp]))
         print(f"table: {out / 'anchors.csv'} (+ {out / 'anchors_cp.csv'})  "
               f"figure: {out / 'anchors_pareto.png'}")
         return 0
@@ -158,5 +183,6 @@ def run(args) -> int:
                           if r["config"] in A.CONFIGS]))
         return 0
     print(A.format_table(table))
+    _print_memory(df)
     print(f"table: {out / 'ablation.csv'}  figure: {out / 'ablation.png'}")
     return 0

@@ -1,4 +1,4 @@
-"""``sparsebalance pipeline --config FILE --schedule {gpipe,1f1b,interleaved} [--json] [--out DIR]``.
+"""``sparsebalance pipeline --config FILE --schedule {gpipe,1f1b,interleaved} [--json [--ops]] [--out DIR]``.
 
 Replays explicit durations through a schedule (``--virtual-stages N`` for interleaved). FILE (the
 durations JSON, docs/formats.md) holds seconds throughout::
@@ -10,8 +10,13 @@ durations JSON, docs/formats.md) holds seconds throughout::
 pp x N rows, row ``c * pp + s`` being chunk c of physical stage s. For data parallelism:
 ``{"replicas": [{"forward": ..., "backward": ...}, ...], "p2p_latency": ..., "allreduce_time": ...}``.
 ``p2p_latency`` is the seconds of one transfer; ``allreduce_time`` and ``optimizer_time`` (optional,
-default 0) are a number or one per physical stage. ``--out DIR`` also writes ``result.json`` (the
-``--json`` object), ``trace.csv`` and ``trace.json`` (Chrome/Perfetto) there.
+default 0) are a number or one per physical stage.
+
+``--json`` prints one JSON object with the iteration's figures (``iteration_time``, ``bubble_fraction``,
+``stage_busy``, imbalances, ``microbatch_latency``); ``--ops`` adds ``ops``, one record per trace row
+(F, B, P2P, ALLREDUCE, OPTIM), streamed out in chunks (a 65,536-action iteration has ~120,000).
+``--out DIR`` also writes ``result.json`` (the ``--json`` figures), ``trace.csv`` and ``trace.json``
+(Chrome/Perfetto) there.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--virtual-stages", type=positive_int, default=None, metavar="N",
                    help="model chunks per stage for --schedule interleaved (default 2); rows = pp x N")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--ops", action="store_true",
+                   help="with --json: add one record per action (F, B, P2P, ALLREDUCE, OPTIM)")
     add_out(p, "none: print only")
 
 
@@ -52,6 +59,13 @@ def _matrix(value: Any, where: str) -> list[list[float]]:
     width = len(value[0])
     if width == 0:
         raise ConfigError(f"{where}[0]: needs at least one micro-batch")
+    # fast path: exact numbers in equal rows (bool is an int subclass, hence the type() test)
+    if all(len(row) == width and all(type(x) is float or type(x) is int for x in row) for row in value):
+        import numpy as np
+
+        arr = np.array(value, dtype=float)
+        if np.isfinite(arr).all() and (arr >= 0).all():
+            return arr  # type: ignore[return-value]
     for s, row in enumerate(value):
         if len(row) != width:
             raise ConfigError(f"{where}: ragged rows: row 0 has {width} micro-batches, "
@@ -138,27 +152,28 @@ def run(args: argparse.Namespace) -> int:
     v = args.virtual_stages
     if v is None:
         v = 2 if args.schedule == "interleaved" else 1
+    if args.ops and not args.json:
+        raise ConfigError("--ops: only with --json (the table prints per-device figures)")
     inp = load_durations(args.config, args.schedule, v)
     out = resolve_out(args.out, "", force=args.force, verb="pipeline") if args.out else None
     res = simulate(inp)
     check_finite({"iteration_time": res.iteration_time, "bubble_fraction": res.bubble_fraction,
                   "imbalance": res.imbalance, "stage_imbalance": res.stage_imbalance}, "result")
-    tr = res.trace
-    if args.json or out:
-        ops = [{"replica": int(r), "stage": int(s), "microbatch": int(j), "op": op,
-                "start": float(a), "end": float(b)}
-               for r, s, j, op, a, b in zip(tr["dp_rank"], tr["stage"], tr["microbatch"], tr["op"],
-                                            tr["start_s"], tr["end_s"])]
-        doc = {"schedule": args.schedule, "virtual_stages": v, "iteration_time": res.iteration_time,
-               "bubble_fraction": res.bubble_fraction, "stage_busy": res.stage_busy.tolist(),
-               "imbalance": res.imbalance, "stage_imbalance": res.stage_imbalance,
-               "microbatch_latency": res.microbatch_latency.tolist(), "ops": ops}
-        if out:
-            _write(out, doc, tr)
-        if args.json:
-            json.dump(doc, sys.stdout, allow_nan=False)
-            sys.stdout.write("\n")
+    doc = {"schedule": args.schedule, "virtual_stages": v, "iteration_time": res.iteration_time,
+           "bubble_fraction": res.bubble_fraction, "stage_busy": res.stage_busy.tolist(),
+           "imbalance": res.imbalance, "stage_imbalance": res.stage_imbalance,
+           "microbatch_latency": res.microbatch_latency.tolist()}
+    if out:
+        _write(out, doc, res.trace)
+    if args.json:
+        text = json.dumps(doc, allow_nan=False)
+        if not args.ops:
+            sys.stdout.write(text + "\n")
             return 0
+        sys.stdout.write(text[:-1] + ', "ops": [')
+        _stream_ops(res.trace, sys.stdout)
+        sys.stdout.write("]}\n")
+        return 0
     _print_table(args.schedule, v, res)
     return 0
 
@@ -170,6 +185,17 @@ def _write(out: Path, doc: dict, trace) -> None:
     atomic_write_json(out / "result.json", doc)
     atomic_to_csv(trace[list(TRACE_COLUMNS)], out / "trace.csv")
     atomic_write_text(out / "trace.json", json.dumps(to_chrome_trace(trace)))
+
+
+def _stream_ops(tr, out, chunk: int = 20_000) -> None:
+    """Write the trace rows as JSON records, ``chunk`` rows per write (floats as ``repr``, which is
+    what ``json.dumps`` writes; the trace holds only finite numbers)."""
+    cols = [tr[c].tolist() for c in ("dp_rank", "stage", "microbatch", "op", "start_s", "end_s")]
+    rows = list(zip(*cols))
+    for lo in range(0, len(rows), chunk):
+        part = ",".join(f'{{"replica": {r}, "stage": {s}, "microbatch": {j}, "op": "{op}", '
+                        f'"start": {a!r}, "end": {b!r}}}' for r, s, j, op, a, b in rows[lo:lo + chunk])
+        out.write(part if lo == 0 else "," + part)
 
 
 def _print_table(schedule: str, v: int, res) -> None:

@@ -91,8 +91,17 @@ def run(args: argparse.Namespace) -> int:
         ("imbalance (max/mean)", m["imbalance"]),
         ("bubble fraction", m["bubble_fraction"]),
     ]
+    if "peak_memory_gb" in m:
+        rows.append(("peak memory (GB)", m["peak_memory_gb"]))
+        rows += [(f"  stage {c.rsplit('_s', 1)[1]} (GB)", m[c]) for c in m.columns
+                 if c.startswith("peak_memory_gb_s")]
     print(f"  {'metric':<22}{'mean':>12}{'min':>12}{'max':>12}")
     for label, col in rows:
         print(f"  {label:<22}{col.mean():>12.4f}{col.min():>12.4f}{col.max():>12.4f}")
+    over = int((m["memory_exceeded"] > 0).sum()) if "memory_exceeded" in m else 0
+    if over:
+        print(f"  memory: {over} of {len(m)} iterations exceed cluster.device_memory = "
+              f"{c.device_memory / 1e9:.0f} GB on some device (see policy.memory_aware, cluster.recompute, "
+              "cluster.zero1)")
     print(f"results: {out}")
     return 0

@@ -127,6 +127,14 @@ class ClusterConfig:
     replicate_kv_heads: bool = False
     """Allow tp > kv_heads by replicating each KV head on tp / kv_heads ranks (Megatron-style);
     without it tp must divide kv_heads."""
+    device_memory: float | None = None
+    """Bytes of memory per device (the presets carry it: H200 141 GB, H20 96 GB, H100 80 GB);
+    None = unknown, plans are not checked against it."""
+    zero1: bool = False
+    """ZeRO-1: fp32 master weights and Adam moments sharded over the DP group (memory model)."""
+    recompute: bool = False
+    """Full activation recomputation: a layer keeps only its input for the backward (memory model;
+    the latency profile is not changed by it)."""
 
     def __post_init__(self) -> None:
         for f in ("pp", "dp", "tp", "virtual_stages", "micro_batch_size", "global_batch",
@@ -147,6 +155,12 @@ class ClusterConfig:
         for f in ("p2p_latency", "allreduce_latency"):
             check_positive(getattr(self, f), f, allow_zero=True)
         check_choice(self.schedule, "schedule", SCHEDULES)
+        if self.device_memory is not None:
+            check(isinstance(self.device_memory, (int, float)) and not isinstance(self.device_memory, bool)
+                  and self.device_memory > 0, "device_memory",
+                  f"must be a number of bytes > 0 (e.g. 141e9), got {self.device_memory!r}")
+        for f in ("zero1", "recompute"):
+            check(isinstance(getattr(self, f), bool), f, f"must be true or false, got {getattr(self, f)!r}")
         if self.schedule == "interleaved":
             check(self.virtual_stages >= 2, "virtual_stages",
                   f"the interleaved schedule needs >= 2, got {self.virtual_stages}")
@@ -186,15 +200,20 @@ def h200_4x8() -> ClusterConfig:
     400 Gb/s per GPU (50 GB/s) between nodes, which P2P and DP all-reduce cross."""
     return ClusterConfig(name="h200-4x8", device="h200", pp=4, dp=4, tp=2, global_batch=16, nodes=4,
                          p2p_bandwidth=50e9, p2p_latency=10e-6, allreduce_bandwidth=50e9,
-                         allreduce_latency=20e-6)
+                         allreduce_latency=20e-6, device_memory=141e9)
 
 
 def h20_4x8() -> ClusterConfig:
     """4 nodes x 8 H20, same parallel plan and network assumptions as ``h200_4x8``."""
-    return replace(h200_4x8(), name="h20-4x8", device="h20")
+    return replace(h200_4x8(), name="h20-4x8", device="h20", device_memory=96e9)
 
 
-CLUSTER_PRESETS = {"h200-4x8": h200_4x8, "h20-4x8": h20_4x8}
+def h100_4x8() -> ClusterConfig:
+    """4 nodes x 8 H100 (80 GB), same parallel plan and network assumptions as ``h200_4x8``."""
+    return replace(h200_4x8(), name="h100-4x8", device="h100", device_memory=80e9)
+
+
+CLUSTER_PRESETS = {"h200-4x8": h200_4x8, "h20-4x8": h20_4x8, "h100-4x8": h100_4x8}
 
 
 def _with_preset(kind: str, presets: dict, cls: type, data: dict[str, Any], where: str):

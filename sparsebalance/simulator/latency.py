@@ -174,6 +174,30 @@ class LatencyModel:
         value = self._attn[key] = surf(x, kk)
         return value
 
+    def attention_many(self, seq_len, budget, *, backward: bool = False) -> np.ndarray:
+        """Vectorised :meth:`attention` (seconds, one layer) for arrays of lengths and budgets:
+        the same arithmetic, so bitwise the same values; points outside the profiled grid take the
+        scalar path (which warns, errors or clamps as configured)."""
+        L = np.asarray(seq_len, dtype=np.int64)
+        k = np.broadcast_to(np.asarray(budget, dtype=np.int64), L.shape)
+        if L.size and (L.min() < 1 or k.min() < 1):
+            raise ConfigError("latency: attention needs seq_len >= 1 and budget >= 1")
+        surf = self._surfaces["attn_bwd" if backward else "attn_fwd"]
+        xs, ks, zs = np.asarray(surf.xs), np.asarray(surf.ks), np.asarray(surf.zs)
+        x = L.astype(float)
+        kk = np.minimum(k, -(-L // self.block_size)).astype(float)
+        inside = (x >= xs[0]) & (x <= xs[-1]) & (kk >= ks[0]) & (kk <= ks[-1])
+        i = np.clip(np.searchsorted(xs, x, side="right") - 1, 0, len(xs) - 2)
+        j = np.clip(np.searchsorted(ks, kk, side="right") - 1, 0, len(ks) - 2)
+        t = (x - xs[i]) / (xs[i + 1] - xs[i])
+        u = (kk - ks[j]) / (ks[j + 1] - ks[j])
+        a = zs[i, j] + u * (zs[i, j + 1] - zs[i, j])
+        b = zs[i + 1, j] + u * (zs[i + 1, j + 1] - zs[i + 1, j])
+        out = np.maximum(0.0, a + t * (b - a))
+        for idx in zip(*np.nonzero(~inside)):
+            out[idx] = self.attention(int(L[idx]), int(k[idx]), backward=backward)
+        return out
+
     def _op(self, op: str, x: int) -> float:
         key = (op, x)
         hit = self._dense.get(key)

@@ -111,8 +111,9 @@ def longest_path(schedule, pp, v, fwd, bwd, p2p, allreduce, optimizer):
     return start, T
 
 
+@pytest.mark.parametrize("method", ["core", "simpy"])
 @pytest.mark.parametrize("seed", range(12))
-def test_random_heterogeneous_matches_longest_path(seed):
+def test_random_heterogeneous_matches_longest_path(seed, method):
     rng = np.random.default_rng(seed)
     schedule = ["gpipe", "1f1b", "interleaved"][seed % 3]
     pp = int(rng.integers(1, 5))
@@ -128,7 +129,7 @@ def test_random_heterogeneous_matches_longest_path(seed):
     p2p = rng.uniform(0.0, 0.5, (dp, max(nv - 1, 0), m))
     ar, opt = rng.uniform(0, 1, pp), rng.uniform(0, 0.2, pp)
     res = simulate(PipelineInput(schedule=schedule, pp=pp, virtual_stages=v, forward=fwd, backward=bwd,
-                                 p2p=p2p, allreduce=ar, optimizer=opt))
+                                 p2p=p2p, allreduce=ar, optimizer=opt), method=method)
     start, T = longest_path(schedule, pp, v, fwd, bwd, p2p, ar, opt)
     assert res.iteration_time == pytest.approx(T, rel=1e-12)
     for (op, r, vs, j), t in start.items():

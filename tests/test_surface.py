@@ -125,7 +125,7 @@ def test_warnings_are_counted_not_printed_off_a_terminal(tmp_path, run_cli):
 def test_closed_stdout_is_not_a_traceback(tmp_path):
     d = tmp_path / "d.json"
     d.write_text(json.dumps({"forward": [[0.001] * 400] * 4, "backward": [[0.002] * 400] * 4}))
-    p = subprocess.Popen([sys.executable, "-m", "sparsebalance", "pipeline", "--config", str(d), "--json"],
+    p = subprocess.Popen([sys.executable, "-m", "sparsebalance", "pipeline", "--config", str(d), "--json", "--ops"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ))
     p.stdout.read(10)
     p.stdout.close()  # the reader goes away (`| head -c 10`)

@@ -125,6 +125,62 @@ class CoverageModel:
         """Record a measured curve (realrun, real gate scores); it replaces the model's from now on."""
         self._measured[seq_id] = _as_curve(curve)
 
+    def curves(self, seqs: Seq[Sequence]) -> list[np.ndarray]:
+        """:meth:`curve` of many sequences (same arrays, same cache): the parametric curves not
+        cached yet are computed together (:func:`parametric_curves`)."""
+        out: list = [None] * len(seqs)
+        todo: dict[tuple[int, float], list[int]] = {}
+        measured, cache, rate = self._measured, self._cache, self.rate
+        for i, s in enumerate(seqs):
+            if s.coverage is not None or s.id in measured:
+                out[i] = self.curve(s)
+                continue
+            sens = s.sensitivity
+            key = (s.length, rate * (float(sens) if sens is not None else self.sensitivity(s)))
+            c = cache.get(key)
+            if c is None:
+                todo.setdefault(key, []).append(i)
+            else:
+                out[i] = c
+        if todo:
+            keys = list(todo)
+            got = parametric_curves([k[0] for k in keys], self.block_size, [k[1] for k in keys], self.shape)
+            for key, c in zip(keys, got):
+                c.setflags(write=False)
+                self._cache[key] = c
+                for i in todo[key]:
+                    out[i] = c
+        return out
+
+    def microbatch_curves(self, mbs: Seq[MicroBatch], k_his: Seq[int]) -> list[np.ndarray]:
+        """:meth:`microbatch_curve` of many micro-batches (``mbs[i]`` at k = 1..k_his[i]), bitwise
+        the same: the same sums over each micro-batch's sequences, left to right, as numpy rows."""
+        if not mbs:
+            return []
+        counts = [len(mb.sequences) for mb in mbs]
+        flat = [s for mb in mbs for s in mb.sequences]
+        curves = self.curves(flat)
+        width = max(k_his)
+        rows = np.ones((len(flat), width))
+        take = np.minimum(width, [len(c) for c in curves])
+        at = np.arange(int(take.sum())) - np.repeat(np.cumsum(take) - take, take)
+        rows[np.repeat(np.arange(len(flat)), take), at] = np.concatenate([c[:width] for c in curves])
+        starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+        cnt = np.array(counts)
+        tokens = self.agg == "tokens"
+        out = np.zeros((len(mbs), width)) if tokens else np.ones((len(mbs), width))
+        lengths = np.array([s.length for s in flat], dtype=np.int64)
+        for p in range(int(cnt.max())):  # the p-th sequence of every micro-batch that has one
+            has = np.flatnonzero(cnt > p)
+            at = starts[has] + p
+            if tokens:
+                out[has] = out[has] + lengths[at][:, None] * rows[at]
+            else:
+                out[has] = np.minimum(out[has], rows[at])
+        if tokens:
+            out = out / np.array([mb.tokens for mb in mbs], dtype=np.int64)[:, None]
+        return [out[i, :k] for i, k in enumerate(k_his)]
+
 
 def _as_curve(values: Seq[float]) -> np.ndarray:
     c = np.asarray(values, dtype=np.float64)
@@ -138,3 +194,40 @@ def _as_curve(values: Seq[float]) -> np.ndarray:
 def make_coverage_model(model: ModelConfig, policy: PolicyConfig, seed: int = 0) -> CoverageModel:
     """The coverage model a run uses (one per run; it caches curves)."""
     return CoverageModel(model, policy, seed)
+
+
+def parametric_curves(lengths: Seq[int], block_size: int, rates: Seq[float],
+                      shape: str = "power") -> list[np.ndarray]:
+    """:func:`parametric_curve` of many sequences, bitwise the same values: the same operations
+    row by row, rows padded to the longest of sequences with similar block counts (padding sits
+    after a row's blocks, where cumulative sums and maxima never read it; reversed sums add exact
+    zeros first). One numpy pass per group instead of one per sequence."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    rates = np.asarray(rates, dtype=np.float64)
+    n = -(-lengths // block_size)
+    out: list = [None] * len(lengths)
+    order = np.argsort(n, kind="stable")
+    group = np.floor(np.log(np.maximum(n[order], 1)) / np.log(1.25)).astype(np.int64)
+    cuts = np.flatnonzero(np.diff(group)) + 1
+    for idx in np.split(order, cuts):
+        nn, L, a = n[idx], lengths[idx], rates[idx][:, None]
+        width = int(nn.max())
+        r = np.arange(1, width + 1, dtype=np.float64)
+        w = r[None, :] ** -a if shape == "power" else np.exp(-a * (r[None, :] - 1.0))
+        W = np.cumsum(w, axis=1)
+        col = np.arange(width)[None, :]
+        inside = col < nn[:, None]
+        q = np.where(inside, float(block_size), 0.0)
+        q[np.arange(len(idx)), nn - 1] = L - (nn - 1) * block_size
+        ratio = q / W
+        S = np.cumsum(ratio[:, ::-1], axis=1)[:, ::-1]
+        S = np.where(inside, S, 0.0)
+        Q = np.concatenate((np.zeros((len(idx), 1)), np.cumsum(q, axis=1)), axis=1)
+        k = np.arange(1, width + 1)[None, :]
+        tail = np.where(k < nn[:, None], np.take_along_axis(S, np.minimum(k, nn[:, None] - 1), axis=1), 0.0)
+        curve = (Q[:, 1:] + W * tail) / L[:, None]
+        curve = np.minimum(np.maximum.accumulate(curve, axis=1), 1.0)
+        curve[np.arange(len(idx)), nn - 1] = 1.0
+        for t, (i, k) in enumerate(zip(idx.tolist(), nn.tolist())):
+            out[i] = curve[t, :k]  # views of one block per group
+    return out

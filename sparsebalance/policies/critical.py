@@ -41,11 +41,19 @@ import numpy as np
 from sparsebalance.errors import ConfigError
 from sparsebalance.policies.base import PolicyContext
 from sparsebalance.policies.config import PolicyConfig
+from sparsebalance.policies.stage_tables import StageTable, budget_monotone_range
 from sparsebalance.policies.tuning import DynamicSparsity
 from sparsebalance.simulator.graph import ActionGraph, schedule_graph
-from sparsebalance.simulator.perturb import ReplicaTimes
+from sparsebalance.simulator.perturb import SMALL_GRAPH, ReplicaTimes
 from sparsebalance.simulator.plan import Budgets, Plan
 from sparsebalance.simulator.timing import pack_lags
+
+PRICE_ALL = 16
+"""A critical replica with at most this many candidate moves prices them all in one call; with
+more, candidates are priced best bound first until no bound can beat the best price."""
+
+MARGIN = 1e-13
+"""Relative slack (of the iteration time) added to every bound, far above rounding (~1e-15)."""
 
 
 def graph_for(cluster, m: int) -> ActionGraph:
@@ -64,56 +72,13 @@ class CriticalPathDST:
         self._dst = DynamicSparsity(cfg)  # kept for callers of .floor; budgets() reads floors off the curve
         self._latency = None
         self._tail: np.ndarray | None = None
+        self._monotone: tuple[float, float] | None = None
 
     def stage_table(self, lm, lengths: tuple[int, ...], k_lo: int, k_hi: int, nv: int, pp: int):
         """Forward and backward seconds of every virtual stage at k = k_lo..k_hi: two arrays
-        [k_hi - k_lo + 1, V] (:meth:`stage_tables` for one micro-batch)."""
-        return self.stage_tables(lm, [lengths], [k_lo], [k_hi], nv, pp)[0]
-
-    def stage_tables(self, lm, lengths: list, k_lo: list[int], k_hi: list[int], nv: int, pp: int):
-        """:meth:`stage_table` of many micro-batches (``lengths[i]`` at k = k_lo[i]..k_hi[i]).
-
-        A stage's time is affine in its attention: n_layers(vs) x the sum over sequences of
-        ``attention(L, k)`` + a budget-free part, the part being ``stage_time`` at k_lo minus its
-        attention, computed term by term as ``LatencyModel.stage_time`` does (sums over a
-        micro-batch's sequences left to right), so values equal ``stage_time``'s bit for bit.
-        The attention of every (sequence, k) pair comes from one vectorised call."""
-        n_layers = np.array([len(lm.stage_layers(vs % pp, vs // pp)) for vs in range(nv)], float)
-        sizes = np.array([h - lo + 1 for lo, h in zip(k_lo, k_hi)], dtype=np.int64)
-        offset = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-        counts = np.array([len(x) for x in lengths], dtype=np.int64)
-        many = getattr(lm, "attention_many", None)
-        out = []
-        for bw in (False, True):
-            acc = np.zeros(int(sizes.sum()))  # [sum of sizes]: attention sums per (micro-batch, k)
-            for p in range(int(counts.max())):  # left to right over each micro-batch's sequences
-                idx = np.flatnonzero(counts > p)
-                L = np.repeat([lengths[i][p] for i in idx.tolist()], sizes[idx])
-                k = np.concatenate([np.arange(k_lo[i], k_hi[i] + 1) for i in idx.tolist()])
-                at = np.concatenate([offset[i] + np.arange(sizes[i]) for i in idx.tolist()])
-                if many is None:
-                    v = np.array([lm.attention(int(x), int(y), backward=bw) for x, y in zip(L, k)])
-                else:
-                    v = many(L, k, backward=bw)
-                acc[at] = acc[at] + v
-            tabs = []
-            for i, lens in enumerate(lengths):
-                a = acc[offset[i]:offset[i] + sizes[i]]
-                tokens = sum(lens)
-                dense = lm.dense(tokens, backward=bw)
-                base = np.empty(nv)
-                for vs in range(nv):  # stage_time(lens, k_lo[i], vs) - its attention
-                    nl = len(lm.stage_layers(vs % pp, vs // pp))
-                    st = 0.0 + nl * a[0]
-                    st += nl * dense
-                    if vs == 0:
-                        st += lm.embed(tokens, backward=bw)
-                    if vs == nv - 1:
-                        st += lm.head(tokens, backward=bw)
-                    base[vs] = st - n_layers[vs] * a[0]
-                tabs.append(base[None, :] + a[:, None] * n_layers[None, :])
-            out.append(tabs)
-        return list(zip(out[0], out[1]))
+        [k_hi - k_lo + 1, V] (see :mod:`.stage_tables`)."""
+        table = StageTable(lm, [lengths], [k_lo], [k_hi], [k_hi], nv, pp).table
+        return table[:, :nv], table[:, nv:]
 
     def budgets(self, plan: Plan, ctx: PolicyContext) -> Budgets:
         cfg, lm, cl = self.cfg, ctx.latency, ctx.cluster
@@ -126,112 +91,40 @@ class CriticalPathDST:
         if self._latency is not lm:
             self._latency = lm
             self._tail = np.array([lm.allreduce_time(s) + lm.optimizer_time(s) for s in range(pp)])
-        tail = self._tail
-        # per flat micro-batch i = r * m + j
-        lo, hi, covs = [], [], []
-        p2p = np.zeros((dp, max(nv - 1, 1), m))
-        for r, j, mb in plan.microbatches():
-            n_blocks = -(-max(mb.lengths) // ctx.model.block_size)
-            k_hi = min(cfg.k_max, max(cfg.k0, n_blocks))
-            cov = ctx.coverage.microbatch_curve(mb, k_hi)
+            self._monotone = budget_monotone_range(lm)
+        mbs = [mb for _, _, mb in plan.microbatches()]  # flat index i = r * m + j
+        lengths = [mb.lengths for mb in mbs]
+        bs = ctx.model.block_size
+        hi = [min(cfg.k_max, max(cfg.k0, -(-max(x) // bs))) for x in lengths]
+        many = getattr(ctx.coverage, "microbatch_curves", None)
+        covs = many(mbs, hi) if many is not None else \
+            [ctx.coverage.microbatch_curve(mb, k) for mb, k in zip(mbs, hi)]
+        lo = []
+        for cov, k_hi in zip(covs, hi):
             # DST's floor (DynamicSparsity.floor) read off the same curve: its C(1..min(k_hi, k0))
             # are this curve's first entries, computed alike
             k_top = min(k_hi, cfg.k0)
             ok = np.nonzero(cov[:k_top] >= 1.0 - cfg.p - 1e-12)[0]
-            f = max(cfg.k_min, min(int(ok[0]) + 1 if ok.size else k_top, cfg.k0))
-            lo.append(f)
-            hi.append(k_hi)
-            covs.append(cov)
-            p2p[r, :, j] = lm.p2p_time(mb.tokens)
-        tabs = self.stage_tables(lm, [mb.lengths for _, _, mb in plan.microbatches()], lo, hi, nv, pp)
-        p2p = p2p[:, : nv - 1]
-        K = np.full((dp, m), cfg.k0, dtype=np.int64)
-
-        both = [np.hstack(t) for t in tabs]  # per micro-batch [k_hi - floor + 1, 2V]: F then B
-
-        def stage_vec(i: int, k: int) -> np.ndarray:  # [2V]: F then B of micro-batch i at budget k
-            return both[i][k - lo[i]]
-
-        f_nodes = np.arange(nv) * m  # node of F(vs, 0); + j for micro-batch j (B: + nv * m)
-        own = np.concatenate([f_nodes, f_nodes + nv * m])
-        dur = np.empty((g.n, dp))
-        for r in range(dp):
-            for j in range(m):
-                dur[own + j, r] = stage_vec(r * m + j, cfg.k0)
-        times = ReplicaTimes(g, dur, pack_lags(g, p2p, dp), tail)
-
-        def put(r: int, j: int, k: int) -> None:  # micro-batch (r, j) now runs at budget k
-            K[r, j] = k
-            times.duration[own + j, r] = stage_vec(r * m + j, k)
-
+            lo.append(max(cfg.k_min, min(int(ok[0]) + 1 if ok.size else k_top, cfg.k0)))
+        p2p = np.array([lm.p2p_time(sum(x)) for x in lengths]).reshape(dp, 1, m)
+        p2p = np.broadcast_to(p2p, (dp, max(nv - 1, 0), m))
+        # rows above k0 + 1 only when phase (b) reads them, where rows surely grow with k (bounds
+        # then settle most micro-batches on one row); else all rows, each checked
+        mono = self._monotone
+        lazy = mono is not None and mono[0] <= min(map(min, lengths)) and max(map(max, lengths)) <= mono[1]
+        tab = StageTable(lm, lengths, lo, np.minimum(hi, cfg.k0 + 1) if lazy else hi, hi, nv, pp)
+        st = _State(cfg, tab, lo, hi, covs, dp, m)
+        first = tab.rows(np.arange(dp * m), st.K.ravel())  # [dp m, 2V] at k0
+        dur = first.reshape(dp, m, 2 * nv).transpose(2, 1, 0).reshape(2 * nv * m, dp)
+        times = ReplicaTimes(g, dur, pack_lags(g, p2p, dp), self._tail)
         R = times.finish()
-        T_fixed = T = float(R.max())
-        eps = 1e-12 * T
-        step, rounds = max(1, cfg.k0 // 4), 0
-        while rounds < cfg.cp_rounds:  # (a) lower critical micro-batches
-            crit = np.flatnonzero(R >= T - eps)
-            rest = float(np.max(R[R < T - eps])) if (R < T - eps).any() else -np.inf
-            cand = [(r, j) for r in crit for j in range(m) if K[r, j] > lo[r * m + j]]
-            if cand:
-                cr = np.array([c[0] for c in cand])
-                cj = np.array([c[1] for c in cand])
-                kn = [max(lo[r * m + j], int(K[r, j]) - step) for r, j in cand]
-                new = np.stack([stage_vec(r * m + j, k) for (r, j), k in zip(cand, kn)])
-                obj = np.maximum(times.finish_if(cr, cj, new), rest)
-                saving = T - obj
-                loss = np.array([covs[r * m + j][K[r, j] - 1] - covs[r * m + j][k - 1]
-                                 for (r, j), k in zip(cand, kn)])
-                eff = saving / np.maximum(loss, 1e-15)
-            best = {}
-            for row, (r, j) in enumerate(cand):
-                if saving[row] > eps and (r not in best or eff[row] > eff[best[r]]):
-                    best[r] = row
-            rounds += 1
-            if len(best) < len(crit):  # some critical replica cannot be shortened at this step
-                if step == 1:
-                    break
-                step //= 2
-                continue
-            for r, row in best.items():
-                put(r, cand[row][1], kn[row])
-                times.update(r, cand[row][1])
-            R = times.finish()
-            T = float(R.max())
-        T_a = T
-        bound = max(T_a, min(T_a * (1.0 + cfg.cp_raise_tol), T_fixed)) * (1 + 1e-12)
-        for _ in range(2):  # (b) spend bubbles on coverage
-            changed = False
-            order = sorted(range(dp * m), key=lambda i: (covs[i][K[i // m, i % m] - 1], i))
-            answers: dict[int, np.ndarray] = {}  # finish at each larger k, valid until r changes
-            for pos, i in enumerate(order):
-                r, j = divmod(i, m)
-                ks = np.arange(K[r, j] + 1, hi[i] + 1)
-                if ks.size == 0:
-                    continue
-                if i not in answers:  # price every micro-batch of r still to come in one call
-                    todo = [x for x in order[pos:] if x // m == r and K[r, x % m] < hi[x]]
-                    pairs = [(x, k) for x in todo for k in range(int(K[r, x % m]) + 1, hi[x] + 1)]
-                    fin = times.finish_if(np.full(len(pairs), r), np.array([x % m for x, _ in pairs]),
-                                          np.stack([stage_vec(x, k) for x, k in pairs]))
-                    at = 0
-                    for x in todo:
-                        size = hi[x] - int(K[r, x % m])
-                        answers[x] = fin[at:at + size]
-                        at += size
-                Rc = answers.pop(i)
-                others = float(np.max(np.delete(R, r))) if dp > 1 else -np.inf
-                ok = np.flatnonzero(np.maximum(Rc, others) <= bound)
-                if ok.size:
-                    put(r, j, int(ks[ok[-1]]))
-                    times.update(r, j)
-                    R = times.finish()
-                    changed = True
-                    for x in [x for x in answers if x // m == r]:  # r's times changed
-                        del answers[x]
-            if not changed:
-                break
+        T_fixed = float(R.max())
+        rounds, R = _lower(st, times, R)
+        T_a = float(R.max())
+        R = _raise(st, times, R, T_a, T_fixed)
+        K = st.K
         n = dp * m
-        floors = np.array(lo).reshape(dp, m)
+        floors = st.lo.reshape(dp, m)
         self.stats = {
             "mean_budget": float(K.mean()) if n else float(cfg.k0),
             "floor_share": float(((K == floors) & (K <= cfg.k0)).mean()) if n else 0.0,
@@ -246,3 +139,203 @@ class CriticalPathDST:
 
     def observe(self, plan: Plan, budgets: Budgets, result=None) -> None:
         """Stateless across iterations, like DST (its decision 1)."""
+
+
+class _State:
+    """Budgets and per-(micro-batch, k) lookups of one decision; flat index i = r * m + j."""
+
+    def __init__(self, cfg, tab: StageTable, lo, hi, covs, dp: int, m: int) -> None:
+        self.cfg, self.tab = cfg, tab
+        self.dp, self.m = dp, m
+        self.lo = np.asarray(lo, dtype=np.int64)
+        self.hi = np.asarray(hi, dtype=np.int64)
+        self.K = np.full((dp, m), cfg.k0, dtype=np.int64)
+        sizes = np.array([len(c) for c in covs], dtype=np.int64)
+        self.cov_off = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+        self.cov = np.concatenate(covs) if covs else np.zeros(0)
+
+    def coverage(self, i, k):
+        return self.cov[self.cov_off[i] + k - 1]
+
+
+def _lower(st: _State, times: ReplicaTimes, R: np.ndarray) -> tuple[int, np.ndarray]:
+    """Phase (a): see the module docstring. Returns (rounds, exact finishes after it)."""
+    cfg, m = st.cfg, st.m
+    T = float(R.max())
+    eps = 1e-12 * T
+    step, rounds = max(1, cfg.k0 // 4), 0
+    moved = False
+    while rounds < cfg.cp_rounds:
+        crit = np.flatnonzero(R >= T - eps)
+        below = R < T - eps
+        rest = float(np.max(R[below])) if below.any() else -np.inf
+        best = {}
+        for r in crit.tolist():
+            js = np.flatnonzero(st.K[r] > st.lo[r * m:(r + 1) * m])
+            if js.size:
+                pick = _best_cut(st, times, r, js, step, T, float(R[r]), rest, eps)
+                if pick is not None:
+                    best[r] = pick
+        rounds += 1
+        if len(best) < len(crit):  # some critical replica cannot be shortened at this step
+            if step == 1:
+                break
+            step //= 2
+            continue
+        for r, (j, k, new) in best.items():
+            st.K[r, j] = k
+            times.apply(r, j, new)
+        moved = True
+        R = times.finish()
+        T = float(R.max())
+    # the decision's figures are those of an exact re-timing (kept times may differ by ulps)
+    return rounds, (times.exact_finish(range(st.dp)) if moved else R)
+
+
+def _best_cut(st, times, r, js, step, T, R_r, rest, eps):
+    """The move of replica r's critical phase: among micro-batches ``js`` lowered by ``step``
+    (not below their floor), the largest saving of the iteration time per unit of coverage lost
+    (first on ties), None when none saves more than ``eps``. Prices every candidate when they are
+    few; else in order of an upper bound on the saving: the moved durations of the candidate's
+    critical actions (every longest path loses at most those), capped by T - rest."""
+    m = st.m
+    i = r * m + js
+    K = st.K[r, js]
+    kn = np.maximum(st.lo[i], K - step)
+    new = st.tab.rows(i, kn)
+    loss = np.maximum(st.coverage(i, K) - st.coverage(i, kn), 1e-15)
+    if len(js) <= PRICE_ALL or times.cuts.n <= SMALL_GRAPH:
+        saving = T - np.maximum(times.finish_if(np.full(len(js), r), js, new), rest)
+        ok = np.flatnonzero(saving > eps)
+        if not ok.size:
+            return None
+        eff = saving[ok] / loss[ok]
+        x = int(ok[np.argmax(eff)])  # argmax: the first of equal maxima
+        return int(js[x]), int(kn[x]), new[x]
+    through = times.own_through(r, js)
+    cut = np.maximum(times.own_durations(r, js) - new, 0.0)
+    b = (cut * (through >= R_r - 1e-9 * T)).sum(axis=1)
+    bound = np.minimum(T - R_r + b, T - rest) + MARGIN * T
+    cand = np.flatnonzero(bound > eps)
+    if not cand.size:
+        return None
+    order = cand[np.lexsort((cand, -(bound[cand] / loss[cand])))]  # best bound first, then index
+    eff_b = (bound / loss)[order]
+    best_eff, best_x, at, size = -np.inf, -1, 0, 2
+    while at < len(order) and eff_b[at] >= best_eff:
+        chunk = order[at:at + size]
+        chunk = chunk[eff_b[at:at + size] >= best_eff]
+        fin = times.finish_if(np.full(len(chunk), r), js[chunk], new[chunk])
+        saving = T - np.maximum(fin, rest)
+        eff = saving / loss[chunk]
+        for x, s_, e_ in zip(chunk.tolist(), saving.tolist(), eff.tolist()):
+            if s_ > eps and (e_ > best_eff or (e_ == best_eff and x < best_x)):
+                best_eff, best_x = e_, x
+        at += size
+        size *= 2
+    if best_x < 0:
+        return None
+    return int(js[best_x]), int(kn[best_x]), new[best_x]
+
+
+def _raise(st: _State, times: ReplicaTimes, R: np.ndarray, T_a: float, T_fixed: float) -> np.ndarray:
+    """Phase (b): see the module docstring. Returns the finishes after it (exact)."""
+    cfg, dp, m = st.cfg, st.dp, st.m
+    bound = max(T_a, min(T_a * (1.0 + cfg.cp_raise_tol), T_fixed)) * (1 + 1e-12)
+    raised = False
+    hi = st.hi.tolist()
+    for _ in range(2):
+        changed = False
+        flat = st.K.ravel()  # a view: follows st.K
+        order = np.lexsort((np.arange(dp * m), st.coverage(np.arange(dp * m), flat)))
+        todo = [i for i in order.tolist() if flat[i] < hi[i]]
+        others = _others(R)
+        limits: dict[int, tuple[list, list]] = {}  # per replica, valid until it changes
+        for i in todo:
+            r, j = divmod(i, m)
+            if others[r] > bound:
+                continue
+            if r not in limits:
+                limits[r] = _raise_limits(st, times, r, float(R[r]), bound)
+            k_now = int(flat[i])
+            sure, maybe = limits[r][0][j], limits[r][1][j]
+            if maybe <= k_now:
+                continue
+            k = _largest_within(st, times, r, j, max(sure, k_now), maybe, bound)
+            if k > k_now:
+                st.K[r, j] = k
+                times.apply(r, j, st.tab.rows([i], [k])[0])
+                R = times.finish()
+                others = _others(R)
+                changed = raised = True
+                limits.pop(r)
+        if not changed:
+            break
+    return times.exact_finish(range(dp)) if raised else R
+
+
+def _others(R: np.ndarray) -> list[float]:
+    """Per replica, the largest finish of the other replicas (-inf with one replica)."""
+    if len(R) == 1:
+        return [-np.inf]
+    top = np.argsort(-R, kind="stable")[:2]
+    first, second = float(R[top[0]]), float(R[top[1]])
+    return [second if r == top[0] else first for r in range(len(R))]
+
+
+def _raise_limits(st, times, r: int, R_r: float, bound: float) -> tuple[list, list]:
+    """Per micro-batch j of replica r: the largest k surely within ``bound`` and the largest k
+    possibly within it (above it: surely not). Raising j's actions by d_a can lengthen any path at
+    most by the sum of d_a (upper bound), and lengthens the longest path through each action a by
+    at least d_a (lower bound); both grow with k where the table does. Micro-batches whose next
+    budget already breaks the lower bound (those on the critical path) are settled first, on
+    one row each; where a table is not monotone in k every k is priced."""
+    m, tab = st.m, st.tab
+    i_all = r * m + np.arange(m)
+    K = st.K[r]
+    sure, maybe = K.copy(), K.copy()
+    margin = MARGIN * bound
+    js = np.flatnonzero(K < st.hi[i_all])
+    if js.size:
+        through = times.own_through(r, js)
+        d1 = tab.rows(i_all[js], K[js] + 1) - times.own_durations(r, js)
+        keep = np.maximum(R_r, (through + d1).max(axis=1)) <= bound + margin
+        js = js[keep | ~tab.monotone[i_all[js]]]
+    if not js.size:
+        return sure.tolist(), maybe.tolist()
+    i = i_all[js]
+    span = st.hi[i] - K[js]
+    which = np.repeat(np.arange(len(js)), span)
+    k = K[js][which] + 1 + (np.arange(int(span.sum())) - np.repeat(np.cumsum(span) - span, span))
+    d = tab.rows(i[which], k) - times.own_durations(r, js)[which]
+    through = times.own_through(r, js)[which]
+    low = np.maximum(R_r, (through + d).max(axis=1))
+    high = np.maximum(R_r, through.max(axis=1) + np.maximum(d, 0.0).sum(axis=1))
+    ok = high <= bound - margin
+    np.maximum.at(sure, js[which[ok]], k[ok])
+    ok = low <= bound + margin
+    np.maximum.at(maybe, js[which[ok]], k[ok])
+    odd = js[~tab.monotone[i]]  # bisection needs monotone rows: price every k of these
+    sure[odd], maybe[odd] = K[odd], st.hi[r * m + odd]
+    return sure.tolist(), maybe.tolist()
+
+
+def _largest_within(st, times, r: int, j: int, lo: int, hi: int, bound: float) -> int:
+    """Largest k in [lo, hi] with replica r's exact finish within ``bound`` when j runs at k,
+    given that lo is (the current budget or) within it: bisection, the finish grows with k."""
+    i = r * st.m + j
+    if not st.tab.monotone[i]:  # price every k, keep the largest within (as without bisection)
+        ks = np.arange(lo + 1, hi + 1)
+        if not ks.size:
+            return lo
+        fin = times.finish_if(np.full(len(ks), r), np.full(len(ks), j), st.tab.rows(np.full(len(ks), i), ks))
+        ok = np.flatnonzero(fin <= bound)
+        return int(ks[ok[-1]]) if ok.size else lo
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        fin = times.finish_if(np.array([r]), np.array([j]), st.tab.rows([i], [mid]))
+        if fin[0] <= bound:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

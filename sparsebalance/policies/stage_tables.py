@@ -1,0 +1,159 @@
+"""Stage seconds of many micro-batches at a range of budgets each: the table ``dst-cp`` moves on.
+
+A stage's forward (backward) time is affine in its attention: ``n_layers(vs) x sum over sequences
+of attention(L, k)`` + a budget-free part (dense layers, embedding on the first virtual stage, LM
+head on the last). The budget-free part is taken as ``LatencyModel.stage_time`` at the lowest
+budget minus its attention, computed term by term as ``stage_time`` does (sums over a
+micro-batch's sequences left to right), so every entry equals ``stage_time``'s bit for bit. The
+attention of every (sequence, k) pair comes from one vectorised call per sequence position, the
+dense parts from one per op.
+
+Rows are computed for k = k_lo..k_top up front and beyond on demand (:meth:`StageTable.extend`):
+``dst-cp`` lowers budgets from k0 and raises few above it, so most rows above k0 are never read.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _ops(lm, op: str, scalar, tokens: np.ndarray, bw: bool) -> np.ndarray:
+    many = getattr(lm, "op_many", None)
+    if many is not None:
+        return many(f"{op}_{'bwd' if bw else 'fwd'}", tokens)
+    return np.array([scalar(int(t), backward=bw) for t in tokens.tolist()], dtype=float)
+
+
+def budget_monotone_range(lm) -> tuple[float, float] | None:
+    """The range of sequence lengths over which ``lm``'s attention surely does not fall as the
+    budget grows (its profile's attention grid non-decreasing along the budget at every length,
+    hence so is the bilinear interpolation; lengths outside the grid are extrapolated, which may
+    not keep it unless clamped), or None when that cannot be established."""
+    prof = getattr(lm, "profile", None)
+    if prof is None or not hasattr(prof, "rows"):
+        return None
+    lo, hi = -np.inf, np.inf
+    for op in ("attn_fwd", "attn_bwd"):
+        rows = prof.rows(op)
+        if not len(rows):
+            return None
+        g = rows.sort_values(["seq_len", "budget"], kind="stable")
+        x, z = g["seq_len"].to_numpy(), g["latency_s"].to_numpy()
+        if (np.diff(z)[x[1:] == x[:-1]] < 0).any():
+            return None
+        if getattr(lm, "extrapolate", "warn") != "clamp":
+            lo, hi = max(lo, float(x.min())), min(hi, float(x.max()))
+    return lo, hi
+
+
+class StageTable:
+    """Micro-batch ``i`` (sequence lengths ``lengths[i]``) at k = k_lo[i]..k_hi[i]; rows up to
+    ``k_top[i]`` are computed at once. :meth:`rows` gives [C, 2 V] seconds (forward of vstages
+    0..V-1, then backward) of micro-batches ``i`` at budgets ``k``."""
+
+    def __init__(self, lm, lengths: list, k_lo, k_top, k_hi, nv: int, pp: int) -> None:
+        self.lm, self.nv, self.pp = lm, nv, pp
+        self.n_layers = np.array([len(lm.stage_layers(vs % pp, vs // pp)) for vs in range(nv)], float)
+        self.lo = np.asarray(k_lo, dtype=np.int64)
+        self.hi = np.asarray(k_hi, dtype=np.int64)
+        self.top = np.minimum(np.asarray(k_top, dtype=np.int64), self.hi)
+        counts = np.array([len(x) for x in lengths], dtype=np.int64)
+        self.counts = counts
+        width = int(counts.max()) if len(counts) else 0
+        self.lens = np.zeros((len(lengths), width), dtype=np.int64)
+        for i, x in enumerate(lengths):
+            self.lens[i, :len(x)] = x
+        tokens = self.lens.sum(axis=1)
+        sizes = self.top - self.lo + 1
+        self.offset = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+        acc = self._attention(np.arange(len(lengths)), self.lo, sizes)  # [2, rows]
+        self.base = np.empty((len(lengths), 2 * nv))  # budget-free part per micro-batch
+        a0 = acc[:, self.offset]  # attention at k_lo: stage_time(lens, k_lo) - its attention = the rest
+        for half, bw in enumerate((False, True)):
+            dense = _ops(lm, "layer", lm.dense, tokens, bw)
+            for vs in range(nv):
+                nl = len(lm.stage_layers(vs % pp, vs // pp))
+                st = 0.0 + nl * a0[half]
+                st = st + nl * dense
+                if vs == 0:
+                    st = st + _ops(lm, "embed", lm.embed, tokens, bw)
+                if vs == nv - 1:
+                    st = st + _ops(lm, "head", lm.head, tokens, bw)
+                self.base[:, half * nv + vs] = st - self.n_layers[vs] * a0[half]
+        self.table = self._assemble(np.repeat(np.arange(len(lengths)), sizes), acc)
+        self.ext_lo = self.top + 1  # rows above top: computed by extend()
+        self.ext_off = np.full(len(lengths), -1, dtype=np.int64)
+        self.monotone = np.ones(len(lengths), dtype=bool)
+        """Per micro-batch: rows computed so far non-decreasing in k (the attention grows with k
+        for profiles monotone in the budget; what bisection over k relies on)."""
+        self._check_monotone(np.arange(len(lengths)), None, self.table, sizes)
+
+    def _attention(self, mbs: np.ndarray, k_lo: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        """[2, sum sizes]: per (micro-batch, k) the sum of its sequences' attention (forward,
+        backward), left to right, for k = k_lo[x] .. k_lo[x] + sizes[x] - 1."""
+        lm = self.lm
+        total = int(sizes.sum())
+        which = np.repeat(mbs, sizes)
+        start = np.repeat(np.cumsum(sizes) - sizes, sizes)
+        k = np.repeat(k_lo, sizes) + (np.arange(total) - start)
+        many = getattr(lm, "attention_many", None)
+        out = np.zeros((2, total))
+        for half, bw in enumerate((False, True)):
+            acc = out[half]
+            for p in range(self.lens.shape[1]):
+                rows = np.flatnonzero(self.counts[which] > p)
+                if not rows.size:
+                    break
+                L, kk = self.lens[which[rows], p], k[rows]
+                if many is None:
+                    v = np.array([lm.attention(int(x), int(y), backward=bw) for x, y in zip(L, kk)])
+                else:
+                    v = many(L, kk, backward=bw)
+                acc[rows] = acc[rows] + v
+        return out
+
+    def _assemble(self, which: np.ndarray, acc: np.ndarray) -> np.ndarray:
+        nv = self.nv
+        table = np.empty((len(which), 2 * nv))
+        for half in range(2):
+            for vs in range(nv):
+                c = half * nv + vs
+                table[:, c] = self.base[which, c] + acc[half] * self.n_layers[vs]
+        return table
+
+    def extend(self, mbs: np.ndarray) -> None:
+        """Compute the rows above ``k_top`` of micro-batches ``mbs`` (once each)."""
+        mbs = np.unique(np.asarray(mbs, dtype=np.int64))
+        mbs = mbs[(self.ext_off[mbs] < 0) & (self.hi[mbs] > self.top[mbs])]
+        if not mbs.size:
+            return
+        sizes = self.hi[mbs] - self.top[mbs]
+        acc = self._attention(mbs, self.ext_lo[mbs], sizes)
+        block = self._assemble(np.repeat(mbs, sizes), acc)
+        self._check_monotone(mbs, self.table[self.row(mbs, self.top[mbs])], block, sizes)
+        self.ext_off[mbs] = len(self.table) + np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        self.table = np.vstack([self.table, block])
+
+    def row(self, i, k):
+        """Row index of micro-batch ``i`` at budget ``k`` (arrays; rows above k_top need extend())."""
+        i, k = np.asarray(i), np.asarray(k)
+        return np.where(k <= self.top[i], self.offset[i] + k - self.lo[i], self.ext_off[i] + k - self.ext_lo[i])
+
+    def rows(self, i, k) -> np.ndarray:
+        """[C, 2V] seconds of micro-batches ``i`` at budgets ``k`` (computing missing rows)."""
+        i, k = np.asarray(i), np.asarray(k)
+        above = k > self.top[i]
+        if above.any():
+            self.extend(i[above])
+        return self.table[self.row(i, k)]
+
+    def _check_monotone(self, mbs: np.ndarray, first: np.ndarray, block: np.ndarray, sizes) -> None:
+        """Clear ``monotone[i]`` of micro-batches whose rows in ``block`` (``sizes`` rows each, in
+        order, preceded by row ``first`` when given) are not non-decreasing in k."""
+        which = np.repeat(np.arange(len(mbs)), sizes)
+        full = block if first is None else np.vstack([first, block])
+        owner = which if first is None else np.concatenate([np.arange(len(mbs)), which])
+        order = np.argsort(owner, kind="stable")
+        full, owner = full[order], owner[order]
+        bad = (np.diff(full, axis=0) < 0).any(axis=1) & (owner[1:] == owner[:-1])
+        self.monotone[mbs[np.unique(owner[1:][bad])]] = False

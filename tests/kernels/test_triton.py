@@ -121,7 +121,7 @@ def test_small_budget_differs_from_dense():
 def test_selection_matches_naive_selection():
     q, k, _, _, cu = _inputs(13, 4, 2)
     topk = torch.tensor([3, 2, 1, 2, 4])
-    idx = build_index(q, k, cu, B, topk, block_m=8, block_n=16)
+    idx = build_index(q, k, cu, B, topk, 8)
     bounds = cu.tolist()
     for s, (a, b) in enumerate(itertools.pairwise(bounds)):
         want = naive_selection(q[a:b].double(), k[a:b].double(), B, int(topk[s]))  # [L, H, nb]

@@ -72,15 +72,15 @@ def count(q, k, block: int, density: float, block_m: int, block_n: int) -> dict:
     nb = -(-L // block)
     topk = max(1, round(density * nb))
     cu = torch.tensor([0, L], dtype=torch.int32)
-    idx = build_index(q, k, cu, block, torch.tensor([topk]), block_m, block_n)
+    idx = build_index(q, k, cu, block, torch.tensor([topk]), block_m)
     attended = work.attended_pairs([L], block, [topk], H)
     union = work.union_work(idx.sel, [L], block, block_m, block_n)
     row = {"blocks": nb, "topk": topk, "density": density, "attended": attended, "union": union,
            "union_ratio": union / attended}
-    if hasattr(work, "gather_work"):
-        g = work.gather_work(idx, [L], block, block_m, block_n, H)
-        row |= {"gather": g, "gather_ratio": g / attended}
-    return row
+    hkv = k.shape[1]
+    g = work.gather_work(idx, block, block_m, block_n, H, hkv)
+    gb = work.gather_work(idx, block, block_m, block_n, H, hkv, backward=True)
+    return row | {"gather": g, "gather_ratio": g / attended, "gather_bwd_ratio": gb / attended}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,11 @@ Tables (all int32, on q's device):
     split so no program runs for much longer than the others);
   - own-block items (backward) and query tiles (forward own block + merge) of the chunk's blocks.
 
+A sequence whose budget covers all its blocks (topk >= n_blocks) is dense causal attention: it gets
+no selection and no gathered entries; its query tiles attend every key from the sequence start
+(FlashAttention-2's forward) and its key tiles take every later row of the sequence (FA-2's dK/dV
+loop), in the same own-block kernels. No partial outputs are written for it.
+
 Memory: selection runs in row chunks of about ``chunk_elems`` gate scores against the chunk's past
 blocks only; index building holds O(entries of one chunk) int64 temporaries. Nothing is
 O(T x n_blocks) (``benchmarks/bench_selection_memory.py`` measures the peak).
@@ -45,9 +50,11 @@ class MobaChunk:
     bwd_items: torch.Tensor
     """int32 [4, n_bwd]: the same for the backward past-block programs (ranges of <= bwd_rows entries)."""
     own_items: torch.Tensor
-    """int32 [3, n_own]: (block start row, block length, kv head) per backward own-block program."""
+    """int32 [4, n_own]: (block start row, block length, end of the rows that see it causally, kv head) per
+    backward own-block program; the row end is the block end, or the sequence end for a dense sequence."""
     q_tiles: torch.Tensor
-    """int32 [3, n_qtiles]: (first row, own block start row, own block end row) per forward own+merge tile."""
+    """int32 [4, n_qtiles]: (first row, first key row, own block end row, slots to merge) per forward
+    own+merge tile; the first key is the block start, or the sequence start for a dense sequence (0 slots)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -83,7 +90,7 @@ def select_blocks(q: torch.Tensor, k: torch.Tensor, bounds: list[int], block_siz
     sel = torch.full((T, H, k1p), -1, dtype=torch.int32, device=q.device)
     for s in range(len(bounds) - 1):
         s0, s1, kk = bounds[s], bounds[s + 1], topks[s] - 1
-        if kk <= 0 or s1 - s0 <= block_size:
+        if kk <= 0 or kk + 1 >= -(-(s1 - s0) // block_size):  # no past block, or dense: no selection
             continue
         means = gate.block_means(k[s0:s1], block_size)  # [nb, H_kv, D]
         nb = means.shape[0]
@@ -98,15 +105,21 @@ def select_blocks(q: torch.Tensor, k: torch.Tensor, bounds: list[int], block_siz
     return sel
 
 
-def _blocks(bounds: list[int], block_size: int) -> tuple[list[int], list[int], list[int]]:
-    """Global key blocks: start row, length, and the global id of each sequence's block 0."""
-    starts, lens, base = [], [], []
-    for s0, s1 in zip(bounds[:-1], bounds[1:]):
+def _blocks(bounds: list[int], block_size: int, topks: list[int]) -> tuple[list[int], ...]:
+    """Global key blocks: start row, length, first key row its queries see (block start, or sequence
+    start when dense), end of the rows that see it (block end, or sequence end when dense), slots its
+    queries merge; and the global id of each sequence's block 0."""
+    starts, lens, kfirst, rend, slots, base = [], [], [], [], [], []
+    for s0, s1, k in zip(bounds[:-1], bounds[1:], topks):
         base.append(len(starts))
-        for b in range(s0, s1, block_size):
+        dense = k >= -(-(s1 - s0) // block_size)
+        for c, b in enumerate(range(s0, s1, block_size)):
             starts.append(b)
             lens.append(min(block_size, s1 - b))
-    return starts, lens, base
+            kfirst.append(s0 if dense else b)
+            rend.append(s1 if dense else b + lens[-1])
+            slots.append(0 if dense else min(k - 1, c))
+    return starts, lens, kfirst, rend, slots, base
 
 
 def _items(counts: torch.Tensor, ptr: torch.Tensor, per: int, blk_start: torch.Tensor, hkv: int) -> torch.Tensor:
@@ -144,10 +157,12 @@ def build_index(q: torch.Tensor, k: torch.Tensor, cu_seqlens: torch.Tensor, bloc
     G = H // HKV
     bounds = [int(x) for x in cu_seqlens.cpu().tolist()]
     topks = [int(x) for x in topk.cpu().tolist()]
-    k1 = max(topks) - 1
+    lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+    # slots per row: the largest budget of a sequence that is not dense (dense ones have none)
+    k1 = max([k - 1 for k, L in zip(topks, lengths) if k < -(-L // block_size)], default=0)
     k1p = max(2, _next_pow2(k1))
     sel = select_blocks(q, k, bounds, block_size, topks, k1p)
-    starts, lens, base = _blocks(bounds, block_size)
+    starts, lens, kfirst, rend, slots, base = _blocks(bounds, block_size, topks)
     blk_start = torch.tensor(starts, dtype=torch.long, device=dev)
     n_blocks = len(starts)
     # global block id of each sequence's block 0, per row (to turn local selections into buckets)
@@ -169,10 +184,9 @@ def build_index(q: torch.Tensor, k: torch.Tensor, cu_seqlens: torch.Tensor, bloc
         ptr = torch.zeros(n_blocks * HKV + 1, dtype=torch.long, device=dev)
         ptr[1:] = torch.cumsum(counts, 0)
         del flat, code, t, h, bucket, order
-        own_b = torch.arange(b0, b1, device=dev).repeat_interleave(HKV)
-        own = torch.stack([blk_start[own_b], torch.tensor(lens[b0:b1], device=dev).repeat_interleave(HKV),
-                           torch.arange(HKV, device=dev).repeat(b1 - b0)]).to(torch.int32).contiguous()
-        qt = [(r, starts[b], starts[b] + lens[b]) for b in range(b0, b1)
+        own = torch.tensor([(starts[b], lens[b], rend[b], g) for b in range(b0, b1) for g in range(HKV)],
+                           dtype=torch.int32, device=dev).T.contiguous()
+        qt = [(r, kfirst[b], starts[b] + lens[b], slots[b]) for b in range(b0, b1)
               for r in range(starts[b], starts[b] + lens[b], block_m)]
         chunks.append(MobaChunk(
             row0=row0, row1=row1, codes=codes,
@@ -181,6 +195,5 @@ def build_index(q: torch.Tensor, k: torch.Tensor, cu_seqlens: torch.Tensor, bloc
             own_items=own, q_tiles=torch.tensor(qt, dtype=torch.int32, device=dev).T.contiguous()))
     from sparsebalance.kernels.moba.work import attended_pairs
 
-    lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
     return MobaIndex(sel=sel, k1p=k1p, k1=k1, chunks=chunks,
                      attended_pairs=attended_pairs(lengths, block_size, topks, H))

@@ -70,3 +70,32 @@ def union_work(sel: Any, lengths: list[int], block_size: int, block_m: int, bloc
                                             tsel[..., 1:] != tsel[..., :-1]], dim=-1)
         past += int(distinct.sum())
     return block_m * block_size * past + own_tile_pairs(lengths, block_size, block_m, block_n, H)
+
+
+def gather_work(index: Any, block_size: int, block_m: int, block_n: int, heads: int, kv_heads: int, *,
+                backward: bool = False) -> int:
+    """Executed pairs of the shipped key-block-major kernel, from the tables of ``index``.
+
+    Forward: every forward item runs ``block_m`` gathered rows against its whole past block; every
+    own+merge query tile runs ``block_n`` key tiles from its first key row (own block start, or
+    sequence start when dense) to its last row. Backward: every backward item runs its entries in
+    tiles of ``block_m`` against each of the block's key sub-tiles; every own item runs, per query
+    head of its group and per key sub-tile, the row tiles from the one holding the sub-tile's first
+    key to its row end (block end, or sequence end when dense).
+    """
+    total = 0
+    group = heads // kv_heads
+    for ch in index.chunks:
+        if backward:
+            n = (ch.bwd_items[1] - ch.bwd_items[0]).long()
+            total += int(((n + block_m - 1) // block_m).sum()) * block_m * block_size
+            for start, blen, rend in zip(*ch.own_items[:3].tolist()):
+                for sub in range(0, blen, block_n):
+                    first = (sub // block_m) * block_m
+                    total += group * -(-(rend - start - first) // block_m) * block_m * block_n
+        else:
+            total += ch.fwd_items.shape[1] * block_m * block_size
+            t = ch.q_tiles.long()
+            keys = -(-(t[0] + block_m - t[1]) // block_n) * block_n  # from the first key row
+            total += int(keys.sum()) * block_m * heads
+    return total

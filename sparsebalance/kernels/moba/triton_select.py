@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 
@@ -105,21 +106,24 @@ def select_blocks(q: torch.Tensor, k: torch.Tensor, bounds: list[int], block_siz
     return sel
 
 
-def _blocks(bounds: list[int], block_size: int, topks: list[int]) -> tuple[list[int], ...]:
-    """Global key blocks: start row, length, first key row its queries see (block start, or sequence
-    start when dense), end of the rows that see it (block end, or sequence end when dense), slots its
-    queries merge; and the global id of each sequence's block 0."""
-    starts, lens, kfirst, rend, slots, base = [], [], [], [], [], []
-    for s0, s1, k in zip(bounds[:-1], bounds[1:], topks):
-        base.append(len(starts))
-        dense = k >= -(-(s1 - s0) // block_size)
-        for c, b in enumerate(range(s0, s1, block_size)):
-            starts.append(b)
-            lens.append(min(block_size, s1 - b))
-            kfirst.append(s0 if dense else b)
-            rend.append(s1 if dense else b + lens[-1])
-            slots.append(0 if dense else min(k - 1, c))
-    return starts, lens, kfirst, rend, slots, base
+def _blocks(bounds: list[int], block_size: int, topks: list[int]) -> np.ndarray:
+    """Global key blocks as int64 [6, n_blocks] (host): start row, length, first key row its queries
+    see (block start, or sequence start when dense), end of the rows that see it (block end, or
+    sequence end when dense), slots its queries merge, and the global id of its sequence's block 0."""
+    b = np.asarray(bounds, dtype=np.int64)
+    s0, s1 = b[:-1], b[1:]
+    nb = -(-(s1 - s0) // block_size)
+    seq = np.repeat(np.arange(len(nb)), nb)
+    base = np.cumsum(nb) - nb
+    c = np.arange(int(nb.sum())) - base[seq]                      # block index within its sequence
+    start = s0[seq] + c * block_size
+    length = np.minimum(block_size, s1[seq] - start)
+    k = np.asarray(topks, dtype=np.int64)[seq]
+    dense = k >= nb[seq]
+    kfirst = np.where(dense, s0[seq], start)
+    rend = np.where(dense, s1[seq], start + length)
+    slots = np.where(dense, 0, np.minimum(k - 1, c))
+    return np.stack([start, length, kfirst, rend, slots, base[seq]])
 
 
 def _items(counts: torch.Tensor, ptr: torch.Tensor, per: int, blk_start: torch.Tensor, hkv: int) -> torch.Tensor:
@@ -131,7 +135,7 @@ def _items(counts: torch.Tensor, ptr: torch.Tensor, per: int, blk_start: torch.T
     j = torch.arange(bucket.numel(), device=counts.device) - first.repeat_interleave(n_it)
     e0 = ptr[bucket] + j * per
     e1 = torch.minimum(e0 + per, ptr[bucket + 1])
-    return torch.stack([e0, e1, blk_start[bucket // hkv], bucket % hkv]).to(torch.int32).contiguous()
+    return torch.stack([e0, e1, blk_start[bucket // hkv].long(), bucket % hkv]).to(torch.int32).contiguous()
 
 
 def _chunk_bounds(blk_lens: list[int], row_cost: int, partial_bytes: int) -> list[tuple[int, int]]:
@@ -147,10 +151,29 @@ def _chunk_bounds(blk_lens: list[int], row_cost: int, partial_bytes: int) -> lis
     return out
 
 
+def _gather(sel, row0: int, row1: int, row_base, k1p: int, H: int, G: int, n_blocks: int, blk_start,
+            block_m: int, bwd_rows: int):
+    """Codes of the valid selection slots of rows [row0, row1), sorted by (global key block, kv head),
+    and the forward / backward item tables over them."""
+    HKV = H // G
+    flat = sel[row0:row1].reshape(-1)
+    code = torch.nonzero(flat >= 0).squeeze(1).to(torch.int32)        # slot rows of the partial buffer
+    h = (code // k1p) % H
+    bucket = (row_base[row0 + code // (H * k1p)] + flat[code]) * HKV + h // G
+    bucket, order = torch.sort(bucket, stable=True)
+    codes = code[order].contiguous()
+    counts = torch.bincount(bucket, minlength=n_blocks * HKV)
+    ptr = torch.zeros(n_blocks * HKV + 1, dtype=torch.long, device=sel.device)
+    ptr[1:] = torch.cumsum(counts, 0)
+    return codes, _items(counts, ptr, block_m, blk_start, HKV), _items(counts, ptr, bwd_rows, blk_start, HKV)
+
+
 def build_index(q: torch.Tensor, k: torch.Tensor, cu_seqlens: torch.Tensor, block_size: int,
                 topk: torch.Tensor, block_m: int, *, bwd_rows: int = 1024,
                 partial_bytes: int = 1 << 30) -> MobaIndex:
     """Selection plus the per-chunk tables for one call (see the module docstring)."""
+    from sparsebalance.kernels.moba.work import attended_pairs
+
     dev = q.device
     T, H, D = q.shape
     HKV = k.shape[1]
@@ -162,38 +185,33 @@ def build_index(q: torch.Tensor, k: torch.Tensor, cu_seqlens: torch.Tensor, bloc
     k1 = max([k - 1 for k, L in zip(topks, lengths) if k < -(-L // block_size)], default=0)
     k1p = max(2, _next_pow2(k1))
     sel = select_blocks(q, k, bounds, block_size, topks, k1p)
-    starts, lens, kfirst, rend, slots, base = _blocks(bounds, block_size, topks)
-    blk_start = torch.tensor(starts, dtype=torch.long, device=dev)
-    n_blocks = len(starts)
-    # global block id of each sequence's block 0, per row (to turn local selections into buckets)
-    seq_of_row = torch.repeat_interleave(torch.arange(len(base), device=dev),
-                                         torch.tensor([b - a for a, b in zip(bounds[:-1], bounds[1:])], device=dev))
-    base_t = torch.tensor(base, dtype=torch.long, device=dev)
-    elt = q.element_size()
+    blk = _blocks(bounds, block_size, topks)                           # host tables, vectorised
+    start, length, kfirst, rend, slots, _ = blk
+    n_blocks = blk.shape[1]
+    i32 = {"dtype": torch.int32, "device": dev}
+    blk_start = row_base = None
+    if k1:
+        blk_start = torch.tensor(start, **i32)
+        # per row: global id of its sequence's block 0 (turns a local selection into a global key block)
+        nb = -(-np.asarray(lengths) // block_size)
+        row_base = torch.tensor(np.repeat(np.cumsum(nb) - nb, lengths), **i32)
     chunks = []
-    for b0, b1 in _chunk_bounds(lens, H * k1p * D * elt, partial_bytes):
-        row0, row1 = starts[b0], starts[b1 - 1] + lens[b1 - 1]
-        flat = sel[row0:row1].reshape(-1)
-        code = torch.nonzero(flat >= 0).squeeze(1)                       # int64 [n]
-        t = row0 + code // (H * k1p)
-        h = (code // k1p) % H
-        bucket = (base_t[seq_of_row[t]] + flat[code].long()) * HKV + h // G
-        bucket, order = torch.sort(bucket, stable=True)
-        codes = code[order].to(torch.int32).contiguous()
-        counts = torch.bincount(bucket, minlength=n_blocks * HKV)
-        ptr = torch.zeros(n_blocks * HKV + 1, dtype=torch.long, device=dev)
-        ptr[1:] = torch.cumsum(counts, 0)
-        del flat, code, t, h, bucket, order
-        own = torch.tensor([(starts[b], lens[b], rend[b], g) for b in range(b0, b1) for g in range(HKV)],
-                           dtype=torch.int32, device=dev).T.contiguous()
-        qt = [(r, kfirst[b], starts[b] + lens[b], slots[b]) for b in range(b0, b1)
-              for r in range(starts[b], starts[b] + lens[b], block_m)]
-        chunks.append(MobaChunk(
-            row0=row0, row1=row1, codes=codes,
-            fwd_items=_items(counts, ptr, block_m, blk_start, HKV),
-            bwd_items=_items(counts, ptr, bwd_rows, blk_start, HKV),
-            own_items=own, q_tiles=torch.tensor(qt, dtype=torch.int32, device=dev).T.contiguous()))
-    from sparsebalance.kernels.moba.work import attended_pairs
-
+    no_items = torch.zeros((4, 0), **i32)
+    for b0, b1 in _chunk_bounds(length.tolist(), H * k1p * D * q.element_size(), partial_bytes):
+        row0, row1 = int(start[b0]), int(start[b1 - 1] + length[b1 - 1])
+        if k1 == 0 or not bool(slots[b0:b1].any()):  # dense or no past choice: nothing to gather
+            codes, fwd_items, bwd_items = torch.zeros(0, **i32), no_items, no_items
+        else:
+            codes, fwd_items, bwd_items = _gather(sel, row0, row1, row_base, k1p, H, G, n_blocks, blk_start,
+                                                  block_m, bwd_rows)
+        blocks = np.arange(b0, b1)
+        own = np.stack([np.repeat(start[blocks], HKV), np.repeat(length[blocks], HKV),
+                        np.repeat(rend[blocks], HKV), np.tile(np.arange(HKV), b1 - b0)])
+        per = -(-length[blocks] // block_m)                            # query tiles per block
+        tb = np.repeat(blocks, per)
+        tile_row = start[tb] + block_m * (np.arange(int(per.sum())) - np.repeat(np.cumsum(per) - per, per))
+        qt = np.stack([tile_row, kfirst[tb], start[tb] + length[tb], slots[tb]])
+        chunks.append(MobaChunk(row0=row0, row1=row1, codes=codes, fwd_items=fwd_items, bwd_items=bwd_items,
+                                own_items=torch.tensor(own, **i32), q_tiles=torch.tensor(qt, **i32)))
     return MobaIndex(sel=sel, k1p=k1p, k1=k1, chunks=chunks,
                      attended_pairs=attended_pairs(lengths, block_size, topks, H))

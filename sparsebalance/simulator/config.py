@@ -160,7 +160,13 @@ def h20_4x8() -> ClusterConfig:
     return replace(h200_4x8(), name="h20-4x8", device="h20")
 
 
-CLUSTER_PRESETS = {"h200-4x8": h200_4x8, "h20-4x8": h20_4x8}
+def h100_4x8() -> ClusterConfig:
+    """4 nodes x 8 H100 SXM 80 GB, same parallel plan and network assumptions as ``h200_4x8`` (NVLink 4
+    inside a node, NDR InfiniBand 400 Gb/s per GPU between nodes, as on DGX H100)."""
+    return replace(h200_4x8(), name="h100-4x8", device="h100")
+
+
+CLUSTER_PRESETS = {"h200-4x8": h200_4x8, "h20-4x8": h20_4x8, "h100-4x8": h100_4x8}
 
 
 def _with_preset(kind: str, presets: dict, cls: type, data: dict[str, Any], where: str):

@@ -44,9 +44,10 @@ GATE_CHUNK_ELEMS = 1 << 24
 # ATen-level counts of the PyTorch phases, measured with `python -m sparsebalance.kernels.moba.opcount`
 # and a least-squares fit over 10 shapes (docs/costmodel.md; within 2 % of the counter at every shape).
 SELECT_OPS_PER_SEQ = 3          # k -> fp32, block means, sel table fill
-SELECT_OPS_PER_CHUNK = 27       # score GEMM, past mask, masked_fill, top-k, tie check, sort, casts (+2 if GQA)
+SELECT_OPS_PER_CHUNK = 27       # score GEMM, past mask, masked_fill, top-k, tie check, sort, casts
+                                # (+2 copies with 1 < kv heads < heads; +2 per sequence with a ragged last block)
 SELECT_SYNCS_PER_CHUNK = 1      # bool(ambiguous.any())
-INDEX_OPS_PER_CALL = 5          # sel table fill, host tables (counted on the CPU)
+INDEX_OPS_PER_CALL = 3          # cu_seqlens / topk to the host, empty item table
 INDEX_OPS_PER_CHUNK = 73 + 2    # nonzero, bucket arithmetic, stable sort, bincount, cumsum, item tables
                                 # (+ 2 host-to-device copies of the tile tables, not seen on the CPU)
 INDEX_SYNCS_PER_CALL = 2        # cu_seqlens and topk read on the host
@@ -166,7 +167,7 @@ def gate_counts(L, k, s: Shape) -> dict:
     flops = np.zeros(L.shape)
     nbytes = np.zeros(L.shape)
     nch = np.where(sparse, -(-(L - B) // rows), 0)
-    gqa = s.kv_heads < H
+    gqa = 1 < s.kv_heads < H  # einsum over (kv head, group) copies q and the scores once more
     for i in range(int(nch.max(initial=0))):
         r0 = B + i * rows
         r1 = np.minimum(L, r0 + rows)
@@ -178,7 +179,8 @@ def gate_counts(L, k, s: Shape) -> dict:
                    + R * H * (k - 1) * 109 + R * npast * 4)
     k1p = forward_chunks(L, k, s)[2]
     nbytes += np.where(sparse, L * s.kv_heads * D * 10 + L * H * k1p * 4, 0)
-    ops = np.where(sparse, SELECT_OPS_PER_SEQ + (SELECT_OPS_PER_CHUNK + 2 * gqa) * nch, 0)
+    ragged = (L % B) != 0  # the last block's mean is a second reduction and a cat
+    ops = np.where(sparse, SELECT_OPS_PER_SEQ + 2 * ragged + (SELECT_OPS_PER_CHUNK + 2 * gqa) * nch, 0)
     return {"flops": flops, "bytes": nbytes, "ops": ops, "syncs": np.where(sparse, SELECT_SYNCS_PER_CHUNK * nch, 0)}
 
 
@@ -191,7 +193,7 @@ def index_counts(L, k, s: Shape) -> dict:
     nbytes = (INDEX_BYTES_PER_ENTRY + SORT_EXTRA_BYTES_PER_ENTRY) * e + INDEX_BYTES_PER_SLOT * L * s.heads * w["k1p"] \
         + INDEX_BYTES_PER_BUCKET * w["n"] * s.kv_heads + INDEX_BYTES_PER_ROW * L
     nbytes = np.where(gather, nbytes, 8 * L * s.heads + 16 * L / TILE_M)     # sel fill, tile tables
-    ops = INDEX_OPS_PER_CALL + np.where(gather, INDEX_OPS_PER_CHUNK, 2) * w["chunks"]
+    ops = INDEX_OPS_PER_CALL + np.where(gather, INDEX_OPS_PER_CHUNK, 1 + 2) * w["chunks"]
     syncs = INDEX_SYNCS_PER_CALL + np.where(gather, INDEX_SYNCS_PER_CHUNK * w["chunks"], 0)
     return {"bytes": nbytes, "ops": ops, "syncs": syncs}
 

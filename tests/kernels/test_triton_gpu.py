@@ -20,18 +20,8 @@ pytest.importorskip("triton")
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-from sparsebalance.kernels.moba.check import Case, accuracy  # noqa: E402
-
-CASES = {
-    # qwen2.5-3b per TP-2 rank: 8 query heads on 1 kv head, D = 128, block 128
-    "3b-tp2-d128-b128": Case(lens=(1000, 2900, 517, 4096), heads=8, kv_heads=1, dim=128, block=128,
-                             topk=(4, 8, 2, 6), seed=1),
-    # qwen2.5-0.5b dims: 14 heads on 2 kv heads, D = 64, block 64, one sequence shorter than a block
-    "05b-d64-b64": Case(lens=(37, 2000, 1500, 700), heads=14, kv_heads=2, dim=64, block=64,
-                        topk=(3, 12, 5, 1), seed=2),
-    # full budget: dense causal through the same kernels
-    "dense-d128-b64": Case(lens=(640, 1100), heads=4, kv_heads=2, dim=128, block=64, topk=(10, 18), seed=3),
-}
+from sparsebalance.kernels.moba.check import GPU_CASES as CASES  # noqa: E402
+from sparsebalance.kernels.moba.check import accuracy  # noqa: E402
 
 
 def test_compiled_not_interpreted():

@@ -40,6 +40,19 @@ class Case:
     """Seed of the random q, k, v and output gradient."""
 
 
+#: The cases of the compiled-kernel tests (tests/kernels/test_triton_gpu.py) and of gpu-check.
+GPU_CASES = {
+    # qwen2.5-3b per TP-2 rank: 8 query heads on 1 kv head, D = 128, block 128
+    "3b-tp2-d128-b128": Case(lens=(1000, 2900, 517, 4096), heads=8, kv_heads=1, dim=128, block=128,
+                             topk=(4, 8, 2, 6), seed=1),
+    # qwen2.5-0.5b dims: 14 heads on 2 kv heads, D = 64, block 64, one sequence shorter than a block
+    "05b-d64-b64": Case(lens=(37, 2000, 1500, 700), heads=14, kv_heads=2, dim=64, block=64,
+                        topk=(3, 12, 5, 1), seed=2),
+    # full budget: dense causal through the same kernels
+    "dense-d128-b64": Case(lens=(640, 1100), heads=4, kv_heads=2, dim=128, block=64, topk=(10, 18), seed=3),
+}
+
+
 def make_inputs(case: Case) -> tuple[Any, ...]:
     """float64 CPU tensors q, k, v, dout and int32 cu_seqlens for ``case``."""
     import torch

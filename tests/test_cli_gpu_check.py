@@ -3,8 +3,6 @@ the single-device stage validation on the CPU with the chunked backend and the t
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 

@@ -81,8 +81,8 @@ def _accuracy(out: Path) -> tuple[str, str, str]:
     df.to_csv(out / "accuracy.csv", index=False)
     bad = int((~df.ok).sum())
     worst = float(df.ratio.max())
-    return ("ok" if bad == 0 else "FAIL", f"{len(df) - bad}/{len(df)} within 2x PyTorch error; worst ratio "
-            f"{worst:.2f}", "accuracy.csv")
+    figures = f"{len(df) - bad}/{len(df)} within 2x PyTorch error; worst ratio {worst:.2f}"
+    return ("ok" if bad == 0 else "FAIL", figures, "accuracy.csv")
 
 
 def _gpu_tests(out: Path, timeout: float) -> tuple[str, str, str]:
@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
                 status, fig, f = _stages(out, device)
             else:
                 status, fig, f = _validate(out, args.validate_config, left)
-        except Exception as e:  # record and go on: one broken step must not hide the others' results
+        except Exception as e:  # noqa: BLE001 -- record and go on: one broken step must not hide the others
             (out / f"{step}.error.txt").write_text(traceback.format_exc())
             status, fig, f = "FAIL", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200], \
                 f"{step}.error.txt"

@@ -9,9 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from sparsebalance.kernels.moba import triton_impl, triton_select, work  # noqa: E402
-from sparsebalance.kernels.moba.opcount import measure  # noqa: E402
-from sparsebalance.simulator import kernelcost as kc  # noqa: E402
+from sparsebalance.kernels.moba import triton_impl, triton_select, work
+from sparsebalance.kernels.moba.opcount import measure
+from sparsebalance.simulator import kernelcost as kc
 
 
 def test_mirrored_launch_constants_match_the_kernel():

@@ -20,8 +20,8 @@ pytest.importorskip("triton")
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-from sparsebalance.kernels.moba.check import GPU_CASES as CASES  # noqa: E402
-from sparsebalance.kernels.moba.check import accuracy  # noqa: E402
+from sparsebalance.kernels.moba.check import GPU_CASES as CASES
+from sparsebalance.kernels.moba.check import accuracy
 
 
 def test_compiled_not_interpreted():

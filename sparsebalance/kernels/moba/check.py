@@ -66,7 +66,6 @@ def make_inputs(case: Case) -> tuple[Any, ...]:
 
 
 def _run(fn, inputs, dtype, device):
-    import torch
 
     q, k, v, do = (x.to(device=device, dtype=dtype) for x in inputs)
     leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]

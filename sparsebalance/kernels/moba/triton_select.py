@@ -30,6 +30,7 @@ O(T x n_blocks) (``benchmarks/bench_selection_memory.py`` measures the peak).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -175,12 +176,12 @@ def build_index(q: torch.Tensor, k: torch.Tensor, cu_seqlens: torch.Tensor, bloc
     from sparsebalance.kernels.moba.work import attended_pairs
 
     dev = q.device
-    T, H, D = q.shape
+    _, H, D = q.shape
     HKV = k.shape[1]
     G = H // HKV
     bounds = [int(x) for x in cu_seqlens.cpu().tolist()]
     topks = [int(x) for x in topk.cpu().tolist()]
-    lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+    lengths = [b - a for a, b in itertools.pairwise(bounds)]
     # slots per row: the largest budget of a sequence that is not dense (dense ones have none)
     k1 = max([k - 1 for k, L in zip(topks, lengths) if k < -(-L // block_size)], default=0)
     k1p = max(2, _next_pow2(k1))

@@ -80,7 +80,13 @@ def count(q, k, block: int, density: float, block_m: int, block_n: int) -> dict:
     hkv = k.shape[1]
     g = work.gather_work(idx, block, block_m, block_n, H, hkv)
     gb = work.gather_work(idx, block, block_m, block_n, H, hkv, backward=True)
-    return row | {"gather": g, "gather_ratio": g / attended, "gather_bwd_ratio": gb / attended}
+    # gate statistic behind the model's padding term: share of (chunk, past block, kv head) buckets
+    # that some row chose (the model assumes all of them)
+    used = sum(len({(int(a), int(b)) for a, b in zip(c.fwd_items[2].tolist(), c.fwd_items[3].tolist())})
+               for c in idx.chunks)
+    avail = sum(hkv * max(0, min(nb - 1, (c.row1 - 1) // block)) for c in idx.chunks)
+    return row | {"gather": g, "gather_ratio": g / attended, "gather_bwd_ratio": gb / attended,
+                  "buckets_used": used / avail if avail else float("nan")}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,7 @@ test-fast: $(STAMP)
 # On a CUDA machine: kernel accuracy (compiled) and speed, CUDA profiles, single-GPU stage validation,
 # NCCL validate with 2+ GPUs; one results directory with summary.md. Exits 2 without CUDA.
 gpu-check: $(STAMP)
-	$(PY) -m sparsebalance gpu-check --out results/gpu-check
+	$(PY) -m sparsebalance gpu-check
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sparsebalance tests benchmarks

@@ -1,4 +1,4 @@
-"""``sparsebalance gpu-check --out DIR``: everything this project can only check on a GPU, in one go.
+"""``sparsebalance gpu-check [--out DIR] [--config FILE]``: everything this project can only check on a GPU, in one go.
 
 Steps (each timed and recorded; a failing step does not stop the others; the whole run aims at
 ``--budget-s`` seconds, 570 by default, so it fits in 10 minutes):
@@ -39,7 +39,11 @@ PROFILE_GRID = ["--seq-lens", "512,1024,2048,4096,8192,16384", "--budgets", "1,2
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", required=True, metavar="DIR", help="results directory to write")
+    from sparsebalance.commands._args import add_config, add_out
+
+    add_config(p, required=False, help="run config of the stage validation (default: the packaged preset "
+                                       "gpu_check_stages.toml: qwen2.5-3b, PP 4, SAB + DST)")
+    add_out(p, "results/gpu-check")
     p.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated subset of {', '.join(STEPS)}")
     p.add_argument("--budget-s", type=float, default=570.0, help="time to aim at for the whole run (s)")
     p.add_argument("--validate-config", default=None, metavar="FILE",
@@ -124,7 +128,7 @@ def _profiles(out: Path, device: str) -> tuple[str, str, str]:
     return "ok", "measured with CUDA events", ", ".join(done)
 
 
-def _stages(out: Path, device: str) -> tuple[str, str, str]:
+def _stages(out: Path, device: str, config: str | None) -> tuple[str, str, str]:
     from importlib import resources
 
     from sparsebalance.kernels.moba.speed import hardware_for
@@ -133,7 +137,7 @@ def _stages(out: Path, device: str) -> tuple[str, str, str]:
     from sparsebalance.stagecheck import run_stage_check
 
     preset = resources.files("sparsebalance.data") / "presets" / "gpu_check_stages.toml"
-    cfg = load_run_config(str(preset))
+    cfg = load_run_config(config or str(preset))
     hw = hardware_for(device) or HARDWARE["h100"]
     profiles = {f"analytical-{hw.device}": f"analytical-{hw.device}"}
     measured = out / "profiles" / f"{device.lower().replace(' ', '-')}-qwen2.5-3b"
@@ -173,8 +177,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
     import triton
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    from sparsebalance.commands._args import resolve_out
+
+    out = resolve_out(args.out, "results/gpu-check", force=args.force, verb="gpu-check")
     env = {"device": device, "gpus": torch.cuda.device_count(), "torch": torch.__version__,
            "triton": triton.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
            "command": "sparsebalance gpu-check " + " ".join(sys.argv[2:])}
@@ -195,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
             elif step == "profile":
                 status, fig, f = _profiles(out, device)
             elif step == "stages":
-                status, fig, f = _stages(out, device)
+                status, fig, f = _stages(out, device, args.config)
             else:
                 status, fig, f = _validate(out, args.validate_config, left)
         except Exception as e:  # noqa: BLE001 -- record and go on: one broken step must not hide the others

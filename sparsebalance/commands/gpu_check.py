@@ -6,7 +6,7 @@ Steps (each timed and recorded; a failing step does not stop the others; the who
 1. ``accuracy``: compiled Triton forward and every gradient vs the float64 reference at bf16 and
    fp32 on packed variable-length input with GQA and per-sequence budgets, judged by the rule of
    attention-kernel suites (kernels/moba/check.py) -> ``accuracy.csv``;
-2. ``gpu-tests``: the pytest tests marked ``gpu`` (and the kernel tests, compiled) -> ``tests.log``;
+2. ``gpu-tests``: the pytest tests marked ``gpu`` and the Triton kernel tests, compiled -> ``tests.log``;
 3. ``speed``: kernel vs dense causal attention at 8K-128K tokens and densities 1/4-1/32, forward and
    forward + backward, beside the analytical model's prediction -> ``speed.csv``;
 4. ``profile``: ``sparsebalance profile --device cuda`` for qwen2.5-0.5b and qwen2.5-3b layer dims ->
@@ -91,7 +91,9 @@ def _accuracy(out: Path) -> tuple[str, str, str]:
 
 def _gpu_tests(out: Path, timeout: float) -> tuple[str, str, str]:
     root = Path(__file__).resolve().parents[2]
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(root / "tests" / "kernels")]
+    tests = [str(root / "tests" / "kernels" / f) for f in
+             ("test_triton_gpu.py", "test_triton.py", "test_kernelcost_counts.py")]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=root, check=False)
     (out / "tests.log").write_text(r.stdout + r.stderr)
     last = (r.stdout.strip().splitlines() or ["no output"])[-1]

@@ -167,10 +167,13 @@ def _bwd_rows(Q, DO, DQ, LSE, DELTA, k, v, cols, col_ok, rh, row_ok, dk, dv, sm_
 
 @triton.jit
 def _bwd_past_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, CODES, ITEMS, n_items, row0, sm_scale, sm_scale_log2,
-                     T, H, HKV, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     K1P: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr):
-    it = tl.program_id(0)
-    sub = tl.program_id(1)
+                     T, H, HKV, D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, K1P: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr):
+    # one flat grid, the key sub-tiles of an item adjacent: they run side by side and share the
+    # item's q / dO / dQ rows through L2
+    SUBS: tl.constexpr = BLOCK // BLOCK_N
+    it = tl.program_id(0) // SUBS
+    sub = tl.program_id(0) % SUBS
     e0 = tl.load(ITEMS + it)
     e1 = tl.load(ITEMS + n_items + it)
     kstart = tl.load(ITEMS + 2 * n_items + it)
@@ -196,10 +199,11 @@ def _bwd_past_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, CODES, ITEMS, n_items,
 
 @triton.jit
 def _bwd_own_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, ITEMS, n_items, sm_scale, sm_scale_log2, T, H, G,
-                    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     F32_DOT: tl.constexpr, PREC: tl.constexpr):
-    it = tl.program_id(0)
-    sub = tl.program_id(1)
+    SUBS: tl.constexpr = BLOCK // BLOCK_N
+    it = tl.program_id(0) // SUBS
+    sub = tl.program_id(0) % SUBS
     bstart = tl.load(ITEMS + it)
     blen = tl.load(ITEMS + n_items + it)
     rend = tl.load(ITEMS + 2 * n_items + it)  # block end, or sequence end when dense
@@ -295,11 +299,12 @@ def moba_backward(q, k, v, o, lse, do, idx: MobaIndex, block_size: int, bm: int,
     for ch in idx.chunks:
         n_b = ch.bwd_items.shape[1]
         if n_b:
-            _bwd_past_kernel[(n_b, subs)](q, k, v, do, dq, dk, dv, lse, delta, ch.codes, ch.bwd_items, n_b, ch.row0,
-                                          scale, scale * LOG2E, T, H, HKV, K1P=idx.k1p, **opts)
+            _bwd_past_kernel[(n_b * subs,)](q, k, v, do, dq, dk, dv, lse, delta, ch.codes, ch.bwd_items, n_b,
+                                            ch.row0, scale, scale * LOG2E, T, H, HKV, BLOCK=block_size,
+                                            K1P=idx.k1p, **opts)
         n_o = ch.own_items.shape[1]
-        _bwd_own_kernel[(n_o, subs)](q, k, v, do, dq, dk, dv, lse, delta, ch.own_items, n_o, scale, scale * LOG2E,
-                                     T, H, H // HKV, **opts)
+        _bwd_own_kernel[(n_o * subs,)](q, k, v, do, dq, dk, dv, lse, delta, ch.own_items, n_o, scale,
+                                       scale * LOG2E, T, H, H // HKV, BLOCK=block_size, **opts)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 

@@ -8,7 +8,7 @@ add ``(ops + syncs) x launch_overhead``. Dense layer parts: ``max(FLOPs / (peak 
 bytes / (bandwidth x memory_efficiency)) + launches`` (+ the TP all-reduces of a Megatron layer).
 
 Every constant states its source below and in docs/costmodel.md (data sheets, published figures,
-measurements with their commands) -- except ``launch_overhead``, still unsourced (docs/costmodel.md
+measurements with their commands); ``launch_overhead`` only partly (a measured floor, docs/costmodel.md
 section 7). The sidecar says ``analytical: true``.
 
 FLOP counts (per GPU, one TP rank, heads split over ``tp``; kv heads replicated when fewer than tp):
@@ -78,9 +78,10 @@ class Hardware:
     """Share of HBM bandwidth streaming kernels reach: coalesced loads measured at 2.8 TB/s of 3.35 on
     H100 SXM5 with Nsight Compute (https://mikamirai.com/blog/gpu-memory-bandwidth/)."""
     launch_overhead: float = 4e-6
-    """Seconds of fixed cost per kernel launch, PyTorch op or host sync. NOT SOURCED: the previous
-    model's value; benchmarks/bench_dispatch.py (host dispatch floor, needs a quiet machine) and
-    gpu-check (real launches) are the measurements to replace it (docs/costmodel.md, section 7)."""
+    """Seconds of fixed cost per kernel launch, PyTorch op or host sync. Partly measured: the host
+    dispatch floor is 1.44 us (benchmarks/bench_dispatch.py, this project's VM); the CUDA launch
+    latency on top is not measured, so the previous 4 us is kept until gpu-check measures real
+    launches (docs/costmodel.md, section 7)."""
     source: str = ""
     """Where the peak numbers come from."""
 

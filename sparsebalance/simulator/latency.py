@@ -212,6 +212,23 @@ class LatencyModel:
         self._dense[key] = value
         return value
 
+    def op_many(self, op: str, x) -> np.ndarray:
+        """Vectorised per-token op (``layer_fwd``, ``embed_bwd``, ``head_fwd``, ...) for an array of
+        token counts: bitwise :meth:`dense` / :meth:`embed` / :meth:`head`'s values (same
+        arithmetic); points outside the profiled range, and 0 tokens, take the scalar path."""
+        x = np.asarray(x, dtype=np.int64)
+        curve = self._curves.get(op)
+        if curve is None:
+            return np.zeros(x.shape)
+        xs, ys = np.asarray(curve.xs), np.asarray(curve.ys)
+        xf = x.astype(float)
+        i = np.clip(np.searchsorted(xs, xf, side="right") - 1, 0, len(xs) - 2)
+        t = (xf - xs[i]) / (xs[i + 1] - xs[i])
+        out = np.maximum(0.0, ys[i] + t * (ys[i + 1] - ys[i]))
+        for idx in np.flatnonzero((xf < xs[0]) | (xf > xs[-1]) | (x == 0)):
+            out[idx] = self._op(op, int(x[idx]))
+        return out
+
     def dense(self, tokens: int, *, backward: bool = False) -> float:
         """Seconds of one layer's dense part (norms, QKV/O projections, MLP) on ``tokens`` tokens."""
         return self._op("layer_bwd" if backward else "layer_fwd", tokens)

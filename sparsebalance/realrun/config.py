@@ -82,6 +82,10 @@ def realrun_config(cfg) -> RealrunConfig:
     check(cfg.data.source != "distribution", "data.source",
           "realrun trains on real tokens; use text_dir, jsonl, parquet or hf_disk "
           "(e.g. source = \"text_dir\", path = \"stdlib\")")
+    if rr.checkpoint is not None:
+        from sparsebalance.realrun.checkpoint import check_checkpoint
+
+        check_checkpoint(cfg.resolve(rr.checkpoint), m)
     if rr.device == "cuda":
         try:
             import torch

@@ -39,8 +39,7 @@ def init_runtime(cfg: Any, rr: RealrunConfig) -> Runtime:
     import torch
     import torch.distributed as dist
 
-    from sparsebalance.kernels.qwen2 import build_qwen2, load_qwen2
-    from sparsebalance.realrun.stage import build_stage
+    from sparsebalance.realrun.stage import build_stage_module
     from sparsebalance.realrun.worker import StageWorker
 
     pp, dp = cfg.cluster.pp, cfg.cluster.dp
@@ -70,12 +69,8 @@ def init_runtime(cfg: Any, rr: RealrunConfig) -> Runtime:
         g = dist.new_group(members, timeout=timeout) if len(members) > 1 else None
         if r == dp_rank:
             groups["tied"] = g
-    if rr.checkpoint:
-        net = load_qwen2(str(cfg.resolve(rr.checkpoint)), dtype=rr.dtype)
-    else:
-        net = build_qwen2(cfg.model, seed=cfg.seed, dtype=rr.dtype)
-    module = build_stage(net, stage, pp, _layer_split(cfg, stage)).to(device)
-    del net
+    # only this stage's weights are ever allocated here (a 7B model never lives whole on a rank)
+    module = build_stage_module(cfg, rr, stage, pp, device)
     dist.barrier()
     origin = time.perf_counter()  # one shared origin: every rank leaves the barrier together
     worker = StageWorker(rank=rank, dp_rank=dp_rank, stage=stage, pp=pp, dp=dp,
@@ -83,12 +78,6 @@ def init_runtime(cfg: Any, rr: RealrunConfig) -> Runtime:
                          block_size=cfg.model.block_size, groups=groups, device=device, origin=origin)
     return Runtime(rank=rank, world=world, dp_rank=dp_rank, stage=stage, cfg=cfg, rr=rr,
                    groups=groups, worker=worker)
-
-
-def _layer_split(cfg: Any, stage: int) -> range:
-    from sparsebalance.realrun.stage import stage_layers
-
-    return stage_layers(cfg.model.layers, cfg.cluster.pp, stage)
 
 
 def make_message(iteration: int, plan: Any, budgets: Any):

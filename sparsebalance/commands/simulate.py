@@ -24,6 +24,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="dotted override, value parsed as a TOML scalar, e.g. --set cluster.pp=8 "
                         "--set policy.batching=sab (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--profile-as-is", action="store_true",
+                   help="trust a measured profile as it is: no calibration probe on this machine "
+                        "(by default a measured CPU/GPU profile whose device this machine has is probed "
+                        "at a few points and rescaled per op; analytical profiles are never probed)")
 
 
 def parse_override(item: str) -> tuple[str, Any]:
@@ -54,8 +58,17 @@ def run(args: argparse.Namespace) -> int:
     if args.output is not None:
         overrides["output_dir"] = args.output
     cfg = load_run_config(args.config, overrides)
+    import json
+    from pathlib import Path
+
+    from sparsebalance.commands._calibrate import calibrate_run
+
+    out_dir = Path(cfg.output_dir) / cfg.name
+    cfg, calibration = calibrate_run(cfg, out_dir, as_is=args.profile_as_is)
     result = run_simulation(cfg, progress=not args.no_progress)
     out = write_results(cfg, result)
+    if calibration["status"] != "analytical":
+        (out / "calibration.json").write_text(json.dumps(calibration, indent=2, default=str))
     m = result.metrics
     c = cfg.cluster
     print(f"{cfg.name}: {cfg.model.name} on {c.name} (DP{c.dp} x PP{c.pp} x TP{c.tp}, {c.schedule}), "

@@ -41,14 +41,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="override a config value, e.g. --set data.max_length=1024 (repeatable)")
     p.add_argument("--master-port", type=int, default=29500, help="rendezvous port on localhost")
     p.add_argument("--no-progress", action="store_true", help="no progress bars from the real runs")
+    p.add_argument("--profile-as-is", action="store_true",
+                   help="trust the profile as measured: no calibration probe on this machine (by default "
+                        "a measured profile is probed at a few points here and rescaled per op)")
 
 
 def _policy_label(policy) -> str:
     return f"{policy.batching}+{policy.tuning}"
 
 
-def _launch(config: str, sets: list[str], nproc: int, outdir: Path, args) -> int:
-    """Run realrun under torchrun into ``outdir``; returns the exit code (0 = ok)."""
+def _launch(config: str, sets: list[str], nproc: int, outdir: Path, args) -> tuple[int, dict]:
+    """Run realrun under torchrun into ``outdir``; returns (exit code (0 = ok), the host's load
+    during the run: our CPU seconds, other processes' cores, steal)."""
+    from sparsebalance.commands._hostload import HostLoad
     from sparsebalance.commands.train import torchrun_command
 
     extra = [x for s in sets for x in ("--set", s)] + ["--output-dir", str(outdir)]
@@ -58,6 +63,7 @@ def _launch(config: str, sets: list[str], nproc: int, outdir: Path, args) -> int
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     # the workers' stdout goes to our stderr: with --json, stdout carries the one JSON object only
+    load = HostLoad().start()
     try:
         sys.stderr.fileno()
         res = subprocess.run(cmd, check=False, env=env, stdout=sys.stderr)
@@ -65,10 +71,11 @@ def _launch(config: str, sets: list[str], nproc: int, outdir: Path, args) -> int
         res = subprocess.run(cmd, check=False, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
         sys.stderr.write(res.stdout)
+    load.stop()
     if res.returncode != 0:
         print(f"sparsebalance validate: realrun failed (exit {res.returncode}) for {outdir}; the "
               "failing rank's 'realrun: rank ...' line above names it", file=sys.stderr)
-    return res.returncode
+    return res.returncode, load.record()
 
 
 def replay(cfg, run_dir: Path):
@@ -128,10 +135,13 @@ def _print_report(out: Path, tables: dict, summary: dict) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import dataclasses
+
     import pandas as pd
 
     from sparsebalance.analysis import validate as V
     from sparsebalance.analysis.compare import speedup_table
+    from sparsebalance.commands._calibrate import calibrate_run
     from sparsebalance.commands.train import validate_for_launch
     from sparsebalance.errors import ConfigError
     from sparsebalance.realrun.config import world_size
@@ -152,17 +162,25 @@ def run(args: argparse.Namespace) -> int:
                           "(e.g. sab + dst)")
     out = Path(args.out) if args.out else Path(cfg.output_dir) / f"validate-{cfg.name}"
     out.mkdir(parents=True, exist_ok=True)
+    # a measured profile is checked on this machine first; runs and replays then use the result
+    emit = (lambda line: print(line, file=sys.stderr)) if args.json else print
+    cfg, calibration = calibrate_run(cfg, out, as_is=args.profile_as_is, emit=emit)
+    if cfg.profile != base_cfg.profile:
+        base_cfg = dataclasses.replace(base_cfg, profile=cfg.profile)
+        sets = sets + [f'profile="{cfg.profile}"']
+        base_sets = base_sets + [f'profile="{cfg.profile}"']
     (out / "config.toml").write_text(dump_toml(cfg))
     warmup_excluded = cfg.iterations > 1
     pair = ((base_label, base_cfg, base_sets), (label, cfg, sets))
-    sides = []
+    sides, loads = [], []
     for r in range(args.rounds):
         # ABBA: linear drift of a shared machine over the call cancels in the pooled means
         for name, c, s in (pair if r % 2 == 0 else pair[::-1]):
             run_dir = out / "runs" / name.replace("+", "_") / f"round{r}"
-            rc = _launch(args.config, s, world_size(c), run_dir, args)
+            rc, load = _launch(args.config, s, world_size(c), run_dir, args)
             if rc != 0:
                 return rc
+            loads.append({"policy": name, "round": r, **load})
             pm, pt = replay(c, run_dir)
             sides.append(V.Side(policy=name, round=r, predicted_metrics=pm,
                                 measured_metrics=pd.read_csv(run_dir / "metrics.csv"), predicted_trace=pt,
@@ -174,20 +192,64 @@ def run(args: argparse.Namespace) -> int:
         "stages": pd.concat([V.stage_table(s, **kw) for s in sides], ignore_index=True),
         "ops": pd.concat([V.op_table(s, **kw) for s in sides], ignore_index=True),
         "actions": pd.concat([V.action_table(s, **kw) for s in sides], ignore_index=True),
+        "runs": V.run_table(sides, loads, **kw),
     }
     tables["op_summary"] = V.op_summary(tables["ops"])
     its = tables["iterations"]
     tables["speedup"] = speedup_table(its[~its["warmup"]], base_label)
     summary = V.headline(its, base_label, label, **kw)
+    summary.update(_uncertainty(cfg, out, summary, calibration, base_label, label, warmup_excluded))
+    summary["calibration"] = calibration
+    summary["host"] = V.host_summary(tables["runs"])
     summary["load_average"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     summary["out"] = str(out)
     for name, t in tables.items():
         t.to_csv(out / f"{name}.csv", index=False)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     V.plot_validation(its, tables["speedup"], out / "validate.png",
-                      title=f"{cfg.name}: {label} vs {base_label} (profile {cfg.profile})")
+                      title=f"{cfg.name}: {label} vs {base_label} (profile {Path(cfg.profile).name})")
     if args.json:
-        print(json.dumps(summary))
+        print(json.dumps(summary, default=str))
     else:
         _print_report(out, tables, summary)
     return 0
+
+
+def _uncertainty(cfg, out: Path, summary: dict, calibration: dict, base_label: str, label: str,
+                 warmup_excluded: bool) -> dict:
+    """The predicted speedup's 95 % range from the calibration's per-point error (redrawn profiles,
+    the runs' own plans replayed), and whether the measured speedup lies within both uncertainties."""
+    from sparsebalance.analysis.uncertainty import consistent, pooled_spread, predicted_interval
+    from sparsebalance.realrun.results import load_plans
+    from sparsebalance.simulator.profile import load_profile
+
+    res: dict = {"predicted_speedup_ci95": None, "speedup_consistent": None}
+    sigma = None
+    if calibration.get("applied"):
+        pts = pd_counts(out / "calibration.csv")
+        sigma = pooled_spread(calibration["spreads"], pts)
+    if sigma:
+        runs: dict[str, list] = {base_label: [], label: []}
+        seen: dict[str, tuple] = {}
+        for name, lst in runs.items():
+            for f in sorted((out / "runs" / name.replace("+", "_")).glob("round*/plans.json")):
+                text = f.read_text()
+                seen.setdefault(text, load_plans(f))
+                lst.append(seen[text])
+        prof = load_profile(cfg.profile, cfg.base_dir)
+        iv = predicted_interval(prof, cfg.model, cfg.cluster, runs, baseline=base_label,
+                                policy=label, sigma=sigma, skip_first=warmup_excluded,
+                                extrapolate=cfg.latency_extrapolate if cfg.latency_extrapolate != "warn"
+                                else "clamp")
+        res["predicted_speedup_ci95"] = [iv["lo"], iv["hi"]]
+        res["predicted_speedup_se_log"] = iv["se_log"]
+        res["profile_point_error"] = sigma
+    res["speedup_consistent"] = consistent(summary["measured_speedup"], summary.get("measured_speedup_se_log"),
+                                           summary["predicted_speedup"], res.get("predicted_speedup_se_log"))
+    return res
+
+
+def pd_counts(path: Path) -> dict[str, int]:
+    import pandas as pd
+
+    return pd.read_csv(path).groupby("op").size().to_dict()

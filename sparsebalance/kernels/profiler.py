@@ -288,7 +288,11 @@ def _measure(model: ModelConfig, grid: ProfileGrid, progress: bool, barrier: Any
     return [(*key, bench.timer.reduce(ts)) for (key, _, _), ts in zip(items, samples)]
 
 
-def _copy(model: ModelConfig, grid: ProfileGrid, barrier: Any, show: bool) -> list:
+def _copy(model: ModelConfig, grid: ProfileGrid, barrier: Any, show: bool, index: int = 0) -> list:
+    # one core per copy, as realrun pins one worker per core (kernels/cpuclock.py)
+    from sparsebalance.kernels.cpuclock import pin_to_core
+
+    pin_to_core(index)
     return _measure(model, grid, show, barrier)
 
 
@@ -300,7 +304,8 @@ def run_profile(model: ModelConfig, grid: ProfileGrid, progress: bool = True,
     processes, stepping through the grid together, and each point records the statistic over copies.
     Why: realrun puts pp x dp worker processes on one host; on a CPU they share caches, memory
     bandwidth and whatever else the host runs, so an op timed alone is faster than the same op in
-    the real run. Measure under the run's own concurrency to predict it.
+    the real run. Measure under the run's own concurrency to predict it. Copy i is pinned to the
+    i-th usable core, as realrun pins its workers (kernels/cpuclock.py).
     """
     import pandas as pd
 
@@ -318,7 +323,7 @@ def run_profile(model: ModelConfig, grid: ProfileGrid, progress: bool = True,
         with ctx.Manager() as manager:
             barrier = manager.Barrier(concurrency)
             with ProcessPoolExecutor(concurrency, mp_context=ctx) as pool:
-                futures = [pool.submit(_copy, model, grid, barrier, progress and i == 0)
+                futures = [pool.submit(_copy, model, grid, barrier, progress and i == 0, i)
                            for i in range(concurrency)]
                 copies = [f.result() for f in futures]
         table = pd.concat([pd.DataFrame(c, columns=["op", "seq_len", "budget", "latency_s"])

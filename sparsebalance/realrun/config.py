@@ -28,6 +28,9 @@ class RealrunConfig:
     """Where each rank computes: cpu or cuda (rank's local GPU = LOCAL_RANK)."""
     threads: int = 1
     """torch intra-op threads per process (1 on the CPU, so N processes do not oversubscribe cores)."""
+    pin_cores: bool = True
+    """CPU: pin each worker process to one core (local rank -> core; os.sched_setaffinity), so two
+    workers never share a core and are not migrated; ignored on CUDA and where unsupported."""
     timeout_s: float = 120.0
     """Seconds any collective or P2P may wait before the rank gives up (bounds a hang after a fault)."""
     lr: float = 1e-3

@@ -43,6 +43,7 @@ def init_runtime(cfg: Any, rr: RealrunConfig) -> Runtime:
     from sparsebalance.realrun.worker import StageWorker
 
     pp, dp = cfg.cluster.pp, cfg.cluster.dp
+    _pin(rr)
     torch.set_num_threads(rr.threads)
     timeout = timedelta(seconds=rr.timeout_s)
     if rr.device == "cuda":
@@ -78,6 +79,14 @@ def init_runtime(cfg: Any, rr: RealrunConfig) -> Runtime:
                          block_size=cfg.model.block_size, groups=groups, device=device, origin=origin)
     return Runtime(rank=rank, world=world, dp_rank=dp_rank, stage=stage, cfg=cfg, rr=rr,
                    groups=groups, worker=worker)
+
+
+def _pin(rr: RealrunConfig) -> None:
+    """CPU workers: one core each (see kernels/cpuclock.py), before torch starts any thread."""
+    if rr.device == "cpu" and rr.pin_cores:
+        from sparsebalance.kernels.cpuclock import pin_to_core
+
+        pin_to_core(int(os.environ.get("LOCAL_RANK", "0")))
 
 
 def make_message(iteration: int, plan: Any, budgets: Any):

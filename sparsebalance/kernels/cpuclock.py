@@ -1,0 +1,51 @@
+"""CPU time beside wall time, and pinning CPU workers to cores: what makes a CPU measurement
+trustworthy on a small shared host.
+
+* :func:`thread_usage`: this thread's (user + system CPU seconds, system seconds, minor page faults)
+  from ``getrusage(RUSAGE_THREAD)`` (Linux); elsewhere ``time.thread_time()`` with 0 system/faults.
+  realrun's compute (F/B) runs on the calling thread on the CPU (autograd executes CPU work on the
+  thread that calls backward; one intra-op thread), so wall - CPU of an action is time the thread
+  was not running: descheduled by another process, or blocked.
+* :func:`pin_to_core`: ``os.sched_setaffinity`` of this process to one core of the cores it may
+  use, chosen by local rank; with one worker per core no two workers of a run share a core and the
+  scheduler does not migrate them (cache refills).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+try:
+    import resource
+
+    _THREAD = getattr(resource, "RUSAGE_THREAD", None)
+except ImportError:  # not on POSIX
+    resource, _THREAD = None, None
+
+#: Extra measured-trace columns (per row; NaN where not measured): thread CPU seconds, of which
+#: system (kernel: page faults, syscalls) seconds, and minor page faults.
+CPU_COLUMNS = ("cpu_s", "sys_s", "minflt")
+
+
+def thread_usage() -> tuple[float, float, int]:
+    """(CPU seconds, system seconds, minor faults) of the calling thread so far."""
+    if _THREAD is not None:
+        r = resource.getrusage(_THREAD)
+        return r.ru_utime + r.ru_stime, r.ru_stime, r.ru_minflt
+    return time.thread_time(), 0.0, 0
+
+
+def usage_delta(a: tuple[float, float, int], b: tuple[float, float, int]) -> tuple[float, float, int]:
+    return b[0] - a[0], b[1] - a[1], b[2] - a[2]
+
+
+def pin_to_core(local_rank: int) -> int | None:
+    """Pin this process to core ``allowed[local_rank % len(allowed)]``; returns the core, or None
+    where affinity cannot be set (not Linux)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    core = allowed[local_rank % len(allowed)]
+    os.sched_setaffinity(0, {core})
+    return core

@@ -49,3 +49,31 @@ def pin_to_core(local_rank: int) -> int | None:
     core = allowed[local_rank % len(allowed)]
     os.sched_setaffinity(0, {core})
     return core
+
+
+# glibc mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+
+
+def steady_allocator() -> bool:
+    """Keep freed memory in the process (glibc): no ``mmap`` for large blocks and no trimming of the
+    heap top, so a tensor allocated after a free of the same size reuses pages already faulted in.
+
+    Why: with glibc's defaults, blocks above the (dynamic, <= 32 MiB) mmap threshold are mapped on
+    every allocation and unmapped on free, and the heap top is returned to the OS; each new tensor
+    then page-faults all its pages in (the kernel zeroes them: system time). The profiler times an
+    op in a steady state where its memory is reused, while a pipeline stage holding several
+    micro-batches' activations keeps churning. Measured in docs/validation.md. Returns False where
+    mallopt is unavailable (not glibc)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        ok = libc.mallopt(_M_MMAP_MAX, 0) == 1
+        return bool(ok and libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1)
+    except (OSError, AttributeError):
+        return False

@@ -266,6 +266,10 @@ def _measure(model: ModelConfig, grid: ProfileGrid, progress: bool, barrier: Any
     import numpy as np
     from tqdm import tqdm
 
+    if grid.device == "cpu":
+        from sparsebalance.kernels.cpuclock import steady_allocator
+
+        steady_allocator()  # the allocator state realrun's CPU workers run in
     bench = Bench(model, grid)
     items = [it for job in _jobs(grid) for it in bench.items(*job)]
     for _, fn, setup in items:

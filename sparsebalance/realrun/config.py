@@ -31,6 +31,10 @@ class RealrunConfig:
     pin_cores: bool = True
     """CPU: pin each worker process to one core (local rank -> core; os.sched_setaffinity), so two
     workers never share a core and are not migrated; ignored on CUDA and where unsupported."""
+    steady_allocator: bool = True
+    """CPU: keep freed memory in the process (glibc mallopt: no mmap of large blocks, no heap trim),
+    as the profiler does and as CUDA's caching allocator does; without it a stage holding several
+    micro-batches page-faults every new large tensor in (kernels/cpuclock.py, docs/validation.md)."""
     timeout_s: float = 120.0
     """Seconds any collective or P2P may wait before the rank gives up (bounds a hang after a fault)."""
     lr: float = 1e-3

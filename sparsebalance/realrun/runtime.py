@@ -43,7 +43,7 @@ def init_runtime(cfg: Any, rr: RealrunConfig) -> Runtime:
     from sparsebalance.realrun.worker import StageWorker
 
     pp, dp = cfg.cluster.pp, cfg.cluster.dp
-    _pin(rr)
+    _cpu_setup(rr)
     torch.set_num_threads(rr.threads)
     timeout = timedelta(seconds=rr.timeout_s)
     if rr.device == "cuda":
@@ -81,12 +81,17 @@ def init_runtime(cfg: Any, rr: RealrunConfig) -> Runtime:
                    groups=groups, worker=worker)
 
 
-def _pin(rr: RealrunConfig) -> None:
-    """CPU workers: one core each (see kernels/cpuclock.py), before torch starts any thread."""
-    if rr.device == "cpu" and rr.pin_cores:
-        from sparsebalance.kernels.cpuclock import pin_to_core
+def _cpu_setup(rr: RealrunConfig) -> None:
+    """CPU workers: one core each and a steady allocator (kernels/cpuclock.py), before torch starts
+    any thread or allocates."""
+    if rr.device != "cpu":
+        return
+    from sparsebalance.kernels.cpuclock import pin_to_core, steady_allocator
 
+    if rr.pin_cores:
         pin_to_core(int(os.environ.get("LOCAL_RANK", "0")))
+    if rr.steady_allocator:
+        steady_allocator()
 
 
 def make_message(iteration: int, plan: Any, budgets: Any):

@@ -79,8 +79,8 @@ class StageWorker:
         import torch
         import torch.distributed as dist
 
-        from sparsebalance.kernels.qwen2 import MobaArgs, pack
         from sparsebalance.kernels.cpuclock import thread_usage, usage_delta
+        from sparsebalance.kernels.qwen2 import MobaArgs, pack
         from sparsebalance.simulator.schedules import stage_orders
 
         if self.rr.fail_rank == self.rank and self.rr.fail_iteration == msg.iteration:

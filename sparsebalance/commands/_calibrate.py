@@ -53,8 +53,8 @@ def calibrate_run(cfg: Any, out: Path, *, as_is: bool, measure: Callable | None 
         emit(f"calibration: profile {cfg.profile} was measured on {prof.meta.get('device')!r}, which "
              f"this machine cannot run; used as is ({fp_note})")
         return cfg, {"applied": False, "status": "device-not-here", **record}
-    max_len = getattr(cfg.data, "max_length", None)
-    table, secs = timed_probe(prof, probe_grid(prof, max_len=max_len), measure)
+    grid = probe_grid(prof, max_len=getattr(cfg.data, "max_length", None), budget=cfg.policy.k0)
+    table, secs = timed_probe(prof, grid, measure)
     cal = fit(prof, table, fingerprint_here=here, seconds=secs)
     scaled = rescale(prof, cal)
     target = out / CALIBRATED_DIR

@@ -2,18 +2,24 @@
 each run's exact plans and budgets through the simulator, and compare predicted with measured.
 
 Steps: (1) validate both configs (the config's policy and the baseline ``sequential`` + ``fixed``,
-the ablation's baseline) before any process starts; (2) run each under torchrun with the same seed and
+the ablation's baseline) before any process starts; (1b) a measured profile is probed at a few
+points on this machine and rescaled per op for the replays (``commands/_calibrate.py``;
+``--profile-as-is`` skips it); (2) run each under torchrun with the same seed and
 data order, ``--rounds`` times, interleaved ABBA (baseline, policy, policy, baseline, ...) so that a
 drift of the shared machine's speed during the call falls on both policies alike
 (``<out>/runs/<policy>/round<r>/``); (3) read each run's ``plans.json`` back and execute it with
-``SimulatorExecutor`` on the run's profile; (4) print and save per-iteration, per-stage and per-op
+``SimulatorExecutor`` on the (calibrated) profile; (4) print and save per-iteration, per-stage and per-op
 predicted vs measured (Δ %), the mean absolute iteration-time error (of the per-iteration means over
 rounds; warm-up iteration 0 excluded when there is more than one iteration: see
-analysis/validate.py) and the speedups side by side.
+analysis/validate.py) and the speedups side by side, the measured one with a 95 % CI over rounds
+(is the ranking resolved at all?) and the predicted one with its range from the profile's per-point
+error (``analysis/uncertainty.py``); each run's host load (other processes' cores) and the workers'
+CPU share of their F/B wall time (``runs.csv``).
 
 Outputs under ``--out`` (default ``results/validate-<name>/``): ``config.toml`` (resolved, the
 config's policy), ``iterations.csv``, ``stages.csv``, ``ops.csv``, ``op_summary.csv``,
-``actions.csv``, ``speedup.csv``, ``summary.json``, ``validate.png`` / ``.svg`` and ``runs/``.
+``actions.csv``, ``speedup.csv``, ``runs.csv``, ``summary.json``, ``validate.png`` / ``.svg``,
+``calibration.csv`` + ``profile-calibrated/`` (when probed) and ``runs/``.
 """
 
 from __future__ import annotations
@@ -127,11 +133,29 @@ def _print_report(out: Path, tables: dict, summary: dict) -> None:
           f"{summary['mean_abs_error_with_warmup'] * 100:.1f} %; over single runs' iterations: "
           f"{summary['mean_abs_error_per_run'] * 100:.1f} %)")
     print(f"speedup of {summary['policy']} over {summary['baseline']}: predicted "
-          f"{summary['predicted_speedup']:.3f}x, measured {summary['measured_speedup']:.3f}x "
-          f"(delta {summary['speedup_delta_pct']:+.1f} %; measured per round: "
+          f"{summary['predicted_speedup']:.3f}x{_range(summary.get('predicted_speedup_ci95'), 'range')}, "
+          f"measured {summary['measured_speedup']:.3f}x{_range(summary.get('measured_speedup_ci95'), 'CI')} "
+          f"(delta {summary['speedup_delta_pct']:+.1f} %; per round: "
           f"{', '.join(f'{v:.3f}' for v in summary['measured_speedup_by_round'].values())}); ranking "
-          f"{'agrees' if summary['ranking_agrees'] else 'DISAGREES'}")
+          f"{'agrees' if summary['ranking_agrees'] else 'DISAGREES'}, "
+          f"{_word(summary.get('ranking_resolved'), 'resolved', 'NOT resolved (CI contains 1)', 'unresolved: 1 round')}"
+          f"; measured within the combined uncertainty: "
+          f"{_word(summary.get('speedup_consistent'), 'yes', 'NO', 'unknown')}")
+    h = summary.get("host") or {}
+    if h.get("foreign_cores_mean") is not None:
+        print(f"host during the runs: other processes used {h['foreign_cores_mean']:.2f} cores on average "
+              f"(max {h['foreign_cores_max']:.2f}); the workers ran "
+              f"{100 * (h.get('cpu_busy_mean') or float('nan')):.0f} % of their F/B wall time "
+              "(runs.csv; quiet machine: ~0 cores and ~100 %)")
     print(f"tables and figure: {out} (validate.png)")
+
+
+def _range(iv, what: str) -> str:
+    return f" (95 % {what} {iv[0]:.3f}-{iv[1]:.3f})" if iv else ""
+
+
+def _word(flag, yes: str, no: str, none: str) -> str:
+    return none if flag is None else (yes if flag else no)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -162,14 +186,13 @@ def run(args: argparse.Namespace) -> int:
                           "(e.g. sab + dst)")
     out = Path(args.out) if args.out else Path(cfg.output_dir) / f"validate-{cfg.name}"
     out.mkdir(parents=True, exist_ok=True)
-    # a measured profile is checked on this machine first; runs and replays then use the result
+    # A measured profile is checked on this machine first and the replays use the result. The
+    # runs' policies keep the configured profile: their plans stay the same from call to call, so
+    # calls differ only in measurement, not in what was measured.
     emit = (lambda line: print(line, file=sys.stderr)) if args.json else print
-    cfg, calibration = calibrate_run(cfg, out, as_is=args.profile_as_is, emit=emit)
-    if cfg.profile != base_cfg.profile:
-        base_cfg = dataclasses.replace(base_cfg, profile=cfg.profile)
-        sets = sets + [f'profile="{cfg.profile}"']
-        base_sets = base_sets + [f'profile="{cfg.profile}"']
     (out / "config.toml").write_text(dump_toml(cfg))
+    calibrated, calibration = calibrate_run(cfg, out, as_is=args.profile_as_is, emit=emit)
+    replay_profile = calibrated.profile
     warmup_excluded = cfg.iterations > 1
     pair = ((base_label, base_cfg, base_sets), (label, cfg, sets))
     sides, loads = [], []
@@ -181,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
             if rc != 0:
                 return rc
             loads.append({"policy": name, "round": r, **load})
-            pm, pt = replay(c, run_dir)
+            pm, pt = replay(dataclasses.replace(c, profile=replay_profile), run_dir)
             sides.append(V.Side(policy=name, round=r, predicted_metrics=pm,
                                 measured_metrics=pd.read_csv(run_dir / "metrics.csv"), predicted_trace=pt,
                                 measured_trace=pd.read_csv(run_dir / "measured_trace.csv")))
@@ -198,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
     its = tables["iterations"]
     tables["speedup"] = speedup_table(its[~its["warmup"]], base_label)
     summary = V.headline(its, base_label, label, **kw)
-    summary.update(_uncertainty(cfg, out, summary, calibration, base_label, label, warmup_excluded))
+    summary.update(_uncertainty(calibrated, out, summary, calibration, base_label, label, warmup_excluded))
     summary["calibration"] = calibration
     summary["host"] = V.host_summary(tables["runs"])
     summary["load_average"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
@@ -207,7 +230,8 @@ def run(args: argparse.Namespace) -> int:
         t.to_csv(out / f"{name}.csv", index=False)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     V.plot_validation(its, tables["speedup"], out / "validate.png",
-                      title=f"{cfg.name}: {label} vs {base_label} (profile {Path(cfg.profile).name})")
+                      title=f"{cfg.name}: {label} vs {base_label} (profile {cfg.profile}"
+                            f"{', calibrated here' if calibration.get('applied') else ''})")
     if args.json:
         print(json.dumps(summary, default=str))
     else:

@@ -59,10 +59,11 @@ def _pick(values: list[int], n: int) -> tuple[int, ...]:
     return tuple(values[i] for i in idx)
 
 
-def probe_grid(profile: Profile, *, max_len: int | None = None, lengths: int = 2, budgets: int = 2,
-               tokens: int = 2) -> ProbeGrid:
+def probe_grid(profile: Profile, *, max_len: int | None = None, budget: int | None = None,
+               lengths: int = 2, budgets: int = 2, tokens: int = 2) -> ProbeGrid:
     """A few points of the profile's own grid: the longest lengths up to ``max_len`` (where the run's
-    time goes: cost grows with length) and budgets spread over the grid."""
+    time goes: cost grows with length) and the grid budgets from the run's default ``budget`` up
+    (where its budgets lie; DST moves around it), else budgets spread over the grid."""
     attn = profile.rows("attn_fwd")
     ls = sorted(int(x) for x in attn["seq_len"].unique())
     usable = [x for x in ls if max_len is None or x <= max_len] or ls[:1]
@@ -74,11 +75,16 @@ def probe_grid(profile: Profile, *, max_len: int | None = None, lengths: int = 2
         if x <= chosen[-1] // 2:
             chosen.append(x)
     ks = sorted(int(x) for x in attn["budget"].unique())
-    mid = [k for k in ks if k > 1] or ks
+    if budget is not None:
+        at = [k for k in ks if k >= budget] or ks[-1:]
+        start = max(0, min(ks.index(at[0]), len(ks) - budgets))
+        chosen_k = tuple(ks[start:start + budgets])
+    else:
+        chosen_k = _pick([k for k in ks if k > 1] or ks, budgets)
     dense = profile.rows("layer_fwd")
     ts = sorted(int(x) for x in dense["seq_len"].unique())
     usable_t = [x for x in ts if max_len is None or x <= max_len] or ts[:1]
-    return ProbeGrid(seq_lens=tuple(sorted(chosen)), budgets=_pick(mid, budgets),
+    return ProbeGrid(seq_lens=tuple(sorted(chosen)), budgets=chosen_k,
                      tokens=_pick(usable_t[len(usable_t) // 2:], tokens))
 
 

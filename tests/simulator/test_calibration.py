@@ -25,6 +25,10 @@ def test_probe_grid_lies_on_the_profile_and_within_the_run():
     assert set(g.tokens) <= set(prof.rows("layer_fwd")["seq_len"]) and max(g.tokens) <= 2048
     # no max length: the longest profiled length is probed
     assert max(C.probe_grid(prof).seq_lens) == attn["seq_len"].max()
+    # the run's default budget and the next grid value (DST moves around it); clipped at the top
+    assert C.probe_grid(prof, budget=8).budgets == (8, 16)
+    assert C.probe_grid(prof, budget=6).budgets == (8, 16)
+    assert C.probe_grid(prof, budget=64).budgets == (16, 32)
 
 
 def test_known_factors_are_detected_and_rescaled_exactly(scaled_probe):

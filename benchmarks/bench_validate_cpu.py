@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import subprocess
 import sys
@@ -88,7 +89,7 @@ def main() -> None:
 
 
 def _f(x, nd: int = 3) -> str:
-    return "-" if x is None or x != x else f"{x:.{nd}f}"
+    return "-" if x is None or math.isnan(x) else f"{x:.{nd}f}"
 
 
 if __name__ == "__main__":

@@ -97,7 +97,8 @@ def op_table(side: Side, *, warmup_excluded: bool) -> pd.DataFrame:
 
 def action_table(side: Side, *, warmup_excluded: bool) -> pd.DataFrame:
     """Row for row: every F and B action (iteration, dp_rank, stage, microbatch, op) predicted vs
-    measured seconds, with its tokens and budget from the measured trace."""
+    measured seconds, with its tokens and budget from the measured trace, and where realrun
+    recorded them the thread's CPU and system seconds and minor page faults of the action."""
     key = ["iteration", "dp_rank", "stage", "microbatch", "op"]
 
     def dur(tr: pd.DataFrame) -> pd.DataFrame:
@@ -107,6 +108,10 @@ def action_table(side: Side, *, warmup_excluded: bool) -> pd.DataFrame:
     meas = dur(side.measured_trace)
     t = compare(dur(side.predicted_trace), meas, key, "seconds")
     t = t.merge(meas[[*key, "tokens", "budget"]], on=key)
+    if "cpu_s" in side.measured_trace:  # the worker thread's CPU seconds: the action without waits
+        cpu = side.measured_trace[[*key, "cpu_s", "sys_s", "minflt"]]
+        t = t.merge(cpu.rename(columns={"cpu_s": "measured_cpu", "sys_s": "measured_sys"}), on=key,
+                    how="left")
     return _tag(t, side, warmup_excluded)
 
 

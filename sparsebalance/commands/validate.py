@@ -243,6 +243,8 @@ def _uncertainty(cfg, out: Path, summary: dict, calibration: dict, base_label: s
                  warmup_excluded: bool) -> dict:
     """The predicted speedup's 95 % range from the calibration's per-point error (redrawn profiles,
     the runs' own plans replayed), and whether the measured speedup lies within both uncertainties."""
+    import pandas as pd
+
     from sparsebalance.analysis.uncertainty import consistent, pooled_spread, predicted_interval
     from sparsebalance.realrun.results import load_plans
     from sparsebalance.simulator.profile import load_profile
@@ -250,8 +252,13 @@ def _uncertainty(cfg, out: Path, summary: dict, calibration: dict, base_label: s
     res: dict = {"predicted_speedup_ci95": None, "speedup_consistent": None}
     sigma = None
     if calibration.get("applied"):
-        pts = pd_counts(out / "calibration.csv")
-        sigma = pooled_spread(calibration["spreads"], pts)
+        # ops of a millisecond or more carry the time; sub-millisecond ones (embedding lookups)
+        # have timer-noise ratios that would inflate the error without moving predictions
+        pts = pd.read_csv(out / "calibration.csv")
+        big = pts.groupby("op")["profile_s"].median() >= 1e-3
+        counts = pts.groupby("op").size()
+        sigma = pooled_spread({op: v for op, v in calibration["spreads"].items() if big.get(op, False)},
+                              counts.to_dict())
     if sigma:
         runs: dict[str, list] = {base_label: [], label: []}
         seen: dict[str, tuple] = {}
@@ -271,9 +278,3 @@ def _uncertainty(cfg, out: Path, summary: dict, calibration: dict, base_label: s
     res["speedup_consistent"] = consistent(summary["measured_speedup"], summary.get("measured_speedup_se_log"),
                                            summary["predicted_speedup"], res.get("predicted_speedup_se_log"))
     return res
-
-
-def pd_counts(path: Path) -> dict[str, int]:
-    import pandas as pd
-
-    return pd.read_csv(path).groupby("op").size().to_dict()

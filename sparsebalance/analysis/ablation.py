@@ -81,18 +81,18 @@ def plot_ablation(t: pd.DataFrame, path: Path, title: str = "") -> None:
     import matplotlib.pyplot as plt
 
     x = np.arange(len(t))
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained")
     for ax, col, label in ((axes[0], "speedup", "speedup vs baseline"),
                            (axes[1], "imbalance", "imbalance (max / mean micro-batch)")):
         ax.bar(x - 0.2, t[col], 0.4, label="simulated (ours)")
         ax.bar(x + 0.2, t[f"paper_{col}"].fillna(0), 0.4, label="paper", alpha=0.7)
-        ax.set_xticks(x, t["config"], rotation=20)
+        # one line per policy part (+SAB / +DST-CP): long names never run into each other
+        ax.set_xticks(x, [c.replace("+", "\n+").lstrip("\n") for c in t["config"]], fontsize=8)
         ax.set_ylabel(label)
         ax.axhline(1.0, color="k", lw=0.6)
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle(title or "Table I ablation: simulated vs paper")
-    fig.tight_layout()
     path = Path(path)
     fig.savefig(path.with_suffix(".png"), dpi=130)
     fig.savefig(path.with_suffix(".svg"))

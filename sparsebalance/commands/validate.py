@@ -1,4 +1,4 @@
-"""``sparsebalance validate RUN.toml``: run realrun for the baseline and the config's policy, replay
+"""``sparsebalance validate --config RUN.toml``: run realrun for the baseline and the config's policy, replay
 each run's exact plans and budgets through the simulator, and compare predicted with measured.
 
 Steps: (1) validate both configs (the config's policy and the baseline ``sequential`` + ``fixed``,
@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -36,20 +35,26 @@ BASELINE = {"batching": "sequential", "tuning": "fixed"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="run config (TOML or JSON) with a [realrun] table")
+    from sparsebalance.commands._args import add_config, add_out, add_output_flags, port, positive_int
+
+    add_config(p, help="run config (TOML or JSON) with a [realrun] table", positional=True)
     p.add_argument("--json", action="store_true", help="print one JSON object (stdout) only")
-    p.add_argument("--iterations", type=int, default=None, help="iterations per run (default: the config's)")
-    p.add_argument("--rounds", type=int, default=4,
+    p.add_argument("--iterations", type=positive_int, default=None,
+                   help="iterations per run (default: the config's)")
+    p.add_argument("--rounds", type=positive_int, default=4,
                    help="real runs per policy, interleaved ABBA (baseline, policy, policy, baseline, ...) "
                         "so that drift of the machine's speed falls on both alike (default 4)")
-    p.add_argument("--out", default=None, help="output directory (default results/validate-<name>)")
+    add_out(p, "<output_dir>/validate-<name>")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set data.max_length=1024 (repeatable)")
-    p.add_argument("--master-port", type=int, default=29500, help="rendezvous port on localhost")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars from the real runs")
+    p.add_argument("--allow-nonmonotone", action="store_true",
+                   help="use a profile whose latency falls as work grows (a warning lists the points)")
+    p.add_argument("--master-port", type=port, default=None,
+                   help="rendezvous port on localhost (default: a free one)")
     p.add_argument("--profile-as-is", action="store_true",
                    help="trust the profile as measured: no calibration probe on this machine (by default "
                         "a measured profile is probed at a few points here and rescaled per op)")
+    add_output_flags(p)
 
 
 def _policy_label(policy) -> str:
@@ -57,31 +62,21 @@ def _policy_label(policy) -> str:
 
 
 def _launch(config: str, sets: list[str], nproc: int, outdir: Path, args) -> tuple[int, dict]:
-    """Run realrun under torchrun into ``outdir``; returns (exit code (0 = ok), the host's load
-    during the run: our CPU seconds, other processes' cores, steal)."""
+    """Run realrun under torchrun into ``outdir`` (``realrun/launch.py``: own process group, ended on
+    any exit; the rank that failed first named in one line); returns (the exit code (0 = ok), the
+    host's load during the run: our CPU seconds, other processes' cores, steal)."""
+    from sparsebalance.commands._args import progress_enabled
     from sparsebalance.commands._hostload import HostLoad
-    from sparsebalance.commands.train import torchrun_command
+    from sparsebalance.realrun.launch import launch
 
-    extra = [x for s in sets for x in ("--set", s)] + ["--output-dir", str(outdir)]
-    if args.no_progress or args.json:
-        extra.append("--quiet")
-    cmd = torchrun_command(config, nproc, master_port=args.master_port, extra=extra)
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
     # the workers' stdout goes to our stderr: with --json, stdout carries the one JSON object only
     load = HostLoad().start()
-    try:
-        sys.stderr.fileno()
-        res = subprocess.run(cmd, check=False, env=env, stdout=sys.stderr)
-    except (AttributeError, OSError, ValueError):  # stderr is not a file (e.g. captured in tests)
-        res = subprocess.run(cmd, check=False, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
-        sys.stderr.write(res.stdout)
+    outcome = launch(config, nproc, out_dir=outdir, sets=sets, master_port=args.master_port,
+                     quiet=args.json or not progress_enabled(args), console=sys.stderr, what="validate")
     load.stop()
-    if res.returncode != 0:
-        print(f"sparsebalance validate: realrun failed (exit {res.returncode}) for {outdir}; the "
-              "failing rank's 'realrun: rank ...' line above names it", file=sys.stderr)
-    return res.returncode, load.record()
+    if outcome.returncode != 0:
+        print(f"sparsebalance {outcome.message}", file=sys.stderr)
+    return outcome.returncode, load.record()
 
 
 def replay(cfg, run_dir: Path):
@@ -94,7 +89,8 @@ def replay(cfg, run_dir: Path):
     from sparsebalance.simulator.latency import load_latency_model
 
     latency = load_latency_model(cfg.profile, cfg.model, cfg.cluster, base_dir=cfg.base_dir,
-                                 extrapolate=cfg.latency_extrapolate)
+                                 extrapolate=cfg.latency_extrapolate,
+                                 allow_nonmonotone=cfg.allow_nonmonotone)
     executor = SimulatorExecutor(latency, cfg.model, cfg.cluster)
     plans, budgets = load_plans(run_dir / "plans.json")
     rows, traces = [], []
@@ -165,17 +161,16 @@ def run(args: argparse.Namespace) -> int:
 
     from sparsebalance.analysis import validate as V
     from sparsebalance.analysis.compare import speedup_table
+    from sparsebalance.commands._args import resolve_out, take_positional_config
     from sparsebalance.commands._calibrate import calibrate_run
     from sparsebalance.commands.train import validate_for_launch
     from sparsebalance.errors import ConfigError
     from sparsebalance.realrun.config import world_size
     from sparsebalance.runconfig import dump_toml
 
-    if args.iterations is not None and args.iterations < 1:
-        raise ConfigError(f"--iterations: must be >= 1, got {args.iterations}")
-    if args.rounds < 1:
-        raise ConfigError(f"--rounds: must be >= 1, got {args.rounds}")
+    take_positional_config(args)
     sets = list(args.set) + ([f"iterations={args.iterations}"] if args.iterations else [])
+    sets += ["allow_nonmonotone=true"] if args.allow_nonmonotone else []
     cfg = validate_for_launch(args.config, sets)
     base_sets = sets + [f'policy.{k}="{v}"' for k, v in BASELINE.items()]
     base_cfg = validate_for_launch(args.config, base_sets)
@@ -184,13 +179,13 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("policy: validate compares the config's policy with the baseline "
                           "sequential + fixed; set policy.batching / policy.tuning to another pair "
                           "(e.g. sab + dst)")
-    out = Path(args.out) if args.out else Path(cfg.output_dir) / f"validate-{cfg.name}"
-    out.mkdir(parents=True, exist_ok=True)
+    out = resolve_out(args.out, Path(cfg.output_dir) / f"validate-{cfg.name}", force=args.force,
+                      verb="validate")
+    (out / "config.toml").write_text(dump_toml(cfg))
     # A measured profile is checked on this machine first and the replays use the result. The
     # runs' policies keep the configured profile: their plans stay the same from call to call, so
     # calls differ only in measurement, not in what was measured.
     emit = (lambda line: print(line, file=sys.stderr)) if args.json else print
-    (out / "config.toml").write_text(dump_toml(cfg))
     calibrated, calibration = calibrate_run(cfg, out, as_is=args.profile_as_is, emit=emit)
     replay_profile = calibrated.profile
     warmup_excluded = cfg.iterations > 1

@@ -35,7 +35,8 @@ def _uptime() -> float | None:
 
 
 def one_call(config: str, out: Path, extra: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "sparsebalance", "validate", config, "--json", "--out", str(out), *extra]
+    cmd = [sys.executable, "-m", "sparsebalance", "validate", "--config", config, "--json", "--out", str(out),
+           *extra]
     load0, t0 = _uptime(), time.perf_counter()
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - t0

@@ -35,11 +35,13 @@ def calibrate_run(cfg: Any, out: Path, *, as_is: bool, measure: Callable | None 
     if not needs_probe(prof):
         return cfg, {"applied": False, "status": "analytical"}
     try:
-        from sparsebalance.kernels.calibrate import machine_fingerprint, timed_probe
+        from sparsebalance.kernels.calibrate import machine_fingerprint, profile_threads, timed_probe
     except ImportError as e:  # base install: no torch to run the probe with
         emit(f"calibration: skipped, the probe needs the [train] extra ({e}); profile used as is")
         return cfg, {"applied": False, "status": "no-torch"}
-    here = machine_fingerprint("cuda" if _is_cuda(prof) else "cpu")
+    # threads as the run uses them (realrun.threads), else as the probe measures (the profile's)
+    threads = (cfg.realrun or {}).get("threads", 1) if cfg.realrun else profile_threads(prof)
+    here = machine_fingerprint("cuda" if _is_cuda(prof) else "cpu", threads=threads)
     mismatch = fingerprint_mismatch(prof.meta.get("machine"), here)
     fp_note = (f"fingerprint differs: {'; '.join(mismatch)}" if mismatch else
                "the profile records no machine fingerprint" if not prof.meta.get("machine") else

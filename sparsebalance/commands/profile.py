@@ -110,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
                 f"calls ({'CUDA events' if args.device == 'cuda' else 'perf_counter'}) in {grid.repeats} "
                 "interleaved rounds (every op timed once per round, seeded order), "
                 f"{args.concurrency} concurrent cop{'y' if args.concurrency == 1 else 'ies'} "
-                f"({grid.statistic} over copies, one core each, glibc allocator kept steady as in realrun); "
+                f"({grid.statistic} over copies, one core each, glibc allocator kept steady and "
+                "Python's collector run between rounds, as in realrun); "
                 "layer_* = one HF "
                 "Qwen2DecoderLayer with a zero-cost attention core; attn_* = moba_attention (auto backend)"),
         "command": "sparsebalance profile " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else []),

@@ -249,11 +249,8 @@ def _uncertainty(cfg, out: Path, summary: dict, calibration: dict, base_label: s
     if calibration.get("applied"):
         # ops of a millisecond or more carry the time; sub-millisecond ones (embedding lookups)
         # have timer-noise ratios that would inflate the error without moving predictions
-        pts = pd.read_csv(out / "calibration.csv")
-        big = pts.groupby("op")["profile_s"].median() >= 1e-3
-        counts = pts.groupby("op").size()
-        sigma = pooled_spread({op: v for op, v in calibration["spreads"].items() if big.get(op, False)},
-                              counts.to_dict())
+        counts = pd.read_csv(out / "calibration.csv").groupby("op").size().to_dict()
+        sigma = pooled_spread({op: calibration["spreads"][op] for op in calibration["timed_ops"]}, counts)
     if sigma:
         runs: dict[str, list] = {base_label: [], label: []}
         seen: dict[str, tuple] = {}

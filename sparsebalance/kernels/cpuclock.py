@@ -6,6 +6,8 @@ trustworthy on a small shared host.
   realrun's compute (F/B) runs on the calling thread on the CPU (autograd executes CPU work on the
   thread that calls backward; one intra-op thread), so wall - CPU of an action is time the thread
   was not running: descheduled by another process, or blocked.
+* :func:`manual_gc`: Python's cyclic collector off during timed work, run explicitly between
+  iterations or profiling rounds (realrun and the profiler alike);
 * :func:`pin_to_core`: ``os.sched_setaffinity`` of this process to one core of the cores it may
   use, chosen by local rank; with one worker per core no two workers of a run share a core and the
   scheduler does not migrate them (cache refills).
@@ -77,3 +79,19 @@ def steady_allocator() -> bool:
         return bool(ok and libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1)
     except (OSError, AttributeError):
         return False
+
+
+def manual_gc() -> None:
+    """Collect, freeze what exists (the model, libraries: later collections skip it) and turn
+    automatic collection off; the caller runs ``gc.collect()`` between timed units of work.
+
+    Why: automatic collections start whenever enough Python objects were allocated, so they land
+    inside whichever F/B action (or profiled op) happens to run, a cost no profile row holds (a
+    realrun rank of the tiny model collected ~900 times over a 6-iteration run, a full collection
+    taking up to ~0.3 s on this VM). Autograd graphs are freed by reference counting, not by the
+    collector, so turning it off during an iteration keeps no tensor alive."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.disable()

@@ -266,9 +266,9 @@ def _measure(model: ModelConfig, grid: ProfileGrid, progress: bool, barrier: Any
     import numpy as np
     from tqdm import tqdm
 
-    if grid.device == "cpu":
-        from sparsebalance.kernels.cpuclock import steady_allocator
+    from sparsebalance.kernels.cpuclock import manual_gc, steady_allocator
 
+    if grid.device == "cpu":
         steady_allocator()  # the allocator state realrun's CPU workers run in
     bench = Bench(model, grid)
     items = [it for job in _jobs(grid) for it in bench.items(*job)]
@@ -278,7 +278,12 @@ def _measure(model: ModelConfig, grid: ProfileGrid, progress: bool, barrier: Any
     samples: list[list[float]] = [[] for _ in items]
     rng = np.random.default_rng(grid.seed)  # same seed in every copy: the copies stay in step
     bar = tqdm(total=grid.repeats * len(items), desc="profile", disable=not progress, unit="call")
+    import gc
+
+    gc_was_on = gc.isenabled()
+    manual_gc()  # collections between rounds, never inside a timed call (as realrun does)
     for _ in range(grid.repeats):
+        gc.collect()
         # one barrier per round, not per call: waking from it costs the copies and the barrier's
         # manager process up to a millisecond of CPU on this 2-core host, which would land inside
         # a sub-millisecond timed call; in one shared order the copies stay close to in step
@@ -289,6 +294,9 @@ def _measure(model: ModelConfig, grid: ProfileGrid, progress: bool, barrier: Any
             samples[i].append(bench.timer.once(fn, setup))
             bar.update()
     bar.close()
+    gc.unfreeze()
+    if gc_was_on:
+        gc.enable()
     return [(*key, bench.timer.reduce(ts)) for (key, _, _), ts in zip(items, samples)]
 
 

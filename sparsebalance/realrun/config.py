@@ -31,6 +31,11 @@ class RealrunConfig:
     pin_cores: bool = True
     """CPU: pin each worker process to one core (local rank -> core; os.sched_setaffinity), so two
     workers never share a core and are not migrated; ignored on CUDA and where unsupported."""
+    manual_gc: bool = True
+    """Python's cyclic garbage collector runs between iterations, not inside timed actions: after
+    setup the model's objects are frozen (gc.freeze) and automatic collection is off during an
+    iteration; the profiler times its ops the same way. Without it, collections land in random
+    actions (tens of ms each, up to ~0.3 s for a full one on this VM), docs/validation.md."""
     steady_allocator: bool = True
     """CPU: keep freed memory in the process (glibc mallopt: no mmap of large blocks, no heap trim),
     as the profiler does and as CUDA's caching allocator does; without it a stage holding several

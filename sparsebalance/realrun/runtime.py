@@ -72,6 +72,10 @@ def init_runtime(cfg: Any, rr: RealrunConfig) -> Runtime:
             groups["tied"] = g
     # only this stage's weights are ever allocated here (a 7B model never lives whole on a rank)
     module = build_stage_module(cfg, rr, stage, pp, device)
+    if rr.manual_gc:
+        from sparsebalance.kernels.cpuclock import manual_gc
+
+        manual_gc()
     dist.barrier()
     origin = time.perf_counter()  # one shared origin: every rank leaves the barrier together
     worker = StageWorker(rank=rank, dp_rank=dp_rank, stage=stage, pp=pp, dp=dp,

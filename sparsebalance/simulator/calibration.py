@@ -34,6 +34,9 @@ from sparsebalance.simulator.profile import ATTENTION_OPS, Profile
 
 #: Spread (sd of log ratios) above which one factor per op does not describe the machine.
 RESHAPE_SPREAD = 0.15
+#: Ops whose probed points are shorter than this are timer noise for the shape test and the
+#: pooled point error (an embedding lookup of 0.1 ms); they are still rescaled.
+MIN_SECONDS = 1e-3
 #: Fingerprint keys compared (others are informational).
 FINGERPRINT_KEYS = ("device_kind", "cpu_model", "cores", "torch_threads", "gpu_name", "gpu_sm_clock_max_mhz",
                     "gpu_memory_clock_max_mhz", "gpu_count")
@@ -113,9 +116,15 @@ class Calibration:
         return float(np.median(vals)) if vals else 1.0
 
     @property
+    def timed_ops(self) -> tuple[str, ...]:
+        """Probed ops whose points take >= MIN_SECONDS (median): the ones that carry the time."""
+        med = self.points.groupby("op")["profile_s"].median()
+        return tuple(op for op in self.probed_ops if med.get(op, 0.0) >= MIN_SECONDS)
+
+    @property
     def reshape(self) -> bool:
         """True when one factor per op does not describe this machine (re-profile advised)."""
-        return any(v > RESHAPE_SPREAD for v in self.spreads.values())
+        return any(self.spreads[op] > RESHAPE_SPREAD for op in self.timed_ops)
 
     def line(self, applied: bool) -> str:
         """The one-line report."""
@@ -123,8 +132,9 @@ class Calibration:
         what = "rescaled per op" if applied else "NOT applied (--profile-as-is)"
         fp = (f"; fingerprint differs: {'; '.join(self.mismatch)}" if self.mismatch
               else ("" if self.fingerprint_profile else "; the profile records no machine fingerprint"))
-        advice = "; shapes differ too (spread > 15 %): re-measure with `sparsebalance profile`" \
-            if self.reshape else ""
+        worst = max(self.timed_ops, key=lambda op: self.spreads[op], default=None)
+        advice = (f"; shapes differ too ({worst} spread {self.spreads[worst]:.2f} > {RESHAPE_SPREAD}): "
+                  "re-measure with `sparsebalance profile`") if self.reshape else ""
         return (f"calibration: probed {len(self.points)} profile points in {self.seconds:.0f} s on this "
                 f"machine: {parts}; {what}{fp}{advice}")
 
@@ -132,6 +142,7 @@ class Calibration:
         return {"applied": applied, "scales": self.scales, "spreads": self.spreads,
                 "probed_ops": list(self.probed_ops), "default_scale": self.default_scale,
                 "points": len(self.points), "seconds": self.seconds, "reshape_advised": self.reshape,
+                "timed_ops": list(self.timed_ops),
                 "fingerprint_here": self.fingerprint_here, "fingerprint_profile": self.fingerprint_profile,
                 "fingerprint_mismatch": self.mismatch}
 

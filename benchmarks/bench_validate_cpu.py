@@ -55,6 +55,7 @@ def one_call(config: str, out: Path, extra: list[str]) -> dict:
         "predicted_speedup": s["predicted_speedup"], "predicted_lo": pci[0], "predicted_hi": pci[1],
         "measured_speedup": s["measured_speedup"], "measured_lo": ci[0], "measured_hi": ci[1],
         "ranking_agrees": s["ranking_agrees"], "ranking_resolved": s.get("ranking_resolved"),
+        "in_predicted_range": s.get("measured_in_predicted_range"),
         "speedup_consistent": s.get("speedup_consistent"), "rounds": s["rounds"],
         "calibration": ", ".join(f"{k} {v:.2f}" for k, v in (cal.get("scales") or {}).items()) or cal.get("status"),
         "foreign_cores_mean": host.get("foreign_cores_mean"), "foreign_cores_max": host.get("foreign_cores_max"),
@@ -80,7 +81,8 @@ def main() -> None:
               f"{row['mae_single_runs_pct']:.1f} %), speedup measured {row['measured_speedup']:.3f} "
               f"[{_f(row['measured_lo'])}, {_f(row['measured_hi'])}] vs predicted "
               f"{row['predicted_speedup']:.3f} [{_f(row['predicted_lo'])}, {_f(row['predicted_hi'])}], "
-              f"resolved {row['ranking_resolved']}, consistent {row['speedup_consistent']}; foreign load "
+              f"resolved {row['ranking_resolved']}, in predicted range {row['in_predicted_range']}, "
+              f"consistent {row['speedup_consistent']}; foreign load "
               f"{_f(row['foreign_cores_mean'], 2)} cores; {row['wall_s']:.0f} s", flush=True)
     table = pd.DataFrame(rows)
     out.mkdir(parents=True, exist_ok=True)

@@ -135,8 +135,9 @@ def _print_report(out: Path, tables: dict, summary: dict) -> None:
           f"{', '.join(f'{v:.3f}' for v in summary['measured_speedup_by_round'].values())}); ranking "
           f"{'agrees' if summary['ranking_agrees'] else 'DISAGREES'}, "
           f"{_word(summary.get('ranking_resolved'), 'resolved', 'NOT resolved (CI contains 1)', 'unresolved: 1 round')}"
-          f"; measured within the combined uncertainty: "
-          f"{_word(summary.get('speedup_consistent'), 'yes', 'NO', 'unknown')}")
+          f"; measured inside the predicted range: "
+          f"{_word(summary.get('measured_in_predicted_range'), 'yes', 'NO', 'unknown')}, within the "
+          f"combined uncertainty: {_word(summary.get('speedup_consistent'), 'yes', 'NO', 'unknown')}")
     h = summary.get("host") or {}
     if h.get("foreign_cores_mean") is not None:
         print(f"host during the runs: other processes used {h['foreign_cores_mean']:.2f} cores on average "
@@ -244,7 +245,8 @@ def _uncertainty(cfg, out: Path, summary: dict, calibration: dict, base_label: s
     from sparsebalance.realrun.results import load_plans
     from sparsebalance.simulator.profile import load_profile
 
-    res: dict = {"predicted_speedup_ci95": None, "speedup_consistent": None}
+    res: dict = {"predicted_speedup_ci95": None, "measured_in_predicted_range": None,
+                 "speedup_consistent": None}
     sigma = None
     if calibration.get("applied"):
         # ops of a millisecond or more carry the time; sub-millisecond ones (embedding lookups)
@@ -265,6 +267,7 @@ def _uncertainty(cfg, out: Path, summary: dict, calibration: dict, base_label: s
                                 extrapolate=cfg.latency_extrapolate if cfg.latency_extrapolate != "warn"
                                 else "clamp")
         res["predicted_speedup_ci95"] = [iv["lo"], iv["hi"]]
+        res["measured_in_predicted_range"] = bool(iv["lo"] <= summary["measured_speedup"] <= iv["hi"])
         res["predicted_speedup_se_log"] = iv["se_log"]
         res["profile_point_error"] = sigma
     res["speedup_consistent"] = consistent(summary["measured_speedup"], summary.get("measured_speedup_se_log"),

@@ -109,7 +109,8 @@ def action_table(side: Side, *, warmup_excluded: bool) -> pd.DataFrame:
     t = compare(dur(side.predicted_trace), meas, key, "seconds")
     t = t.merge(meas[[*key, "tokens", "budget"]], on=key)
     if "cpu_s" in side.measured_trace:  # the worker thread's CPU seconds: the action without waits
-        cpu = side.measured_trace[[*key, "cpu_s", "sys_s", "minflt"]]
+        cpu = side.measured_trace[[*key, *[c for c in ("cpu_s", "sys_s", "minflt", "nivcsw")
+                                          if c in side.measured_trace]]]
         t = t.merge(cpu.rename(columns={"cpu_s": "measured_cpu", "sys_s": "measured_sys"}), on=key,
                     how="left")
     return _tag(t, side, warmup_excluded)
@@ -193,6 +194,7 @@ def run_table(sides: list[Side], loads: list[dict], *, warmup_excluded: bool) ->
             "cpu_busy": float(fb["cpu_s"].sum() / wall) if has_cpu and wall > 0 else np.nan,
             "sys_share": float(fb["sys_s"].sum() / fb["cpu_s"].sum()) if has_cpu else np.nan,
             "minflt_per_action": float(fb["minflt"].mean()) if has_cpu else np.nan,
+            "nivcsw_per_action": float(fb["nivcsw"].mean()) if has_cpu and "nivcsw" in fb else np.nan,
             **{k: v for k, v in load.get((sd.policy, sd.round), {}).items() if k not in ("policy", "round")},
         })
     t = pd.DataFrame(rows)

@@ -26,20 +26,21 @@ except ImportError:  # not on POSIX
     resource, _THREAD = None, None
 
 #: Extra measured-trace columns (per row; NaN where not measured): thread CPU seconds, of which
-#: system (kernel: page faults, syscalls) seconds, and minor page faults.
-CPU_COLUMNS = ("cpu_s", "sys_s", "minflt")
+#: system (kernel: page faults, syscalls) seconds, minor page faults, and involuntary context
+#: switches (the thread preempted: by another process, or by its own process's other threads).
+CPU_COLUMNS = ("cpu_s", "sys_s", "minflt", "nivcsw")
 
 
-def thread_usage() -> tuple[float, float, int]:
-    """(CPU seconds, system seconds, minor faults) of the calling thread so far."""
+def thread_usage() -> tuple[float, float, int, int]:
+    """(CPU seconds, system seconds, minor faults, involuntary switches) of the calling thread."""
     if _THREAD is not None:
         r = resource.getrusage(_THREAD)
-        return r.ru_utime + r.ru_stime, r.ru_stime, r.ru_minflt
-    return time.thread_time(), 0.0, 0
+        return r.ru_utime + r.ru_stime, r.ru_stime, r.ru_minflt, r.ru_nivcsw
+    return time.thread_time(), 0.0, 0, 0
 
 
-def usage_delta(a: tuple[float, float, int], b: tuple[float, float, int]) -> tuple[float, float, int]:
-    return b[0] - a[0], b[1] - a[1], b[2] - a[2]
+def usage_delta(a: tuple, b: tuple) -> tuple:
+    return tuple(y - x for x, y in zip(a, b))
 
 
 def pin_to_core(local_rank: int) -> int | None:

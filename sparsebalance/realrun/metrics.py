@@ -21,7 +21,7 @@ def iteration_result(reports: list, *, pp: int, dp: int, microbatches: int) -> I
     rows, cpu = [], []
     for rep in reports:
         usage = dict(getattr(rep, "cpu", ()))
-        cpu += [usage.get(i, (np.nan, np.nan, np.nan)) for i in range(len(rep.rows))]
+        cpu += [usage.get(i, (np.nan,) * len(CPU_COLUMNS)) for i in range(len(rep.rows))]
         rows += rep.rows
     # TRACE_COLUMNS, then CPU time beside wall time for F/B rows (NaN elsewhere; realrun only)
     trace = pd.DataFrame(rows, columns=list(TRACE_COLUMNS))

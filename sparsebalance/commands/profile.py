@@ -98,7 +98,10 @@ def run(args: argparse.Namespace) -> int:
 
     dev_name = (torch.cuda.get_device_name() if args.device == "cuda"
                 else f"cpu {platform.processor() or platform.machine()}, {grid.threads} thread(s)")
+    from sparsebalance.kernels.calibrate import machine_fingerprint
+
     meta = {
+        "machine": machine_fingerprint(args.device, threads=grid.threads),
         "format_version": FORMAT_VERSION, "device": dev_name, "dtype": dtype, "analytical": False,
         "model": {d: getattr(model, d) for d in MODEL_DIMS},
         "block_size": model.block_size, "tp": 1, "concurrency": args.concurrency,
@@ -107,7 +110,9 @@ def run(args: argparse.Namespace) -> int:
                 f"calls ({'CUDA events' if args.device == 'cuda' else 'perf_counter'}) in {grid.repeats} "
                 "interleaved rounds (every op timed once per round, seeded order), "
                 f"{args.concurrency} concurrent cop{'y' if args.concurrency == 1 else 'ies'} "
-                f"({grid.statistic} over copies); layer_* = one HF "
+                f"({grid.statistic} over copies, one core each, glibc allocator kept steady and "
+                "Python's collector run between rounds, as in realrun); "
+                "layer_* = one HF "
                 "Qwen2DecoderLayer with a zero-cost attention core; attn_* = moba_attention (auto backend)"),
         "command": "sparsebalance profile " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else []),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,

@@ -266,6 +266,10 @@ def _measure(model: ModelConfig, grid: ProfileGrid, progress: bool, barrier: Any
     import numpy as np
     from tqdm import tqdm
 
+    from sparsebalance.kernels.cpuclock import manual_gc, steady_allocator
+
+    if grid.device == "cpu":
+        steady_allocator()  # the allocator state realrun's CPU workers run in
     bench = Bench(model, grid)
     items = [it for job in _jobs(grid) for it in bench.items(*job)]
     for _, fn, setup in items:
@@ -274,7 +278,12 @@ def _measure(model: ModelConfig, grid: ProfileGrid, progress: bool, barrier: Any
     samples: list[list[float]] = [[] for _ in items]
     rng = np.random.default_rng(grid.seed)  # same seed in every copy: the copies stay in step
     bar = tqdm(total=grid.repeats * len(items), desc="profile", disable=not progress, unit="call")
+    import gc
+
+    gc_was_on = gc.isenabled()
+    manual_gc()  # collections between rounds, never inside a timed call (as realrun does)
     for _ in range(grid.repeats):
+        gc.collect()
         # one barrier per round, not per call: waking from it costs the copies and the barrier's
         # manager process up to a millisecond of CPU on this 2-core host, which would land inside
         # a sub-millisecond timed call; in one shared order the copies stay close to in step
@@ -285,10 +294,17 @@ def _measure(model: ModelConfig, grid: ProfileGrid, progress: bool, barrier: Any
             samples[i].append(bench.timer.once(fn, setup))
             bar.update()
     bar.close()
+    gc.unfreeze()
+    if gc_was_on:
+        gc.enable()
     return [(*key, bench.timer.reduce(ts)) for (key, _, _), ts in zip(items, samples)]
 
 
-def _copy(model: ModelConfig, grid: ProfileGrid, barrier: Any, show: bool) -> list:
+def _copy(model: ModelConfig, grid: ProfileGrid, barrier: Any, show: bool, index: int = 0) -> list:
+    # one core per copy, as realrun pins one worker per core (kernels/cpuclock.py)
+    from sparsebalance.kernels.cpuclock import pin_to_core
+
+    pin_to_core(index)
     return _measure(model, grid, show, barrier)
 
 
@@ -300,7 +316,8 @@ def run_profile(model: ModelConfig, grid: ProfileGrid, progress: bool = True,
     processes, stepping through the grid together, and each point records the statistic over copies.
     Why: realrun puts pp x dp worker processes on one host; on a CPU they share caches, memory
     bandwidth and whatever else the host runs, so an op timed alone is faster than the same op in
-    the real run. Measure under the run's own concurrency to predict it.
+    the real run. Measure under the run's own concurrency to predict it. Copy i is pinned to the
+    i-th usable core, as realrun pins its workers (kernels/cpuclock.py).
     """
     import pandas as pd
 
@@ -318,7 +335,7 @@ def run_profile(model: ModelConfig, grid: ProfileGrid, progress: bool = True,
         with ctx.Manager() as manager:
             barrier = manager.Barrier(concurrency)
             with ProcessPoolExecutor(concurrency, mp_context=ctx) as pool:
-                futures = [pool.submit(_copy, model, grid, barrier, progress and i == 0)
+                futures = [pool.submit(_copy, model, grid, barrier, progress and i == 0, i)
                            for i in range(concurrency)]
                 copies = [f.result() for f in futures]
         table = pd.concat([pd.DataFrame(c, columns=["op", "seq_len", "budget", "latency_s"])

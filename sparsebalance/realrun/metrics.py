@@ -16,8 +16,16 @@ def iteration_result(reports: list, *, pp: int, dp: int, microbatches: int) -> I
     """Merge rank reports. Iteration time = last OPTIM end - first rank's start (all ranks leave one
     barrier together); a micro-batch's latency = its F + B seconds summed over stages; bubble
     fraction = 1 - busy / (dp x pp x iteration time), busy = F + B seconds, as in the simulator."""
-    rows = [r for rep in reports for r in rep.rows]
+    from sparsebalance.kernels.cpuclock import CPU_COLUMNS
+
+    rows, cpu = [], []
+    for rep in reports:
+        usage = dict(getattr(rep, "cpu", ()))
+        cpu += [usage.get(i, (np.nan,) * len(CPU_COLUMNS)) for i in range(len(rep.rows))]
+        rows += rep.rows
+    # TRACE_COLUMNS, then CPU time beside wall time for F/B rows (NaN elsewhere; realrun only)
     trace = pd.DataFrame(rows, columns=list(TRACE_COLUMNS))
+    trace[list(CPU_COLUMNS)] = pd.DataFrame(cpu, columns=list(CPU_COLUMNS), index=trace.index)
     start = min(rep.start_s for rep in reports)
     end = max(rep.end_s for rep in reports)
     it_time = end - start

@@ -13,7 +13,11 @@ from typing import Any
 from sparsebalance.configmap import from_mapping
 from sparsebalance.errors import ConfigError, check, check_choice, check_positive
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev")
+SPLIT_SCHEDULES = ("zb-h1", "zbv", "dualpipev")
+"""Schedules that split (some) backwards into an input-gradient I and a deferred weight-gradient W."""
+V_SCHEDULES = ("zbv", "dualpipev")
+"""Schedules with two virtual stages per device placed in a V (device d: vstages d, 2 pp - 1 - d)."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -104,9 +108,10 @@ class ClusterConfig:
     tp: int = 1
     """Tensor-parallel degree inside a stage (the profile must be measured at this TP)."""
     schedule: str = "1f1b"
-    """Pipeline schedule: gpipe, 1f1b or interleaved (interleaved 1F1B with virtual stages)."""
+    """Pipeline schedule: gpipe, 1f1b, interleaved (interleaved 1F1B with virtual stages), zb-h1
+    (zero bubble, split backward), zbv or dualpipev (split backward, 2 stages per device in a V)."""
     virtual_stages: int = 1
-    """Model chunks per stage for the interleaved schedule (>= 2 there, 1 otherwise)."""
+    """Model chunks per device: >= 2 for interleaved, exactly 2 for zbv and dualpipev, 1 otherwise."""
     micro_batch_size: int = 1
     """Sequences per micro-batch for policies that do not pack by a token cap."""
     global_batch: int = 16
@@ -164,6 +169,10 @@ class ClusterConfig:
         if self.schedule == "interleaved":
             check(self.virtual_stages >= 2, "virtual_stages",
                   f"the interleaved schedule needs >= 2, got {self.virtual_stages}")
+        elif self.schedule in V_SCHEDULES:
+            check(self.virtual_stages == 2, "virtual_stages",
+                  f"{self.schedule} places exactly 2 stages per device in a V (2 x pp = {2 * self.pp} "
+                  f"stages, an even count); must be 2, got {self.virtual_stages}")
         else:
             check(self.virtual_stages == 1, "virtual_stages",
                   f"must be 1 for schedule {self.schedule!r} (use schedule = \"interleaved\")")

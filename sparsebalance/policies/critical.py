@@ -40,7 +40,8 @@ from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.policies.tuning import DynamicSparsity
 from sparsebalance.simulator.plan import Budgets, Plan
 from sparsebalance.simulator.graph import ActionGraph, schedule_graph
-from sparsebalance.simulator.timing import pack_durations, pack_lags, replica_finish, time_graph, time_to_sink
+from sparsebalance.simulator.timing import (kind_durations, pack_durations, pack_lags, replica_finish,
+                                            time_graph, time_to_sink)
 
 
 def graph_for(cluster, m: int) -> ActionGraph:
@@ -60,25 +61,36 @@ class CriticalPathDST:
         self._latency = None
         self._tail: np.ndarray | None = None
 
-    def stage_table(self, lm, lengths: tuple[int, ...], k_lo: int, k_hi: int, nv: int, pp: int):
+    def stage_table(self, lm, lengths: tuple[int, ...], k_lo: int, k_hi: int, nv: int, pp: int,
+                    split: bool = False):
         """Forward and backward seconds of every virtual stage at k = k_lo..k_hi: two arrays
-        [k_hi - k_lo + 1, V]. A stage's time is affine in its attention: n_layers(vs) x sum over
-        sequences of ``attention(L, k)`` + a budget-free part, taken from one ``stage_time`` call."""
+        [k_hi - k_lo + 1, V] (with ``split``, a third: the backward's input-gradient part I; its
+        weight-gradient part W does not depend on k, see :meth:`weight_times`). A stage's time is
+        affine in its attention: n_layers(vs) x sum over sequences of ``attention(L, k)`` + a
+        budget-free part, taken from one ``stage_time`` call."""
         ks = np.arange(k_lo, k_hi + 1)
         n_layers = np.array([len(lm.stage_layers(vs % pp, vs // pp)) for vs in range(nv)], float)
         many = getattr(lm, "attention_many", None)
         out = []
-        for bw in (False, True):
+        for bw, part in ((False, None), (True, None), *([(True, "input")] if split else [])):
+            kw = {"part": part} if part else {}
             if many is None:
                 a = np.array([sum(lm.attention(L, k, backward=bw) for L in lengths) for k in ks.tolist()])
             else:  # the same left-to-right sum over sequences as the scalar line above, per k
                 a = np.zeros(len(ks))
                 for L in lengths:
                     a = a + many(np.full(len(ks), L), ks, backward=bw)
-            base = np.array([lm.stage_time(lengths, k_lo, vs % pp, backward=bw, chunk=vs // pp)
+            base = np.array([lm.stage_time(lengths, k_lo, vs % pp, backward=bw, chunk=vs // pp, **kw)
                              for vs in range(nv)]) - n_layers * a[0]
             out.append(base[None, :] + a[:, None] * n_layers[None, :])
-        return out[0], out[1]
+        return tuple(out)
+
+    @staticmethod
+    def weight_times(lm, lengths: tuple[int, ...], nv: int, pp: int) -> np.ndarray:
+        """[V] seconds of the weight-gradient part W of each virtual stage's backward (no
+        attention: it has no weights, so W is the same at every budget)."""
+        return np.array([lm.stage_time(lengths, 1, vs % pp, backward=True, chunk=vs // pp, part="weight")
+                         for vs in range(nv)])
 
     def budgets(self, plan: Plan, ctx: PolicyContext) -> Budgets:
         cfg, lm, cl = self.cfg, ctx.latency, ctx.cluster
@@ -88,6 +100,7 @@ class CriticalPathDST:
         dp, m = plan.dp, plan.num_microbatches
         pp, nv = cl.pp, cl.pp * cl.virtual_stages
         g = graph_for(cl, m)
+        split = g.split
         if self._latency is not lm:
             self._latency = lm
             self._tail = np.array([lm.allreduce_time(s) + lm.optimizer_time(s) for s in range(pp)])
@@ -95,6 +108,7 @@ class CriticalPathDST:
         # per flat micro-batch i = r * m + j
         lo, hi, covs, tabs = [], [], [], []
         p2p = np.zeros((dp, max(nv - 1, 1), m))
+        W = np.zeros((dp, nv, m))  # weight-gradient seconds (split schedules), budget-free
         for r, j, mb in plan.microbatches():
             n_blocks = -(-max(mb.lengths) // ctx.model.block_size)
             k_hi = min(cfg.k_max, max(cfg.k0, n_blocks))
@@ -102,26 +116,29 @@ class CriticalPathDST:
             lo.append(f)
             hi.append(k_hi)
             covs.append(ctx.coverage.microbatch_curve(mb, k_hi))
-            tabs.append(self.stage_table(lm, mb.lengths, f, k_hi, nv, pp))
+            tabs.append(np.stack(self.stage_table(lm, mb.lengths, f, k_hi, nv, pp, split), axis=1))
             p2p[r, :, j] = lm.p2p_time(mb.tokens)
+            if split:
+                W[r, :, j] = self.weight_times(lm, mb.lengths, nv, pp)
         p2p = p2p[:, : nv - 1]
         K = np.full((dp, m), cfg.k0, dtype=np.int64)
-        F = np.empty((dp, nv, m))
-        B = np.empty((dp, nv, m))
+        # X[r, q] = per replica the budget-dependent seconds: q = 0 F, 1 B (and 2 I when split)
+        X = np.empty((dp, 3 if split else 2, nv, m))
 
-        def put(Fa, Ba, rows, r, j, k):  # stage times of micro-batch (r, j) at budget k into rows
+        def put(Xa, rows, r, j, k):  # stage times of micro-batch (r, j) at budget k into rows
             i = r * m + j
-            Fa[rows, :, j] = tabs[i][0][k - lo[i]]
-            Ba[rows, :, j] = tabs[i][1][k - lo[i]]
+            Xa[rows, :, :, j] = tabs[i][k - lo[i]]
 
         for r in range(dp):
             for j in range(m):
-                put(F, B, r, r, j, cfg.k0)
+                put(X, r, r, j, cfg.k0)
 
-        def finish(Fa, Ba, P):  # per replica time to the end of its slowest stage's optimizer step
-            return (replica_finish(g, Fa, Ba, P) + tail[None, :]).max(axis=1)
+        def finish(Xa, P, rr):  # per replica time to the end of its slowest stage's optimizer step
+            parts = (Xa[:, 2], W[rr]) if split else (None, None)
+            return (replica_finish(g, Xa[:, 0], Xa[:, 1], P, *parts) + tail[None, :]).max(axis=1)
 
-        R = finish(F, B, p2p)
+        every = np.arange(dp)
+        R = finish(X, p2p, every)
         T_fixed = T = float(R.max())
         eps = 1e-12 * T
         step, rounds = max(1, cfg.k0 // 4), 0
@@ -132,10 +149,10 @@ class CriticalPathDST:
             if cand:
                 cr = np.array([c[0] for c in cand])
                 kn = [max(lo[r * m + j], int(K[r, j]) - step) for r, j in cand]
-                Fc, Bc = F[cr], B[cr]
+                Xc = X[cr]
                 for row, ((r, j), k) in enumerate(zip(cand, kn)):
-                    put(Fc, Bc, row, r, j, k)
-                obj = np.maximum(finish(Fc, Bc, p2p[cr]), rest)
+                    put(Xc, row, r, j, k)
+                obj = np.maximum(finish(Xc, p2p[cr], cr), rest)
                 saving = T - obj
                 loss = np.array([covs[r * m + j][K[r, j] - 1] - covs[r * m + j][k - 1]
                                  for (r, j), k in zip(cand, kn)])
@@ -153,8 +170,8 @@ class CriticalPathDST:
             for r, row in best.items():
                 j = cand[row][1]
                 K[r, j] = kn[row]
-                put(F, B, r, r, j, kn[row])
-            R = finish(F, B, p2p)
+                put(X, r, r, j, kn[row])
+            R = finish(X, p2p, every)
             T = float(R.max())
         T_a = T
         bound = max(T_a, min(T_a * (1.0 + cfg.cp_raise_tol), T_fixed)) * (1 + 1e-12)
@@ -164,11 +181,13 @@ class CriticalPathDST:
         # lower bounds throughout. A micro-batch none of whose larger budgets passes this bound
         # would be rejected by the exact evaluation below too; it is skipped without one.
         lag_all = pack_lags(g, p2p, dp)
-        dur_all = pack_durations(g, {"F": F, "B": B})
+        dur_all = pack_durations(g, kind_durations(g, X[:, 0], X[:, 1], *((X[:, 2], W) if split else ())))
         st, _ = time_graph(g, dur_all, lag_all)
         through = st + time_to_sink(g, dur_all, lag_all, tail)  # [n, dp], minus own duration
         f_nodes = np.arange(nv)[:, None] * m + np.arange(m)[None, :]  # [V, m] node ids of F
-        b_nodes = f_nodes + nv * m
+        b_nodes = f_nodes + nv * m  # B, or I (a whole backward where the graph fuses one)
+        # which table a backward node's duration follows: B, or I where the backward is split
+        bq = np.where(g.fused, 1, 2) if split else np.ones((nv, m), dtype=np.int64)
         limit = bound * (1 + 1e-9)  # a margin for the rounding of the bound's sums
         for _ in range(2):  # (b) spend bubbles on coverage
             changed = False
@@ -178,20 +197,20 @@ class CriticalPathDST:
                 ks = np.arange(K[r, j] + 1, hi[i] + 1)
                 if ks.size == 0:
                     continue
-                lb = np.maximum((through[f_nodes[:, j], r][None, :] + tabs[i][0][ks - lo[i]]).max(axis=1),
-                                (through[b_nodes[:, j], r][None, :] + tabs[i][1][ks - lo[i]]).max(axis=1))
+                tab = tabs[i][ks - lo[i]]  # [k, q, V]
+                back = np.take_along_axis(tab, bq[None, None, :, j], axis=1)[:, 0]
+                lb = np.maximum((through[f_nodes[:, j], r][None, :] + tab[:, 0]).max(axis=1),
+                                (through[b_nodes[:, j], r][None, :] + back).max(axis=1))
                 if (lb > limit).all():
                     continue
-                Fc = np.repeat(F[r:r + 1], ks.size, axis=0)
-                Bc = np.repeat(B[r:r + 1], ks.size, axis=0)
-                Fc[:, :, j] = tabs[i][0][ks - lo[i]]
-                Bc[:, :, j] = tabs[i][1][ks - lo[i]]
+                Xc = np.repeat(X[r:r + 1], ks.size, axis=0)
+                Xc[:, :, :, j] = tab
                 others = float(np.max(np.delete(R, r))) if dp > 1 else -np.inf
-                Rc = finish(Fc, Bc, p2p[r:r + 1])
+                Rc = finish(Xc, p2p[r:r + 1], np.full(ks.size, r))
                 ok = np.flatnonzero(np.maximum(Rc, others) <= bound)
                 if ok.size:
                     K[r, j] = int(ks[ok[-1]])
-                    put(F, B, r, r, j, int(K[r, j]))
+                    put(X, r, r, j, int(K[r, j]))
                     R[r] = Rc[ok[-1]]
                     changed = True
             if not changed:

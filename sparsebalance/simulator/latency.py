@@ -17,6 +17,14 @@ Interpolation (why this way):
   linearly (floored at 0 s); ``"error"`` raises ConfigError naming op, value and range; ``"clamp"``
   uses the nearest profiled value.
 
+Split backward (zero-bubble schedules): the backward of a stage splits into its input-gradient
+part I (attention's whole backward, since attention has no weights, + each layer's
+``layer_bwd_input`` + the LM head's ``head_bwd_input``) and its weight-gradient part W (each layer's
+``layer_bwd_weight`` + ``head_bwd_weight`` + the embedding's whole backward: its input is token ids).
+A profile without split rows (format 1) takes I = W = half of ``layer_bwd`` / ``head_bwd`` (the
+input- and weight-gradient GEMMs of a linear layer have equal FLOPs), so B = I + W; the first
+split query says so once (a warning) and :attr:`LatencyModel.notes` records it.
+
 Profile vs run: a measured profile must match the run's ``model.block_size``, ``cluster.tp`` and the
 per-layer dims (hidden, heads, kv_heads, head_dim, ffn, vocab) or loading fails with ConfigError, since
 its numbers cannot be rescaled faithfully; ``layers`` may differ (the table is per layer). An
@@ -36,8 +44,11 @@ import numpy as np
 from sparsebalance.errors import ConfigError, check_choice
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
 from sparsebalance.simulator.profile import Profile, load_profile, monotone_violations
+from sparsebalance.simulator.schedules import placement
 
 EXTRAPOLATE = ("warn", "error", "clamp")
+PARTS = ("input", "weight")
+"""Parts of a split backward: input gradient (I) and weight gradient (W)."""
 _CHECKED_DIMS = ("hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab")
 ADAMW_BYTES_PER_PARAM = 16
 """HBM bytes one AdamW step moves per parameter (fallback optimizer estimate)."""
@@ -96,6 +107,9 @@ class LatencyModel:
         self._surfaces = {op: _Surface(profile.rows(op)) for op in ("attn_fwd", "attn_bwd")}
         self._curves = {op: _Curve(r["seq_len"], r["latency_s"]) for op in profile.ops
                         if op not in self._surfaces for r in [profile.rows(op)]}
+        self.notes: list[str] = []
+        """What the model derived rather than read from the profile (e.g. the split backward)."""
+        self._derived_split = self._derive_split()
         self._warned: set[str] = set()
         self._attn: dict[tuple[int, int, bool], float] = {}
         self._attn_fb: dict[tuple[int, int], float] = {}
@@ -114,6 +128,26 @@ class LatencyModel:
         for op in ("embed_fwd", "embed_bwd", "head_fwd", "head_bwd"):
             if op not in self._curves:
                 warnings.warn(f"profile {profile.source} has no {op} rows; that op costs 0 s", stacklevel=3)
+
+    def _derive_split(self) -> list[str]:
+        """I and W curves of ``layer_bwd`` / ``head_bwd`` where the profile has no split rows:
+        each half of the whole (see the module docstring). Returns the ops derived."""
+        derived = []
+        for name in ("layer", "head"):
+            whole = self._curves.get(f"{name}_bwd")
+            if whole is None or f"{name}_bwd_input" in self._curves:
+                continue
+            half = _Curve(whole.xs, [y / 2 for y in whole.ys])
+            self._curves[f"{name}_bwd_input"] = self._curves[f"{name}_bwd_weight"] = half
+            derived.append(name)
+        return derived
+
+    def _note_split(self) -> None:
+        if self._derived_split and not self.notes:
+            ops = " and ".join(f"{n}_bwd" for n in self._derived_split)
+            self.notes.append(f"profile {self.profile.source} (format {self.profile.meta['format_version']}) "
+                              f"has no split-backward rows: I = W = half of {ops} (B = I + W)")
+            warnings.warn("latency: " + self.notes[0], RuntimeWarning, stacklevel=3)
 
     def _fused(self):
         """Pre-summed tables for microbatch_latency's hot path: attention F + B on the shared grid, and
@@ -212,16 +246,31 @@ class LatencyModel:
         self._dense[key] = value
         return value
 
-    def dense(self, tokens: int, *, backward: bool = False) -> float:
-        """Seconds of one layer's dense part (norms, QKV/O projections, MLP) on ``tokens`` tokens."""
-        return self._op("layer_bwd" if backward else "layer_fwd", tokens)
+    def _bwd_op(self, name: str, backward: bool, part: str | None) -> str:
+        if part is None:
+            return f"{name}_bwd" if backward else f"{name}_fwd"
+        if part not in PARTS or not backward:
+            raise ConfigError(f"latency: part must be one of {', '.join(PARTS)} with backward=True, "
+                              f"got {part!r}")
+        self._note_split()
+        return f"{name}_bwd_{part}"
 
-    def embed(self, tokens: int, *, backward: bool = False) -> float:
+    def dense(self, tokens: int, *, backward: bool = False, part: str | None = None) -> float:
+        """Seconds of one layer's dense part (norms, QKV/O projections, MLP) on ``tokens`` tokens;
+        ``part`` "input" / "weight": that part of the backward (None: the whole)."""
+        return self._op(self._bwd_op("layer", backward, part), tokens)
+
+    def embed(self, tokens: int, *, backward: bool = False, part: str | None = None) -> float:
+        """Embedding lookup; its backward is all weight gradient (the input is token ids)."""
+        if part is not None and (part not in PARTS or not backward):
+            self._bwd_op("embed", backward, part)  # raises: a part needs backward=True
+        if part == "input":
+            return 0.0
         return self._op("embed_bwd" if backward else "embed_fwd", tokens)
 
-    def head(self, tokens: int, *, backward: bool = False) -> float:
+    def head(self, tokens: int, *, backward: bool = False, part: str | None = None) -> float:
         """Final norm + LM head + loss."""
-        return self._op("head_bwd" if backward else "head_fwd", tokens)
+        return self._op(self._bwd_op("head", backward, part), tokens)
 
     # -- stages and micro-batches -----------------------------------------------------------------
     def stage_layers(self, stage: int, chunk: int = 0) -> range:
@@ -254,20 +303,23 @@ class LatencyModel:
             self._counts[budget] = counts
         return counts
 
-    def stage_time(self, lengths, budget, stage: int, *, backward: bool, chunk: int = 0) -> float:
+    def stage_time(self, lengths, budget, stage: int, *, backward: bool, chunk: int = 0,
+                   part: str | None = None) -> float:
         """Seconds of one (virtual) stage's forward or backward for a micro-batch of ``lengths``:
-        its layers' attention (per sequence) + dense part (all tokens), + embedding on chunk 0 of
-        stage 0, + LM head on the last chunk of the last stage."""
+        its layers' attention (per sequence) + dense part (all tokens), + embedding on virtual
+        stage 0, + LM head on the last virtual stage. ``part`` ("input" / "weight", backward only):
+        that part of the split backward (attention is all input gradient)."""
         layers = self.stage_layers(stage, chunk)
         tokens = sum(lengths)
         total = 0.0
-        for k, n in self._budget_counts(budget, layers):
-            total += n * sum(self.attention(L, k, backward=backward) for L in lengths)
-        total += len(layers) * self.dense(tokens, backward=backward)
+        if part != "weight":
+            for k, n in self._budget_counts(budget, layers):
+                total += n * sum(self.attention(L, k, backward=backward) for L in lengths)
+        total += len(layers) * self.dense(tokens, backward=backward, part=part)
         if stage == 0 and chunk == 0:
-            total += self.embed(tokens, backward=backward)
+            total += self.embed(tokens, backward=backward, part=part)
         if stage == self.cluster.pp - 1 and chunk == self.cluster.virtual_stages - 1:
-            total += self.head(tokens, backward=backward)
+            total += self.head(tokens, backward=backward, part=part)
         return total
 
     def _attention_fb(self, L: int, k: int) -> float:
@@ -387,17 +439,18 @@ class LatencyModel:
         return c.p2p_latency + tokens * self.model.hidden * self.model.dtype_bytes / c.p2p_bandwidth
 
     def stage_params(self, stage: int) -> int:
-        """Parameters held by pipeline stage ``stage`` (all its chunks; before TP splitting). The
-        embedding sits on stage 0, final norm + LM head on the last stage; tied embeddings are counted
-        on stage 0 and again on the last stage when pp > 1 (Megatron keeps a copy there)."""
-        m, pp = self.model, self.cluster.pp
-        n_layers = sum(len(self.stage_layers(stage, c)) for c in range(self.cluster.virtual_stages))
-        params = n_layers * m.params_per_layer
-        if stage == 0:
+        """Parameters held by device ``stage`` (all its virtual stages under the schedule's
+        placement; before TP splitting). The embedding sits with virtual stage 0, final norm + LM
+        head with the last one (both on device 0 under a V placement); tied embeddings are counted
+        again on the head's device when that is another device (Megatron keeps a copy there)."""
+        m, c = self.model, self.cluster
+        dev = placement(c.schedule, c.pp, c.virtual_stages)
+        params = sum(len(r) for r, d in zip(self._ranges, dev) if d == stage) * m.params_per_layer
+        if stage == dev[0]:
             params += m.embedding_params
-        if stage == pp - 1:
+        if stage == dev[-1]:
             params += m.hidden  # final RMSNorm
-            if not m.tie_embeddings or pp > 1:
+            if not m.tie_embeddings or dev[0] != dev[-1]:
                 params += m.embedding_params
         return params
 

@@ -31,7 +31,7 @@ def test_concurrent_copies_write_one_profile(tmp_path):
                   "--concurrency", "2", "--no-progress")
     assert profile_cmd.run(args) == 0
     prof = load_profile(str(tmp_path / "c"))
-    assert len(prof.table) == 2 * 2 * 2 + 3 * 2 * 2 + 2
+    assert len(prof.table) == 2 * 2 * 2 + (3 * 2 + 2 * 2) * 2 + 2  # attn; dense ops + split; optim
     assert prof.meta["concurrency"] == 2 and "2 concurrent copies" in prof.meta["how"] and "mean of 1 after 1" in prof.meta["how"]
     assert (prof.table.latency_s > 0).all()
 
@@ -58,7 +58,9 @@ def test_command_writes_a_loadable_profile(tmp_path):
     assert profile_cmd.run(args) == 0
     prof = load_profile(str(tmp_path / "p"))
     assert set(prof.ops) == {"attn_fwd", "attn_bwd", "layer_fwd", "layer_bwd", "embed_fwd", "embed_bwd",
-                             "head_fwd", "head_bwd", "optim"}
+                             "head_fwd", "head_bwd", "optim", "layer_bwd_input", "layer_bwd_weight",
+                             "head_bwd_input", "head_bwd_weight"}
+    assert prof.meta["format_version"] == 2
     attn = prof.rows("attn_fwd")
     assert sorted(zip(attn.seq_len, attn.budget)) == [(64, 1), (64, 3), (160, 1), (160, 3)]
     assert (prof.table.latency_s > 0).all()

@@ -114,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sparsebalance {args.verb}: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:
+        if not _stdout_broken():
+            raise  # a pipe of our own broke: a real error, not a reader that went away
         _silence_stdout()
         return 141
     except Terminated as e:
@@ -159,6 +161,18 @@ def _flush_stdout() -> None:
         raise
     except (OSError, ValueError):
         pass
+
+
+def _stdout_broken() -> bool:
+    """Whether stdout is a pipe whose reader has gone (poll reports an error on its write end)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _silence_stdout() -> None:

@@ -20,14 +20,24 @@ def _renderer(fig):
 
 
 def visible_texts(fig) -> list:
-    """Every visible, non-empty Text artist of ``fig`` (legend and tick labels included)."""
+    """Every drawn, non-empty Text artist of ``fig``: titles, labels, legend entries, annotations and
+    the tick labels of ticks inside the view limits (matplotlib keeps labels of ticks beyond the
+    limits as visible artists that it does not draw)."""
     from matplotlib.text import Text
 
-    out = []
-    for t in fig.findobj(Text):
-        if t.get_visible() and t.get_text().strip() and (t.axes is None or t.axes.get_visible()):
-            out.append(t)
-    return out
+    ticks, drawn = set(), []
+    for ax in fig.axes:
+        for axis, (lo, hi) in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+            lo, hi = min(lo, hi), max(lo, hi)
+            eps = 1e-9 * max(1.0, abs(hi - lo))
+            for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+                labels = (tick.label1, tick.label2)
+                ticks.update(id(t) for t in labels)
+                if lo - eps <= tick.get_loc() <= hi + eps:
+                    drawn += [t for t in labels if t.get_visible() and t.get_text().strip()]
+    out = [t for t in fig.findobj(Text) if id(t) not in ticks and t.get_visible()
+           and t.get_text().strip() and (t.axes is None or t.axes.get_visible())]
+    return out + drawn
 
 
 def overlapping_texts(fig, pad: float = 0.0) -> list[tuple[str, str]]:

@@ -139,13 +139,19 @@ class _Pool:
 
         def feed(conn) -> None:
             p, _ = workers[conn]
-            if todo:
-                i = todo.pop()
-                conn.send((i, specs[i]))
-                workers[conn] = (p, i)
-            else:
-                conn.send(None)
-                workers[conn] = (p, None)
+            i = todo.pop() if todo else None
+            try:
+                conn.send(None if i is None else (i, specs[i]))
+            except OSError:  # the worker died between runs: its next run goes back, a new one starts
+                if i is not None:
+                    todo.append(i)
+                del workers[conn]
+                conn.close()
+                p.join(timeout=self.grace_s)
+                if todo:
+                    start()
+                return
+            workers[conn] = (p, i)
 
         try:
             for _ in range(min(self.n, len(specs))):
@@ -164,6 +170,7 @@ class _Pool:
                             continue
                         if msg is not None:
                             pending -= 1
+                            workers[conn] = (p, None)
                             yield specs[msg[1]], msg[2]
                             feed(conn)
                             continue

@@ -258,9 +258,9 @@ def monotone_violations(profile: Profile, block_size: int | None = None,
     budget at a fixed seq_len (attention; a budget at or beyond the sequence's block count is the same
     dense work, so only budgets that add blocks are compared), and along tokens / parameters (dense
     ops, optim). A drop counts when the later point is below ``(1 - tolerance)`` x the earlier one.
-    Returns one readable line per violation (empty = monotone)."""
+    Returns one readable line per violation, the largest relative drop first (empty = monotone)."""
     bs = int(block_size or profile.meta.get("block_size") or 1)
-    out: list[str] = []
+    out: list[tuple[float, str]] = []
     for op in profile.ops:
         rows = profile.rows(op)
         if op in ATTENTION_OPS:
@@ -274,14 +274,18 @@ def monotone_violations(profile: Profile, block_size: int | None = None,
         else:
             axis = "parameters" if op == "optim" else "tokens"
             out += _drops(op, "", axis, rows["seq_len"], rows["latency_s"], tolerance)
-    return out
+    return [text for _, text in sorted(out, key=lambda d: -d[0])]
 
 
-def _drops(op: str, at: str, axis: str, xs, ys, tolerance: float) -> list[str]:
+def _drops(op: str, at: str, axis: str, xs, ys, tolerance: float) -> list[tuple[float, str]]:
     xs, ys = list(xs), list(ys)
     where = f"{op}" + (f" at {at}" if at else "")
-    return [f"{where}: {axis} {xs[i - 1]} -> {xs[i]} falls {ys[i - 1]:.3g} s -> {ys[i]:.3g} s"
-            for i in range(1, len(ys)) if ys[i] < (1 - tolerance) * ys[i - 1]]
+    out = []
+    for i in range(1, len(ys)):
+        if ys[i] < (1 - tolerance) * ys[i - 1]:
+            text = f"{where}: {axis} {xs[i - 1]} -> {xs[i]} falls {ys[i - 1]:.3g} s -> {ys[i]:.3g} s"
+            out.append((1 - ys[i] / ys[i - 1], text))
+    return out
 
 
 def _check_grid(op: str, rows: pd.DataFrame, where: str) -> None:

@@ -52,6 +52,12 @@ def placement(schedule: str, pp: int, virtual_stages: int = 1) -> tuple[int, ...
     return tuple(vs % pp for vs in range(pp * virtual_stages))
 
 
+def fewest_microbatches(schedule: str, pp: int) -> int:
+    """Micro-batches per replica a packing policy aims for at least: pp (every stage busy in the
+    steady state), 2 pp for dualpipev (its minimum)."""
+    return 2 * pp if schedule == "dualpipev" else pp
+
+
 def device_vstages(schedule: str, pp: int, virtual_stages: int, device: int) -> tuple[int, ...]:
     """The virtual stages that live on ``device``, in increasing order."""
     return tuple(vs for vs, d in enumerate(placement(schedule, pp, virtual_stages)) if d == device)

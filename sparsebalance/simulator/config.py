@@ -124,6 +124,12 @@ class ClusterConfig:
     """Bytes/s of the ring all-reduce (bus bandwidth per link)."""
     allreduce_latency: float = 20e-6
     """Seconds of fixed cost per all-reduce step sequence."""
+    tp_bandwidth: float = 450e9
+    """Bytes/s of the tensor-parallel all-reduce (ring bus bandwidth; NVLink 4: 450 GB/s per
+    direction). Used with profiles measured without TP communication (one shard, ``profile --tp``);
+    an analytical profile carries its own (the roofline's)."""
+    tp_latency: float = 5e-6
+    """Seconds of fixed cost per tensor-parallel all-reduce."""
     gpus_per_node: int = 8
     """GPUs per node: tensor parallelism stays inside a node (tp <= gpus_per_node)."""
     nodes: int | None = None
@@ -145,8 +151,10 @@ class ClusterConfig:
         for f in ("pp", "dp", "tp", "virtual_stages", "micro_batch_size", "global_batch",
                   "p2p_bandwidth", "allreduce_bandwidth", "gpus_per_node"):
             check_positive(getattr(self, f), f)
-        for f in ("p2p_bandwidth", "p2p_latency", "allreduce_bandwidth", "allreduce_latency"):
+        for f in ("p2p_bandwidth", "p2p_latency", "allreduce_bandwidth", "allreduce_latency",
+                  "tp_bandwidth", "tp_latency"):
             check(math.isfinite(getattr(self, f)), f, f"must be finite, got {getattr(self, f)!r}")
+        check_positive(self.tp_bandwidth, "tp_bandwidth")
         check(self.tp <= self.gpus_per_node, "tp",
               f"tensor parallelism stays inside a node: must be <= gpus_per_node ({self.gpus_per_node}), "
               f"got {self.tp}")
@@ -157,7 +165,7 @@ class ClusterConfig:
                   f"pp x dp x tp = {self.pp} x {self.dp} x {self.tp} = {need} GPUs exceeds the cluster's "
                   f"nodes x gpus_per_node = {self.nodes} x {self.gpus_per_node} = "
                   f"{self.nodes * self.gpus_per_node}")
-        for f in ("p2p_latency", "allreduce_latency"):
+        for f in ("p2p_latency", "allreduce_latency", "tp_latency"):
             check_positive(getattr(self, f), f, allow_zero=True)
         check_choice(self.schedule, "schedule", SCHEDULES)
         if self.device_memory is not None:

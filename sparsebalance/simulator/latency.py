@@ -25,6 +25,14 @@ A profile without split rows (format 1) takes I = W = half of ``layer_bwd`` / ``
 input- and weight-gradient GEMMs of a linear layer have equal FLOPs), so B = I + W; the first
 split query says so once (a warning) and :attr:`LatencyModel.notes` records it.
 
+Tensor parallelism: a profile's numbers are one TP rank's. An analytical profile includes the TP
+all-reduces of a Megatron layer (the roofline's); a profile measured on one shard (``profile --tp N``,
+sidecar ``tp_comm_included`` false or absent) does not, and the model adds them from the cluster:
+2 all-reduces of the layer's activation (tokens x hidden x dtype bytes) per layer forward (after the
+row-parallel attention output and MLP down projections) and 2 in the input-gradient part of its
+backward (the column-parallel inputs' gradients), each ``tp_latency + 2 (tp - 1) / tp x bytes /
+tp_bandwidth`` (:meth:`LatencyModel.tp_allreduce_time`).
+
 Profile vs run: a measured profile must match the run's ``model.block_size``, ``cluster.tp`` and the
 per-layer dims (hidden, heads, kv_heads, head_dim, ffn, vocab) or loading fails with ConfigError, since
 its numbers cannot be rescaled faithfully; ``layers`` may differ (the table is per layer). An
@@ -107,6 +115,9 @@ class LatencyModel:
         self._surfaces = {op: _Surface(profile.rows(op)) for op in ("attn_fwd", "attn_bwd")}
         self._curves = {op: _Curve(r["seq_len"], r["latency_s"]) for op in profile.ops
                         if op not in self._surfaces for r in [profile.rows(op)]}
+        meta = profile.meta
+        self._tp_comm = cluster.tp > 1 and not meta.get("tp_comm_included", bool(meta["analytical"]))
+        """Whether the dense ops lack the TP all-reduces (added here, see the module docstring)."""
         self.notes: list[str] = []
         """What the model derived rather than read from the profile (e.g. the split backward)."""
         self._derived_split = self._derive_split()
@@ -257,8 +268,21 @@ class LatencyModel:
 
     def dense(self, tokens: int, *, backward: bool = False, part: str | None = None) -> float:
         """Seconds of one layer's dense part (norms, QKV/O projections, MLP) on ``tokens`` tokens;
-        ``part`` "input" / "weight": that part of the backward (None: the whole)."""
-        return self._op(self._bwd_op("layer", backward, part), tokens)
+        ``part`` "input" / "weight": that part of the backward (None: the whole). Includes the
+        layer's two TP all-reduces (none in the weight part)."""
+        t = self._op(self._bwd_op("layer", backward, part), tokens)
+        if self._tp_comm and part != "weight":
+            t += 2 * self.tp_allreduce_time(tokens)
+        return t
+
+    def tp_allreduce_time(self, tokens):
+        """Seconds of one ring all-reduce of a [tokens, hidden] activation across the TP group
+        (0 at tp = 1); numpy-broadcastable in ``tokens``."""
+        c = self.cluster
+        if c.tp == 1:
+            return 0.0 * tokens
+        nbytes = tokens * self.model.hidden * self.model.dtype_bytes
+        return c.tp_latency + 2 * (c.tp - 1) / c.tp * nbytes / c.tp_bandwidth
 
     def embed(self, tokens: int, *, backward: bool = False, part: str | None = None) -> float:
         """Embedding lookup; its backward is all weight gradient (the input is token ids)."""
@@ -341,6 +365,8 @@ class LatencyModel:
             fast = self._fast_dense
             if fast is not None and fast.xs[0] <= tokens <= fast.xs[-1]:
                 hit = fast(tokens)
+                if self._tp_comm:  # the fused table holds the ops alone: 2 + 2 all-reduces per layer
+                    hit += self.model.layers * 4 * self.tp_allreduce_time(tokens)
             else:
                 hit = (self.model.layers * (self.dense(tokens) + self.dense(tokens, backward=True))
                        + self.embed(tokens) + self.embed(tokens, backward=True)
@@ -428,6 +454,8 @@ class LatencyModel:
             xs, ys = np.asarray(fast.xs), np.asarray(fast.ys)
             inside = (tokens >= xs[0]) & (tokens <= xs[-1])
             out[inside] = np.interp(tokens[inside].astype(float), xs, ys)
+            if self._tp_comm:
+                out[inside] += self.model.layers * 4 * self.tp_allreduce_time(tokens[inside].astype(float))
         for idx in np.flatnonzero(~inside):
             out[idx] = self._dense_fb(int(tokens[idx]))
         return out

@@ -371,3 +371,25 @@ def test_v_placement_puts_embedding_and_head_on_device_0():
     # vstages 0 and 3 (two layers each) on device 0, with the embedding, the final norm and the tied head
     assert model.stage_params(0) == 4 * PARAMS_PER_LAYER + EMBED + 64
     assert model.stage_params(1) == 4 * PARAMS_PER_LAYER
+
+
+def test_tp_allreduces_are_added_to_a_shard_profile_only():
+    """A measured profile at tp = 2 (one shard, no communication): each layer gets 2 all-reduces
+    forward and 2 in the backward's input part, ring cost by hand; an analytical one is as is."""
+    c = cluster(tp=2, tp_bandwidth=1e9, tp_latency=3e-6)
+    shard = load_latency_model(Profile(table=table(), meta=meta(tp=2), source="s"), MODEL, c)
+    ar = 3e-6 + 2 * 1 / 2 * 1024 * 64 * 2 / 1e9
+    assert shard.tp_allreduce_time(1024) == pytest.approx(ar, rel=1e-12)
+    assert shard.dense(1024) == pytest.approx(g_dense(1024) + 2 * ar, rel=1e-12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the derived split's note
+        assert shard.dense(1024, backward=True, part="input") == pytest.approx(g_dense(1024) + 2 * ar, rel=1e-12)
+        assert shard.dense(1024, backward=True, part="weight") == pytest.approx(g_dense(1024), rel=1e-12)
+    assert shard.dense(1024, backward=True) == pytest.approx(2 * g_dense(1024) + 2 * ar, rel=1e-12)
+    # micro-batch latency (fused fast path and vectorised) carries the same 4 all-reduces per layer
+    plain = load_latency_model(Profile(table=table(), meta=meta(tp=2, tp_comm_included=True), source="p"),
+                               MODEL, c)
+    lat = shard.microbatch_latency((200, 300), 4)
+    assert lat == pytest.approx(plain.microbatch_latency((200, 300), 4) + 6 * 4 * shard.tp_allreduce_time(500),
+                                rel=1e-12)
+    assert shard.microbatch_latencies([(200, 300)], 4)[0] == pytest.approx(lat, rel=1e-12)

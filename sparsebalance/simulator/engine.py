@@ -198,8 +198,7 @@ class PipelineResult:
 
 def graph_of(inp: PipelineInput) -> ActionGraph:
     """The (cached) dependency graph of ``inp``'s schedule."""
-    dp, nv, m = inp.shape
-    return schedule_graph(inp.schedule, inp.pp, m, inp.virtual_stages)
+    return schedule_graph(inp.schedule, inp.pp, inp.shape[2], inp.virtual_stages)
 
 
 def simulate(inp: PipelineInput, *, method: str = "core") -> PipelineResult:

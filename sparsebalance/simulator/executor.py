@@ -74,31 +74,30 @@ class SimulatorExecutor:
         if len(budgets) != dp or any(len(b) != m for b in budgets):
             raise ConfigError("budgets: shape must match the plan (one budget per micro-batch)")
         nv = c.pp * c.virtual_stages
-        p2p = np.empty((dp, 1, m))
-        tokens = np.empty((dp, m))
-        mean_budget = np.empty((dp, m))
+        tok = [mb.tokens for _, _, mb in plan.microbatches()]
+        tokens = np.array(tok, dtype=float).reshape(dp, m)
+        p2p = np.array([self.latency.p2p_time(t) for t in tok], dtype=float).reshape(dp, 1, m)
         flat = [b for row in budgets for b in row]
+        mean_budget = np.array([float(np.mean(b)) if isinstance(b, tuple) else float(b) for b in flat])
+        mean_budget = mean_budget.reshape(dp, m)
         modes = ("F", "B", "I", "W") if splits_backward(c.schedule) else ("F", "B")
         if hasattr(self.latency, "attention_many") and all(type(b) is int for b in flat):
-            times = self._stage_times_many(plan, np.array(flat, dtype=np.int64), modes)
+            times = self._stage_times_many(plan, np.array(flat, dtype=np.int64),
+                                           np.array(tok, dtype=np.int64), modes)
         else:
             times = {mode: np.empty((dp, nv, m)) for mode in modes}
             for r, j, mb in plan.microbatches():
                 for vs in range(nv):
                     for mode in modes:
                         times[mode][r, vs, j] = self._stage_time(vs, mode, mb.lengths, budgets[r][j])
-        for r, j, mb in plan.microbatches():
-            budget = budgets[r][j]
-            tokens[r, j] = mb.tokens
-            p2p[r, 0, j] = self.latency.p2p_time(mb.tokens)
-            mean_budget[r, j] = float(np.mean(budget)) if isinstance(budget, tuple) else float(budget)
         return PipelineInput(schedule=c.schedule, pp=c.pp, virtual_stages=c.virtual_stages,
                              forward=times["F"], backward=times["B"], backward_input=times.get("I"),
                              backward_weight=times.get("W"), p2p=p2p, allreduce=self._fixed[0],
                              optimizer=self._fixed[1], tokens=tokens, budget=mean_budget,
                              iteration=iteration)
 
-    def _stage_times_many(self, plan: Plan, k: np.ndarray, modes=("F", "B")) -> dict[str, np.ndarray]:
+    def _stage_times_many(self, plan: Plan, k: np.ndarray, tokens: np.ndarray,
+                          modes=("F", "B")) -> dict[str, np.ndarray]:
         """Seconds [dp, V, m] of every (micro-batch, virtual stage) per mode (F, B and the split
         backward's I, W) at one int budget per micro-batch (``k`` in rank-major order):
         ``LatencyModel.stage_time``'s terms in its order (a stage's layers x the sum of its
@@ -111,7 +110,6 @@ class SimulatorExecutor:
         counts = np.array([len(mb.sequences) for mb in mbs])
         lengths = np.fromiter((L for mb in mbs for L in mb.lengths), dtype=np.int64, count=int(counts.sum()))
         starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        tokens = [mb.tokens for mb in mbs]
         n_layers = [len(lm.stage_layers(vs % pp, vs // pp)) for vs in range(nv)]
         out = {}
         attn_of = {}
@@ -129,15 +127,15 @@ class SimulatorExecutor:
                     has = counts > p
                     attn[has] = attn[has] + a[starts[has] + p]
                 attn_of[bw] = attn
-            dense = np.array([lm.dense(t, backward=bw, **kw) for t in tokens])
+            dense = _per_token(lm, "layer", lm.dense, tokens, bw, part)
             times = np.empty((nv, len(mbs)))
             for vs in range(nv):
                 st = 0.0 + n_layers[vs] * attn
                 st = st + n_layers[vs] * dense
                 if vs == 0:
-                    st = st + np.array([lm.embed(t, backward=bw, **kw) for t in tokens])
+                    st = st + _per_token(lm, "embed", lm.embed, tokens, bw, part)
                 if vs == nv - 1:
-                    st = st + np.array([lm.head(t, backward=bw, **kw) for t in tokens])
+                    st = st + _per_token(lm, "head", lm.head, tokens, bw, part)
                 times[vs] = st
             out[mode] = times.reshape(nv, dp, m).transpose(1, 0, 2)
         return out
@@ -159,3 +157,13 @@ class SimulatorExecutor:
             extra={"stage_imbalance": res.stage_imbalance, "replica_imbalance": res.replica_imbalance,
                    **memory},
         )
+
+
+def _per_token(lm, op: str, scalar, tokens: np.ndarray, backward: bool, part: str | None = None) -> np.ndarray:
+    """``op`` (layer, embed, head) at each token count, or that part of its backward: vectorised
+    when the model offers it (``LatencyModel.per_token_many``)."""
+    many = getattr(lm, "per_token_many", None)
+    if many is not None:
+        return many(op, tokens, backward=backward, part=part)
+    kw = {"part": part} if part else {}
+    return np.array([scalar(int(t), backward=backward, **kw) for t in tokens])

@@ -34,6 +34,7 @@ there are about 2 (m + V) levels for GPipe and 1F1B, whatever the number of repl
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -190,16 +191,21 @@ def build_graph(orders: Sequence[Sequence[Action]], nv: int, m: int,
     for ids in dev_orders:
         prev[ids[1:]] = ids[:-1]
     levels = _levels(dev_orders, prev, deps, n, name)
-    steps = []
-    for idx in levels:
-        step = [idx, prev[idx]]
-        for c in range(width):  # a column of only "ends at 0 s, no lag" adds nothing to the max
-            d, lg = deps[idx, c], lags[idx, c]
-            if not ((d == n) & (lg == zero)).all():
-                step += [d, lg]
-        steps.append(tuple(step))
-    for arr in (device, prev, deps, lags, fused, *dev_orders, *levels, *(a for st in steps for a in st)):
+    # per level, views into level-sorted copies (one slice per array, no per-level gathers)
+    order = np.concatenate(levels)
+    bounds = np.cumsum([0] + [len(x) for x in levels])
+    used = ~((deps[order] == n) & (lags[order] == zero))  # a column of only "ends at 0 s, no lag"
+    sorted_arrays = [order, prev[order]] + [a for c in range(width) for a in (deps[order, c], lags[order, c])]
+    for arr in (device, prev, deps, lags, fused, *dev_orders, *sorted_arrays):
         arr.setflags(write=False)
+    levels = tuple(order[lo:hi] for lo, hi in itertools.pairwise(bounds.tolist()))
+    steps = []
+    for lo, hi in itertools.pairwise(bounds.tolist()):
+        step = [sorted_arrays[0][lo:hi], sorted_arrays[1][lo:hi]]
+        for c in range(width):  # adds nothing to the max where no node of the level uses it
+            if used[lo:hi, c].any():
+                step += [sorted_arrays[2 + 2 * c][lo:hi], sorted_arrays[3 + 2 * c][lo:hi]]
+        steps.append(tuple(step))
     return ActionGraph(kinds=kinds, pp=pp, nv=nv, m=m, orders=tuple(dev_orders), device=device,
                        prev=prev, deps=deps, lags=lags, levels=levels, steps=tuple(steps), fused=fused)
 

@@ -266,6 +266,39 @@ class LatencyModel:
         self._note_split()
         return f"{name}_bwd_{part}"
 
+    def op_many(self, op: str, x) -> np.ndarray:
+        """Vectorised per-token op (``layer_fwd``, ``embed_bwd``, ``head_fwd``, ...) for an array of
+        token counts: bitwise :meth:`dense` / :meth:`embed` / :meth:`head`'s values (same
+        arithmetic); points outside the profiled range, and 0 tokens, take the scalar path."""
+        x = np.asarray(x, dtype=np.int64)
+        curve = self._curves.get(op)
+        if curve is None:
+            return np.zeros(x.shape)
+        xs, ys = np.asarray(curve.xs), np.asarray(curve.ys)
+        xf = x.astype(float)
+        i = np.clip(np.searchsorted(xs, xf, side="right") - 1, 0, len(xs) - 2)
+        t = (xf - xs[i]) / (xs[i + 1] - xs[i])
+        out = np.maximum(0.0, ys[i] + t * (ys[i + 1] - ys[i]))
+        for idx in np.flatnonzero((xf < xs[0]) | (xf > xs[-1]) | (x == 0)):
+            out[idx] = self._op(op, int(x[idx]))
+        return out
+
+    def per_token_many(self, name: str, tokens, *, backward: bool = False, part: str | None = None) -> np.ndarray:
+        """Vectorised :meth:`dense` (``name`` "layer"), :meth:`embed` or :meth:`head` (with their
+        ``part`` of a split backward and the TP all-reduces) for an array of token counts: the same
+        arithmetic, so bitwise the scalar methods' values."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        if name == "embed":
+            if part is not None and (part not in PARTS or not backward):
+                self._bwd_op("embed", backward, part)  # raises: a part needs backward=True
+            if part == "input":
+                return np.zeros(tokens.shape)
+            return self.op_many("embed_bwd" if backward else "embed_fwd", tokens)
+        out = self.op_many(self._bwd_op(name, backward, part), tokens)
+        if name == "layer" and self._tp_comm and part != "weight":
+            out = out + 2 * self.tp_allreduce_time(tokens.astype(float))
+        return out
+
     def dense(self, tokens: int, *, backward: bool = False, part: str | None = None) -> float:
         """Seconds of one layer's dense part (norms, QKV/O projections, MLP) on ``tokens`` tokens;
         ``part`` "input" / "weight": that part of the backward (None: the whole). Includes the

@@ -10,8 +10,13 @@ import pytest
 from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.config import ClusterConfig, cluster_from_mapping, tiny
 from sparsebalance.simulator.graph import schedule_graph
-from sparsebalance.simulator.memory import (check_fits, compare_measured, memory_report, stage_params,
-                                            token_cap_for_memory)
+from sparsebalance.simulator.memory import (
+    check_fits,
+    compare_measured,
+    memory_report,
+    stage_params,
+    token_cap_for_memory,
+)
 
 TOKENS = [[100, 300, 200, 50], [10, 20, 30, 40]]
 

@@ -115,7 +115,6 @@ class SimulatorExecutor:
         attn_of = {}
         for mode in modes:
             bw, part = _MODES[mode]
-            kw = {"part": part} if part else {}
             if part == "weight":  # attention has no weights: none of its backward is W
                 attn = np.zeros(len(mbs))
             elif bw in attn_of:

@@ -19,8 +19,9 @@ import numpy as np
 import pandas as pd
 
 from sparsebalance.analysis.compare import compare, mean_abs_error, speedup_table, stage_busy
+from sparsebalance.simulator.trace import WORK_OPS
 
-OPS = ("F", "B", "P2P", "ALLREDUCE", "OPTIM")
+OPS = ("F", "B", "I", "W", "P2P", "ALLREDUCE", "OPTIM")
 """Trace ops; a measured P2P row is a receive *wait* (idle included), a predicted one the transfer."""
 
 
@@ -102,7 +103,7 @@ def action_table(side: Side, *, warmup_excluded: bool) -> pd.DataFrame:
     key = ["iteration", "dp_rank", "stage", "microbatch", "op"]
 
     def dur(tr: pd.DataFrame) -> pd.DataFrame:
-        fb = tr[tr["op"].isin(["F", "B"])]
+        fb = tr[tr["op"].isin(WORK_OPS)]
         return fb.assign(seconds=fb["end_s"] - fb["start_s"])[[*key, "seconds", "tokens", "budget"]]
 
     meas = dur(side.measured_trace)

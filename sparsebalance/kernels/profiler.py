@@ -8,6 +8,9 @@ Every op is timed on the module code the real run executes (``sparsebalance.kern
   core replaced by :class:`_NullCore` (registered through transformers' ``AttentionInterface`` like
   MoBA): a measurement instrument returning zeros of the output shape (and zero gradients), so the
   layer time is everything except the attention core (norms, QKV/O projections, RoPE, MLP);
+* ``layer_bwd_input`` / ``layer_bwd_weight``, ``head_bwd_input`` / ``head_bwd_weight``: the two parts
+  of the split backward (:mod:`sparsebalance.kernels.split_backward`, what realrun's zero-bubble
+  schedule runs); the weight part's untimed setup runs the forward and the input part;
 * ``embed_*``: the embedding lookup; ``head_*``: final norm + LM head + summed cross entropy;
 * ``optim``: one ``torch.optim.AdamW`` step over ``seq_len`` parameters.
 
@@ -192,8 +195,18 @@ class Bench:
         build = {"attn": self._attn, "layer": self._layer, "embed": self._embed, "head": self._head,
                  "optim": self._optim}[op]
         closures = build(n, k)
-        names = (f"{op}_fwd", f"{op}_bwd") if op != "optim" else ("optim",)
+        names = ((f"{op}_fwd", f"{op}_bwd", f"{op}_bwd_input", f"{op}_bwd_weight") if op != "optim"
+                 else ("optim",))
         return [((name, n, k), fn, setup) for name, (fn, setup) in zip(names, closures)]
+
+    def _split(self, fwd: Callable, grads: Any, inputs: list, params: list) -> list:
+        """(fn, setup) of the input and the weight part of ``fwd``'s backward."""
+        from sparsebalance.kernels.split_backward import backward_input, backward_weight
+
+        def inp(out: Any) -> Any:
+            return backward_input([out], grads, inputs, params)[1]
+
+        return [(inp, fwd), (lambda state: backward_weight(params, state), lambda: inp(fwd()))]
 
     def _attn(self, seq_len: int, budget: int) -> list:
         from sparsebalance.kernels import moba_attention
@@ -223,7 +236,8 @@ class Bench:
             out = self.layer(x, attention_mask=None, position_ids=pos, position_embeddings=pe)
             return out[0] if isinstance(out, tuple) else out
 
-        return [(fwd, None), (lambda y: y.backward(dy), fwd)]
+        return [(fwd, None), (lambda y: y.backward(dy), fwd),
+                *self._split(fwd, [dy], [x], list(self.layer.parameters()))]
 
     def _embed(self, tokens: int, _: int) -> list:
         ids = self.torch.randint(0, self.model.vocab, (1, tokens), generator=self.gen, device=self.dev)
@@ -240,7 +254,8 @@ class Bench:
         def fwd(_: Any = None) -> Any:
             return lm_loss_sum(self.net.lm_head(self.net.model.norm(h)), labels)
 
-        return [(fwd, None), (lambda loss: loss.backward(), fwd)]
+        params = [*self.net.model.norm.parameters(), *self.net.lm_head.parameters()]
+        return [(fwd, None), (lambda loss: loss.backward(), fwd), *self._split(fwd, None, [h], params)]
 
     def _optim(self, params: int, _: int) -> list:
         p = self.torch.nn.Parameter(self._randn(params).float())

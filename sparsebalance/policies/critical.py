@@ -65,12 +65,23 @@ class CriticalPathDST:
         self._latency = None
         self._tail: np.ndarray | None = None
 
-    def stage_table(self, lm, lengths: tuple[int, ...], k_lo: int, k_hi: int, nv: int, pp: int):
+    def stage_table(self, lm, lengths: tuple[int, ...], k_lo: int, k_hi: int, nv: int, pp: int,
+                    split: bool = False):
         """Forward and backward seconds of every virtual stage at k = k_lo..k_hi: two arrays
-        [k_hi - k_lo + 1, V] (:meth:`stage_tables` for one micro-batch)."""
-        return self.stage_tables(lm, [lengths], [k_lo], [k_hi], nv, pp)[0]
+        [k_hi - k_lo + 1, V] (:meth:`stage_tables` for one micro-batch); with ``split`` a third,
+        the backward's input-gradient part I (its weight-gradient part W does not depend on k:
+        :meth:`weight_times`)."""
+        return self.stage_tables(lm, [lengths], [k_lo], [k_hi], nv, pp, split)[0]
 
-    def stage_tables(self, lm, lengths: list, k_lo: list[int], k_hi: list[int], nv: int, pp: int):
+    @staticmethod
+    def weight_times(lm, lengths: tuple[int, ...], nv: int, pp: int) -> np.ndarray:
+        """[V] seconds of the weight-gradient part W of each virtual stage's backward (attention
+        has no weights, so W is the same at every budget)."""
+        return np.array([lm.stage_time(lengths, 1, vs % pp, backward=True, chunk=vs // pp, part="weight")
+                         for vs in range(nv)])
+
+    def stage_tables(self, lm, lengths: list, k_lo: list[int], k_hi: list[int], nv: int, pp: int,
+                     split: bool = False):
         """:meth:`stage_table` of many micro-batches (``lengths[i]`` at k = k_lo[i]..k_hi[i]).
 
         A stage's time is affine in its attention: n_layers(vs) x the sum over sequences of
@@ -84,7 +95,12 @@ class CriticalPathDST:
         counts = np.array([len(x) for x in lengths], dtype=np.int64)
         many = getattr(lm, "attention_many", None)
         out = []
-        for bw in (False, True):
+        acc_of: dict[bool, np.ndarray] = {}
+        for bw, part in ((False, None), (True, None), *([(True, "input")] if split else [])):
+            kw = {"part": part} if part else {}
+            if bw in acc_of:  # I's attention is B's (attention's backward is all input gradient)
+                out.append(self._tables(lm, lengths, acc_of[bw], offset, sizes, n_layers, nv, pp, bw, kw))
+                continue
             acc = np.zeros(int(sizes.sum()))  # [sum of sizes]: attention sums per (micro-batch, k)
             for p in range(int(counts.max())):  # left to right over each micro-batch's sequences
                 idx = np.flatnonzero(counts > p)
@@ -96,24 +112,30 @@ class CriticalPathDST:
                 else:
                     v = many(L, k, backward=bw)
                 acc[at] = acc[at] + v
-            tabs = []
-            for i, lens in enumerate(lengths):
-                a = acc[offset[i]:offset[i] + sizes[i]]
-                tokens = sum(lens)
-                dense = lm.dense(tokens, backward=bw)
-                base = np.empty(nv)
-                for vs in range(nv):  # stage_time(lens, k_lo[i], vs) - its attention
-                    nl = len(lm.stage_layers(vs % pp, vs // pp))
-                    st = 0.0 + nl * a[0]
-                    st += nl * dense
-                    if vs == 0:
-                        st += lm.embed(tokens, backward=bw)
-                    if vs == nv - 1:
-                        st += lm.head(tokens, backward=bw)
-                    base[vs] = st - n_layers[vs] * a[0]
-                tabs.append(base[None, :] + a[:, None] * n_layers[None, :])
-            out.append(tabs)
-        return list(zip(out[0], out[1]))
+            acc_of[bw] = acc
+            out.append(self._tables(lm, lengths, acc, offset, sizes, n_layers, nv, pp, bw, kw))
+        return list(zip(*out))
+
+    @staticmethod
+    def _tables(lm, lengths, acc, offset, sizes, n_layers, nv, pp, bw, kw) -> list:
+        """Per micro-batch [k, V] seconds from its attention sums ``acc`` (one mode)."""
+        tabs = []
+        for i, lens in enumerate(lengths):
+            a = acc[offset[i]:offset[i] + sizes[i]]
+            tokens = sum(lens)
+            dense = lm.dense(tokens, backward=bw, **kw)
+            base = np.empty(nv)
+            for vs in range(nv):  # stage_time(lens, k_lo[i], vs) - its attention
+                nl = len(lm.stage_layers(vs % pp, vs // pp))
+                st = 0.0 + nl * a[0]
+                st += nl * dense
+                if vs == 0:
+                    st += lm.embed(tokens, backward=bw, **kw)
+                if vs == nv - 1:
+                    st += lm.head(tokens, backward=bw, **kw)
+                base[vs] = st - n_layers[vs] * a[0]
+            tabs.append(base[None, :] + a[:, None] * n_layers[None, :])
+        return tabs
 
     def budgets(self, plan: Plan, ctx: PolicyContext) -> Budgets:
         cfg, lm, cl = self.cfg, ctx.latency, ctx.cluster
@@ -143,11 +165,16 @@ class CriticalPathDST:
             hi.append(k_hi)
             covs.append(cov)
             p2p[r, :, j] = lm.p2p_time(mb.tokens)
-        tabs = self.stage_tables(lm, [mb.lengths for _, _, mb in plan.microbatches()], lo, hi, nv, pp)
+        split = g.split
+        tabs = self.stage_tables(lm, [mb.lengths for _, _, mb in plan.microbatches()], lo, hi, nv, pp, split)
         p2p = p2p[:, : nv - 1]
         K = np.full((dp, m), cfg.k0, dtype=np.int64)
 
-        both = [np.hstack(t) for t in tabs]  # per micro-batch [k_hi - floor + 1, 2V]: F then B
+        # per micro-batch [k_hi - floor + 1, 2V]: F, then its backward node's seconds: B, or for a
+        # split schedule I (B where the graph runs that backward whole); W is the same at every k
+        both = [np.hstack(t[:2]) if not split else
+                np.hstack([t[0], np.where(g.fused[:, i % m][None, :], t[1], t[2])])
+                for i, t in enumerate(tabs)]
 
         def stage_vec(i: int, k: int) -> np.ndarray:  # [2V]: F then B of micro-batch i at budget k
             return both[i][k - lo[i]]
@@ -158,6 +185,10 @@ class CriticalPathDST:
         for r in range(dp):
             for j in range(m):
                 dur[own + j, r] = stage_vec(r * m + j, cfg.k0)
+        if split:  # the W nodes (an empty placeholder where the backward runs whole)
+            for r, j, mb in plan.microbatches():
+                w = np.where(g.fused[:, j], 0.0, self.weight_times(lm, mb.lengths, nv, pp))
+                dur[2 * nv * m + f_nodes + j, r] = w
         times = ReplicaTimes(g, dur, pack_lags(g, p2p, dp), tail)
 
         def put(r: int, j: int, k: int) -> None:  # micro-batch (r, j) now runs at budget k

@@ -21,7 +21,9 @@ cross W) or ``N`` (neither). So with new durations on S:
 The finish is the larger of the two. Sizes: the window of 1F1B is about pp^2 + 2 pp actions (20 at
 PP 4 whatever m), so a question costs a few numpy operations per window position across all
 questions at once. Values equal a full re-timing up to the rounding of a differently associated
-sum (a few ulps); only F/B schedules (one backward kind) are handled.
+sum (a few ulps). Schedules that split the backward (F, I, W) are handled the same way with
+``z = I(0, j)``: the questions change only F and I (the budget moves attention, which is all input
+gradient; W keeps its seconds), and those lie in the window; W nodes keep their durations.
 """
 
 from __future__ import annotations
@@ -59,8 +61,8 @@ class Windows:
     largest window; built once per graph (:func:`windows_for`)."""
 
     def __init__(self, graph: ActionGraph) -> None:
-        if graph.kinds != ("F", "B"):
-            raise ValueError("windows: only F/B schedules")
+        if graph.kinds not in (("F", "B"), ("F", "I", "W")):
+            raise ValueError("windows: only F/B and F/I/W schedules")
         g, n, m, nv = graph, graph.n, graph.m, graph.nv
         self.graph = g
         order = np.concatenate(g.levels)
@@ -148,9 +150,10 @@ class Windows:
         self.exit_node = np.where(inside, n, exit_node)
         self.exit_lag = np.where(inside, g.zero_lag, succ_lag_pad[self.win])
         # which window positions are micro-batch j's own actions: index into [F(0..V-1), B(0..V-1)]
+        # (B or I; a W keeps its seconds)
         kind, rest = np.divmod(self.win, nv * m)
         vs, mb = np.divmod(rest, m)
-        own = (self.win < n) & (mb == np.arange(m)[:, None])
+        own = (self.win < n) & (mb == np.arange(m)[:, None]) & (kind < 2)
         self.own = np.where(own, kind * nv + vs, -1)
 
 

@@ -17,6 +17,11 @@ FLOP counts (per GPU, one TP rank, heads split over ``tp``; kv heads replicated 
   (S, dP, dV, dK, dQ); plus the gate's score GEMM (2 x head_dim per row, head and past block).
 * Dense part of a layer: 2 x tokens x params_per_layer / tp forward, twice that backward.
 * LM head: 2 x tokens x hidden x vocab / tp forward, twice that backward; plus fp32 logits traffic.
+* Split backward (``layer_bwd_input`` / ``layer_bwd_weight``, ``head_bwd_input`` /
+  ``head_bwd_weight``; see :func:`dense_split_time`): each part is one of the backward's two GEMM
+  passes (dX = dY W^T and dW = X^T dY have the forward's FLOPs each), so each part is priced as the
+  forward's FLOPs and bytes with half the backward's launches; the TP all-reduces of a Megatron
+  layer's backward carry input gradients and go to the input part. I + W = B exactly.
 
 An analytical profile is computed for one model's dims, TP degree and block size;
 ``sparsebalance.simulator.latency`` re-derives it for another model from the hardware parameters in
@@ -248,6 +253,43 @@ def head_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: bo
     return _roof(flops, weights + 3 * logits, hw.gemm_efficiency, hw, KERNELS["head_fwd"])
 
 
+# -- split backward (input gradient I / weight gradient W) of the dense ops -------------------------
+# Kept apart from the attention model above: zero-bubble schedules price I and W separately.
+
+def dense_split_time(tokens, model: ModelConfig, tp: int, hw: Hardware, part: str):
+    """Seconds of the ``part`` ("input" or "weight") of one layer's dense backward: one GEMM pass
+    (forward FLOPs and bytes, half of ``layer_bwd``'s launches); the input part also carries the
+    layer's two TP all-reduces. ``input + weight == dense_time(backward=True)``."""
+    T = np.asarray(tokens, dtype=float)
+    h, db = model.hidden, model.dtype_bytes
+    qkv = (model.heads + 2 * model.kv_heads) * model.head_dim / tp
+    flops = 2 * T * model.params_per_layer / tp
+    act = T * (14 * h + qkv + model.heads * model.head_dim / tp + 6 * model.ffn / tp) * db
+    nbytes = model.params_per_layer / tp * db + act
+    t = _roof(flops, nbytes, hw.gemm_efficiency, hw, KERNELS["layer_bwd"] // 2)
+    return t + _tp_allreduce(T, model, tp, hw, 2) if part == "input" else t
+
+
+def head_split_time(tokens, model: ModelConfig, tp: int, hw: Hardware, part: str):
+    """Seconds of the ``part`` of the LM head's backward: dX (with the loss gradient) or dW, each
+    the forward's GEMM FLOPs and half of ``head_bwd``'s bytes and launches."""
+    T = np.asarray(tokens, dtype=float)
+    flops = 2 * T * model.hidden * model.vocab / tp
+    logits = T * model.vocab / tp * 4
+    weights = model.hidden * model.vocab / tp * model.dtype_bytes
+    return _roof(flops, weights + logits, hw.gemm_efficiency, hw, KERNELS["head_bwd"] // 2)
+
+
+def split_backward_rows(tokens, model: ModelConfig, tp: int, hw: Hardware) -> list[pd.DataFrame]:
+    """Profile rows of the split backward ops at ``tokens``."""
+    out = []
+    for name, fn in (("layer", dense_split_time), ("head", head_split_time)):
+        for part in ("input", "weight"):
+            out.append(pd.DataFrame({"op": f"{name}_bwd_{part}", "seq_len": tokens, "budget": 0,
+                                     "latency_s": fn(tokens, model, tp, hw, part)}))
+    return out
+
+
 def build_table(hw: Hardware, model: ModelConfig, tp: int, block_size: int, *,
                 seq_lens: np.ndarray | None = None, budgets: np.ndarray | None = None,
                 tokens: np.ndarray | None = None) -> pd.DataFrame:
@@ -273,6 +315,7 @@ def build_table(hw: Hardware, model: ModelConfig, tp: int, block_size: int, *,
             lat = fn(tokens, model, tp, hw, backward=bwd)
             frames.append(pd.DataFrame({"op": f"{name}_{suffix}", "seq_len": tokens, "budget": 0,
                                         "latency_s": lat}))
+    frames += split_backward_rows(tokens, model, tp, hw)
     return pd.concat(frames, ignore_index=True)
 
 
@@ -290,7 +333,7 @@ def sidecar(hw: Hardware, model: ModelConfig, tp: int, block_size: int) -> dict:
     from sparsebalance import __version__
 
     return {
-        "format_version": 1, "device": hw.device, "dtype": "bf16", "analytical": True,
+        "format_version": 2, "device": hw.device, "dtype": "bf16", "analytical": True,
         "model": {"name": model.name} | {k: getattr(model, k) for k in MODEL_DIMS}
                  | {"dtype_bytes": model.dtype_bytes},
         "block_size": block_size, "tp": tp,

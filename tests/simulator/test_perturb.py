@@ -10,7 +10,9 @@ from sparsebalance.simulator.perturb import ReplicaTimes
 from sparsebalance.simulator.timing import time_graph
 
 CASES = [("1f1b", 4, 12, 1), ("gpipe", 3, 5, 1), ("interleaved", 2, 4, 2), ("1f1b", 3, 3, 1),
-         ("1f1b", 1, 4, 1), ("interleaved", 3, 6, 2)]
+         ("1f1b", 1, 4, 1), ("interleaved", 3, 6, 2),
+         # split backward: the questions move F and I (B where DualPipeV runs it whole); W stands
+         ("zb-h1", 3, 6, 1), ("zbv", 2, 5, 2), ("dualpipev", 2, 5, 2)]
 
 
 def setup(schedule, pp, m, v, seed=0, replicas=3):
@@ -49,7 +51,7 @@ def test_finish_if_equals_retiming(case, path):
         assert got[x] == pytest.approx((end[g.last, 0] + sink).max(), rel=1e-14)
 
 
-@pytest.mark.parametrize("case", CASES[:3])
+@pytest.mark.parametrize("case", CASES[:3] + CASES[-3:])
 def test_update_equals_full_retiming(case):
     g, rng, dur, lag, sink = setup(*case, seed=3, replicas=2)
     a, b = ReplicaTimes(g, dur, lag, sink), ReplicaTimes(g, dur, lag, sink)

@@ -74,11 +74,25 @@ class CriticalPathDST:
         self._tail: np.ndarray | None = None
         self._monotone: tuple[float, float] | None = None
 
-    def stage_table(self, lm, lengths: tuple[int, ...], k_lo: int, k_hi: int, nv: int, pp: int):
+    def stage_table(self, lm, lengths: tuple[int, ...], k_lo: int, k_hi: int, nv: int, pp: int,
+                    split: bool = False):
         """Forward and backward seconds of every virtual stage at k = k_lo..k_hi: two arrays
-        [k_hi - k_lo + 1, V] (see :mod:`.stage_tables`)."""
-        table = StageTable(lm, [lengths], [k_lo], [k_hi], [k_hi], nv, pp).table
-        return table[:, :nv], table[:, nv:]
+        [k_hi - k_lo + 1, V] (see :mod:`.stage_tables`); with ``split`` a third, the backward's
+        input-gradient part I (its weight-gradient part W does not depend on k: :meth:`weight_times`)."""
+        if not split:
+            table = StageTable(lm, [lengths], [k_lo], [k_hi], [k_hi], nv, pp).table
+            return table[:, :nv], table[:, nv:]
+        whole = StageTable(lm, [lengths], [k_lo], [k_hi], [k_hi], nv, pp).table
+        parts = StageTable(lm, [lengths], [k_lo], [k_hi], [k_hi], nv, pp,
+                           fused=np.zeros((1, nv), dtype=bool)).table
+        return whole[:, :nv], whole[:, nv:], parts[:, nv:]
+
+    @staticmethod
+    def weight_times(lm, lengths: tuple[int, ...], nv: int, pp: int) -> np.ndarray:
+        """[V] seconds of the weight-gradient part W of each virtual stage's backward (attention
+        has no weights, so W is the same at every budget)."""
+        return np.array([lm.stage_time(lengths, 1, vs % pp, backward=True, chunk=vs // pp, part="weight")
+                         for vs in range(nv)])
 
     def budgets(self, plan: Plan, ctx: PolicyContext) -> Budgets:
         cfg, lm, cl = self.cfg, ctx.latency, ctx.cluster
@@ -108,14 +122,20 @@ class CriticalPathDST:
             lo.append(max(cfg.k_min, min(int(ok[0]) + 1 if ok.size else k_top, cfg.k0)))
         p2p = np.array([lm.p2p_time(sum(x)) for x in lengths]).reshape(dp, 1, m)
         p2p = np.broadcast_to(p2p, (dp, max(nv - 1, 0), m))
+        # a split schedule's backward node is I (B where the graph runs that backward whole); its
+        # W keeps the same seconds at every k (an empty placeholder where the backward is whole)
+        fused = np.tile(g.fused.T, (dp, 1)) if g.split else None  # [dp m, V]
         # rows above k0 + 1 only when phase (b) reads them, where rows surely grow with k (bounds
         # then settle most micro-batches on one row); else all rows, each checked
         mono = self._monotone
         lazy = mono is not None and mono[0] <= min(map(min, lengths)) and max(map(max, lengths)) <= mono[1]
-        tab = StageTable(lm, lengths, lo, np.minimum(hi, cfg.k0 + 1) if lazy else hi, hi, nv, pp)
+        tab = StageTable(lm, lengths, lo, np.minimum(hi, cfg.k0 + 1) if lazy else hi, hi, nv, pp, fused=fused)
         st = _State(cfg, tab, lo, hi, covs, dp, m)
         first = tab.rows(np.arange(dp * m), st.K.ravel())  # [dp m, 2V] at k0
         dur = first.reshape(dp, m, 2 * nv).transpose(2, 1, 0).reshape(2 * nv * m, dp)
+        if g.split:
+            w = np.where(fused, 0.0, tab.weight_times())  # [dp m, V]
+            dur = np.vstack([dur, w.reshape(dp, m, nv).transpose(2, 1, 0).reshape(nv * m, dp)])
         times = ReplicaTimes(g, dur, pack_lags(g, p2p, dp), self._tail)
         R = times.finish()
         T_fixed = float(R.max())

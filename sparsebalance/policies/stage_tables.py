@@ -17,11 +17,14 @@ from __future__ import annotations
 import numpy as np
 
 
-def _ops(lm, op: str, scalar, tokens: np.ndarray, bw: bool) -> np.ndarray:
-    many = getattr(lm, "op_many", None)
+def _ops(lm, op: str, scalar, tokens: np.ndarray, bw: bool, part: str | None = None) -> np.ndarray:
+    """``scalar`` (``lm.dense`` / ``embed`` / ``head``) of every token count, bitwise (the latency
+    model's vectorised form when it has one: same arithmetic, TP all-reduces and backward parts)."""
+    kw = {"part": part} if part else {}
+    many = getattr(lm, "per_token_many", None)
     if many is not None:
-        return many(f"{op}_{'bwd' if bw else 'fwd'}", tokens)
-    return np.array([scalar(int(t), backward=bw) for t in tokens.tolist()], dtype=float)
+        return many(op, tokens, backward=bw, **kw)
+    return np.array([scalar(int(t), backward=bw, **kw) for t in tokens.tolist()], dtype=float)
 
 
 def budget_monotone_range(lm) -> tuple[float, float] | None:
@@ -49,9 +52,13 @@ def budget_monotone_range(lm) -> tuple[float, float] | None:
 class StageTable:
     """Micro-batch ``i`` (sequence lengths ``lengths[i]``) at k = k_lo[i]..k_hi[i]; rows up to
     ``k_top[i]`` are computed at once. :meth:`rows` gives [C, 2 V] seconds (forward of vstages
-    0..V-1, then backward) of micro-batches ``i`` at budgets ``k``."""
+    0..V-1, then backward) of micro-batches ``i`` at budgets ``k``. For a schedule that splits
+    the backward, ``fused`` [N, V] says where the graph runs micro-batch i's backward of a vstage
+    whole: there the backward column is B, elsewhere its input-gradient part I (the W part does
+    not depend on k: :meth:`weight_times`)."""
 
-    def __init__(self, lm, lengths: list, k_lo, k_top, k_hi, nv: int, pp: int) -> None:
+    def __init__(self, lm, lengths: list, k_lo, k_top, k_hi, nv: int, pp: int,
+                 fused: np.ndarray | None = None) -> None:
         self.lm, self.nv, self.pp = lm, nv, pp
         self.n_layers = np.array([len(lm.stage_layers(vs % pp, vs // pp)) for vs in range(nv)], float)
         self.lo = np.asarray(k_lo, dtype=np.int64)
@@ -69,17 +76,16 @@ class StageTable:
         acc = self._attention(np.arange(len(lengths)), self.lo, sizes)  # [2, rows]
         self.base = np.empty((len(lengths), 2 * nv))  # budget-free part per micro-batch
         a0 = acc[:, self.offset]  # attention at k_lo: stage_time(lens, k_lo) - its attention = the rest
-        for half, bw in enumerate((False, True)):
-            dense = _ops(lm, "layer", lm.dense, tokens, bw)
-            for vs in range(nv):
-                nl = len(lm.stage_layers(vs % pp, vs // pp))
-                st = 0.0 + nl * a0[half]
-                st = st + nl * dense
-                if vs == 0:
-                    st = st + _ops(lm, "embed", lm.embed, tokens, bw)
-                if vs == nv - 1:
-                    st = st + _ops(lm, "head", lm.head, tokens, bw)
-                self.base[:, half * nv + vs] = st - self.n_layers[vs] * a0[half]
+        self.tokens = tokens
+        modes = [(0, False, None), (1, True, None)]
+        if fused is not None:  # the backward's input part I: attention is all input gradient
+            modes.append((1, True, "input"))
+        for half, bw, part in modes:
+            base = self._base(tokens, a0[half], bw, part)
+            if part is None:
+                self.base[:, half * nv:(half + 1) * nv] = base
+            else:  # I where the backward is split, B (kept) where the graph runs it whole
+                self.base[:, nv:] = np.where(fused, self.base[:, nv:], base)
         self.table = self._assemble(np.repeat(np.arange(len(lengths)), sizes), acc)
         self.ext_lo = self.top + 1  # rows above top: computed by extend()
         self.ext_off = np.full(len(lengths), -1, dtype=np.int64)
@@ -87,6 +93,38 @@ class StageTable:
         """Per micro-batch: rows computed so far non-decreasing in k (the attention grows with k
         for profiles monotone in the budget; what bisection over k relies on)."""
         self._check_monotone(np.arange(len(lengths)), None, self.table, sizes)
+
+    def _base(self, tokens: np.ndarray, a0: np.ndarray, bw: bool, part: str | None) -> np.ndarray:
+        """[N, V] the budget-free seconds of each stage: ``stage_time`` at k_lo (attention ``a0``
+        per layer) term by term, minus its attention."""
+        lm, nv, pp = self.lm, self.nv, self.pp
+        out = np.empty((len(tokens), nv))
+        dense = _ops(lm, "layer", lm.dense, tokens, bw, part)
+        for vs in range(nv):
+            nl = len(lm.stage_layers(vs % pp, vs // pp))
+            st = 0.0 + nl * a0
+            st = st + nl * dense
+            if vs == 0:
+                st = st + _ops(lm, "embed", lm.embed, tokens, bw, part)
+            if vs == nv - 1:
+                st = st + _ops(lm, "head", lm.head, tokens, bw, part)
+            out[:, vs] = st - self.n_layers[vs] * a0
+        return out
+
+    def weight_times(self) -> np.ndarray:
+        """[N, V] seconds of the weight-gradient part W of each stage's backward (no attention,
+        so the same at every k): ``stage_time(..., part="weight")``'s terms, bitwise."""
+        lm, nv, pp = self.lm, self.nv, self.pp
+        out = np.empty((len(self.tokens), nv))
+        dense = _ops(lm, "layer", lm.dense, self.tokens, True, "weight")
+        for vs in range(nv):
+            st = 0.0 + len(lm.stage_layers(vs % pp, vs // pp)) * dense
+            if vs == 0:
+                st = st + _ops(lm, "embed", lm.embed, self.tokens, True, "weight")
+            if vs == nv - 1:
+                st = st + _ops(lm, "head", lm.head, self.tokens, True, "weight")
+            out[:, vs] = st
+        return out
 
     def _attention(self, mbs: np.ndarray, k_lo: np.ndarray, sizes: np.ndarray) -> np.ndarray:
         """[2, sum sizes]: per (micro-batch, k) the sum of its sequences' attention (forward,

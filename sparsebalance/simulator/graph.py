@@ -12,7 +12,14 @@ backward split into I and W, V-shaped stage placement) plug in without touching 
 :func:`pipeline_dependencies` is the rule of every schedule so far: F(vs, j) waits for F(vs-1, j) plus
 P2P over boundary vs-1; the backward (B, or I) of vs waits for that of vs+1 plus P2P over boundary
 vs; the backward of the last vstage waits for its own F (the loss is local); W(vs, j) waits for
-I(vs, j). Which device a vstage lives on is read off the orders, so V-shaped placement needs no rule.
+I(vs, j). Which device a vstage lives on is read off the orders, so V-shaped placement needs no rule;
+a dependency between two vstages on the same device (the bend of a V) carries no P2P lag.
+
+**Mixed backwards** (DualPipeV runs some backwards whole and splits others): when orders hold both
+B and I/W actions, a B(vs, j) becomes the node I(vs, j) marked in :attr:`ActionGraph.fused`
+(it carries the whole backward's duration) followed on its device by W(vs, j) as an empty
+placeholder (0 s). The previous vstage waits for I, so it waits for the whole backward, as it does
+in torch's runtime; the graph keeps one node per (kind, vstage, micro-batch).
 
 Nodes are numbered ``kind_index * V * m + vstage * m + microbatch``; node ``n`` (one past the last)
 is the sentinel "ends at 0 s". Lags are numbered ``boundary * m + microbatch``; lag ``(V - 1) * m``
@@ -61,7 +68,8 @@ class ActionGraph:
     """The DAG of one replica (see the module docstring). Arrays are read-only."""
 
     kinds: tuple[str, ...]
-    """Kinds present, in node-numbering order (("F", "B") for GPipe / 1F1B / interleaved)."""
+    """Kinds present, in node-numbering order (("F", "B") for GPipe / 1F1B / interleaved,
+    ("F", "I", "W") for the zero-bubble schedules)."""
     pp: int
     """Physical stages (devices per replica)."""
     nv: int
@@ -83,6 +91,18 @@ class ActionGraph:
     steps: tuple[tuple[np.ndarray, ...], ...]
     """Per level what the timing core gathers: (nodes, device predecessors, then per dependency
     column that is used at this level its predecessors and lag ids)."""
+    fused: np.ndarray
+    """[V, m] True where a split graph runs the backward whole (node I = B, node W = empty)."""
+
+    @property
+    def split(self) -> bool:
+        """Whether the backward is split into I and W nodes."""
+        return "I" in self.kinds
+
+    @property
+    def vstage_device(self) -> np.ndarray:
+        """[V] the device of each virtual stage (read off the orders)."""
+        return self.device[: self.nv * self.m: self.m]
 
     @property
     def n(self) -> int:
@@ -101,7 +121,7 @@ class ActionGraph:
     def node(self, kind: str, vs: int, j: int) -> int:
         return (self.kinds.index(kind) * self.nv + vs) * self.m + j
 
-    def split(self, kind_index: int) -> slice:
+    def block(self, kind_index: int) -> slice:
         """Node ids of one kind as a slice (its [V, m] block)."""
         size = self.nv * self.m
         return slice(kind_index * size, (kind_index + 1) * size)
@@ -118,8 +138,24 @@ def build_graph(orders: Sequence[Sequence[Action]], nv: int, m: int,
     every new micro-batch count: thousands of actions); any other rule is called per action."""
     pp = len(orders)
     present = {a[0] for o in orders for a in o}
+    mixed = "B" in present and bool(present & {"I", "W"})
+    fused = np.zeros((nv, m), dtype=bool)
+    if mixed:  # see "Mixed backwards" in the module docstring
+        expanded = []
+        for order in orders:
+            out: list[Action] = []
+            for a in order:
+                if a[0] == "B":
+                    fused[a[1], a[2]] = True
+                    out += [("I", a[1], a[2]), ("W", a[1], a[2])]
+                else:
+                    out.append(a)
+            expanded.append(out)
+        orders = expanded
+        present = (present - {"B"}) | {"I", "W"}
     kinds = tuple(k for k in KINDS if k in present)
-    n = len(kinds) * nv * m
+    size = nv * m
+    n = len(kinds) * size
     kind_idx = {k: i for i, k in enumerate(kinds)}
     device = np.full(n, -1, dtype=np.int64)
     dev_orders = []
@@ -138,9 +174,9 @@ def build_graph(orders: Sequence[Sequence[Action]], nv: int, m: int,
         raise ConfigError(f"{name}: action node {missing} is never scheduled")
     zero = max(nv - 1, 0) * m
     if dependencies is pipeline_dependencies:
-        deps, lags = _pipeline_deps(kinds, nv, m, name)
+        deps, lags = _pipeline_deps(kinds, nv, m, device, name)
     else:
-        deps, lags = _rule_deps(orders, kinds, nv, m, dependencies, name)
+        deps, lags = _rule_deps(orders, kinds, nv, m, device, dependencies, name)
     width = deps.shape[1]
     prev = np.full(n, n, dtype=np.int64)
     for ids in dev_orders:
@@ -149,7 +185,7 @@ def build_graph(orders: Sequence[Sequence[Action]], nv: int, m: int,
     # per level, views into level-sorted copies (one slice per array, no per-level gathers)
     used = ~((deps[order] == n) & (lags[order] == zero))  # a column of only "ends at 0 s, no lag"
     sorted_arrays = [order, prev[order]] + [a for c in range(width) for a in (deps[order, c], lags[order, c])]
-    for arr in (device, prev, deps, lags, *dev_orders, *sorted_arrays):
+    for arr in (device, prev, deps, lags, fused, *dev_orders, *sorted_arrays):
         arr.setflags(write=False)
     pairs = list(itertools.pairwise(bounds.tolist()))
     levels = tuple(order[lo:hi] for lo, hi in pairs)
@@ -164,11 +200,13 @@ def build_graph(orders: Sequence[Sequence[Action]], nv: int, m: int,
                 step += [sorted_arrays[2 + 2 * c][lo:hi], sorted_arrays[3 + 2 * c][lo:hi]]
         steps.append(tuple(step))
     return ActionGraph(kinds=kinds, pp=pp, nv=nv, m=m, orders=tuple(dev_orders), device=device,
-                       prev=prev, deps=deps, lags=lags, levels=levels, steps=tuple(steps))
+                       prev=prev, deps=deps, lags=lags, levels=levels, steps=tuple(steps), fused=fused)
 
 
-def _pipeline_deps(kinds: tuple[str, ...], nv: int, m: int, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`pipeline_dependencies` of every node at once: ``deps``, ``lags`` [n, 1]."""
+def _pipeline_deps(kinds: tuple[str, ...], nv: int, m: int, device: np.ndarray,
+                   name: str) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`pipeline_dependencies` of every node at once: ``deps``, ``lags`` [n, 1] (a
+    dependency between two vstages on one device carries the zero lag, as in :func:`_rule_deps`)."""
     size = nv * m
     n = len(kinds) * size
     zero = max(nv - 1, 0) * m
@@ -198,12 +236,14 @@ def _pipeline_deps(kinds: tuple[str, ...], nv: int, m: int, name: str) -> tuple[
         target = (kinds.index(dep_kind) * nv + dep_vs) * m + j
         if kind in "BI":
             target = np.where(vs == nv - 1, (kinds.index("F") * nv + vs) * m + j, target)
+        local = device[np.where(has, target, 0)] == device[base:base + size]  # no transfer
         deps[base:base + size, 0] = np.where(has, target, n)
-        lags[base:base + size, 0] = np.where(has, lag, zero)
+        lags[base:base + size, 0] = np.where(has & ~local, lag, zero)
     return deps, lags
 
 
-def _rule_deps(orders, kinds, nv: int, m: int, dependencies, name: str) -> tuple[np.ndarray, np.ndarray]:
+def _rule_deps(orders, kinds, nv: int, m: int, device: np.ndarray, dependencies,
+               name: str) -> tuple[np.ndarray, np.ndarray]:
     """``deps``, ``lags`` [n, D] of any dependency rule, called action by action."""
     kind_idx = {k: i for i, k in enumerate(kinds)}
     n = len(kinds) * nv * m
@@ -215,10 +255,13 @@ def _rule_deps(orders, kinds, nv: int, m: int, dependencies, name: str) -> tuple
     zero = max(nv - 1, 0) * m
     for order in orders:
         for a in order:
+            i = node(a)
             for d, boundary in dependencies(a, nv):
                 if d[0] not in kind_idx:
                     raise ConfigError(f"{name}: {a} depends on {d}, which no stage runs")
-                dep_lists[node(a)].append((node(d), zero if boundary is None else boundary * m + a[2]))
+                k = node(d)
+                local = boundary is None or device[k] == device[i]  # same device: no transfer
+                dep_lists[i].append((k, zero if local else boundary * m + a[2]))
     width = max(1, max((len(x) for x in dep_lists), default=1))
     deps = np.full((n, width), n, dtype=np.int64)
     lags = np.full((n, width), zero, dtype=np.int64)

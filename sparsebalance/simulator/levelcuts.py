@@ -64,9 +64,10 @@ class LevelCuts:
     last_rows: np.ndarray
     """[pp] row of each physical stage's last action."""
     own: np.ndarray
-    """[m, kinds x V] rows of micro-batch j's actions (kinds in node order, then vstages)."""
+    """[m, 2 V] rows of micro-batch j's actions whose seconds a budget moves: F of vstages
+    0..V-1, then B (or I in a split-backward graph; W keeps its seconds)."""
     span: list
-    """[m] (first level, last level) of micro-batch j's actions."""
+    """[m] (first level, last level) of micro-batch j's own actions."""
 
 
 @functools.lru_cache(maxsize=32)
@@ -122,7 +123,8 @@ def level_cuts(graph: ActionGraph) -> LevelCuts:
     for s_, t_, q_ in zip(ds, dd, dq):
         succ_l[s_] += ((t_, q_),)
     per_kind = g.nv * g.m
-    own_nodes = (np.arange(len(g.kinds) * g.nv)[None, :] * g.m + np.arange(g.m)[:, None])
+    moved = 2 if len(g.kinds) > 1 else len(g.kinds)  # F and B, or F and I: W keeps its seconds
+    own_nodes = (np.arange(moved * g.nv)[None, :] * g.m + np.arange(g.m)[:, None])
     own = row[own_nodes] if per_kind else np.zeros((g.m, 0), dtype=np.int64)
     own_lev = lev[own] if own.size else np.zeros((g.m, 0), dtype=np.int64)
     span_l = list(zip(own_lev.min(axis=1).tolist(), own_lev.max(axis=1).tolist())) if own.size else []

@@ -25,6 +25,10 @@ When no settling cut is found near the window, the replica is re-timed exactly.
 Values equal a full re-timing up to rounding (tests: 1e-12 relative, and bitwise after
 :meth:`refresh`). Graphs up to :data:`SMALL_GRAPH` actions answer questions by re-timing the
 whole schedule, all questions as columns of one numpy pass (cheaper than Python loops there).
+
+Schedules that split the backward (F, I, W) are handled alike: a micro-batch's own actions are its
+F and I (B where DualPipeV runs a backward whole); the budget moves attention, which is all input
+gradient, so W keeps its seconds and lies outside the re-timed levels unless they hold it.
 """
 
 from __future__ import annotations
@@ -143,11 +147,11 @@ class ReplicaTimes:
 
     # -- per micro-batch reads -------------------------------------------------------------------
     def own_durations(self, r: int, js: np.ndarray) -> np.ndarray:
-        """[C, kinds x V] current durations of micro-batches ``js`` of replica ``r``."""
+        """[C, 2 V] current durations of micro-batches ``js`` of replica ``r``."""
         return self.D[self.cuts.own[js], r]
 
     def own_through(self, r: int, js: np.ndarray) -> np.ndarray:
-        """[C, kinds x V] length of the longest path through each action of micro-batches ``js``
+        """[C, 2 V] length of the longest path through each action of micro-batches ``js``
         (end + time to the end): the replica's finish on its critical actions."""
         rows = self.cuts.own[js]
         return self.E[rows, r] + self.S[rows, r]
@@ -155,7 +159,7 @@ class ReplicaTimes:
     # -- questions -------------------------------------------------------------------------------
     def finish_if(self, r: np.ndarray, j: np.ndarray, new: np.ndarray) -> np.ndarray:
         """[C] finish of replica ``r[c]`` if micro-batch ``j[c]`` took durations ``new[c]``
-        ([C, kinds x V]: F of vstages 0..V-1, then B). Exact (module docstring)."""
+        ([C, 2 V]: F of vstages 0..V-1, then B, or I where the backward is split). Exact (module docstring)."""
         r, j = np.asarray(r, dtype=np.int64), np.asarray(j, dtype=np.int64)
         new = np.asarray(new, dtype=float)
         if self.cuts.n <= SMALL_GRAPH:
@@ -167,7 +171,7 @@ class ReplicaTimes:
         g, cx = self.graph, self.cuts
         c = len(r)
         d = self.D[cx.row][:, r]  # [n, C] node order
-        nodes = cx.node[cx.own[j]]  # [C, kinds x V]
+        nodes = cx.node[cx.own[j]]  # [C, 2 V]
         d[nodes.T, np.arange(c)[None, :]] = new.T
         _, end = time_graph(g, d, self.lag[:, r], starts=False)
         return (end[g.last] + self.sink[:, None]).max(axis=0)
@@ -210,7 +214,7 @@ class ReplicaTimes:
 
     # -- moves -----------------------------------------------------------------------------------
     def apply(self, r: int, j: int, new) -> None:
-        """Give micro-batch ``j`` of replica ``r`` the durations ``new`` ([kinds x V]) and update
+        """Give micro-batch ``j`` of replica ``r`` the durations ``new`` ([2 V]) and update
         the kept times (module docstring)."""
         cx = self.cuts
         rows = cx.own[j].tolist()

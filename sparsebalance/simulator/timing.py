@@ -176,6 +176,18 @@ def pack_durations(graph: ActionGraph, per_kind: dict[str, np.ndarray]) -> np.nd
     return np.concatenate(parts, axis=1).T.copy()
 
 
+def kind_durations(graph: ActionGraph, fwd, bwd, bwd_input=None, bwd_weight=None) -> dict[str, np.ndarray]:
+    """Per-kind seconds ``[C, V, m]`` of ``graph``'s nodes: F and B; for a split graph I and W
+    (``bwd_input``, ``bwd_weight``, required), where a fused node I takes the whole backward ``bwd``
+    and its placeholder W takes 0 s (see :mod:`.graph`)."""
+    if not graph.split:
+        return {"F": fwd, "B": bwd}
+    if bwd_input is None or bwd_weight is None:
+        raise ValueError("a split-backward schedule needs the input- and weight-gradient seconds")
+    fused = graph.fused
+    return {"F": fwd, "I": np.where(fused, bwd, bwd_input), "W": np.where(fused, 0.0, bwd_weight)}
+
+
 def pack_lags(graph: ActionGraph, p2p: np.ndarray, columns: int) -> np.ndarray:
     """P2P seconds broadcastable to ``[C, V - 1, m]`` -> the core's ``[(V - 1) m + 1, C]`` lag array."""
     out = np.zeros((graph.zero_lag + 1, columns))
@@ -185,11 +197,13 @@ def pack_lags(graph: ActionGraph, p2p: np.ndarray, columns: int) -> np.ndarray:
     return out
 
 
-def replica_finish(graph: ActionGraph, fwd: np.ndarray, bwd: np.ndarray, p2p) -> np.ndarray:
-    """[C, pp] end of each physical stage's last action for C replicas (or candidates) of an F/B
-    schedule; ``fwd``, ``bwd``: [C, V, m] seconds, ``p2p``: broadcastable to [C, V - 1, m]."""
+def replica_finish(graph: ActionGraph, fwd: np.ndarray, bwd: np.ndarray, p2p, bwd_input=None,
+                   bwd_weight=None) -> np.ndarray:
+    """[C, pp] end of each device's last action for C replicas (or candidates); ``fwd``, ``bwd``
+    (and for a split graph ``bwd_input``, ``bwd_weight``): [C, V, m] seconds, ``p2p``:
+    broadcastable to [C, V - 1, m]."""
     fwd = np.asarray(fwd, dtype=float)
-    dur = pack_durations(graph, {"F": fwd, "B": bwd})
+    dur = pack_durations(graph, kind_durations(graph, fwd, bwd, bwd_input, bwd_weight))
     return stage_finish(graph, dur, pack_lags(graph, p2p, fwd.shape[0])).T
 
 

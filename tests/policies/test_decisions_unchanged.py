@@ -68,3 +68,30 @@ def test_sab_order_plans_unchanged(case):
             OldScheduleAwareOrder(ctx.policy, max_evaluations=cap)
         assert new.plan(seqs, ctx) == old.plan(seqs, ctx)
         assert new.stats == old.stats
+
+
+SPLIT_CASES = [  # schedules that split the backward (F, I, W; DualPipeV runs some backwards whole)
+    (2, 3, 9, "zb-h1", 1, 7, {}),
+    (1, 4, 24, "zb-h1", 1, 8, {"cp_rounds": 10}),
+    (2, 2, 8, "zbv", 2, 9, {"p": 0.2}),
+    (2, 3, 12, "dualpipev", 2, 10, {"cp_raise_tol": 0.02}),
+]
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES)
+def test_dst_cp_split_schedules_decide_alike_with_local_or_full_pricing(case, monkeypatch):
+    """The old logic has no split backward; here the oracle is pricing every move by re-timing the
+    whole schedule (and every candidate, no bound pruning): same budgets, same predicted seconds."""
+    from sparsebalance.simulator import perturb
+
+    seqs, ctx = context(*case)
+    dp, m = case[0], case[2]
+    plan = Plan.from_lists([[[seqs[r * m + j]] for j in range(m)] for r in range(dp)])
+    got = {}
+    for small in (0, 10**9):
+        monkeypatch.setattr(perturb, "SMALL_GRAPH", small)
+        monkeypatch.setattr("sparsebalance.policies.critical.SMALL_GRAPH", small)
+        pol = CriticalPathDST(ctx.policy)
+        got[small] = (pol.budgets(plan, ctx), pol.stats)
+    assert got[0] == got[10**9]
+    assert got[0][1]["predicted_s"] <= got[0][1]["predicted_fixed_s"]

@@ -73,7 +73,8 @@ def test_stage_params_match_the_latency_model():
     from sparsebalance.simulator.latency import load_latency_model
 
     for cl in (ClusterConfig(pp=4, dp=2), ClusterConfig(pp=3, dp=1, schedule="interleaved", virtual_stages=2,
-                                                        global_batch=6)):
+                                                        global_batch=6),
+               ClusterConfig(pp=4, dp=1, schedule="zbv", virtual_stages=2, global_batch=8)):
         lm = load_latency_model("analytical-h200", qwen25_3b(), cl)
         assert [stage_params(qwen25_3b(), cl, s) for s in range(cl.pp)] == \
             [lm.stage_params(s) for s in range(cl.pp)]

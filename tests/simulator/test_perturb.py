@@ -10,7 +10,10 @@ from sparsebalance.simulator.perturb import ReplicaTimes
 from sparsebalance.simulator.timing import time_graph, time_to_sink
 
 CASES = [("1f1b", 4, 12, 1), ("gpipe", 3, 5, 1), ("interleaved", 2, 4, 2), ("1f1b", 3, 3, 1),
-         ("1f1b", 1, 4, 1), ("interleaved", 3, 6, 2), ("1f1b", 4, 60, 1), ("gpipe", 2, 30, 1)]
+         ("1f1b", 1, 4, 1), ("interleaved", 3, 6, 2), ("1f1b", 4, 60, 1), ("gpipe", 2, 30, 1),
+         # split backward: the questions move F and I (B where DualPipeV runs it whole); W stands
+         ("zb-h1", 3, 6, 1), ("zbv", 2, 5, 2), ("dualpipev", 2, 5, 2),
+         ("zb-h1", 4, 40, 1), ("zbv", 3, 24, 2), ("dualpipev", 3, 24, 2)]
 
 
 def setup(schedule, pp, m, v, seed=0, replicas=3):

@@ -154,22 +154,29 @@ class CoverageModel:
 
     def microbatch_curves(self, mbs: Seq[MicroBatch], k_his: Seq[int]) -> list[np.ndarray]:
         """:meth:`microbatch_curve` of many micro-batches (``mbs[i]`` at k = 1..k_his[i]), bitwise
-        the same: the same sums over each micro-batch's sequences, left to right, as numpy rows."""
+        the same: the same sums over each micro-batch's sequences, left to right, as numpy rows.
+        Parametric curves are computed only up to the widest ``k_his`` (:func:`parametric_matrix`;
+        they are not cached: fresh data every iteration), measured ones read as :meth:`curve`."""
         if not mbs:
             return []
         counts = [len(mb.sequences) for mb in mbs]
         flat = [s for mb in mbs for s in mb.sequences]
-        curves = self.curves(flat)
         width = max(k_his)
-        rows = np.ones((len(flat), width))
-        take = np.minimum(width, [len(c) for c in curves])
-        at = np.arange(int(take.sum())) - np.repeat(np.cumsum(take) - take, take)
-        rows[np.repeat(np.arange(len(flat)), take), at] = np.concatenate([c[:width] for c in curves])
+        lengths = np.array([s.length for s in flat], dtype=np.int64)
+        measured = self._measured
+        given = [i for i, s in enumerate(flat) if s.coverage is not None or s.id in measured]
+        rate = self.rate
+        rates = np.array([rate * (float(s.sensitivity) if s.sensitivity is not None else self.sensitivity(s))
+                          for s in flat])
+        rows = parametric_matrix(lengths, self.block_size, rates, width, self.shape)
+        for i in given:  # measured or carried curves, padded with 1.0 as microbatch_curve does
+            c = self.curve(flat[i])[:width]
+            rows[i] = 1.0
+            rows[i, :len(c)] = c
         starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
         cnt = np.array(counts)
         tokens = self.agg == "tokens"
         out = np.zeros((len(mbs), width)) if tokens else np.ones((len(mbs), width))
-        lengths = np.array([s.length for s in flat], dtype=np.int64)
         for p in range(int(cnt.max())):  # the p-th sequence of every micro-batch that has one
             has = np.flatnonzero(cnt > p)
             at = starts[has] + p
@@ -196,38 +203,62 @@ def make_coverage_model(model: ModelConfig, policy: PolicyConfig, seed: int = 0)
     return CoverageModel(model, policy, seed)
 
 
-def parametric_curves(lengths: Seq[int], block_size: int, rates: Seq[float],
-                      shape: str = "power") -> list[np.ndarray]:
-    """:func:`parametric_curve` of many sequences, bitwise the same values: the same operations
-    row by row, rows padded to the longest of sequences with similar block counts (padding sits
-    after a row's blocks, where cumulative sums and maxima never read it; reversed sums add exact
-    zeros first). One numpy pass per group instead of one per sequence."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    rates = np.asarray(rates, dtype=np.float64)
+def _parametric_groups(lengths: np.ndarray, block_size: int, rates: np.ndarray, shape: str,
+                       width: int | None):
+    """Yield (row indices, block counts, curves [rows, columns]) of :func:`parametric_curve`,
+    sequences grouped by similar block counts and padded to the group's longest; only the first
+    ``width`` columns (all when None). Padding sits after a row's blocks, where cumulative sums
+    and maxima never read it and reversed sums add exact zeros first, so values are bitwise the
+    per-sequence ones; columns past a row's blocks are garbage (callers mask them)."""
     n = -(-lengths // block_size)
-    out: list = [None] * len(lengths)
     order = np.argsort(n, kind="stable")
     group = np.floor(np.log(np.maximum(n[order], 1)) / np.log(1.25)).astype(np.int64)
     cuts = np.flatnonzero(np.diff(group)) + 1
     for idx in np.split(order, cuts):
         nn, L, a = n[idx], lengths[idx], rates[idx][:, None]
-        width = int(nn.max())
-        r = np.arange(1, width + 1, dtype=np.float64)
+        full = int(nn.max())
+        cols = full if width is None else min(full, width)
+        r = np.arange(1, full + 1, dtype=np.float64)
         w = r[None, :] ** -a if shape == "power" else np.exp(-a * (r[None, :] - 1.0))
         W = np.cumsum(w, axis=1)
-        col = np.arange(width)[None, :]
+        col = np.arange(full)[None, :]
         inside = col < nn[:, None]
         q = np.where(inside, float(block_size), 0.0)
         q[np.arange(len(idx)), nn - 1] = L - (nn - 1) * block_size
         ratio = q / W
         S = np.cumsum(ratio[:, ::-1], axis=1)[:, ::-1]
         S = np.where(inside, S, 0.0)
-        Q = np.concatenate((np.zeros((len(idx), 1)), np.cumsum(q, axis=1)), axis=1)
-        k = np.arange(1, width + 1)[None, :]
+        Q = np.cumsum(q[:, :cols], axis=1)
+        k = np.arange(1, cols + 1)[None, :]
         tail = np.where(k < nn[:, None], np.take_along_axis(S, np.minimum(k, nn[:, None] - 1), axis=1), 0.0)
-        curve = (Q[:, 1:] + W * tail) / L[:, None]
+        curve = (Q + W[:, :cols] * tail) / L[:, None]
         curve = np.minimum(np.maximum.accumulate(curve, axis=1), 1.0)
-        curve[np.arange(len(idx)), nn - 1] = 1.0
+        last = nn - 1 < cols
+        curve[np.flatnonzero(last), (nn - 1)[last]] = 1.0
+        yield idx, nn, curve
+
+
+def parametric_curves(lengths: Seq[int], block_size: int, rates: Seq[float],
+                      shape: str = "power") -> list[np.ndarray]:
+    """:func:`parametric_curve` of many sequences, bitwise the same values (one numpy pass per
+    group of similar block counts instead of one per sequence)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    out: list = [None] * len(lengths)
+    for idx, nn, curve in _parametric_groups(lengths, block_size, np.asarray(rates, dtype=np.float64),
+                                             shape, None):
         for t, (i, k) in enumerate(zip(idx.tolist(), nn.tolist())):
             out[i] = curve[t, :k]  # views of one block per group
+    return out
+
+
+def parametric_matrix(lengths: np.ndarray, block_size: int, rates: np.ndarray, width: int,
+                      shape: str = "power") -> np.ndarray:
+    """[len(lengths), width]: row i = :func:`parametric_curve` of sequence i at k = 1..width,
+    bitwise, and 1.0 past its block count (as :meth:`CoverageModel.microbatch_curve` pads)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    out = np.ones((len(lengths), width))
+    for idx, nn, curve in _parametric_groups(lengths, block_size, np.asarray(rates, dtype=np.float64),
+                                             shape, width):
+        cols = curve.shape[1]
+        out[idx, :cols] = np.where(np.arange(cols)[None, :] < nn[:, None], curve, 1.0)
     return out

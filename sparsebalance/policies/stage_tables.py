@@ -136,6 +136,8 @@ class StageTable:
         k = np.repeat(k_lo, sizes) + (np.arange(total) - start)
         many = getattr(lm, "attention_many", None)
         out = np.zeros((2, total))
+        if many is not None and hasattr(lm, "block_size"):
+            return self._attention_distinct(mbs, k_lo, sizes, which, k, out)
         for half, bw in enumerate((False, True)):
             acc = out[half]
             for p in range(self.lens.shape[1]):
@@ -148,6 +150,34 @@ class StageTable:
                 else:
                     v = many(L, kk, backward=bw)
                 acc[rows] = acc[rows] + v
+        return out
+
+    def _attention_distinct(self, mbs, k_lo, sizes, which, k, out) -> np.ndarray:
+        """:meth:`_attention` with each sequence's attention computed once per *distinct* budget:
+        it depends on k only through min(k, the sequence's block count) (``attention_many``
+        clips first), so a short sequence's values past its block count repeat. One vectorised
+        call per mode over all sequences, then the same left-to-right sums."""
+        lm = self.lm
+        counts = self.counts[mbs]
+        x_of = np.repeat(np.arange(len(mbs)), counts)  # every (micro-batch, position): position p
+        p_of = np.arange(len(x_of)) - np.repeat(np.cumsum(counts) - counts, counts)
+        L = self.lens[mbs[x_of], p_of]
+        nb = -(-L // lm.block_size)
+        lo = np.minimum(k_lo[x_of], nb)
+        hi = np.minimum(k_lo[x_of] + sizes[x_of] - 1, nb)
+        n_k = hi - lo + 1
+        off = np.cumsum(n_k) - n_k
+        pair_L = np.repeat(L, n_k)
+        pair_k = np.repeat(lo, n_k) + (np.arange(int(n_k.sum())) - np.repeat(off, n_k))
+        first = np.cumsum(counts) - counts  # flat index of each micro-batch's position 0
+        local = np.repeat(np.arange(len(mbs)), sizes)  # row -> index into mbs
+        for half, bw in enumerate((False, True)):
+            vals = lm.attention_many(pair_L, pair_k, backward=bw)
+            acc = out[half]
+            for p in range(int(counts.max()) if len(counts) else 0):
+                rows = np.flatnonzero(counts[local] > p)
+                f = first[local[rows]] + p
+                acc[rows] = acc[rows] + vals[off[f] + np.minimum(k[rows], nb[f]) - lo[f]]
         return out
 
     def _assemble(self, which: np.ndarray, acc: np.ndarray) -> np.ndarray:

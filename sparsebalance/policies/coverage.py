@@ -154,14 +154,21 @@ class CoverageModel:
 
     def microbatch_curves(self, mbs: Seq[MicroBatch], k_his: Seq[int]) -> list[np.ndarray]:
         """:meth:`microbatch_curve` of many micro-batches (``mbs[i]`` at k = 1..k_his[i]), bitwise
-        the same: the same sums over each micro-batch's sequences, left to right, as numpy rows.
-        Parametric curves are computed only up to the widest ``k_his`` (:func:`parametric_matrix`;
-        they are not cached: fresh data every iteration), measured ones read as :meth:`curve`."""
+        the same (views of :meth:`microbatch_matrix`)."""
         if not mbs:
             return []
+        out = self.microbatch_matrix(mbs, max(k_his))
+        return [out[i, :k] for i, k in enumerate(k_his)]
+
+    def microbatch_matrix(self, mbs: Seq[MicroBatch], width: int) -> np.ndarray:
+        """[len(mbs), width]: row i = :meth:`microbatch_curve` of ``mbs[i]`` at k = 1..width,
+        bitwise: the same sums over each micro-batch's sequences, left to right, as numpy rows.
+        Parametric curves are computed only up to ``width`` (:func:`parametric_matrix`; not
+        cached: fresh data every iteration), measured ones read as :meth:`curve`."""
+        if not mbs:
+            return np.zeros((0, width))
         counts = [len(mb.sequences) for mb in mbs]
         flat = [s for mb in mbs for s in mb.sequences]
-        width = max(k_his)
         lengths = np.array([s.length for s in flat], dtype=np.int64)
         measured = self._measured
         given = [i for i, s in enumerate(flat) if s.coverage is not None or s.id in measured]
@@ -186,7 +193,7 @@ class CoverageModel:
                 out[has] = np.minimum(out[has], rows[at])
         if tokens:
             out = out / np.array([mb.tokens for mb in mbs], dtype=np.int64)[:, None]
-        return [out[i, :k] for i, k in enumerate(k_his)]
+        return out
 
 
 def _as_curve(values: Seq[float]) -> np.ndarray:

@@ -79,12 +79,13 @@ class CriticalPathDST:
         """Forward and backward seconds of every virtual stage at k = k_lo..k_hi: two arrays
         [k_hi - k_lo + 1, V] (see :mod:`.stage_tables`); with ``split`` a third, the backward's
         input-gradient part I (its weight-gradient part W does not depend on k: :meth:`weight_times`)."""
+        ks = np.arange(k_lo, k_hi + 1)
+        at = np.zeros(len(ks), dtype=np.int64)
+        whole = StageTable(lm, [lengths], [k_lo], [k_hi], [k_hi], nv, pp).rows(at, ks)
         if not split:
-            table = StageTable(lm, [lengths], [k_lo], [k_hi], [k_hi], nv, pp).table
-            return table[:, :nv], table[:, nv:]
-        whole = StageTable(lm, [lengths], [k_lo], [k_hi], [k_hi], nv, pp).table
+            return whole[:, :nv], whole[:, nv:]
         parts = StageTable(lm, [lengths], [k_lo], [k_hi], [k_hi], nv, pp,
-                           fused=np.zeros((1, nv), dtype=bool)).table
+                           fused=np.zeros((1, nv), dtype=bool)).rows(at, ks)
         return whole[:, :nv], whole[:, nv:], parts[:, nv:]
 
     @staticmethod
@@ -109,17 +110,15 @@ class CriticalPathDST:
         mbs = [mb for _, _, mb in plan.microbatches()]  # flat index i = r * m + j
         lengths = [mb.lengths for mb in mbs]
         bs = ctx.model.block_size
-        hi = [min(cfg.k_max, max(cfg.k0, -(-max(x) // bs))) for x in lengths]
-        many = getattr(ctx.coverage, "microbatch_curves", None)
-        covs = many(mbs, hi) if many is not None else \
-            [ctx.coverage.microbatch_curve(mb, k) for mb, k in zip(mbs, hi)]
-        lo = []
-        for cov, k_hi in zip(covs, hi):
-            # DST's floor (DynamicSparsity.floor) read off the same curve: its C(1..min(k_hi, k0))
-            # are this curve's first entries, computed alike
-            k_top = min(k_hi, cfg.k0)
-            ok = np.nonzero(cov[:k_top] >= 1.0 - cfg.p - 1e-12)[0]
-            lo.append(max(cfg.k_min, min(int(ok[0]) + 1 if ok.size else k_top, cfg.k0)))
+        hi = np.array([min(cfg.k_max, max(cfg.k0, -(-max(x) // bs))) for x in lengths], dtype=np.int64)
+        cov = _coverage_matrix(ctx.coverage, mbs, hi)  # [dp m, max k_hi]; row i read up to hi[i]
+        # DST's floor (DynamicSparsity.floor) read off the same curves: its C(1..min(k_hi, k0))
+        # are their first entries, computed alike; the smallest k reaching 1 - p, else k_top
+        k_top = np.minimum(hi, cfg.k0)
+        width = int(k_top.max()) if len(mbs) else 0
+        ok = (cov[:, :width] >= 1.0 - cfg.p - 1e-12) & (np.arange(width)[None, :] < k_top[:, None])
+        first = np.where(ok.any(axis=1), ok.argmax(axis=1) + 1, k_top)
+        lo = np.maximum(cfg.k_min, np.minimum(first, cfg.k0))
         p2p = np.array([lm.p2p_time(sum(x)) for x in lengths]).reshape(dp, 1, m)
         p2p = np.broadcast_to(p2p, (dp, max(nv - 1, 0), m))
         # a split schedule's backward node is I (B where the graph runs that backward whole); its
@@ -130,7 +129,7 @@ class CriticalPathDST:
         mono = self._monotone
         lazy = mono is not None and mono[0] <= min(map(min, lengths)) and max(map(max, lengths)) <= mono[1]
         tab = StageTable(lm, lengths, lo, np.minimum(hi, cfg.k0 + 1) if lazy else hi, hi, nv, pp, fused=fused)
-        st = _State(cfg, tab, lo, hi, covs, dp, m)
+        st = _State(cfg, tab, lo, hi, cov, dp, m)
         first = tab.rows(np.arange(dp * m), st.K.ravel())  # [dp m, 2V] at k0
         dur = first.reshape(dp, m, 2 * nv).transpose(2, 1, 0).reshape(2 * nv * m, dp)
         if g.split:
@@ -161,21 +160,31 @@ class CriticalPathDST:
         """Stateless across iterations, like DST (its decision 1)."""
 
 
+def _coverage_matrix(coverage, mbs, hi: np.ndarray) -> np.ndarray:
+    """[len(mbs), max hi]: micro-batch i's coverage at k = 1..hi[i] (columns past hi[i] unread)."""
+    width = int(hi.max()) if len(mbs) else 0
+    many = getattr(coverage, "microbatch_matrix", None)
+    if many is not None:
+        return many(mbs, width)
+    out = np.ones((len(mbs), width))
+    for i, (mb, k) in enumerate(zip(mbs, hi.tolist())):
+        out[i, :k] = coverage.microbatch_curve(mb, k)
+    return out
+
+
 class _State:
     """Budgets and per-(micro-batch, k) lookups of one decision; flat index i = r * m + j."""
 
-    def __init__(self, cfg, tab: StageTable, lo, hi, covs, dp: int, m: int) -> None:
+    def __init__(self, cfg, tab: StageTable, lo, hi, cov: np.ndarray, dp: int, m: int) -> None:
         self.cfg, self.tab = cfg, tab
         self.dp, self.m = dp, m
         self.lo = np.asarray(lo, dtype=np.int64)
         self.hi = np.asarray(hi, dtype=np.int64)
         self.K = np.full((dp, m), cfg.k0, dtype=np.int64)
-        sizes = np.array([len(c) for c in covs], dtype=np.int64)
-        self.cov_off = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
-        self.cov = np.concatenate(covs) if covs else np.zeros(0)
+        self.cov = cov  # [dp m, width]: C(k) of micro-batch i at column k - 1 (k <= hi[i])
 
     def coverage(self, i, k):
-        return self.cov[self.cov_off[i] + k - 1]
+        return self.cov[i, np.asarray(k) - 1]
 
 
 def _lower(st: _State, times: ReplicaTimes, R: np.ndarray) -> tuple[int, np.ndarray]:

@@ -86,13 +86,23 @@ class StageTable:
                 self.base[:, half * nv:(half + 1) * nv] = base
             else:  # I where the backward is split, B (kept) where the graph runs it whole
                 self.base[:, nv:] = np.where(fused, self.base[:, nv:], base)
-        self.table = self._assemble(np.repeat(np.arange(len(lengths)), sizes), acc)
-        self.ext_lo = self.top + 1  # rows above top: computed by extend()
-        self.ext_off = np.full(len(lengths), -1, dtype=np.int64)
+        # rows live in a cube [N, k, 2V] from the lowest k_lo (one gather per look-up); those of
+        # micro-batch i above top[i] are computed by extend(), which then raises top[i] to k_hi[i]
+        self.k_base = int(self.lo.min()) if len(self.lo) else 0
+        span = int(self.hi.max()) - self.k_base + 1 if len(self.hi) else 0
+        self.cube = np.zeros((len(lengths), span, 2 * nv))
+        which = np.repeat(np.arange(len(lengths)), sizes)
+        block = self._assemble(which, acc)
+        self.cube[which, self._ks(self.lo, sizes) - self.k_base] = block
         self.monotone = np.ones(len(lengths), dtype=bool)
         """Per micro-batch: rows computed so far non-decreasing in k (the attention grows with k
         for profiles monotone in the budget; what bisection over k relies on)."""
-        self._check_monotone(np.arange(len(lengths)), None, self.table, sizes)
+        self._check_monotone(np.arange(len(lengths)), None, block, sizes)
+
+    @staticmethod
+    def _ks(k_lo: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        """k = k_lo[x] .. k_lo[x] + sizes[x] - 1 of every x, concatenated."""
+        return np.repeat(k_lo, sizes) + (np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes))
 
     def _base(self, tokens: np.ndarray, a0: np.ndarray, bw: bool, part: str | None) -> np.ndarray:
         """[N, V] the budget-free seconds of each stage: ``stage_time`` at k_lo (attention ``a0``
@@ -192,20 +202,17 @@ class StageTable:
     def extend(self, mbs: np.ndarray) -> None:
         """Compute the rows above ``k_top`` of micro-batches ``mbs`` (once each)."""
         mbs = np.unique(np.asarray(mbs, dtype=np.int64))
-        mbs = mbs[(self.ext_off[mbs] < 0) & (self.hi[mbs] > self.top[mbs])]
+        mbs = mbs[self.hi[mbs] > self.top[mbs]]
         if not mbs.size:
             return
-        sizes = self.hi[mbs] - self.top[mbs]
-        acc = self._attention(mbs, self.ext_lo[mbs], sizes)
-        block = self._assemble(np.repeat(mbs, sizes), acc)
-        self._check_monotone(mbs, self.table[self.row(mbs, self.top[mbs])], block, sizes)
-        self.ext_off[mbs] = len(self.table) + np.concatenate(([0], np.cumsum(sizes)[:-1]))
-        self.table = np.vstack([self.table, block])
-
-    def row(self, i, k):
-        """Row index of micro-batch ``i`` at budget ``k`` (arrays; rows above k_top need extend())."""
-        i, k = np.asarray(i), np.asarray(k)
-        return np.where(k <= self.top[i], self.offset[i] + k - self.lo[i], self.ext_off[i] + k - self.ext_lo[i])
+        top = self.top[mbs]
+        sizes = self.hi[mbs] - top
+        acc = self._attention(mbs, top + 1, sizes)
+        which = np.repeat(mbs, sizes)
+        block = self._assemble(which, acc)
+        self._check_monotone(mbs, self.cube[mbs, top - self.k_base], block, sizes)
+        self.cube[which, self._ks(top + 1, sizes) - self.k_base] = block
+        self.top[mbs] = self.hi[mbs]
 
     def rows(self, i, k) -> np.ndarray:
         """[C, 2V] seconds of micro-batches ``i`` at budgets ``k`` (computing missing rows)."""
@@ -213,7 +220,7 @@ class StageTable:
         above = k > self.top[i]
         if above.any():
             self.extend(i[above])
-        return self.table[self.row(i, k)]
+        return self.cube[i, k - self.k_base]
 
     def _check_monotone(self, mbs: np.ndarray, first: np.ndarray, block: np.ndarray, sizes) -> None:
         """Clear ``monotone[i]`` of micro-batches whose rows in ``block`` (``sizes`` rows each, in

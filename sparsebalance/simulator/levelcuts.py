@@ -116,15 +116,11 @@ def level_cuts(graph: ActionGraph) -> LevelCuts:
     srcs = np.zeros(n, dtype=bool)
     srcs[:] = prev < 0
     srcs &= (dep_rows < 0).all(axis=1)
-    deps_l: list = [() for _ in range(n)]
-    for c in range(dep_rows.shape[1]):  # column by column: same pairs, same order, fewer Python calls
-        has = np.flatnonzero(dep_rows[:, c] >= 0)
-        for x, d, q in zip(has.tolist(), dep_rows[has, c].tolist(), dep_lags[has, c].tolist()):
-            deps_l[x] += ((d, q),)
-    succ_l: list = [() for _ in range(n)]
-    ds, dd, dq = dep_rows[d_src, d_col].tolist(), d_src.tolist(), dep_lags[d_src, d_col].tolist()
-    for s_, t_, q_ in zip(ds, dd, dq):
-        succ_l[s_] += ((t_, q_),)
+    # per row its ((row, lag id), ...) predecessors in column order, and successors in row order
+    deps_l = _pairs(np.repeat(np.arange(n), dep_rows.shape[1]), dep_rows.ravel(), dep_lags.ravel(), n)
+    succ_src = dep_rows[d_src, d_col]
+    o_s = np.lexsort((d_col, d_src, succ_src))  # by source row, then target row, then column
+    succ_l = _pairs(succ_src[o_s], d_src[o_s], dep_lags[d_src, d_col][o_s], n)
     per_kind = g.nv * g.m
     moved = 2 if len(g.kinds) > 1 else len(g.kinds)  # F and B, or F and I: W keeps its seconds
     own_nodes = (np.arange(moved * g.nv)[None, :] * g.m + np.arange(g.m)[:, None])
@@ -138,3 +134,19 @@ def level_cuts(graph: ActionGraph) -> LevelCuts:
         cut_src=src[rep][o].tolist(), cut_dst=dst[rep][o].tolist(), cut_lag=lag[rep][o].tolist(),
         last_source=int(np.flatnonzero(srcs).max()) if srcs.any() else -1,
         last_rows=last_rows, own=own, span=span_l)
+
+
+def _pairs(owner: np.ndarray, other: np.ndarray, lag: np.ndarray, n: int) -> list:
+    """[n] tuples ((other, lag), ...) of each owner row, in the given order (entries with other < 0
+    dropped): one Python tuple per row, built from runs of equal owners."""
+    keep = other >= 0
+    owner, other, lag = owner[keep], other[keep], lag[keep]
+    out: list = [()] * n
+    if not len(owner):
+        return out
+    pairs = list(zip(other.tolist(), lag.tolist()))
+    starts = np.flatnonzero(np.concatenate(([True], owner[1:] != owner[:-1])))
+    ends = np.append(starts[1:], len(owner))
+    for x, a, b in zip(owner[starts].tolist(), starts.tolist(), ends.tolist()):
+        out[x] = tuple(pairs[a:b])
+    return out

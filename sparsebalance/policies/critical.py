@@ -232,8 +232,8 @@ def _best_cut(st, times, r, js, step, T, R_r, rest, eps):
     K = st.K[r, js]
     kn = np.maximum(st.lo[i], K - step)
     new = st.tab.rows(i, kn)
-    loss = np.maximum(st.coverage(i, K) - st.coverage(i, kn), 1e-15)
     if len(js) <= PRICE_ALL or times.cuts.n <= SMALL_GRAPH:
+        loss = np.maximum(st.coverage(i, K) - st.coverage(i, kn), 1e-15)
         saving = T - np.maximum(times.finish_if(np.full(len(js), r), js, new), rest)
         ok = np.flatnonzero(saving > eps)
         if not ok.size:
@@ -248,6 +248,8 @@ def _best_cut(st, times, r, js, step, T, R_r, rest, eps):
     cand = np.flatnonzero(bound > eps)
     if not cand.size:
         return None
+    loss = np.ones(len(js))  # read at candidates only
+    loss[cand] = np.maximum(st.coverage(i[cand], K[cand]) - st.coverage(i[cand], kn[cand]), 1e-15)
     order = cand[np.lexsort((cand, -(bound[cand] / loss[cand])))]  # best bound first, then index
     eff_b = (bound / loss)[order]
     best_eff, best_x, at, size = -np.inf, -1, 0, 2
@@ -327,23 +329,25 @@ def _raise_limits(st, times, r: int, R_r: float, bound: float) -> tuple[list, li
     js = np.flatnonzero(K < st.hi[i_all])
     if js.size:
         through = times.own_through(r, js)
-        d1 = tab.rows(i_all[js], K[js] + 1) - times.own_durations(r, js)
+        now = times.own_durations(r, js)
+        d1 = tab.rows(i_all[js], K[js] + 1) - now
         keep = np.maximum(R_r, (through + d1).max(axis=1)) <= bound + margin
-        js = js[keep | ~tab.monotone[i_all[js]]]
+        keep |= ~tab.monotone[i_all[js]]
+        js, through, now = js[keep], through[keep], now[keep]
     if not js.size:
         return sure.tolist(), maybe.tolist()
     i = i_all[js]
     span = st.hi[i] - K[js]
     which = np.repeat(np.arange(len(js)), span)
     k = K[js][which] + 1 + (np.arange(int(span.sum())) - np.repeat(np.cumsum(span) - span, span))
-    d = tab.rows(i[which], k) - times.own_durations(r, js)[which]
-    through = times.own_through(r, js)[which]
+    d = tab.rows(i[which], k) - now[which]
+    through = through[which]
     low = np.maximum(R_r, (through + d).max(axis=1))
     high = np.maximum(R_r, through.max(axis=1) + np.maximum(d, 0.0).sum(axis=1))
-    ok = high <= bound - margin
-    np.maximum.at(sure, js[which[ok]], k[ok])
-    ok = low <= bound + margin
-    np.maximum.at(maybe, js[which[ok]], k[ok])
+    starts = np.cumsum(span) - span  # each micro-batch's k's are one run of rows
+    for out, ok in ((sure, high <= bound - margin), (maybe, low <= bound + margin)):
+        best = np.maximum.reduceat(np.where(ok, k, 0), starts)  # largest k that passes, 0: none
+        out[js] = np.maximum(out[js], best)
     odd = js[~tab.monotone[i]]  # bisection needs monotone rows: price every k of these
     sure[odd], maybe[odd] = K[odd], st.hi[r * m + odd]
     return sure.tolist(), maybe.tolist()

@@ -219,17 +219,18 @@ class ReplicaTimes:
         cx = self.cuts
         rows = cx.own[j].tolist()
         old = {x: self.D.item(x, r) for x in rows}
+        tol = self._tol(r)  # the forward pass's tolerance: of the kept finish before the move
         self.D[cx.own[j], r] = new
         la, lb = cx.span[j]
         reach = REACH * (lb - la + 1) + 4
-        fine = self._forward(r, la, lb, reach) and self._backward(r, la, lb, reach, old)
+        fine = self._forward(r, la, lb, reach, tol) and self._backward(r, la, lb, reach, old)
         if not fine:
             self.refresh([r])
 
     def _tol(self, r: int) -> float:
         return 32.0 * float(np.spacing(max(self.E[self.cuts.last_rows, r].max(), 1e-300)))
 
-    def _forward(self, r: int, la: int, lb: int, reach: int) -> bool:
+    def _forward(self, r: int, la: int, lb: int, reach: int, tol: float) -> bool:
         cx, n = self.cuts, self.cuts.n
         ls = cx.level_start
         top = min(cx.levels, lb + 1 + reach)
@@ -240,7 +241,6 @@ class ReplicaTimes:
         dur = self.D[r0:r_top, r].tolist()
         lg = self._lag_l[r]
         prev, deps = cx.prev, cx.deps
-        tol = self._tol(r)
         c = la
         while True:
             for x in range(ls[c], ls[c + 1]):  # re-time level c

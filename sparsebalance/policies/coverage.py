@@ -233,8 +233,7 @@ def _parametric_groups(lengths: np.ndarray, block_size: int, rates: np.ndarray, 
         q = np.where(inside, float(block_size), 0.0)
         q[np.arange(len(idx)), nn - 1] = L - (nn - 1) * block_size
         ratio = q / W
-        S = np.cumsum(ratio[:, ::-1], axis=1)[:, ::-1]
-        S = np.where(inside, S, 0.0)
+        S = np.cumsum(ratio[:, ::-1], axis=1)[:, ::-1]  # read below at columns < nn only
         Q = np.cumsum(q[:, :cols], axis=1)
         k = np.arange(1, cols + 1)[None, :]
         tail = np.where(k < nn[:, None], np.take_along_axis(S, np.minimum(k, nn[:, None] - 1), axis=1), 0.0)

@@ -97,7 +97,7 @@ class StageTable:
         self.monotone = np.ones(len(lengths), dtype=bool)
         """Per micro-batch: rows computed so far non-decreasing in k (the attention grows with k
         for profiles monotone in the budget; what bisection over k relies on)."""
-        self._check_monotone(np.arange(len(lengths)), None, block, sizes)
+        self._check_monotone(np.arange(len(lengths)), self.lo, self.top)
 
     @staticmethod
     def _ks(k_lo: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -209,10 +209,9 @@ class StageTable:
         sizes = self.hi[mbs] - top
         acc = self._attention(mbs, top + 1, sizes)
         which = np.repeat(mbs, sizes)
-        block = self._assemble(which, acc)
-        self._check_monotone(mbs, self.cube[mbs, top - self.k_base], block, sizes)
-        self.cube[which, self._ks(top + 1, sizes) - self.k_base] = block
+        self.cube[which, self._ks(top + 1, sizes) - self.k_base] = self._assemble(which, acc)
         self.top[mbs] = self.hi[mbs]
+        self._check_monotone(mbs, top, self.hi[mbs])  # the new rows and the step into them
 
     def rows(self, i, k) -> np.ndarray:
         """[C, 2V] seconds of micro-batches ``i`` at budgets ``k`` (computing missing rows)."""
@@ -222,13 +221,14 @@ class StageTable:
             self.extend(i[above])
         return self.cube[i, k - self.k_base]
 
-    def _check_monotone(self, mbs: np.ndarray, first: np.ndarray, block: np.ndarray, sizes) -> None:
-        """Clear ``monotone[i]`` of micro-batches whose rows in ``block`` (``sizes`` rows each, in
-        order, preceded by row ``first`` when given) are not non-decreasing in k."""
-        which = np.repeat(np.arange(len(mbs)), sizes)
-        full = block if first is None else np.vstack([first, block])
-        owner = which if first is None else np.concatenate([np.arange(len(mbs)), which])
-        order = np.argsort(owner, kind="stable")
-        full, owner = full[order], owner[order]
-        bad = (np.diff(full, axis=0) < 0).any(axis=1) & (owner[1:] == owner[:-1])
-        self.monotone[mbs[np.unique(owner[1:][bad])]] = False
+    def _check_monotone(self, mbs: np.ndarray, k_from: np.ndarray, k_to: np.ndarray) -> None:
+        """Clear ``monotone[i]`` of micro-batches ``mbs`` whose rows k_from..k_to (computed) are
+        not non-decreasing in k."""
+        if not len(mbs):
+            return
+        a, b = int(k_from.min()) - self.k_base, int(k_to.max()) - self.k_base
+        step = np.diff(self.cube[mbs, a:b + 1], axis=1)  # [len(mbs), rows - 1, 2V]: row k+1 - row k
+        at = np.arange(a, b)[None, :] + self.k_base  # the k each step starts from
+        inside = (at >= k_from[:, None]) & (at < k_to[:, None])
+        bad = ((step < 0).any(axis=2) & inside).any(axis=1)
+        self.monotone[mbs[bad]] = False

@@ -90,7 +90,7 @@ def test_dst_cp_split_schedules_decide_alike_with_local_or_full_pricing(case, mo
     got = {}
     for small in (0, 10**9):
         monkeypatch.setattr(perturb, "SMALL_GRAPH", small)
-        monkeypatch.setattr("sparsebalance.policies.critical.SMALL_GRAPH", small)
+        monkeypatch.setattr("sparsebalance.policies.critical_phases.SMALL_GRAPH", small)
         pol = CriticalPathDST(ctx.policy)
         got[small] = (pol.budgets(plan, ctx), pol.stats)
     assert got[0] == got[10**9]

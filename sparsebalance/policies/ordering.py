@@ -111,16 +111,23 @@ class ScheduleAwareOrder(SparsityAware):
                 has = np.array([c > p for c in counts])
                 attn[has] = attn[has] + a[starts[has] + p]
                 attn1[has] = attn1[has] + a1[starts[has] + p]
-            dense = np.array([lm.dense(t, backward=bw) for t in tokens])
+            per_token = getattr(lm, "per_token_many", None)  # bitwise dense/embed/head, vectorised
+            if per_token is not None:
+                tok = np.asarray(tokens, dtype=np.int64)
+                dense = per_token("layer", tok, backward=bw)
+            else:
+                dense = np.array([lm.dense(t, backward=bw) for t in tokens])
             times = np.empty((nv, len(mbs)))
             for vs in range(nv):  # LatencyModel.stage_time at budget 1, term by term
                 nl = len(lm.stage_layers(vs % pp, vs // pp))
                 st = 0.0 + nl * attn1
                 st = st + nl * dense
                 if vs == 0:
-                    st = st + np.array([lm.embed(t, backward=bw) for t in tokens])
+                    st = st + (per_token("embed", tok, backward=bw) if per_token is not None
+                               else np.array([lm.embed(t, backward=bw) for t in tokens]))
                 if vs == nv - 1:
-                    st = st + np.array([lm.head(t, backward=bw) for t in tokens])
+                    st = st + (per_token("head", tok, backward=bw) if per_token is not None
+                               else np.array([lm.head(t, backward=bw) for t in tokens]))
                 times[vs] = (st - n_layers[vs] * attn1) + n_layers[vs] * attn
             out.append(times)
         return out[0], out[1]
@@ -182,9 +189,9 @@ class ScheduleAwareOrder(SparsityAware):
         budget = self.max_evaluations
         used = 0
 
-        def score(orders: list[list[int]]) -> np.ndarray:
+        def score(orders) -> np.ndarray:  # orders: lists, or an index array [C, k]
             nonlocal used
-            idx = np.array(orders, dtype=np.int64)  # [C, k]
+            idx = np.asarray(orders, dtype=np.int64)  # [C, k]
             g = graph_for(cluster, idx.shape[1])
             pp2p = np.broadcast_to(p2p[idx][:, None, :], (len(orders), max(nv - 1, 0), idx.shape[1]))
             parts = [a[:, idx].transpose(1, 0, 2) for a in (fwd, bwd, *(split or ()))]
@@ -219,22 +226,23 @@ class ScheduleAwareOrder(SparsityAware):
             if v < vals[best_i] * (1 - 1e-12):
                 best_i = i
         best, t_best = list(seeds[best_i]), float(vals[best_i])
-        all_pairs = [(i, j) for i in range(m) for j in range(i + 1, m)]
+        n_all = m * (m - 1) // 2  # all pairs (i < j), listed only when they fit the budget
         edge_pairs = sorted({(i, i + 1) for i in range(m - 1)} | {(0, j) for j in range(1, m)}
                             | {(i, m - 1) for i in range(m - 1)})
         while used < budget:  # pairwise-swap local search
-            pairs = all_pairs if len(all_pairs) <= budget - used else edge_pairs
-            pairs = pairs[: budget - used]
+            if n_all <= budget - used:
+                pairs = [(i, j) for i in range(m) for j in range(i + 1, m)]
+            else:
+                pairs = edge_pairs[: budget - used]
             if not pairs:
                 break
-            cands = []
-            for i, j in pairs:
-                o = list(best)
-                o[i], o[j] = o[j], o[i]
-                cands.append(o)
+            a, b = np.array(pairs, dtype=np.int64).T
+            rows = np.arange(len(pairs))
+            cands = np.tile(np.asarray(best, dtype=np.int64), (len(pairs), 1))  # row c: best, a[c] <-> b[c]
+            cands[rows, a], cands[rows, b] = cands[rows, b], cands[rows, a]
             s = score(cands)
             k = int(np.argmin(s))
             if not s[k] < t_best * (1 - 1e-12):
                 break
-            best, t_best = cands[k], float(s[k])
+            best, t_best = cands[k].tolist(), float(s[k])
         return best, t_sab, t_best, used

@@ -133,7 +133,9 @@ def build_graph(orders: Sequence[Sequence[Action]], nv: int, m: int,
     """The ActionGraph of per-device ``orders`` (every action exactly once) under ``dependencies``.
 
     Raises ConfigError when an action is missing, repeated or depends on an absent action, and
-    RuntimeError when the orders deadlock (an action waits for one queued behind it)."""
+    RuntimeError when the orders deadlock (an action waits for one queued behind it).
+    The default rule is applied with numpy to all actions at once (the policies build a graph for
+    every new micro-batch count: thousands of actions); any other rule is called per action."""
     pp = len(orders)
     present = {a[0] for o in orders for a in o}
     mixed = "B" in present and bool(present & {"I", "W"})
@@ -155,14 +157,14 @@ def build_graph(orders: Sequence[Sequence[Action]], nv: int, m: int,
     size = nv * m
     n = len(kinds) * size
     kind_idx = {k: i for i, k in enumerate(kinds)}
-
-    def node(a: Action) -> int:
-        return (kind_idx[a[0]] * nv + a[1]) * m + a[2]
-
     device = np.full(n, -1, dtype=np.int64)
     dev_orders = []
     for s, order in enumerate(orders):
-        ids = np.fromiter((node(a) for a in order), dtype=np.int64, count=len(order))
+        ids = np.zeros(0, dtype=np.int64)
+        if order:
+            ks, vs, js = zip(*order)
+            ids = (np.fromiter(map(kind_idx.__getitem__, ks), np.int64, len(order)) * nv
+                   + np.asarray(vs, dtype=np.int64)) * m + np.asarray(js, dtype=np.int64)
         if (device[ids] >= 0).any() or len(np.unique(ids)) != len(ids):
             raise ConfigError(f"{name}: an action is scheduled twice (stage {s})")
         device[ids] = s
@@ -170,6 +172,85 @@ def build_graph(orders: Sequence[Sequence[Action]], nv: int, m: int,
     if (device < 0).any():
         missing = int(np.flatnonzero(device < 0)[0])
         raise ConfigError(f"{name}: action node {missing} is never scheduled")
+    zero = max(nv - 1, 0) * m
+    if dependencies is pipeline_dependencies:
+        deps, lags = _pipeline_deps(kinds, nv, m, device, name)
+    else:
+        deps, lags = _rule_deps(orders, kinds, nv, m, device, dependencies, name)
+    width = deps.shape[1]
+    prev = np.full(n, n, dtype=np.int64)
+    for ids in dev_orders:
+        prev[ids[1:]] = ids[:-1]
+    order, bounds = _levels(dev_orders, prev, deps, n, name)
+    # per level, views into level-sorted copies (one slice per array, no per-level gathers)
+    used = ~((deps[order] == n) & (lags[order] == zero))  # a column of only "ends at 0 s, no lag"
+    sorted_arrays = [order, prev[order]] + [a for c in range(width) for a in (deps[order, c], lags[order, c])]
+    for arr in (device, prev, deps, lags, fused, *dev_orders, *sorted_arrays):
+        arr.setflags(write=False)
+    pairs = list(itertools.pairwise(bounds.tolist()))
+    levels = tuple(order[lo:hi] for lo, hi in pairs)
+    # which dependency columns a level uses (adds nothing to the max where no node of it does)
+    col_used = [np.add.reduceat(used[:, c], bounds[:-1]) > 0 for c in range(width)] if pairs else []
+    col_used = np.array(col_used, dtype=bool).T.tolist() if pairs else []
+    steps = []
+    for (lo, hi), cols in zip(pairs, col_used):
+        step = [sorted_arrays[0][lo:hi], sorted_arrays[1][lo:hi]]
+        for c in range(width):
+            if cols[c]:
+                step += [sorted_arrays[2 + 2 * c][lo:hi], sorted_arrays[3 + 2 * c][lo:hi]]
+        steps.append(tuple(step))
+    return ActionGraph(kinds=kinds, pp=pp, nv=nv, m=m, orders=tuple(dev_orders), device=device,
+                       prev=prev, deps=deps, lags=lags, levels=levels, steps=tuple(steps), fused=fused)
+
+
+def _pipeline_deps(kinds: tuple[str, ...], nv: int, m: int, device: np.ndarray,
+                   name: str) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`pipeline_dependencies` of every node at once: ``deps``, ``lags`` [n, 1] (a
+    dependency between two vstages on one device carries the zero lag, as in :func:`_rule_deps`)."""
+    size = nv * m
+    n = len(kinds) * size
+    zero = max(nv - 1, 0) * m
+    deps = np.full((n, 1), n, dtype=np.int64)
+    lags = np.full((n, 1), zero, dtype=np.int64)
+    vs, j = np.divmod(np.arange(size, dtype=np.int64), m)
+    for ki, kind in enumerate(kinds):
+        base = ki * size
+        if kind == "F":
+            has = vs > 0
+            dep_kind, dep_vs, lag = "F", vs - 1, (vs - 1) * m + j
+        elif kind == "W":
+            has = np.ones(size, dtype=bool)
+            dep_kind, dep_vs, lag = "I", vs, np.full(size, zero)
+        else:  # B or I: from the next vstage, or from its own F on the last one (the loss is local)
+            has = np.ones(size, dtype=bool)
+            last = vs == nv - 1
+            dep_kind, dep_vs, lag = kind, vs + 1, np.where(last, zero, vs * m + j)
+        if not has.any():
+            continue
+        if kind in "BI" and (vs == nv - 1).any() and "F" not in kinds:
+            raise ConfigError(f"{name}: ({kind!r}, {nv - 1}, 0) depends on ('F', {nv - 1}, 0), which no stage runs")
+        if dep_kind not in kinds:
+            first = int(np.flatnonzero(has)[0])
+            raise ConfigError(f"{name}: ({kind!r}, {int(vs[first])}, {int(j[first])}) depends on "
+                              f"({dep_kind!r}, {int(dep_vs[first])}, {int(j[first])}), which no stage runs")
+        target = (kinds.index(dep_kind) * nv + dep_vs) * m + j
+        if kind in "BI":
+            target = np.where(vs == nv - 1, (kinds.index("F") * nv + vs) * m + j, target)
+        local = device[np.where(has, target, 0)] == device[base:base + size]  # no transfer
+        deps[base:base + size, 0] = np.where(has, target, n)
+        lags[base:base + size, 0] = np.where(has & ~local, lag, zero)
+    return deps, lags
+
+
+def _rule_deps(orders, kinds, nv: int, m: int, device: np.ndarray, dependencies,
+               name: str) -> tuple[np.ndarray, np.ndarray]:
+    """``deps``, ``lags`` [n, D] of any dependency rule, called action by action."""
+    kind_idx = {k: i for i, k in enumerate(kinds)}
+    n = len(kinds) * nv * m
+
+    def node(a: Action) -> int:
+        return (kind_idx[a[0]] * nv + a[1]) * m + a[2]
+
     dep_lists: list[list[tuple[int, int]]] = [[] for _ in range(n)]
     zero = max(nv - 1, 0) * m
     for order in orders:
@@ -181,66 +262,59 @@ def build_graph(orders: Sequence[Sequence[Action]], nv: int, m: int,
                 k = node(d)
                 local = boundary is None or device[k] == device[i]  # same device: no transfer
                 dep_lists[i].append((k, zero if local else boundary * m + a[2]))
-    width = max(1, max(len(x) for x in dep_lists))
+    width = max(1, max((len(x) for x in dep_lists), default=1))
     deps = np.full((n, width), n, dtype=np.int64)
     lags = np.full((n, width), zero, dtype=np.int64)
     for i, lst in enumerate(dep_lists):
         for c, (d, lag) in enumerate(lst):
             deps[i, c], lags[i, c] = d, lag
-    prev = np.full(n, n, dtype=np.int64)
-    for ids in dev_orders:
-        prev[ids[1:]] = ids[:-1]
-    levels = _levels(dev_orders, prev, deps, n, name)
-    # per level, views into level-sorted copies (one slice per array, no per-level gathers)
-    order = np.concatenate(levels)
-    bounds = np.cumsum([0] + [len(x) for x in levels])
-    used = ~((deps[order] == n) & (lags[order] == zero))  # a column of only "ends at 0 s, no lag"
-    sorted_arrays = [order, prev[order]] + [a for c in range(width) for a in (deps[order, c], lags[order, c])]
-    for arr in (device, prev, deps, lags, fused, *dev_orders, *sorted_arrays):
-        arr.setflags(write=False)
-    levels = tuple(order[lo:hi] for lo, hi in itertools.pairwise(bounds.tolist()))
-    steps = []
-    for lo, hi in itertools.pairwise(bounds.tolist()):
-        step = [sorted_arrays[0][lo:hi], sorted_arrays[1][lo:hi]]
-        for c in range(width):  # adds nothing to the max where no node of the level uses it
-            if used[lo:hi, c].any():
-                step += [sorted_arrays[2 + 2 * c][lo:hi], sorted_arrays[3 + 2 * c][lo:hi]]
-        steps.append(tuple(step))
-    return ActionGraph(kinds=kinds, pp=pp, nv=nv, m=m, orders=tuple(dev_orders), device=device,
-                       prev=prev, deps=deps, lags=lags, levels=levels, steps=tuple(steps), fused=fused)
+    return deps, lags
 
 
-def _levels(dev_orders, prev, deps, n, name) -> tuple[np.ndarray, ...]:
-    """Topological levels by walking the devices' orders (each device advances while its next
-    action's inputs are done); raises RuntimeError on a deadlock."""
-    level = [0] * (n + 1)
-    done = [False] * n + [True]
-    dep_rows = deps.tolist()
+def _levels(dev_orders, prev, deps, n, name) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes sorted by topological level (ties by id) and the level bounds in that order, by
+    walking the devices' orders (each device advances while its next action's inputs are done);
+    raises RuntimeError on a deadlock."""
+    level = [-1] * n + [0]  # -1: not done yet; the sentinel (node n) is done at level 0
+    dep_rows = [[d for d in row if d < n] for row in deps.tolist()] if deps.shape[1] > 1 else None
+    dep1 = deps[:, 0].tolist() if dep_rows is None else None
+    prev_l = prev.tolist()
     ptr = [0] * len(dev_orders)
     orders = [o.tolist() for o in dev_orders]
-    prev_l = prev.tolist()
     left = n
     while left:
         moved = False
         for s, order in enumerate(orders):
-            p = ptr[s]
-            while p < len(order):
+            p, end = ptr[s], len(order)
+            while p < end:
                 i = order[p]
-                row = dep_rows[i]
-                if not all(done[d] for d in row):
-                    break
-                level[i] = 1 + max(level[prev_l[i]], max(level[d] for d in row))
-                done[i] = True
+                if dep1 is not None:
+                    top = level[dep1[i]]
+                    if top < 0:
+                        break
+                else:
+                    top = 0
+                    for d in dep_rows[i]:
+                        x = level[d]
+                        if x < 0:
+                            top = -1
+                            break
+                        if x > top:  # noqa: PLR1730 (hot loop: cheaper than max())
+                            top = x
+                    if top < 0:
+                        break
+                x = level[prev_l[i]]
+                level[i] = (x if x > top else top) + 1  # noqa: FURB136 (hot loop)
                 p += 1
-                left -= 1
-                moved = True
+            left -= p - ptr[s]
+            moved = moved or p > ptr[s]
             ptr[s] = p
         if not moved:
             raise RuntimeError(f"{name} deadlocks: no device can start its next action")
     lv = np.asarray(level[:n], dtype=np.int64)
     order = np.argsort(lv, kind="stable")
-    bounds = np.flatnonzero(np.diff(lv[order])) + 1
-    return tuple(np.split(order, bounds))
+    bounds = np.concatenate(([0], np.flatnonzero(np.diff(lv[order])) + 1, [n]))
+    return order, bounds
 
 
 @functools.lru_cache(maxsize=128)

@@ -1,251 +1,348 @@
 """Exact iteration time when one micro-batch's stage times change, without re-timing the schedule.
 
 The policies ask many questions of the form "what would replica r's finish be if micro-batch j ran
-at budget k": ``dst-cp`` asks it for every micro-batch of the critical replicas in every round and
-for every larger budget of every micro-batch when spending bubbles. Re-timing the whole schedule
-per question costs O(actions); this module answers each in O(window) after one O(actions) pass.
+at budget k": ``dst-cp`` asks them in every round of lowering and when spending bubbles. Re-timing
+the whole schedule per question costs O(actions); :class:`ReplicaTimes` keeps every action's end
+and time to the end of the iteration, and answers each question, and applies each move, locally.
 
-**Why it is exact.** Let ``a = F(0, j)`` and ``z = B(0, j)``: every action of micro-batch j (the set
-S) is a descendant of ``a`` and an ancestor of ``z`` (the F chain up the stages, then the B chain
-down). The *window* ``W = desc(a) ∩ anc(z)`` holds every path between actions of S; it is convex
-(a path leaving it never returns). Every other node is in ``A = anc(z) \\ W`` (before, its longest
-path from the start cannot cross W), ``D = desc(a) \\ W`` (after, its longest path to the end cannot
-cross W) or ``N`` (neither). So with new durations on S:
+**A question** (:meth:`ReplicaTimes.finish_if`). Micro-batch j's actions lie between levels
+``a`` and ``b`` of the graph (:mod:`.levelcuts`; for 1F1B about 2 pp levels, 4 pp^2 actions). Only
+rows of those levels can end at another time before cut ``b + 1``; they are re-timed with the
+new durations (their predecessors outside keep their ends), and the finish is the max over the
+edges crossing cut ``b + 1`` of the source's new end + lag + the target's kept duration and time to
+the end. Every path crosses that cut once, and after it nothing changed, so this is exact; it
+costs O(rows of the levels a..b + crossing edges), about 40 actions at PP 4 whatever m.
 
-* paths that avoid W keep their lengths: the longest is the max of ``end + to_sink`` over N, of
-  ``end(x) + lag + duration(y) + to_sink(y)`` over edges from A to D, of A's sink edges and D's
-  source edges, all read off the current times;
-* paths that touch W enter and leave it once: re-time only W (its outside predecessors keep their
-  end times), then add the best exit (an edge to D, or the sink).
+**A move** (:meth:`ReplicaTimes.apply`). The same rows are re-timed forward, then level after level
+until a cut where every crossing edge's source moved by the same amount: every later action then
+moves by exactly that amount (each of its paths from the start crosses the cut), so the rest of
+the kept ends is shifted with one slice operation. Times to the end are re-timed backward the same
+way. In 1F1B a move typically settles within a few levels (the devices follow the slowest one).
+A shift is accepted when the sources' moves agree to 32 ulps of the replica's finish, so kept
+times may drift from a full re-timing by a few ulps per move; :meth:`refresh` re-times exactly.
+When no settling cut is found near the window, the replica is re-timed exactly.
 
-The finish is the larger of the two. Sizes: the window of 1F1B is about pp^2 + 2 pp actions (20 at
-PP 4 whatever m), so a question costs a few numpy operations per window position across all
-questions at once. Values equal a full re-timing up to the rounding of a differently associated
-sum (a few ulps). Schedules that split the backward (F, I, W) are handled the same way with
-``z = I(0, j)``: the questions change only F and I (the budget moves attention, which is all input
-gradient; W keeps its seconds), and those lie in the window; W nodes keep their durations.
+Values equal a full re-timing up to rounding (tests: 1e-12 relative, and bitwise after
+:meth:`refresh`). Graphs up to :data:`SMALL_GRAPH` actions answer questions by re-timing the
+whole schedule, all questions as columns of one numpy pass (cheaper than Python loops there).
+
+Schedules that split the backward (F, I, W) are handled alike: a micro-batch's own actions are its
+F and I (B where DualPipeV runs a backward whole); the budget moves attention, which is all input
+gradient, so W keeps its seconds and lies outside the re-timed levels unless they hold it.
 """
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from sparsebalance.simulator.graph import ActionGraph
-from sparsebalance.simulator.timing import retime_column, time_graph, time_to_sink
+from sparsebalance.simulator.levelcuts import level_cuts
+from sparsebalance.simulator.timing import _narrow, time_graph, time_to_sink
 
 SMALL_GRAPH = 64
 """Up to this many actions per replica, :meth:`ReplicaTimes.finish_if` re-times the whole schedule
-for every question (one batched pass is cheaper than the window bookkeeping at this size)."""
+for every question (one batched numpy pass beats per-question loops at this size)."""
 
-
-def _bit_rows(bitsets: list[int], n: int) -> np.ndarray:
-    """Python-int bitsets -> bool matrix [len, n] (bit i of row r = node i), in one unpack."""
-    size = (n + 7) // 8
-    raw = np.frombuffer(b"".join(x.to_bytes(size, "little") for x in bitsets), dtype=np.uint8)
-    return np.unpackbits(raw.reshape(len(bitsets), size), axis=1, bitorder="little")[:, :n].astype(bool)
-
-
-def _split_pad(rows: np.ndarray, values: np.ndarray, m: int, fill: int) -> np.ndarray:
-    """Values grouped by row (``rows`` ascending) -> [m, widest group] padded with ``fill``."""
-    counts = np.bincount(rows, minlength=m)
-    out = np.full((m, max(1, int(counts.max()) if counts.size else 1)), fill, dtype=np.int64)
-    col = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
-    out[rows, col] = values
-    return out
-
-
-class Windows:
-    """Per micro-batch index arrays of the decomposition (see the module docstring), padded to the
-    largest window; built once per graph (:func:`windows_for`)."""
-
-    def __init__(self, graph: ActionGraph) -> None:
-        if graph.kinds not in (("F", "B"), ("F", "I", "W")):
-            raise ValueError("windows: only F/B and F/I/W schedules")
-        g, n, m, nv = graph, graph.n, graph.m, graph.nv
-        self.graph = g
-        order = np.concatenate(g.levels)
-        rank = np.empty(n, dtype=np.int64)
-        rank[order] = np.arange(n)
-        src = np.concatenate([g.prev[g.prev < n], g.deps[g.deps < n]])
-        dst = np.concatenate([np.flatnonzero(g.prev < n), np.nonzero(g.deps < n)[0]])
-        elag = np.concatenate([np.full(int((g.prev < n).sum()), g.zero_lag), g.lags[g.deps < n]])
-        succ: list[list[int]] = [[] for _ in range(n)]
-        pred: list[list[int]] = [[] for _ in range(n)]
-        for x, y in zip(src.tolist(), dst.tolist()):
-            succ[x].append(y)
-            pred[y].append(x)
-        desc, anc = [0] * n, [0] * n
-        for x in reversed(order.tolist()):
-            b = 1 << x
-            for y in succ[x]:
-                b |= desc[y]
-            desc[x] = b
-        for x in order.tolist():
-            b = 1 << x
-            for p in pred[x]:
-                b |= anc[p]
-            anc[x] = b
-        dev_pos = np.empty(n, dtype=np.int64)
-        for o in g.orders:
-            dev_pos[o] = np.arange(len(o))
-        sink_stage = np.full(n, -1, dtype=np.int64)
-        sink_stage[g.last] = np.arange(g.pp)
-        source = (g.prev == n) | (g.deps == n).any(axis=1)
-        # [m, n] bool matrices: descendants of F(0, j), ancestors of B(0, j), for every j at once
-        da = _bit_rows([desc[j] for j in range(m)], n)
-        az = _bit_rows([anc[nv * m + j] for j in range(m)], n)
-        in_w = da & az
-        a_only, d_only = az & ~da, da & ~az
-        rows_w, nodes_w = np.nonzero(in_w)  # row-major: nodes ascending within each j
-        o = np.lexsort((rank[nodes_w], rows_w))  # topological order within each window
-        self.win = _split_pad(rows_w[o], nodes_w[o], m, n)  # [m, Wmax] (n = padding)
-        self.nset = _split_pad(*np.nonzero(~(da | az)), m, n)
-        cross = a_only[:, src] & d_only[:, dst]  # [m, E] edges from A to D
-        cr, ce = np.nonzero(cross)
-        self.cx, self.cy = _split_pad(cr, src[ce], m, n), _split_pad(cr, dst[ce], m, n)
-        self.cl = _split_pad(cr, elag[ce], m, g.zero_lag)
-        self.asink = _split_pad(*np.nonzero(a_only & (sink_stage >= 0)), m, n)
-        # of D's source nodes on one device the first reaches the others (the device runs them in
-        # order), so its path from the start is the longest: keep one per (j, device)
-        firsts_r, firsts_n = [], []
-        for s_dev in range(g.pp):
-            cols = np.flatnonzero(source & (g.device == s_dev))
-            cols = cols[np.argsort(dev_pos[cols])]
-            if cols.size:
-                sub = d_only[:, cols]
-                has = sub.any(axis=1)
-                firsts_r.append(np.flatnonzero(has))
-                firsts_n.append(cols[sub.argmax(axis=1)[has]])
-        fr, fn = np.concatenate(firsts_r), np.concatenate(firsts_n)
-        o = np.argsort(fr, kind="stable")
-        self.dsrc = _split_pad(fr[o], fn[o], m, n)
-        self.sink_stage = np.append(sink_stage, -1)
-        wmax = self.win.shape[1]
-        # position of each node in each window (-1 outside), with a padding column for node n
-        pos = np.full((m, n + 1), -1, dtype=np.int64)
-        jj = np.repeat(np.arange(m), wmax)
-        ww = self.win.ravel()
-        pos[jj[ww < n], ww[ww < n]] = np.tile(np.arange(wmax), m)[ww < n]
-        # predecessors of each window position: local position in the window, or a global node
-        prev_all = np.append(g.prev, n)
-        dep_all = np.append(g.deps[:, 0], n)
-        lag_all = np.append(g.lags[:, 0], g.zero_lag)
-        self.pred_global = np.stack([prev_all[self.win], dep_all[self.win]], axis=2)  # [m, W, 2]
-        self.pred_lag = np.stack([np.full(self.win.shape, g.zero_lag), lag_all[self.win]], axis=2)
-        self.pred_local = np.take_along_axis(pos, self.pred_global.reshape(m, -1), axis=1).reshape(
-            self.pred_global.shape)
-        # outside successors of each window position (edges into D) for the exit value
-        counts = np.bincount(src, minlength=n)
-        width = max(1, int(counts.max()) if counts.size else 1)
-        so = np.argsort(src, kind="stable")
-        slot = np.arange(len(src)) - np.repeat(np.cumsum(counts) - counts, counts)
-        succ_pad = np.full((n + 1, width), n, dtype=np.int64)
-        succ_lag_pad = np.full((n + 1, width), g.zero_lag, dtype=np.int64)
-        succ_pad[src[so], slot] = dst[so]
-        succ_lag_pad[src[so], slot] = elag[so]
-        exit_node = succ_pad[self.win]  # [m, W, width]
-        inside = np.take_along_axis(pos, exit_node.reshape(m, -1), axis=1).reshape(exit_node.shape) >= 0
-        self.exit_node = np.where(inside, n, exit_node)
-        self.exit_lag = np.where(inside, g.zero_lag, succ_lag_pad[self.win])
-        # which window positions are micro-batch j's own actions: index into [F(0..V-1), B(0..V-1)]
-        # (B or I; a W keeps its seconds)
-        kind, rest = np.divmod(self.win, nv * m)
-        vs, mb = np.divmod(rest, m)
-        own = (self.win < n) & (mb == np.arange(m)[:, None]) & (kind < 2)
-        self.own = np.where(own, kind * nv + vs, -1)
-
-
-@functools.lru_cache(maxsize=16)
-def windows_for(graph: ActionGraph) -> Windows:
-    """The (cached) windows of ``graph``."""
-    return Windows(graph)
+REACH = 3
+"""A move's re-timing looks this many window widths (+ 4 levels) past its window for a settling
+cut before it re-times the replica in full."""
 
 
 class ReplicaTimes:
-    """The current times of replicas under one graph, and exact answers to "finish of replica r
-    if micro-batch j had these stage times" (:meth:`finish_if`). ``duration`` [n, R] (node order),
-    ``lag`` [(V-1) m + 1, R], ``sink`` [pp] seconds after each stage's last action."""
+    """The current times of R replicas under one graph. ``duration`` [n, R] (node order), ``lag``
+    [(V-1) m + 1, R], ``sink`` [pp] seconds after each stage's last action (all-reduce + optimizer).
+    Internally rows are in level order (:mod:`.levelcuts`); :attr:`end`, :attr:`to_sink` and
+    :attr:`duration` give node-order copies."""
 
     def __init__(self, graph: ActionGraph, duration: np.ndarray, lag: np.ndarray, sink: np.ndarray) -> None:
-        self.graph, self.win = graph, windows_for(graph)
-        self.duration, self.lag = np.array(duration, dtype=float), np.asarray(lag, dtype=float)
+        self.graph, self.cuts = graph, level_cuts(graph)
+        cx = self.cuts
+        dur = np.asarray(duration, dtype=float)
+        self.lag = np.asarray(lag, dtype=float)
         self.sink = np.asarray(sink, dtype=float)
-        n, r = self.duration.shape
-        self.end = np.zeros((n + 1, r))
-        self.to_sink = np.full((n + 1, r), -np.inf)
+        self._sink_l = self.sink.tolist()
+        self._lag_l = self.lag.T.tolist()  # per replica, for the loops
+        r = dur.shape[1]
+        self.D = np.zeros((cx.n, r))  # row order
+        self.D[:] = dur[cx.node]
+        self.E = np.zeros((cx.n, r))  # end of each row
+        self.S = np.zeros((cx.n, r))  # time from each row's end to the iteration's end
         self.refresh(range(r))
 
+    # -- node-order views ----------------------------------------------------------------------
+    @property
+    def duration(self) -> np.ndarray:
+        return self.D[self.cuts.row]
+
+    @property
+    def end(self) -> np.ndarray:
+        return self.E[self.cuts.row]
+
+    @property
+    def to_sink(self) -> np.ndarray:
+        return self.S[self.cuts.row]
+
+    # -- exact re-timing -----------------------------------------------------------------------
     def refresh(self, replicas) -> None:
-        """Re-time ``replicas`` after their durations changed (one O(actions) pass each way)."""
+        """Re-time ``replicas`` exactly (the timing core's arithmetic, bitwise)."""
         cols = list(replicas)
         if not cols:
             return
-        d, lg = self.duration[:, cols], self.lag[:, cols]
+        if _narrow(self.graph, len(cols)):  # the core's plain loops, over rows: no per-graph rows to build
+            for r in cols:
+                self.E[:, r] = self._forward_all(r)
+                self.S[:, r] = self._backward_all(r)
+            return
+        row, node = self.cuts.row, self.cuts.node
+        d, lg = self.D[row][:, cols], self.lag[:, cols]
         _, end = time_graph(self.graph, d, lg, starts=False)
-        self.end[:-1, cols] = end
-        self.to_sink[:-1, cols] = time_to_sink(self.graph, d, lg, self.sink)
+        self.E[:, cols] = end[node]
+        self.S[:, cols] = time_to_sink(self.graph, d, lg, self.sink)[node]
 
-    def update(self, replica: int, microbatch: int) -> None:
-        """Re-time ``replica`` after only ``microbatch``'s durations changed (its window and what
-        follows it forward, what precedes it backward)."""
-        g, m = self.graph, self.graph.m
-        retime_column(g, self.duration[:, replica], self.lag[:, replica], self.sink,
-                      self.end[:, replica], self.to_sink[:, replica], microbatch, g.nv * m + microbatch)
+    def _forward_all(self, r: int) -> list:
+        cx = self.cuts
+        dur, lg = self.D[:, r].tolist(), self._lag_l[r]
+        end = [0.0] * cx.n
+        for x, p, deps in zip(range(cx.n), cx.prev, cx.deps):
+            t = end[p] if p >= 0 else 0.0
+            for d, q in deps:
+                v = end[d] + lg[q]
+                if v > t:  # noqa: PLR1730 (hot loop: cheaper than max())
+                    t = v
+            end[x] = t + dur[x]
+        return end
+
+    def _backward_all(self, r: int) -> list:
+        cx = self.cuts
+        dur, lg, sk = self.D[:, r].tolist(), self._lag_l[r], self._sink_l
+        out = [0.0] * cx.n
+        through = [0.0] * cx.n
+        for x in range(cx.n - 1, -1, -1):
+            y, s = cx.next[x], cx.sink[x]
+            t = through[y] if y >= 0 else -np.inf
+            if s >= 0 and sk[s] > t:
+                t = sk[s]
+            for y, q in cx.succ[x]:
+                v = lg[q] + through[y]
+                if v > t:  # noqa: PLR1730
+                    t = v
+            out[x] = t
+            through[x] = t + dur[x]
+        return out
 
     def finish(self) -> np.ndarray:
         """[R] each replica's finish (last action's end + its stage's sink time, max over stages)."""
-        g = self.graph
-        return (self.end[g.last] + self.sink[:, None]).max(axis=0)
+        return (self.E[self.cuts.last_rows] + self.sink[:, None]).max(axis=0)
 
+    def exact_finish(self, replicas) -> np.ndarray:
+        """Finish of ``replicas`` from an exact forward re-timing (bitwise the timing core's)."""
+        cols = list(replicas)
+        last = self.cuts.last_rows
+        if _narrow(self.graph, len(cols)):
+            ends = np.array([self._forward_all(r) for r in cols]).T
+            return (ends[last] + self.sink[:, None]).max(axis=0)
+        g = self.graph
+        _, end = time_graph(g, self.D[self.cuts.row][:, cols], self.lag[:, cols], starts=False)
+        return (end[g.last] + self.sink[:, None]).max(axis=0)
+
+    # -- per micro-batch reads -------------------------------------------------------------------
+    def own_durations(self, r: int, js: np.ndarray) -> np.ndarray:
+        """[C, 2 V] current durations of micro-batches ``js`` of replica ``r``."""
+        return self.D[self.cuts.own[js], r]
+
+    def own_through(self, r: int, js: np.ndarray) -> np.ndarray:
+        """[C, 2 V] length of the longest path through each action of micro-batches ``js``
+        (end + time to the end): the replica's finish on its critical actions."""
+        rows = self.cuts.own[js]
+        return self.E[rows, r] + self.S[rows, r]
+
+    # -- questions -------------------------------------------------------------------------------
     def finish_if(self, r: np.ndarray, j: np.ndarray, new: np.ndarray) -> np.ndarray:
         """[C] finish of replica ``r[c]`` if micro-batch ``j[c]`` took durations ``new[c]``
-        ([C, 2V]: F of vstages 0..V-1, then B). Exact (module docstring)."""
-        w, n = self.win, self.graph.n
+        ([C, 2 V]: F of vstages 0..V-1, then B, or I where the backward is split). Exact (module docstring)."""
         r, j = np.asarray(r, dtype=np.int64), np.asarray(j, dtype=np.int64)
+        new = np.asarray(new, dtype=float)
+        if self.cuts.n <= SMALL_GRAPH:
+            return self._finish_if_full(r, j, new)
+        return np.array([self._question(int(a), int(b), row)
+                         for a, b, row in zip(r.tolist(), j.tolist(), new.tolist())], dtype=float)
+
+    def _finish_if_full(self, r, j, new) -> np.ndarray:
+        g, cx = self.graph, self.cuts
         c = len(r)
-        if n <= SMALL_GRAPH:  # a full re-timing of every question at once costs less here
-            g, nv, m = self.graph, self.graph.nv, self.graph.m
-            own_nodes = np.concatenate([np.arange(nv) * m, nv * m + np.arange(nv) * m])[None, :] + j[:, None]
-            d = self.duration[:, r]  # [n, C]
-            d[own_nodes.T, np.arange(c)[None, :]] = new.T
-            _, end = time_graph(g, d, self.lag[:, r], starts=False)
-            return (end[g.last] + self.sink[:, None]).max(axis=0)
-        end, tos, lag, dur = self.end, self.to_sink, self.lag, self.duration
-        dur_ext = np.vstack([dur, np.zeros((1, dur.shape[1]))])
-        thr = tos + dur_ext  # duration + time to the end, from a node's start
-        best = np.full(c, -np.inf)
-        rc = r[:, None]
-        for idx in (w.nset[j],):  # paths through N
-            best = np.maximum(best, (end[idx, rc] + tos[idx, rc]).max(axis=1))
-        cx, cy, cl = w.cx[j], w.cy[j], w.cl[j]
-        best = np.maximum(best, (end[cx, rc] + lag[cl, rc] + thr[cy, rc]).max(axis=1))
-        a = w.asink[j]
-        stage = w.sink_stage[a]
-        best = np.maximum(best, np.where(stage >= 0, end[a, rc] + self.sink[stage], -np.inf).max(axis=1))
-        best = np.maximum(best, thr[w.dsrc[j], rc].max(axis=1))
-        win, own = w.win[j], w.own[j]  # [C, W]
-        pg, pl, plag = w.pred_global[j], w.pred_local[j], w.pred_lag[j]
-        r3 = r[:, None, None]
-        exit_v = np.where(w.sink_stage[win] >= 0, self.sink[w.sink_stage[win]], -np.inf)
-        exit_v = np.maximum(exit_v, (lag[w.exit_lag[j], r3] + thr[w.exit_node[j], r3]).max(axis=2))
-        lag_in = lag[plag, r3]  # [C, W, 2] lag of each predecessor edge
-        outside = end[pg, r3] + lag_in  # predecessors outside the window: their times stand
-        is_local = pl >= 0
-        any_local = is_local.any(axis=0)  # [W, 2]
-        dur_new = np.where(own >= 0, np.take_along_axis(new, np.maximum(own, 0), axis=1),
-                           dur_ext[win, r[:, None]])
-        local = np.zeros((c, win.shape[1]))
-        rows = np.arange(c)
-        for p in range(win.shape[1]):
-            t = None
-            for q in range(2):
-                v = outside[:, p, q]
-                if any_local[p, q]:
-                    li = pl[:, p, q]
-                    v = np.where(is_local[:, p, q], local[rows, np.maximum(li, 0)] + lag_in[:, p, q], v)
-                t = v if t is None else np.maximum(t, v)
-            local[:, p] = t + dur_new[:, p]
-        through = np.where(win < n, local + exit_v, -np.inf).max(axis=1)
-        return np.maximum(best, through)
+        d = self.D[cx.row][:, r]  # [n, C] node order
+        nodes = cx.node[cx.own[j]]  # [C, 2 V]
+        d[nodes.T, np.arange(c)[None, :]] = new.T
+        _, end = time_graph(g, d, self.lag[:, r], starts=False)
+        return (end[g.last] + self.sink[:, None]).max(axis=0)
+
+    def _question(self, r: int, j: int, new: list) -> float:
+        cx = self.cuts
+        la, lb = cx.span[j]
+        r0, r1 = cx.level_start[la], cx.level_start[lb + 1]
+        lo = cx.pred_lo[la]
+        vals = self.E[lo:r1, r].tolist()
+        dur = self.D[r0:r1, r].tolist()
+        for x, v in zip(cx.own[j].tolist(), new):
+            dur[x - r0] = v
+        lg = self._lag_l[r]
+        prev, deps = cx.prev, cx.deps
+        for x in range(r0, r1):
+            p = prev[x]
+            t = vals[p - lo] if p >= 0 else 0.0
+            for d, q in deps[x]:
+                v = vals[d - lo] + lg[q]
+                if v > t:  # noqa: PLR1730 (hot loop: cheaper than max())
+                    t = v
+            vals[x - lo] = t + dur[x - r0]
+        return self._across(r, lb + 1, vals, lo)
+
+    def _across(self, r: int, c: int, vals: list, lo: int) -> float:
+        """Finish = max over the edges crossing cut ``c`` of source end (``vals`` from row ``lo``,
+        else kept) + lag + target's kept duration and time to the end."""
+        cx, n = self.cuts, self.cuts.n
+        a, b = cx.cut_ptr[c], cx.cut_ptr[c + 1]
+        lg, sk = self._lag_l[r], self._sink_l
+        E, S, D = self.E, self.S, self.D
+        best = -np.inf
+        for x, y, q in zip(cx.cut_src[a:b], cx.cut_dst[a:b], cx.cut_lag[a:b]):
+            ex = vals[x - lo] if x >= lo else E.item(x, r)
+            v = ex + sk[q] if y == n else ex + lg[q] + (S.item(y, r) + D.item(y, r))
+            if v > best:  # noqa: PLR1730
+                best = v
+        return best
+
+    # -- moves -----------------------------------------------------------------------------------
+    def apply(self, r: int, j: int, new) -> None:
+        """Give micro-batch ``j`` of replica ``r`` the durations ``new`` ([2 V]) and update
+        the kept times (module docstring)."""
+        cx = self.cuts
+        rows = cx.own[j].tolist()
+        old = {x: self.D.item(x, r) for x in rows}
+        tol = self._tol(r)  # the forward pass's tolerance: of the kept finish before the move
+        self.D[cx.own[j], r] = new
+        la, lb = cx.span[j]
+        reach = REACH * (lb - la + 1) + 4
+        fine = self._forward(r, la, lb, reach, tol) and self._backward(r, la, lb, reach, old)
+        if not fine:
+            self.refresh([r])
+
+    def _tol(self, r: int) -> float:
+        return 32.0 * float(np.spacing(max(self.E[self.cuts.last_rows, r].max(), 1e-300)))
+
+    def _forward(self, r: int, la: int, lb: int, reach: int, tol: float) -> bool:
+        cx, n = self.cuts, self.cuts.n
+        ls = cx.level_start
+        top = min(cx.levels, lb + 1 + reach)
+        r0, r_top = ls[la], ls[top]
+        lo = cx.pred_lo[la]
+        before = self.E[lo:r_top, r].tolist()
+        vals = list(before)
+        dur = self.D[r0:r_top, r].tolist()
+        lg = self._lag_l[r]
+        prev, deps = cx.prev, cx.deps
+        c = la
+        while True:
+            for x in range(ls[c], ls[c + 1]):  # re-time level c
+                p = prev[x]
+                t = vals[p - lo] if p >= 0 else 0.0
+                for d, q in deps[x]:
+                    v = vals[d - lo] + lg[q]
+                    if v > t:  # noqa: PLR1730
+                        t = v
+                vals[x - lo] = t + dur[x - r0]
+            c += 1
+            if c == cx.levels:
+                self.E[r0:n, r] = vals[r0 - lo:n - lo]
+                return True
+            if c <= lb:
+                continue
+            shift = self._settled_forward(c, vals, before, lo, r0, tol)
+            if shift is not None:
+                cut = ls[c]
+                self.E[r0:cut, r] = vals[r0 - lo:cut - lo]
+                if shift:
+                    self.E[cut:n, r] -= shift
+                return True
+            if c >= top:
+                return False
+
+    def _settled_forward(self, c, vals, before, lo, r0, tol):
+        """The common move of the sources of the edges into rows after cut ``c``, or None."""
+        cx, n = self.cuts, self.cuts.n
+        a, b = cx.cut_ptr[c], cx.cut_ptr[c + 1]
+        shift = None
+        for x, y in zip(cx.cut_src[a:b], cx.cut_dst[a:b]):
+            if y == n:
+                continue  # a sink edge: its source's end is written, nothing after depends on it
+            dx = before[x - lo] - vals[x - lo] if x >= r0 else 0.0
+            if shift is None:
+                shift = dx
+            elif abs(dx - shift) > tol:
+                return None
+        if shift is None:
+            shift = 0.0
+        if shift != 0.0 and cx.level_start[c] <= cx.last_source:
+            return None  # a source after the cut starts at 0 s whatever happens before it
+        return shift
+
+    def _backward(self, r: int, la: int, lb: int, reach: int, old: dict) -> bool:
+        cx = self.cuts
+        ls = cx.level_start
+        bottom = max(0, la - reach)
+        r_lo, r1 = ls[bottom], ls[lb + 1]
+        hi = max(cx.succ_hi[lb], r1)
+        s_before = self.S[r_lo:hi, r].tolist()
+        d_new = self.D[r_lo:hi, r].tolist()
+        d_old = list(d_new)
+        for x, v in old.items():
+            d_old[x - r_lo] = v
+        thr_before = [s + d for s, d in zip(s_before, d_old)]
+        s_vals = list(s_before)
+        thr = [s + d for s, d in zip(s_before, d_new)]
+        lg, sk = self._lag_l[r], self._sink_l
+        nxt, succ, sink = cx.next, cx.succ, cx.sink
+        tol = self._tol(r)
+        c = lb + 1
+        while True:
+            c -= 1
+            for x in range(ls[c + 1] - 1, ls[c] - 1, -1):  # re-time level c, last row first
+                s = sink[x]
+                t = sk[s] if s >= 0 else -np.inf
+                y = nxt[x]
+                if y >= 0 and thr[y - r_lo] > t:
+                    t = thr[y - r_lo]
+                for y, q in succ[x]:
+                    v = lg[q] + thr[y - r_lo]
+                    if v > t:  # noqa: PLR1730
+                        t = v
+                s_vals[x - r_lo] = t
+                thr[x - r_lo] = t + d_new[x - r_lo]
+            if c == 0:
+                self.S[0:r1, r] = s_vals[0 - r_lo:r1 - r_lo]
+                return True
+            if c > la:
+                continue
+            shift = self._settled_backward(c, thr, thr_before, r_lo, r1, tol)
+            if shift is not None:
+                cut = ls[c]
+                self.S[cut:r1, r] = s_vals[cut - r_lo:r1 - r_lo]
+                if shift:
+                    self.S[0:cut, r] -= shift
+                return True
+            if c <= bottom:
+                return False
+
+    def _settled_backward(self, c, thr, thr_before, r_lo, r1, tol):
+        """The common move of (duration + time to the end) of the targets of the edges out of rows
+        before cut ``c``, or None (a sink edge across the cut pins it to 0)."""
+        cx, n = self.cuts, self.cuts.n
+        a, b = cx.cut_ptr[c], cx.cut_ptr[c + 1]
+        shift = None
+        for y in cx.cut_dst[a:b]:
+            dy = 0.0 if y == n or y >= r1 else thr_before[y - r_lo] - thr[y - r_lo]
+            if shift is None:
+                shift = dy
+            elif abs(dy - shift) > tol:
+                return None
+        return 0.0 if shift is None else shift

@@ -68,3 +68,62 @@ def test_sab_order_plans_unchanged(case):
             OldScheduleAwareOrder(ctx.policy, max_evaluations=cap)
         assert new.plan(seqs, ctx) == old.plan(seqs, ctx)
         assert new.stats == old.stats
+
+
+SPLIT_CASES = [  # schedules that split the backward (F, I, W; DualPipeV runs some backwards whole)
+    (2, 3, 9, "zb-h1", 1, 7, {}),
+    (1, 4, 24, "zb-h1", 1, 8, {"cp_rounds": 10}),
+    (2, 2, 8, "zbv", 2, 9, {"p": 0.2}),
+    (2, 3, 12, "dualpipev", 2, 10, {"cp_raise_tol": 0.02}),
+]
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES)
+def test_dst_cp_split_schedules_decide_alike_with_local_or_full_pricing(case, monkeypatch):
+    """The old logic has no split backward; here the oracle is pricing every move by re-timing the
+    whole schedule (and every candidate, no bound pruning): same budgets, same predicted seconds."""
+    from sparsebalance.simulator import perturb
+
+    seqs, ctx = context(*case)
+    dp, m = case[0], case[2]
+    plan = Plan.from_lists([[[seqs[r * m + j]] for j in range(m)] for r in range(dp)])
+    got = {}
+    for small in (0, 10**9):
+        monkeypatch.setattr(perturb, "SMALL_GRAPH", small)
+        monkeypatch.setattr("sparsebalance.policies.critical_phases.SMALL_GRAPH", small)
+        pol = CriticalPathDST(ctx.policy)
+        got[small] = (pol.budgets(plan, ctx), pol.stats)
+    assert got[0] == got[10**9]
+    assert got[0][1]["predicted_s"] <= got[0][1]["predicted_fixed_s"]
+
+
+def _wave(L, k):
+    """A dip of the attention at every third effective budget (a measured profile can be noisy
+    along k): the stage tables are then not monotone in k."""
+    eff = np.minimum(k, -(-np.asarray(L) // MODEL.block_size))
+    return 1.0 - 0.3 * (eff % 3 == 0)
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[4]])
+def test_dst_cp_budgets_unchanged_when_tables_are_not_monotone(case, monkeypatch):
+    """Where rows dip as k grows, dst-cp prices every budget instead of bisecting (and computes
+    every row up front): still the old decisions."""
+    from sparsebalance.policies import critical
+    from sparsebalance.simulator.latency import LatencyModel
+
+    class Wavy(LatencyModel):
+        def attention(self, seq_len, budget, *, backward=False):
+            return super().attention(seq_len, budget, backward=backward) * float(_wave(seq_len, budget))
+
+        def attention_many(self, seq_len, budget, *, backward=False):
+            return super().attention_many(seq_len, budget, backward=backward) * _wave(seq_len, budget)
+
+    monkeypatch.setattr(critical, "budget_monotone_range", lambda lm: None)  # no lazy rows
+    seqs, ctx = context(*case)
+    ctx.latency.__class__ = Wavy
+    dp, m = case[0], case[2]
+    plan = Plan.from_lists([[[seqs[r * m + j]] for j in range(m)] for r in range(dp)])
+    new, old = CriticalPathDST(ctx.policy), OldCriticalPathDST(ctx.policy)
+    assert new.budgets(plan, ctx) == old.budgets(plan, ctx)
+    assert new.stats == old.stats
+    assert not new.stats["raised"] == new.stats["lowered"] == 0  # it decided something

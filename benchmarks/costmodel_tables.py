@@ -6,14 +6,15 @@
    an H100 SXM for the FlashAttention-3 paper's benchmark shape (16 heads x 128, batch x length =
    16K tokens), kernel only and with our per-call PyTorch overhead, beside the paper's figures.
 2. Where the time goes: phases of one qwen2.5-3b layer (TP 2 rank) at 32K tokens on an H200.
-3. Budget and the dense path: per length, the smallest budget whose F + B costs at least the dense
-   path (above it, the sparse kernel is slower than dense attention).
+3. Budget and the dense path: per length, the first budget the dispatcher runs on the masked dense
+   path (``kernelcost.choose_path``), and the priced forward + backward against dense attention.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from sparsebalance.simulator import kernelcost as kc
 from sparsebalance.simulator import roofline as rf
 from sparsebalance.simulator.config import ModelConfig, qwen25_3b
 
@@ -52,28 +53,41 @@ def phase_table() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     dense = float(rf.attention_time(L, n, m, 2, 256, rf.H200) + rf.attention_time(L, n, m, 2, 256, rf.H200, backward=True))
     for k in (4, 8, 16, 32, 64, 128):
-        p = {a: float(v) * 1e3 for a, v in rf.attention_parts(L, k, m, 2, 256, rf.H200).items()}
-        b = float(rf.attention_time(L, k, m, 2, 256, rf.H200, backward=True)) * 1e3
+        path = "sparse" if k < n else None  # the key-block-major phases (the rule also picks it here)
+        p = {a: float(v) * 1e3 for a, v in rf.attention_parts(L, k, m, 2, 256, rf.H200, path=path).items()}
+        b = float(rf.attention_time(L, k, m, 2, 256, rf.H200, backward=True, path=path)) * 1e3
         f = sum(p.values())
         print(f"| {k} | 1/{n // k} | {p['gate']:.2f} | {p['index']:.2f} | {p['past']:.2f} | {p['own']:.2f} | "
               f"{p['launch']:.3f} | {f:.2f} | {b:.2f} | {(f + b) / (dense * 1e3):.2f} |")
 
 
-def crossover_table() -> None:
+def dispatch_table() -> None:
+    """Per length: where the dispatcher (kernelcost.choose_path) leaves the sparse path for the masked
+    dense one, and what the tables price against dense attention at k = 32 and just below n."""
     m = qwen25_3b()
-    print("\n| tokens | blocks n | dense F+B (ms) | smallest k with F+B >= dense | its density | F+B at k = 32 / dense |")
-    print("|---|---|---|---|---|---|")
+    print("\n| tokens | blocks n | dense F+B (ms) | first k on the masked path | its density "
+          "| k = 32: sparse / dense | k = 32: masked / dense | k = 32 priced / dense | k = n - 1 priced / dense |")
+    print("|---|---|---|---|---|---|---|---|---|")
+
+    def fb(L, ks, path=None):
+        return (rf.attention_time(L, ks, m, 2, 256, rf.H200, path=path)
+                + rf.attention_time(L, ks, m, 2, 256, rf.H200, backward=True, path=path)) * 1e3
+
     for L in (2048, 4096, 8448, 12288, 16384, 32768, 65536, 131072):
         n = -(-L // 256)
         ks = np.arange(1, n + 1)
-        t = (rf.attention_time(L, ks, m, 2, 256, rf.H200) + rf.attention_time(L, ks, m, 2, 256, rf.H200, backward=True)) * 1e3
-        over = np.flatnonzero(t[:-1] >= t[-1])
-        kc = int(ks[over[0]]) if over.size else None
-        k32 = float(t[min(32, n) - 1] / t[-1])
-        print(f"| {L} | {n} | {t[-1]:.2f} | {kc if kc else '-'} | {f'{kc / n:.2f}' if kc else '-'} | {k32:.2f} |")
+        path = kc.choose_path(L, ks, rf.attention_shape(m, 2, 256), rf.H200)
+        t, dense = fb(L, ks), float(fb(L, n))
+        first = ks[path == kc.MASKED]
+        k1 = int(first[0]) if first.size else None
+        k32 = min(32, n - 1)
+        cells = [f"{float(fb(L, k32, p)) / dense:.2f}" for p in ("sparse", "masked")] if n > 32 else ["-", "-"]
+        priced = f"{t[31] / dense:.2f}" if n > 32 else "-"
+        print(f"| {L} | {n} | {dense:.2f} | {k1 or '-'} | {f'{k1 / n:.2f}' if k1 else '-'} | {cells[0]} | "
+              f"{cells[1]} | {priced} | {t[n - 2] / dense:.2f} |")
 
 
 if __name__ == "__main__":
     dense_table()
     phase_table()
-    crossover_table()
+    dispatch_table()

@@ -4,7 +4,13 @@ What the kernel does per call (docs/costmodel.md has the derivations and every c
 
 * a sequence whose budget covers all its blocks (k >= n) runs **dense** causal attention in the
   own-block kernels (FlashAttention-2's loops): no gate, no gathered entries, no partials;
-* otherwise the **gate** (PyTorch, ``gate.py`` via ``triton_select.select_blocks``) scores each row
+* otherwise the dispatcher picks, per sequence, the cheaper (forward + backward, by this model:
+  :func:`choose_path`) of two paths that both compute exactly MoBA attention:
+  - **sparse** (key-block-major, below);
+  - **masked** dense: the gate as below, the selection turned into a per-(row, head) bit table of the
+    blocks it attends (PyTorch), then the dense loops with every (row, key tile) pair masked by the
+    row's bit for the tile's block -- dense tiles, no index, no partials, no merge;
+* sparse path: the **gate** (PyTorch, ``gate.py`` via ``triton_select.select_blocks``) scores each row
   chunk against its past block means and takes the top k-1; the **index** (PyTorch) gathers every
   (row, head, choice) into buckets by key block; then per forward chunk two Triton kernels run: the
   **past** kernel (``block_m`` gathered rows x one whole key block, partial output + LSE written) and
@@ -32,6 +38,10 @@ import numpy as np
 
 from sparsebalance.errors import check
 
+DENSE, SPARSE, MASKED = 0, 1, 2
+"""Path codes: dense (k >= n), sparse (key-block-major), masked (dense loops under the selection)."""
+PATHS = ("dense", "sparse", "masked")
+
 # Launch configuration of the shipped kernel (kernels/moba/triton_impl.py: launch_config, PARTIAL_BYTES,
 # BWD_ROWS; select_blocks' chunk_elems). Mirrored here because simulator/ may not import kernels/;
 # tests/kernels/test_kernelcost_counts.py asserts they agree.
@@ -57,6 +67,10 @@ INDEX_BYTES_PER_SLOT = 10.0     # per (row, head, K1P) capacity slot scanned
 INDEX_BYTES_PER_BUCKET = 889.0  # per (key block, kv head): bincount, cumsum, pointers
 INDEX_BYTES_PER_ROW = 16.6
 SORT_EXTRA_BYTES_PER_ENTRY = 96.0  # a GPU radix sort of int32 keys + int64 values: ~4 digit passes x 2 x 12 B
+BITS_OPS_PER_CALL = 2           # bit table zeroed, the sequence's selection cleared from sel
+BITS_OPS_PER_CHUNK = 16         # per row chunk of selection_bits (shifts, casts, two scatter-adds, copy)
+BITS_BYTES = (64.0, 36.0, 43.0)  # per (row, head, K1P) slot, per (row, head, W + 1) word, per row
+                                 # (least squares over 7 shapes, within 1.7 % of the counter)
 BWD_GLUE_OPS = 11
 BWD_GLUE_BYTES = (38.0, 20.0, 12.0)  # per (row, head, d), per (row, kv head, d), per (row, head)
 
@@ -131,21 +145,40 @@ def _bucket_chunks(n, chunks, per):
     return np.where(i < chunks, np.maximum(avail, 0), 0).sum(axis=0)
 
 
-def work(L, k, s: Shape) -> dict:
-    """Executed and attended pairs (all heads) and the entry/bucket counts of one sequence."""
+def default_path(L, k, block: int):
+    """The path without a choice: dense at k >= n, sparse below."""
+    L, k = np.asarray(L, dtype=np.int64), np.asarray(k, dtype=np.int64)
+    return np.where(k >= -(-L // block), DENSE, SPARSE)
+
+
+def _path(L, k, block: int, path):
+    """Path codes broadcast to (L, k): ``None`` -> :func:`default_path`; a name or code for k < n (a
+    budget k >= n is always the dense path)."""
+    if path is None:
+        return default_path(L, k, block)
+    p = np.asarray(PATHS.index(path) if isinstance(path, str) else path, dtype=np.int64)
+    return np.where(np.asarray(k) >= -(-np.asarray(L) // block), DENSE, p)
+
+
+def work(L, k, s: Shape, path=None) -> dict:
+    """Executed and attended pairs (all heads) and the entry/bucket counts of one sequence on ``path``
+    (see :func:`_path`)."""
     L, k = np.broadcast_arrays(np.asarray(L, dtype=np.int64), np.asarray(k, dtype=np.int64))
     bm, _ = _tiles(s.block)
     n = -(-L // s.block)
-    sparse = k < n
+    path = _path(L, k, s.block, path)
+    sparse = path == SPARSE
     chunks, per, k1p = forward_chunks(L, k, s)
-    own = s.heads * own_pairs(L, k, s.block)
-    past = s.heads * past_attended(L, k, s.block)
+    chunks = np.where(sparse, chunks, 1)                      # only gathered rows need partial slots
+    own = s.heads * own_pairs(L, np.where(sparse, k, n), s.block)   # dense and masked: dense tiles
+    past = np.where(sparse, s.heads * past_attended(L, k, s.block), 0)
     entries = past // s.block                                 # gathered (row, head) choices
     buckets = np.where(sparse & (k > 1), s.kv_heads * _bucket_chunks(n, chunks, per), 0)
     # the last tile of each non-empty bucket holds (bm - 1) / 2 padding rows on average; the backward
     # splits buckets at BWD_ROWS, a multiple of bm, so it pads the same tiles
     pad = s.block * (bm - 1) / 2 * buckets
-    return {"n": n, "sparse": sparse, "chunks": chunks, "k1p": k1p, "entries": entries, "buckets": buckets,
+    return {"n": n, "sparse": sparse, "masked": path == MASKED, "chunks": chunks, "k1p": k1p,
+            "entries": entries, "buckets": buckets,
             "own": own, "past": past, "attended": s.heads * _attended_per_head(L, k, s.block),
             "fwd": own + past + pad, "bwd": own + past + pad}
 
@@ -184,35 +217,96 @@ def gate_counts(L, k, s: Shape) -> dict:
     return {"flops": flops, "bytes": nbytes, "ops": ops, "syncs": np.where(sparse, SELECT_SYNCS_PER_CHUNK * nch, 0)}
 
 
-def index_counts(L, k, s: Shape) -> dict:
+def bits_chunks(L, k, s: Shape):
+    """Row chunks of ``triton_select.selection_bits``: about GATE_CHUNK_ELEMS (row, head, K1P) slots each."""
+    k1p = forward_chunks(L, k, s)[2]
+    return -(-np.asarray(L, dtype=np.int64) // np.maximum(1, GATE_CHUNK_ELEMS // (s.heads * k1p)))
+
+
+def index_counts(L, k, s: Shape, path=None) -> dict:
     """Bytes, ops and syncs of index building. A sequence without past choices (dense, or k = 1)
-    only gets its tile tables copied from the host."""
-    w = work(L, k, s)
+    only gets its tile tables copied from the host; a masked one builds its selection bits instead."""
+    L, k = np.broadcast_arrays(np.asarray(L, dtype=np.int64), np.asarray(k, dtype=np.int64))
+    w = work(L, k, s, path)
     e = w["entries"]
-    gather = w["sparse"] & (np.asarray(k) > 1)
+    gather = w["sparse"] & (k > 1)
     nbytes = (INDEX_BYTES_PER_ENTRY + SORT_EXTRA_BYTES_PER_ENTRY) * e + INDEX_BYTES_PER_SLOT * L * s.heads * w["k1p"] \
         + INDEX_BYTES_PER_BUCKET * w["n"] * s.kv_heads + INDEX_BYTES_PER_ROW * L
-    nbytes = np.where(gather, nbytes, 8 * L * s.heads + 16 * L / TILE_M)     # sel fill, tile tables
-    ops = INDEX_OPS_PER_CALL + np.where(gather, INDEX_OPS_PER_CHUNK, 1 + 2) * w["chunks"]
+    words = -(-w["n"] // 32)
+    bb = BITS_BYTES
+    bits = bb[0] * L * s.heads * w["k1p"] + bb[1] * L * s.heads * (words + 1) + bb[2] * L
+    tables = 16 * L / TILE_M
+    nbytes = np.where(gather, nbytes, np.where(w["masked"], bits + tables, 8 * L * s.heads + tables))
+    ops = INDEX_OPS_PER_CALL + np.where(gather, INDEX_OPS_PER_CHUNK, 1 + 2) * w["chunks"] \
+        + np.where(w["masked"], BITS_OPS_PER_CALL + BITS_OPS_PER_CHUNK * bits_chunks(L, k, s), 0)
     syncs = INDEX_SYNCS_PER_CALL + np.where(gather, INDEX_SYNCS_PER_CHUNK * w["chunks"], 0)
     return {"bytes": nbytes, "ops": ops, "syncs": syncs}
 
 
-def kernel_counts(L, k, s: Shape, *, backward: bool) -> dict:
+def kernel_counts(L, k, s: Shape, *, backward: bool, path=None) -> dict:
     """Triton kernels: FLOPs of the executed tiles and the HBM bytes a dense FlashAttention kernel
     does not move (its own traffic is inside the published efficiency): gathered q reads, partial
-    outputs written and merged, index reads (forward); dK/dV atomics per program, index reads (backward)."""
-    w = work(L, k, s)
+    outputs written and merged, index reads (forward); dK/dV atomics per program, index reads
+    (backward); on the masked path one int32 word per row and tile pair (the row's bit of the block)."""
+    L = np.asarray(L, dtype=np.int64)
+    w = work(L, k, s, path)
     e, D, eb, B = w["entries"], s.head_dim, s.dtype_bytes, s.block
-    _, bn = _tiles(B)
+    bm, bn = _tiles(B)
+    mask_bytes = np.where(w["masked"], s.heads * _tri(-(-L // bm)) * bm * 4, 0)
     if not backward:
         past_bytes = e * (2 * D * eb + 8)                    # q gathered + partial (o, lse) written + code
         merge_bytes = e * (D * eb + 8)                       # partial read + sel slot
         return {"flops_past": 4.0 * D * (w["fwd"] - w["own"]), "flops_own": 4.0 * D * w["own"],
-                "bytes_past": past_bytes, "bytes_own": merge_bytes,
+                "bytes_past": past_bytes, "bytes_own": merge_bytes + mask_bytes,
                 "launches": np.where(w["sparse"], 2, 1) * w["chunks"]}
     items = w["buckets"] + e / BWD_ROWS
     own_items = w["n"] * s.kv_heads
     return {"flops_past": 10.0 * D * (w["bwd"] - w["own"]), "flops_own": 10.0 * D * w["own"],
-            "bytes_past": e * 4 * (B // bn) + items * 16 * B * D, "bytes_own": own_items * 16 * B * D,
+            "bytes_past": e * 4 * (B // bn) + items * 16 * B * D, "bytes_own": own_items * 16 * B * D + mask_bytes,
             "launches": np.where(w["sparse"], 2, 1) * w["chunks"]}
+
+
+def phase_times(L, k, s: Shape, hw, *, backward: bool = False, path=None) -> dict:
+    """Seconds of each phase of one sequence's attention on ``path`` (default: the dispatcher's
+    :func:`choose_path`). ``hw``: peak, bandwidth, efficiencies and launch overhead, as
+    ``simulator.roofline.Hardware``. A Triton kernel costs max(FLOPs / (peak x efficiency), extra bytes
+    / (bandwidth x memory efficiency)); a PyTorch phase bytes / bandwidth (the gate: max with its GEMM)
+    plus (ops + syncs) x launch overhead."""
+    L, k = np.broadcast_arrays(np.asarray(L, dtype=np.int64), np.asarray(k, dtype=np.int64))
+    if path is None:
+        path = choose_path(L, k, s, hw)
+    bw = hw.memory_bandwidth * hw.memory_efficiency
+    eff = hw.attention_bwd_efficiency if backward else hw.attention_fwd_efficiency
+    kern = kernel_counts(L, k, s, backward=backward, path=path)
+    parts = {
+        "past": np.maximum(kern["flops_past"] / (hw.peak_flops * eff), kern["bytes_past"] / bw),
+        "own": np.maximum(kern["flops_own"] / (hw.peak_flops * eff), kern["bytes_own"] / bw),
+        "launch": kern["launches"] * hw.launch_overhead,
+    }
+    if backward:
+        gb = BWD_GLUE_BYTES
+        glue = L * s.heads * s.head_dim * gb[0] + L * s.kv_heads * s.head_dim * gb[1] + L * s.heads * gb[2]
+        parts["glue"] = glue / bw + BWD_GLUE_OPS * hw.launch_overhead
+    else:
+        g = gate_counts(L, k, s)
+        parts["gate"] = (np.maximum(g["flops"] / (hw.peak_flops * hw.gemm_efficiency), g["bytes"] / bw)
+                         + (g["ops"] + g["syncs"]) * hw.launch_overhead)
+        ix = index_counts(L, k, s, path)
+        parts["index"] = ix["bytes"] / bw + (ix["ops"] + ix["syncs"]) * hw.launch_overhead
+    return parts
+
+
+def path_time(L, k, s: Shape, hw, path) -> np.ndarray:
+    """Forward + backward seconds of one sequence's attention on ``path``."""
+    return sum(phase_times(L, k, s, hw, path=path).values()) + sum(
+        phase_times(L, k, s, hw, backward=True, path=path).values())
+
+
+def choose_path(L, k, s: Shape, hw) -> np.ndarray:
+    """The dispatcher's rule (``kernels/moba/triton_impl.py`` calls it per sequence, and the analytical
+    profiles price its choice): dense at k >= n; below, the masked dense path where this model prices
+    its forward + backward below the sparse path's, else sparse (ties: sparse). Forward + backward
+    because one choice serves both passes of a training step."""
+    L, k = np.broadcast_arrays(np.asarray(L, dtype=np.int64), np.asarray(k, dtype=np.int64))
+    cheaper = path_time(L, k, s, hw, MASKED) < path_time(L, k, s, hw, SPARSE)
+    return np.where(k >= -(-L // s.block), DENSE, np.where(cheaper, MASKED, SPARSE))

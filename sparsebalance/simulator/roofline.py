@@ -44,7 +44,7 @@ import pandas as pd
 from sparsebalance.errors import check, check_positive
 from sparsebalance.simulator import kernelcost as kc
 from sparsebalance.simulator.config import ModelConfig, qwen25_3b
-from sparsebalance.simulator.profile import MODEL_DIMS, Profile, write_profile
+from sparsebalance.simulator.profile import MODEL_DIMS, Profile, monotone_violations, write_profile
 
 COMMAND = "python -m sparsebalance.simulator.roofline --out sparsebalance/data/profiles"
 
@@ -185,37 +185,19 @@ def attention_shape(model: ModelConfig, tp: int, block_size: int) -> kc.Shape:
 
 
 def attention_parts(seq_len, budget, model: ModelConfig, tp: int, block_size: int, hw: Hardware, *,
-                    backward: bool = False) -> dict:
-    """Seconds of each phase of one layer's MoBA attention for one sequence (numpy-broadcastable)."""
-    s = attention_shape(model, tp, block_size)
-    L = np.asarray(seq_len, dtype=np.int64)
-    k = np.asarray(budget, dtype=np.int64)
-    bw = hw.memory_bandwidth * hw.memory_efficiency
-    eff = hw.attention_bwd_efficiency if backward else hw.attention_fwd_efficiency
-    kern = kc.kernel_counts(L, k, s, backward=backward)
-    parts = {
-        "past": np.maximum(kern["flops_past"] / (hw.peak_flops * eff), kern["bytes_past"] / bw),
-        "own": np.maximum(kern["flops_own"] / (hw.peak_flops * eff), kern["bytes_own"] / bw),
-        "launch": kern["launches"] * hw.launch_overhead,
-    }
-    if backward:
-        gb = kc.BWD_GLUE_BYTES
-        glue = L * s.heads * s.head_dim * gb[0] + L * s.kv_heads * s.head_dim * gb[1] + L * s.heads * gb[2]
-        parts["glue"] = glue / bw + kc.BWD_GLUE_OPS * hw.launch_overhead
-    else:
-        g = kc.gate_counts(L, k, s)
-        parts["gate"] = (np.maximum(g["flops"] / (hw.peak_flops * hw.gemm_efficiency), g["bytes"] / bw)
-                         + (g["ops"] + g["syncs"]) * hw.launch_overhead)
-        ix = kc.index_counts(L, k, s)
-        parts["index"] = ix["bytes"] / bw + (ix["ops"] + ix["syncs"]) * hw.launch_overhead
-    return parts
+                    backward: bool = False, path=None) -> dict:
+    """Seconds of each phase of one layer's MoBA attention for one sequence (numpy-broadcastable), on
+    ``path`` ("sparse", "masked"; a budget at or beyond the block count is always dense); by default
+    the path the kernel's dispatcher picks (:func:`kernelcost.choose_path`)."""
+    return kc.phase_times(seq_len, budget, attention_shape(model, tp, block_size), hw, backward=backward,
+                          path=path)
 
 
 def attention_time(seq_len, budget, model: ModelConfig, tp: int, block_size: int, hw: Hardware, *,
-                   backward: bool = False):
+                   backward: bool = False, path=None):
     """Seconds of one layer's MoBA attention for one sequence (numpy-broadcastable): the sum of
-    :func:`attention_parts`."""
-    return sum(attention_parts(seq_len, budget, model, tp, block_size, hw, backward=backward).values())
+    :func:`attention_parts` (by default on the path the dispatcher picks)."""
+    return sum(attention_parts(seq_len, budget, model, tp, block_size, hw, backward=backward, path=path).values())
 
 
 def dense_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: bool = False):
@@ -295,20 +277,20 @@ def build_table(hw: Hardware, model: ModelConfig, tp: int, block_size: int, *,
                 tokens: np.ndarray | None = None) -> pd.DataFrame:
     """The profile rows of one (hardware, model, tp, block size).
 
-    Attention rows are ``min(attention_time(L, k), attention_time(L, n))``: no budget is priced above
-    the dense path (n = block count). Our kernel can be slower at a budget just below n than dense
-    (gate, index and partial-output merge on almost every block; docs/costmodel.md, "Budget and the
-    dense path"), but latency models and DST's bisection need latency non-decreasing in the budget.
-    The price is optimistic for such budgets; :func:`attention_time` keeps the unclipped cost."""
+    Attention rows price the path the kernel's dispatcher runs (:func:`kernelcost.choose_path`, the
+    same function the dispatcher calls): below the block count the cheaper of the sparse
+    key-block-major path and the masked dense path, both exact MoBA; at or beyond it dense attention.
+    Each row is the cost of that one path (forward and backward rows of the same choice). The masked
+    path pays the gate on top of the dense tiles, so just below the block count latency can exceed
+    the full budget's (docs/costmodel.md, "Budget and the dense path"; noted in the sidecar)."""
     seq_lens = default_seq_lens() if seq_lens is None else np.asarray(seq_lens, dtype=np.int64)
     budgets = DEFAULT_BUDGETS if budgets is None else np.asarray(budgets, dtype=np.int64)
     tokens = default_seq_lens(16, 262144) if tokens is None else np.asarray(tokens, dtype=np.int64)
     S, K = np.meshgrid(seq_lens, budgets, indexing="ij")
+    path = kc.choose_path(S.ravel(), K.ravel(), attention_shape(model, tp, block_size), hw)
     frames = []
     for op, bwd in (("attn_fwd", False), ("attn_bwd", True)):
-        lat = attention_time(S.ravel(), K.ravel(), model, tp, block_size, hw, backward=bwd)
-        dense = attention_time(S.ravel(), -(-S.ravel() // block_size), model, tp, block_size, hw, backward=bwd)
-        lat = np.minimum(lat, dense)
+        lat = attention_time(S.ravel(), K.ravel(), model, tp, block_size, hw, backward=bwd, path=path)
         frames.append(pd.DataFrame({"op": op, "seq_len": S.ravel(), "budget": K.ravel(), "latency_s": lat}))
     for name, fn in (("layer", dense_time), ("embed", embed_time), ("head", head_time)):
         for suffix, bwd in (("fwd", False), ("bwd", True)):
@@ -323,7 +305,17 @@ def build_profile(hw: Hardware, model: ModelConfig, tp: int, block_size: int | N
     """An analytical profile (table + sidecar) for ``model`` at ``tp`` on ``hw``."""
     block = model.block_size if block_size is None else block_size
     table = build_table(hw, model, tp, block)
-    return Profile(table=table, meta=sidecar(hw, model, tp, block), source=f"analytical-{hw.device}")
+    meta = sidecar(hw, model, tp, block)
+    prof = Profile(table=table, meta=meta, source=f"analytical-{hw.device}")
+    bad = monotone_violations(prof, block)
+    if bad:
+        meta["nonmonotone"] = (
+            f"{len(bad)} attention point(s) fall as budget or length grows, as the kernel does: just below "
+            "the block count the dispatcher runs the masked dense path, which pays the gate on top of the "
+            "dense tiles that the full budget (dense, no gate) runs alone; and where the path changes "
+            "between neighbouring points (chosen by forward + backward) one pass can get cheaper while "
+            "the other gets dearer (docs/costmodel.md, 'Budget and the dense path')")
+    return prof
 
 
 def sidecar(hw: Hardware, model: ModelConfig, tp: int, block_size: int) -> dict:
@@ -339,7 +331,9 @@ def sidecar(hw: Hardware, model: ModelConfig, tp: int, block_size: int) -> dict:
         "block_size": block_size, "tp": tp,
         "how": ("analytical roofline of our MoBA kernel (simulator/kernelcost.py): executed tile pairs "
                 "(key-block-major gather, own block, dense path at full budget), gate and index "
-                "building, LSE-merge traffic, 5-matmul backward, launches; per kernel max(FLOPs / "
+                "building, LSE-merge traffic, 5-matmul backward, launches; each sequence on the path "
+                "the kernel's dispatcher picks (kernelcost.choose_path: sparse, or the masked dense "
+                "path below the block count; dense at it); per kernel max(FLOPs / "
                 "(peak x efficiency), bytes / (HBM bandwidth x efficiency)); dense layers likewise; "
                 "constants and sources in docs/costmodel.md; not measured"),
         "command": COMMAND,

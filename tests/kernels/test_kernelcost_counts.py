@@ -66,3 +66,22 @@ def test_pytorch_phase_counts_match_the_model(L, k, H, Hk, D, B):
     gb = kc.BWD_GLUE_BYTES
     assert m["bwd_glue"].bytes == L * H * D * gb[0] + L * Hk * D * gb[1] + L * H * gb[2]
     assert m["bwd_glue"].ops == kc.BWD_GLUE_OPS
+
+
+@pytest.mark.parametrize("L,k,H,Hk,D,B", [(3000, 4, 4, 2, 64, 128), (2048, 6, 8, 1, 128, 256), (4096, 30, 4, 1, 64, 64)])
+def test_masked_path_counts_match_the_model(L, k, H, Hk, D, B):
+    """The masked dense path: executed pairs from its tables = the dense tiles (exact); selection-bit
+    bytes within 5 % of the ATen counts, ops exact (+ the 2 host-to-device tables per chunk)."""
+    s = kc.Shape(heads=H, kv_heads=Hk, head_dim=D, block=B, dtype_bytes=2)
+    g = torch.Generator().manual_seed(1)
+    q, kk = torch.randn(L, H, D, generator=g), torch.randn(L, Hk, D, generator=g)
+    idx = triton_select.build_index(q, kk, torch.tensor([0, L], dtype=torch.int32), B, torch.tensor([k]), min(64, B),
+                                    masked=[True])
+    w = {a: float(v) for a, v in kc.work(L, k, s, "masked").items()}
+    bm = min(64, B)
+    assert w["fwd"] == work.gather_work(idx, B, bm, bm, H, Hk) == float(kc.work(L, L, s)["fwd"])
+    assert w["bwd"] == work.gather_work(idx, B, bm, bm, H, Hk, backward=True)
+    m = measure(L, k, heads=H, kv_heads=Hk, dim=D, block=B, masked=True)
+    ix = {a: float(v) for a, v in kc.index_counts(L, k, s, "masked").items()}
+    assert ix["bytes"] == pytest.approx(m["index"].bytes, rel=0.05)
+    assert ix["ops"] == m["index"].ops + 2 * float(w["chunks"])

@@ -124,9 +124,11 @@ def test_attention_time_saturates_at_the_block_count_and_grows_below_it():
         n = L // 256
         for hw in (rf.H100, rf.H200, rf.H20):
             for bwd in (False, True):
-                t = rf.attention_time(L, np.arange(1, n + 8), m, 2, 256, hw, backward=bwd)
-                assert (np.diff(t[:n - 1]) > 0).all()        # sparse: more budget, more time
-                assert (t[n - 1:] == t[n - 1]).all()         # k >= n: the dense path
+                for path in ("sparse", "masked"):
+                    t = rf.attention_time(L, np.arange(1, n + 8), m, 2, 256, hw, backward=bwd, path=path)
+                    d = np.diff(t[:n - 1])                    # below n: more budget, more time
+                    assert (d > 0).all() if path == "sparse" or not bwd else (d == 0).all()  # masked bwd: dense tiles
+                    assert (t[n - 1:] == t[n - 1]).all()     # k >= n: the dense path
 
 
 def test_h100_has_h200_compute_and_less_bandwidth():

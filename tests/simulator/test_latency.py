@@ -266,11 +266,9 @@ def test_analytical_profile_is_re_derived_for_another_model():
 
     model = load_latency_model("analytical-h200", MODEL, cluster(tp=1, device="h200"))
     assert "re-derived" in model.profile.source
-    # tables price a budget at most at the dense path's cost (roofline.build_table; n = L / 32 blocks)
+    # tables price the path the kernel's dispatcher picks (roofline.build_table, kernelcost.choose_path)
     for L in (1024, 8192):
-        assert model.attention(L, 4) == pytest.approx(
-            min(float(attention_time(L, 4, MODEL, 1, 32, H200)), float(attention_time(L, L // 32, MODEL, 1, 32, H200))),
-            rel=1e-12)
+        assert model.attention(L, 4) == pytest.approx(float(attention_time(L, 4, MODEL, 1, 32, H200)), rel=1e-12)
     assert model.dense(4096, backward=True) == pytest.approx(
         float(dense_time(4096, MODEL, 1, H200, backward=True)), rel=1e-12)
 

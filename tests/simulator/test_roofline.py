@@ -12,12 +12,14 @@ import pytest
 
 from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.config import ModelConfig, qwen25_3b
-from sparsebalance.simulator.profile import load_profile
+from sparsebalance.simulator import kernelcost as kc
+from sparsebalance.simulator.profile import load_profile, monotone_violations
 from sparsebalance.simulator.roofline import (
     H20,
     H100,
     H200,
     Hardware,
+    attention_shape,
     attention_time,
     build_table,
     dense_time,
@@ -108,12 +110,13 @@ def test_shipped_profiles_are_labelled_and_current(tmp_path, name, hw):
     assert meta["command"] == "python -m sparsebalance.simulator.roofline --out sparsebalance/data/profiles"
     main(["--out", str(tmp_path)])
     fresh = load_profile(tmp_path / name)
-    k = shipped.rows("attn_fwd")
-    for L, b, t in k[["seq_len", "budget", "latency_s"]].sample(40, random_state=0).itertuples(index=False):
-        n = -(-int(L) // 256)
-        want = min(float(attention_time(L, b, meta_model(meta), 2, 256, hw)),
-                   float(attention_time(L, n, meta_model(meta), 2, 256, hw)))
-        assert t == pytest.approx(want, rel=1e-12)
+    shape = attention_shape(meta_model(meta), 2, 256)
+    for op, bwd in (("attn_fwd", False), ("attn_bwd", True)):
+        rows = shipped.rows(op)[["seq_len", "budget", "latency_s"]].sample(40, random_state=0)
+        for L, b, t in rows.itertuples(index=False):
+            path = kc.PATHS[int(kc.choose_path(L, b, shape, hw))]  # the dispatcher's rule
+            want = float(attention_time(L, b, meta_model(meta), 2, 256, hw, backward=bwd, path=path))
+            assert t == pytest.approx(want, rel=1e-12)
     pd.testing.assert_frame_equal(fresh.table, shipped.table, rtol=1e-12)
     sl = sorted(shipped.rows("attn_fwd")["seq_len"].unique())
     assert sl[0] <= 512 and sl[-1] == 131072
@@ -134,17 +137,42 @@ def test_build_table_is_rectilinear_and_complete():
 
 
 @pytest.mark.parametrize("name", ["analytical-h100", "analytical-h200", "analytical-h20"])
-def test_shipped_tables_are_monotone(name):
-    """DST's budget search assumes latency is non-decreasing in budget (and in length). The tables
-    clip each budget at the dense path's cost (our kernel can be slower just below the block count:
-    docs/costmodel.md, "Budget and the dense path"); budgets at or beyond the block count are dense."""
+def test_shipped_tables_follow_the_dispatcher(name):
+    """The tables price the path the kernel runs, so forward + backward (what the dispatcher
+    minimises) is non-decreasing in length and, below the block count, in the budget (a minimum of
+    two increasing costs); budgets at or beyond the block count are one dense cost. The step onto the
+    full budget may fall (the masked path pays the gate, dense does not): the sidecar says so."""
     prof = load_profile(name)
-    for op in ("attn_fwd", "attn_bwd"):
-        pv = prof.rows(op).pivot(index="seq_len", columns="budget", values="latency_s")
-        grid = pv.to_numpy()
-        assert (np.diff(grid, axis=0) >= 0).all() and (np.diff(grid, axis=1) >= 0).all()
-        for L, row in zip(pv.index, grid):
-            dense = row[pv.columns >= -(-int(L) // 256)]
-            assert (dense == row.max()).all(), (op, L)
+    fb = sum(prof.rows(op).pivot(index="seq_len", columns="budget", values="latency_s") for op in ("attn_fwd", "attn_bwd"))
+    grid = fb.to_numpy()
+    assert (np.diff(grid, axis=0) >= -1e-15).all()
+    for L, row in zip(fb.index, grid):
+        below = fb.columns < -(-int(L) // 256)
+        assert (np.diff(row[below]) >= 0).all(), L
+        assert (row[~below] == row[~below].max(initial=0)).all(), L
+    assert bool(prof.meta.get("nonmonotone")) == bool(monotone_violations(prof, 256))
     for op in ("layer_fwd", "layer_bwd", "embed_fwd", "embed_bwd", "head_fwd", "head_bwd"):
         assert (np.diff(prof.rows(op)["latency_s"].to_numpy()) >= 0).all(), op
+
+
+def test_build_table_prices_the_path_the_rule_picks():
+    """Each attention row is the cost of the one path ``kernelcost.choose_path`` picks for it (not a
+    minimum over paths): at a masked point that is more than the full budget's dense cost."""
+    m = qwen25_3b()
+    seq, ks = np.array([768, 4096, 8448, 32768]), np.array([1, 2, 4, 16, 31, 32, 40, 127, 128])
+    t = build_table(H200, m, 2, 256, seq_lens=seq, budgets=ks, tokens=np.array([1024, 2048]))
+    shape = attention_shape(m, 2, 256)
+    seen = set()
+    for op, bwd in (("attn_fwd", False), ("attn_bwd", True)):
+        for L, k, lat in t[t.op == op][["seq_len", "budget", "latency_s"]].itertuples(index=False):
+            path = int(kc.choose_path(L, k, shape, H200))
+            seen.add(kc.PATHS[path])
+            assert lat == float(attention_time(L, k, m, 2, 256, H200, backward=bwd, path=kc.PATHS[path]))
+            other = {kc.SPARSE: "masked", kc.MASKED: "sparse"}.get(path)
+            if other and not bwd:  # the rule compares forward + backward
+                fb = lambda p: float(attention_time(L, k, m, 2, 256, H200, path=p)
+                                     + attention_time(L, k, m, 2, 256, H200, backward=True, path=p))
+                assert fb(kc.PATHS[path]) <= fb(other)
+    assert seen == set(kc.PATHS)  # the grid exercises every path
+    fb = t[t.op.isin(["attn_fwd", "attn_bwd"])].groupby(["seq_len", "budget"])["latency_s"].sum()
+    assert int(kc.choose_path(8448, 32, shape, H200)) == kc.MASKED and fb[(8448, 32)] > fb[(8448, 40)]

@@ -75,9 +75,10 @@ def count_ops(fn, *args, **kwargs) -> tuple[Any, OpCount]:
 
 
 def measure(length: int, budget: int, *, heads: int = 8, kv_heads: int = 1, dim: int = 128, block: int = 256,
-            block_m: int = 64, seed: int = 0) -> dict[str, OpCount]:
-    """Counts of selection, index building (the rest of ``build_index``) and the backward glue
-    (delta, zeroed fp32 accumulators, casts) for one bf16 sequence."""
+            block_m: int = 64, seed: int = 0, masked: bool = False) -> dict[str, OpCount]:
+    """Counts of selection, index building (the rest of ``build_index``; on the masked dense path
+    when ``masked``: the selection bits instead of the gathered index) and the backward glue (delta,
+    zeroed fp32 accumulators, casts) for one bf16 sequence."""
     import torch
 
     from sparsebalance.kernels.moba import triton_select as ts
@@ -89,7 +90,7 @@ def measure(length: int, budget: int, *, heads: int = 8, kv_heads: int = 1, dim:
     topk = torch.tensor([budget])
     k1p = max(2, ts._next_pow2(budget - 1))
     _, sel = count_ops(ts.select_blocks, q, k, [0, length], block, [budget], k1p)
-    _, total = count_ops(ts.build_index, q, k, cu, block, topk, block_m)
+    _, total = count_ops(ts.build_index, q, k, cu, block, topk, block_m, masked=[masked])
     index = OpCount(ops=total.ops - sel.ops, bytes=total.bytes - sel.bytes, syncs=total.syncs - sel.syncs,
                     by_op={n: total.by_op[n] - sel.by_op.get(n, 0) for n in total.by_op})
 

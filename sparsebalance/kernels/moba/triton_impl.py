@@ -88,9 +88,18 @@ def _fwd_past_kernel(Q, K, V, PO, PL, CODES, ITEMS, n_items, row0, sm_scale_log2
 
 
 @triton.jit
-def _fwd_own_merge_kernel(Q, K, V, O, LSE, SEL, PO, PL, TILES, n_tiles, row0, sm_scale_log2, T, H, G,
-                          D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          K1P: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr):
+def _picked(BITS, rh, row_ok, W, jb, mstart):
+    """Per row (t * H + h): does it attend local block ``jb``? All True for an unmasked tile
+    (``mstart`` < 0: the masked load returns -1, every bit set)."""
+    on = row_ok & (tl.full(row_ok.shape, 0, tl.int32) + mstart >= 0)
+    word = tl.load(BITS + rh * W + jb // 32, mask=on, other=-1)
+    return ((word >> (jb % 32)) & 1) != 0
+
+
+@triton.jit
+def _fwd_own_merge_kernel(Q, K, V, O, LSE, SEL, PO, PL, TILES, BITS, W, n_tiles, row0, sm_scale_log2, T, H, G,
+                          D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          K1P: tl.constexpr, MASKED: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr):
     tile = tl.program_id(0)
     h = tl.program_id(1)
     HKV = H // G
@@ -99,16 +108,20 @@ def _fwd_own_merge_kernel(Q, K, V, O, LSE, SEL, PO, PL, TILES, n_tiles, row0, sm
     kfirst = tl.load(TILES + n_tiles + tile)  # own block start, or sequence start when dense
     bend = tl.load(TILES + 2 * n_tiles + tile)
     n_slots = tl.load(TILES + 3 * n_tiles + tile)
+    mstart = tl.load(TILES + 4 * n_tiles + tile)  # masked dense path: sequence start, else -1
     rows = q0 + tl.arange(0, BLOCK_M)
     row_ok = rows < bend
     rows64 = rows.to(tl.int64)
     dd = tl.arange(0, D)
     q = tl.load(Q + (rows64[:, None] * H + h) * D + dd[None, :], mask=row_ok[:, None], other=0.0)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    if MASKED:  # a row may skip whole key tiles before its diagonal: a finite start keeps exp2 NaN-free
+        m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    # own block (whole causal prefix when dense): key tiles up to the tile's last row; afterwards every
-    # valid row has a finite running max (its diagonal), so merging -inf partials is safe
+    # own block (whole causal prefix when dense or masked): key tiles up to the tile's last row;
+    # afterwards every valid row has a finite running max (its diagonal), so merging -inf partials is safe
     for kstart in range(kfirst, q0 + BLOCK_M, BLOCK_N):
         cols = kstart + tl.arange(0, BLOCK_N)
         col_ok = cols < bend
@@ -116,26 +129,30 @@ def _fwd_own_merge_kernel(Q, K, V, O, LSE, SEL, PO, PL, TILES, n_tiles, row0, sm
         k = tl.load(K + (cols64[:, None] * HKV + kvh) * D + dd[None, :], mask=col_ok[:, None], other=0.0)
         v = tl.load(V + (cols64[:, None] * HKV + kvh) * D + dd[None, :], mask=col_ok[:, None], other=0.0)
         s = _dot(q, tl.trans(k), F32_DOT, PREC) * sm_scale_log2
-        s = tl.where((cols[None, :] <= rows[:, None]) & col_ok[None, :], s, float("-inf"))
+        keep = (cols[None, :] <= rows[:, None]) & col_ok[None, :]
+        if MASKED:  # the key tile lies in one block: keep it for the rows that chose that block
+            keep = keep & _picked(BITS, rows64 * H + h, row_ok, W, (kstart - mstart) // BLOCK, mstart)[:, None]
+        s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.math.exp2(s - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32_DOT, PREC)
         m_i = m_new
-    # merge the partials of the chosen past blocks: (o_p normalised, lse_p) -> weight 2^(lse_p - m)
-    for s in range(n_slots):
-        j = tl.load(SEL + (rows64 * H + h) * K1P + s, mask=row_ok, other=-1)
-        have = j >= 0
-        slot = ((rows64 - row0) * H + h) * K1P + s
-        pl = tl.load(PL + slot, mask=have, other=float("-inf"))
-        po = tl.load(PO + slot[:, None] * D + dd[None, :], mask=have[:, None], other=0.0).to(tl.float32)
-        m_new = tl.maximum(m_i, pl)
-        alpha = tl.math.exp2(m_i - m_new)
-        beta = tl.math.exp2(pl - m_new)
-        l_i = l_i * alpha + beta
-        acc = acc * alpha[:, None] + po * beta[:, None]
-        m_i = m_new
+    if not MASKED:  # masked tiles merge nothing (their own launch: triton_impl.moba_forward)
+        # merge the partials of the chosen past blocks: (o_p normalised, lse_p) -> weight 2^(lse_p - m)
+        for s in range(n_slots):
+            j = tl.load(SEL + (rows64 * H + h) * K1P + s, mask=row_ok, other=-1)
+            have = j >= 0
+            slot = ((rows64 - row0) * H + h) * K1P + s
+            pl = tl.load(PL + slot, mask=have, other=float("-inf"))
+            po = tl.load(PO + slot[:, None] * D + dd[None, :], mask=have[:, None], other=0.0).to(tl.float32)
+            m_new = tl.maximum(m_i, pl)
+            alpha = tl.math.exp2(m_i - m_new)
+            beta = tl.math.exp2(pl - m_new)
+            l_i = l_i * alpha + beta
+            acc = acc * alpha[:, None] + po * beta[:, None]
+            m_i = m_new
     acc = acc / l_i[:, None]
     tl.store(O + (rows64[:, None] * H + h) * D + dd[None, :], acc.to(O.dtype.element_ty), mask=row_ok[:, None])
     tl.store(LSE + h * T + rows64, m_i + tl.math.log2(l_i), mask=row_ok)
@@ -143,9 +160,11 @@ def _fwd_own_merge_kernel(Q, K, V, O, LSE, SEL, PO, PL, TILES, n_tiles, row0, sm
 
 @triton.jit
 def _bwd_rows(Q, DO, DQ, LSE, DELTA, k, v, cols, col_ok, rh, row_ok, dk, dv, sm_scale, sm_scale_log2, T, H,
-              D: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr):
+              BITS, W, jb, mstart, D: tl.constexpr, MASKED: tl.constexpr, F32_DOT: tl.constexpr,
+              PREC: tl.constexpr):
     """One (key tile, gathered row tile) pair of the backward: five matmuls, transposed tiles
-    [BLOCK_N, BLOCK_M]; dQ goes out by atomic add, dK/dV come back accumulated."""
+    [BLOCK_N, BLOCK_M]; dQ goes out by atomic add, dK/dV come back accumulated. ``MASKED``: also keep
+    only the rows that chose the key tile's local block ``jb`` (masked dense path)."""
     dd = tl.arange(0, D)
     t = rh // H
     h = rh % H
@@ -154,6 +173,8 @@ def _bwd_rows(Q, DO, DQ, LSE, DELTA, k, v, cols, col_ok, rh, row_ok, dk, dv, sm_
     lse = tl.load(LSE + h * T + t, mask=row_ok, other=0.0)
     delta = tl.load(DELTA + h * T + t, mask=row_ok, other=0.0)
     keep = (cols[:, None] <= t[None, :]) & row_ok[None, :] & col_ok[:, None]
+    if MASKED:
+        keep = keep & _picked(BITS, rh, row_ok, W, jb, mstart)[None, :]
     sT = _dot(k, tl.trans(q), F32_DOT, PREC) * sm_scale_log2
     pT = tl.where(keep, tl.math.exp2(sT - lse[None, :]), 0.0)
     dpT = _dot(v, tl.trans(do), F32_DOT, PREC)
@@ -192,15 +213,15 @@ def _bwd_past_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, CODES, ITEMS, n_items,
         code = tl.load(CODES + e, mask=ok, other=0)
         rh = (row0 * H + code // K1P).to(tl.int64)
         dk, dv = _bwd_rows(Q, DO, DQ, LSE, DELTA, k, v, cols, col_ok, rh, ok, dk, dv, sm_scale, sm_scale_log2,
-                           T, H, D, F32_DOT, PREC)
+                           T, H, CODES, 1, 0, -1, D, False, F32_DOT, PREC)
     tl.atomic_add(DK + kv, dk * sm_scale)
     tl.atomic_add(DV + kv, dv)
 
 
 @triton.jit
-def _bwd_own_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, ITEMS, n_items, sm_scale, sm_scale_log2, T, H, G,
-                    D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    F32_DOT: tl.constexpr, PREC: tl.constexpr):
+def _bwd_own_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, ITEMS, BITS, W, n_items, sm_scale, sm_scale_log2, T, H,
+                    G, D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    MASKED: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr):
     SUBS: tl.constexpr = BLOCK // BLOCK_N
     it = tl.program_id(0) // SUBS
     sub = tl.program_id(0) % SUBS
@@ -208,6 +229,8 @@ def _bwd_own_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, ITEMS, n_items, sm_scal
     blen = tl.load(ITEMS + n_items + it)
     rend = tl.load(ITEMS + 2 * n_items + it)  # block end, or sequence end when dense
     kvh = tl.load(ITEMS + 3 * n_items + it)
+    mstart = tl.load(ITEMS + 4 * n_items + it)  # masked dense path: sequence start, else -1
+    jb = (bstart - mstart) // BLOCK              # local id of the key block (masked path)
     HKV = H // G
     if sub * BLOCK_N < blen:  # the last block of a sequence may be short
         dd = tl.arange(0, D)
@@ -225,7 +248,7 @@ def _bwd_own_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, ITEMS, n_items, sm_scal
                 ok = rows < rend
                 rh = rows.to(tl.int64) * H + kvh * G + g
                 dk, dv = _bwd_rows(Q, DO, DQ, LSE, DELTA, k, v, cols, col_ok, rh, ok, dk, dv, sm_scale,
-                                   sm_scale_log2, T, H, D, F32_DOT, PREC)
+                                   sm_scale_log2, T, H, BITS, W, jb, mstart, D, MASKED, F32_DOT, PREC)
         tl.atomic_add(DK + kv, dk * sm_scale, mask=col_ok[:, None])
         tl.atomic_add(DV + kv, dv, mask=col_ok[:, None])
 
@@ -263,6 +286,12 @@ def _launch_opts(block_size: int, bm: int, bn: int, q: torch.Tensor) -> dict:
             "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
 
 
+def _bits(idx: MobaIndex) -> torch.Tensor:
+    """The selection bit table, or a placeholder pointer when no sequence is on the masked path
+    (then only the unmasked variants launch)."""
+    return idx.sel if idx.bits is None else idx.bits
+
+
 def moba_forward(q, k, v, idx: MobaIndex, block_size: int, bm: int, bn: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Output [T, H, D] and LSE [H, T] (log2) for the selection in ``idx``."""
     T, H, D = q.shape
@@ -271,6 +300,7 @@ def moba_forward(q, k, v, idx: MobaIndex, block_size: int, bm: int, bn: int) -> 
     scale_log2 = LOG2E / math.sqrt(D)
     o = torch.empty_like(q)
     lse = torch.empty((H, T), dtype=torch.float32, device=q.device)
+    bits = _bits(idx)
     for ch in idx.chunks:
         slots = (ch.row1 - ch.row0) * H * idx.k1p if ch.codes.numel() else 1
         po = torch.empty((slots, D), dtype=q.dtype, device=q.device)
@@ -279,9 +309,12 @@ def moba_forward(q, k, v, idx: MobaIndex, block_size: int, bm: int, bn: int) -> 
         if n_f:
             _fwd_past_kernel[(n_f,)](q, k, v, po, pl, ch.codes, ch.fwd_items, n_f, ch.row0, scale_log2, H, HKV,
                                      BLOCK=block_size, K1P=idx.k1p, **opts)
-        n_t = ch.q_tiles.shape[1]
-        _fwd_own_merge_kernel[(n_t, H)](q, k, v, o, lse, idx.sel, po, pl, ch.q_tiles, n_t, ch.row0, scale_log2,
-                                        T, H, H // HKV, K1P=idx.k1p, **opts)
+        for tiles, mk in ((ch.q_tiles, False), (ch.q_tiles_masked, True)):
+            n_t = tiles.shape[1]
+            if n_t:
+                _fwd_own_merge_kernel[(n_t, H)](q, k, v, o, lse, idx.sel, po, pl, tiles, bits, idx.words, n_t,
+                                                ch.row0, scale_log2, T, H, H // HKV, BLOCK=block_size,
+                                                K1P=idx.k1p, MASKED=mk, **opts)
     return o, lse
 
 
@@ -296,23 +329,64 @@ def moba_backward(q, k, v, o, lse, do, idx: MobaIndex, block_size: int, bm: int,
     dk = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
     dv = torch.zeros(v.shape, dtype=torch.float32, device=q.device)
     subs = block_size // bn
+    bits = _bits(idx)
     for ch in idx.chunks:
         n_b = ch.bwd_items.shape[1]
         if n_b:
             _bwd_past_kernel[(n_b * subs,)](q, k, v, do, dq, dk, dv, lse, delta, ch.codes, ch.bwd_items, n_b,
                                             ch.row0, scale, scale * LOG2E, T, H, HKV, BLOCK=block_size,
                                             K1P=idx.k1p, **opts)
-        n_o = ch.own_items.shape[1]
-        _bwd_own_kernel[(n_o * subs,)](q, k, v, do, dq, dk, dv, lse, delta, ch.own_items, n_o, scale,
-                                       scale * LOG2E, T, H, H // HKV, BLOCK=block_size, **opts)
+        for items, mk in ((ch.own_items, False), (ch.own_items_masked, True)):
+            n_o = items.shape[1]
+            if n_o:
+                _bwd_own_kernel[(n_o * subs,)](q, k, v, do, dq, dk, dv, lse, delta, items, bits, idx.words, n_o,
+                                               scale, scale * LOG2E, T, H, H // HKV, BLOCK=block_size, MASKED=mk,
+                                               **opts)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+PATHS = ("auto", "sparse", "masked")
+
+
+def dispatch_hardware(device: torch.device):
+    """The hardware whose cost model the dispatcher consults: the analytical H100, H200 or H20 named
+    by the CUDA device, else the H100 (also on the CPU, where only the interpreter runs the kernel)."""
+    import re
+
+    from sparsebalance.simulator.roofline import H100, HARDWARE
+
+    if device.type != "cuda":
+        return H100
+    m = re.search(r"\bH(100|200|20)\b", torch.cuda.get_device_name(device))
+    return HARDWARE[f"h{m.group(1)}"] if m else H100
+
+
+def plan_paths(cu_seqlens: torch.Tensor, topk: torch.Tensor, block_size: int, q: torch.Tensor, k: torch.Tensor,
+               path: str = "auto") -> list[bool]:
+    """Per sequence: run it on the masked dense path? ``"auto"``: where the cost model
+    (``simulator.kernelcost.choose_path``, the rule the analytical profiles price) says that path is
+    cheaper for forward + backward than the sparse key-block-major one; ``"sparse"`` / ``"masked"``
+    force one path for every sequence with k < n. Dense sequences (k >= n) are dense either way."""
+    import numpy as np
+
+    from sparsebalance.simulator import kernelcost as kc
+
+    cu = cu_seqlens.cpu().long()
+    lengths = (cu[1:] - cu[:-1]).numpy()
+    ks = topk.cpu().numpy()
+    if path != "auto":
+        return [path == "masked"] * len(lengths)
+    shape = kc.Shape(heads=q.shape[1], kv_heads=k.shape[1], head_dim=q.shape[2], block=block_size,
+                     dtype_bytes=q.element_size())
+    return (kc.choose_path(lengths, ks, shape, dispatch_hardware(q.device)) == kc.MASKED).tolist() \
+        if len(lengths) else []
 
 
 class _MobaTriton(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens, block_size, topk, block_m, block_n):
+    def forward(ctx, q, k, v, cu_seqlens, block_size, topk, block_m, block_n, masked):
         idx = build_index(q.detach(), k.detach(), cu_seqlens, block_size, topk, block_m,
-                          bwd_rows=BWD_ROWS, partial_bytes=PARTIAL_BYTES)
+                          bwd_rows=BWD_ROWS, partial_bytes=PARTIAL_BYTES, masked=masked)
         o, lse = moba_forward(q, k, v, idx, block_size, block_m, block_n)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.idx, ctx.block_size, ctx.block_m, ctx.block_n = idx, block_size, block_m, block_n
@@ -323,7 +397,7 @@ class _MobaTriton(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = moba_backward(q, k, v, o, lse, do.contiguous(), ctx.idx, ctx.block_size, ctx.block_m,
                                    ctx.block_n)
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def _validate(q, k, v, cu_seqlens, block_size, topk) -> torch.Tensor:
@@ -358,12 +432,15 @@ def _validate(q, k, v, cu_seqlens, block_size, topk) -> torch.Tensor:
 
 def moba_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                           block_size: int, topk, *, block_m: int | None = None,
-                          block_n: int | None = None) -> torch.Tensor:
+                          block_n: int | None = None, path: str = "auto") -> torch.Tensor:
     """MoBA attention with the Triton kernels; differentiable in q, k, v.
 
     q: [T, H, D]; k, v: [T, H_kv, D]; cu_seqlens: int [N + 1]; topk: int or LongTensor [N] (budget per
     sequence, own block included). Returns out [T, H, D] in q's dtype. ``block_m`` / ``block_n`` (query
     and key tile rows, powers of two dividing ``block_size``) default to :func:`launch_config`.
+    ``path``: per sequence with topk < n_blocks, ``"auto"`` runs the cheaper by the cost model of the
+    sparse key-block-major path and the masked dense path (:func:`plan_paths`); ``"sparse"`` or
+    ``"masked"`` force one. Every path computes the same MoBA attention.
     """
     topk = _validate(q, k, v, cu_seqlens, block_size, topk)
     cfg = launch_config(block_size, q.shape[2], q.dtype)
@@ -372,5 +449,8 @@ def moba_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
     for name, t in (("block_m", bm), ("block_n", bn)):
         if t < 1 or t & (t - 1) or block_size % t:
             raise ConfigError(f"{name}: must be a power of two dividing block_size={block_size}, got {t}")
+    if path not in PATHS:
+        raise ConfigError(f"path: must be one of {', '.join(PATHS)}, got {path!r}")
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    return _MobaTriton.apply(q, k, v, cu_seqlens, block_size, topk, bm, bn)
+    masked = plan_paths(cu_seqlens, topk, block_size, q, k, path)
+    return _MobaTriton.apply(q, k, v, cu_seqlens, block_size, topk, bm, bn, masked)

@@ -23,6 +23,14 @@ no selection and no gathered entries; its query tiles attend every key from the 
 (FlashAttention-2's forward) and its key tiles take every later row of the sequence (FA-2's dK/dV
 loop), in the same own-block kernels. No partial outputs are written for it.
 
+A sparse sequence the dispatcher puts on the **masked dense path** (``masked[i]``; the rule is
+``simulator.kernelcost.choose_path``) runs those same dense loops, but every (row, key tile) pair
+is masked by the row's selection: ``bits`` [T, H, W] int32 holds, per (token, head), one bit per
+local block (its chosen past blocks and its own block), W = ceil(n_blocks / 32) of the longest
+masked sequence. Its selection is computed as usual, turned into bits, and then cleared from ``sel``
+so nothing of it is gathered; its tiles go to separate tables (``*_masked``, launched with the
+kernels' MASKED variant) and carry the sequence start in their last row (-1 in the other tables).
+
 Memory: selection runs in row chunks of about ``chunk_elems`` gate scores against the chunk's past
 blocks only; index building holds O(entries of one chunk) int64 temporaries. Nothing is
 O(T x n_blocks) (``benchmarks/bench_selection_memory.py`` measures the peak).
@@ -52,11 +60,17 @@ class MobaChunk:
     bwd_items: torch.Tensor
     """int32 [4, n_bwd]: the same for the backward past-block programs (ranges of <= bwd_rows entries)."""
     own_items: torch.Tensor
-    """int32 [4, n_own]: (block start row, block length, end of the rows that see it causally, kv head) per
-    backward own-block program; the row end is the block end, or the sequence end for a dense sequence."""
+    """int32 [5, n_own]: (block start row, block length, end of the rows that see it causally, kv head,
+    mask start) per backward own-block program; the row end is the block end, or the sequence end for a
+    dense or masked sequence; mask start is the sequence start on the masked dense path, else -1."""
     q_tiles: torch.Tensor
-    """int32 [4, n_qtiles]: (first row, first key row, own block end row, slots to merge) per forward
-    own+merge tile; the first key is the block start, or the sequence start for a dense sequence (0 slots)."""
+    """int32 [5, n_qtiles]: (first row, first key row, own block end row, slots to merge, mask start) per
+    forward own+merge tile; the first key is the block start, or the sequence start for a dense or masked
+    sequence (0 slots); mask start as in ``own_items``."""
+    own_items_masked: torch.Tensor
+    """``own_items`` of the masked-path blocks (launched apart, by the MASKED variant of the kernel)."""
+    q_tiles_masked: torch.Tensor
+    """``q_tiles`` of the masked-path blocks (launched apart: the MASKED variant has no merge loop)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -73,6 +87,13 @@ class MobaIndex:
     """Row chunks, in order."""
     attended_pairs: int = 0
     """(query row, key) pairs attended, summed over heads (FLOP counting: 4 * D per pair forward)."""
+    bits: torch.Tensor | None = None
+    """int32 [T, H, W]: per (token, head) the blocks a masked-path row attends (bit j of word j // 32,
+    own block included); None when no sequence is on the masked path."""
+    words: int = 1
+    """W, the words per (token, head) row of ``bits``."""
+    masked: list[bool] = field(default_factory=list)
+    """Per sequence: on the masked dense path (True) or not (key-block-major or dense)."""
 
 
 def _next_pow2(x: int) -> int:
@@ -107,10 +128,11 @@ def select_blocks(q: torch.Tensor, k: torch.Tensor, bounds: list[int], block_siz
     return sel
 
 
-def _blocks(bounds: list[int], block_size: int, topks: list[int]) -> np.ndarray:
-    """Global key blocks as int64 [6, n_blocks] (host): start row, length, first key row its queries
-    see (block start, or sequence start when dense), end of the rows that see it (block end, or
-    sequence end when dense), slots its queries merge, and the global id of its sequence's block 0."""
+def _blocks(bounds: list[int], block_size: int, topks: list[int], masked: list[bool]) -> np.ndarray:
+    """Global key blocks as int64 [7, n_blocks] (host): start row, length, first key row its queries
+    see (block start, or sequence start when dense or masked), end of the rows that see it (block end,
+    or sequence end when dense or masked), slots its queries merge, the global id of its sequence's
+    block 0, and the mask start (sequence start when masked, else -1)."""
     b = np.asarray(bounds, dtype=np.int64)
     s0, s1 = b[:-1], b[1:]
     nb = -(-(s1 - s0) // block_size)
@@ -120,11 +142,12 @@ def _blocks(bounds: list[int], block_size: int, topks: list[int]) -> np.ndarray:
     start = s0[seq] + c * block_size
     length = np.minimum(block_size, s1[seq] - start)
     k = np.asarray(topks, dtype=np.int64)[seq]
-    dense = k >= nb[seq]
+    mk = np.asarray(masked, dtype=bool)[seq] & (k < nb[seq])
+    dense = (k >= nb[seq]) | mk                                  # the dense loops (masked or not)
     kfirst = np.where(dense, s0[seq], start)
     rend = np.where(dense, s1[seq], start + length)
     slots = np.where(dense, 0, np.minimum(k - 1, c))
-    return np.stack([start, length, kfirst, rend, slots, base[seq]])
+    return np.stack([start, length, kfirst, rend, slots, base[seq], np.where(mk, s0[seq], -1)])
 
 
 def _items(counts: torch.Tensor, ptr: torch.Tensor, per: int, blk_start: torch.Tensor, hkv: int) -> torch.Tensor:
@@ -141,7 +164,8 @@ def _items(counts: torch.Tensor, ptr: torch.Tensor, per: int, blk_start: torch.T
 
 def _chunk_bounds(blk_lens: list[int], row_cost: int, partial_bytes: int) -> list[tuple[int, int]]:
     """Split the global blocks into runs whose partial-output buffer stays under ``partial_bytes``
-    (at least one block per run)."""
+    (at least one block per run). ``blk_lens`` counts the rows that need partial slots (0 for the
+    blocks of dense and masked sequences, which write none)."""
     out, first, rows = [], 0, 0
     for b, n in enumerate(blk_lens):
         if rows and (rows + n) * row_cost > partial_bytes:
@@ -169,10 +193,34 @@ def _gather(sel, row0: int, row1: int, row_base, k1p: int, H: int, G: int, n_blo
     return codes, _items(counts, ptr, block_m, blk_start, HKV), _items(counts, ptr, bwd_rows, blk_start, HKV)
 
 
+def selection_bits(sel: torch.Tensor, s0: int, s1: int, block_size: int, words: int, out: torch.Tensor,
+                   *, chunk_elems: int = 1 << 24) -> None:
+    """Write the blocks rows [s0, s1) attend into ``out[s0:s1]`` (int32 [T, H, words]): bit j % 32 of
+    word j // 32 for each chosen past block j of ``sel`` and for the row's own block.
+
+    int32 throughout; a row's blocks are distinct, so a scatter-add of their bits is their OR (bit 31
+    is the sign bit: -2^31 plus distinct lower bits never overflows). Word w goes to column w + 1 of
+    the accumulator, so an empty slot (-1: (-1 + 32) >> 5 = 0) lands in a column that is dropped --
+    no validity mask. Row chunks of about ``chunk_elems`` slots bound the temporaries."""
+    H, k1p = sel.shape[1], sel.shape[2]
+    rows = max(1, chunk_elems // (H * k1p))
+    for r0 in range(s0, s1, rows):
+        r1 = min(s1, r0 + rows)
+        acc = torch.zeros((r1 - r0, H, words + 1), dtype=torch.int32, device=sel.device)
+        s = sel[r0:r1]
+        acc.scatter_add_(2, ((s + 32) >> 5).long(), 1 << (s & 31))
+        own = torch.arange(r0 - s0, r1 - s0, device=sel.device, dtype=torch.int32) // block_size
+        shape = (r1 - r0, H, 1)
+        acc.scatter_add_(2, ((own >> 5) + 1).long().view(-1, 1, 1).expand(shape),
+                         (1 << (own & 31)).view(-1, 1, 1).expand(shape))
+        out[r0:r1] = acc[:, :, 1:]
+
+
 def build_index(q: torch.Tensor, k: torch.Tensor, cu_seqlens: torch.Tensor, block_size: int,
                 topk: torch.Tensor, block_m: int, *, bwd_rows: int = 1024,
-                partial_bytes: int = 1 << 30) -> MobaIndex:
-    """Selection plus the per-chunk tables for one call (see the module docstring)."""
+                partial_bytes: int = 1 << 30, masked: list[bool] | None = None) -> MobaIndex:
+    """Selection plus the per-chunk tables for one call (see the module docstring). ``masked``: per
+    sequence, run it on the masked dense path (ignored for dense sequences); default none."""
     from sparsebalance.kernels.moba.work import attended_pairs
 
     dev = q.device
@@ -182,37 +230,58 @@ def build_index(q: torch.Tensor, k: torch.Tensor, cu_seqlens: torch.Tensor, bloc
     bounds = [int(x) for x in cu_seqlens.cpu().tolist()]
     topks = [int(x) for x in topk.cpu().tolist()]
     lengths = [b - a for a, b in itertools.pairwise(bounds)]
+    nbs = [-(-L // block_size) for L in lengths]
+    masked = [bool(m) and k < n for m, k, n in zip(masked or [False] * len(lengths), topks, nbs)]
     # slots per row: the largest budget of a sequence that is not dense (dense ones have none)
-    k1 = max([k - 1 for k, L in zip(topks, lengths) if k < -(-L // block_size)], default=0)
+    k1 = max([k - 1 for k, n in zip(topks, nbs) if k < n], default=0)
     k1p = max(2, _next_pow2(k1))
     sel = select_blocks(q, k, bounds, block_size, topks, k1p)
-    blk = _blocks(bounds, block_size, topks)                           # host tables, vectorised
-    start, length, kfirst, rend, slots, _ = blk
+    words = max([-(-n // 32) for n, m in zip(nbs, masked) if m], default=1)
+    bits = None
+    if any(masked):
+        bits = torch.zeros((q.shape[0], H, words), dtype=torch.int32, device=dev)
+        for i in np.flatnonzero(masked).tolist():
+            selection_bits(sel, bounds[i], bounds[i + 1], block_size, words, bits)
+            sel[bounds[i]:bounds[i + 1]] = -1                          # nothing of it is gathered
+    if not any(k < n and not m for k, n, m in zip(topks, nbs, masked)):
+        k1 = 0                                                         # no partials to merge anywhere
+    blk = _blocks(bounds, block_size, topks, masked)                   # host tables, vectorised
+    start, length, kfirst, rend, slots, _, mstart = blk
     n_blocks = blk.shape[1]
     i32 = {"dtype": torch.int32, "device": dev}
     blk_start = row_base = None
     if k1:
         blk_start = torch.tensor(start, **i32)
         # per row: global id of its sequence's block 0 (turns a local selection into a global key block)
-        nb = -(-np.asarray(lengths) // block_size)
+        nb = np.asarray(nbs)
         row_base = torch.tensor(np.repeat(np.cumsum(nb) - nb, lengths), **i32)
     chunks = []
-    no_items = torch.zeros((4, 0), **i32)
-    for b0, b1 in _chunk_bounds(length.tolist(), H * k1p * D * q.element_size(), partial_bytes):
+    no_items = torch.zeros((5, 0), **i32)                              # every empty table
+    gathers = np.repeat([k < n and not m for k, n, m in zip(topks, nbs, masked)], nbs)
+    for b0, b1 in _chunk_bounds(np.where(gathers, length, 0).tolist(), H * k1p * D * q.element_size(),
+                                partial_bytes):
         row0, row1 = int(start[b0]), int(start[b1 - 1] + length[b1 - 1])
-        if k1 == 0 or not bool(slots[b0:b1].any()):  # dense or no past choice: nothing to gather
+        if k1 == 0 or not bool(slots[b0:b1].any()):  # dense, masked or no past choice: nothing to gather
             codes, fwd_items, bwd_items = torch.zeros(0, **i32), no_items, no_items
         else:
             codes, fwd_items, bwd_items = _gather(sel, row0, row1, row_base, k1p, H, G, n_blocks, blk_start,
                                                   block_m, bwd_rows)
         blocks = np.arange(b0, b1)
         own = np.stack([np.repeat(start[blocks], HKV), np.repeat(length[blocks], HKV),
-                        np.repeat(rend[blocks], HKV), np.tile(np.arange(HKV), b1 - b0)])
+                        np.repeat(rend[blocks], HKV), np.tile(np.arange(HKV), b1 - b0),
+                        np.repeat(mstart[blocks], HKV)])
         per = -(-length[blocks] // block_m)                            # query tiles per block
         tb = np.repeat(blocks, per)
         tile_row = start[tb] + block_m * (np.arange(int(per.sum())) - np.repeat(np.cumsum(per) - per, per))
-        qt = np.stack([tile_row, kfirst[tb], start[tb] + length[tb], slots[tb]])
+        qt = np.stack([tile_row, kfirst[tb], start[tb] + length[tb], slots[tb], mstart[tb]])
+        om, tm = own[4] >= 0, qt[4] >= 0
+
+        def table(a):  # boolean column selection can leave numpy column-major; kernels need row-major
+            return torch.tensor(np.ascontiguousarray(a), **i32) if a.shape[1] else no_items
+
         chunks.append(MobaChunk(row0=row0, row1=row1, codes=codes, fwd_items=fwd_items, bwd_items=bwd_items,
-                                own_items=torch.tensor(own, **i32), q_tiles=torch.tensor(qt, **i32)))
+                                own_items=table(own[:, ~om]), q_tiles=table(qt[:, ~tm]),
+                                own_items_masked=table(own[:, om]), q_tiles_masked=table(qt[:, tm])))
     return MobaIndex(sel=sel, k1p=k1p, k1=k1, chunks=chunks,
-                     attended_pairs=attended_pairs(lengths, block_size, topks, H))
+                     attended_pairs=attended_pairs(lengths, block_size, topks, H),
+                     bits=bits, words=words, masked=masked)

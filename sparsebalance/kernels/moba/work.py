@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 
 def attended_pairs(lengths: list[int], block_size: int, topks: list[int], heads: int) -> int:
     """Exact attended (query, key) pairs summed over heads (closed form per sequence)."""
@@ -78,10 +80,10 @@ def gather_work(index: Any, block_size: int, block_m: int, block_n: int, heads: 
 
     Forward: every forward item runs ``block_m`` gathered rows against its whole past block; every
     own+merge query tile runs ``block_n`` key tiles from its first key row (own block start, or
-    sequence start when dense) to its last row. Backward: every backward item runs its entries in
+    sequence start when dense or masked) to its last row. Backward: every backward item runs its entries in
     tiles of ``block_m`` against each of the block's key sub-tiles; every own item runs, per query
     head of its group and per key sub-tile, the row tiles from the one holding the sub-tile's first
-    key to its row end (block end, or sequence end when dense).
+    key to its row end (block end, or sequence end when dense or masked).
     """
     total = 0
     group = heads // kv_heads
@@ -89,13 +91,14 @@ def gather_work(index: Any, block_size: int, block_m: int, block_n: int, heads: 
         if backward:
             n = (ch.bwd_items[1] - ch.bwd_items[0]).long()
             total += int(((n + block_m - 1) // block_m).sum()) * block_m * block_size
-            for start, blen, rend in zip(*ch.own_items[:3].tolist()):
+            own = np.concatenate([ch.own_items.cpu().numpy(), ch.own_items_masked.cpu().numpy()], 1)
+            for start, blen, rend in zip(*own[:3].tolist()):
                 for sub in range(0, blen, block_n):
                     first = (sub // block_m) * block_m
                     total += group * -(-(rend - start - first) // block_m) * block_m * block_n
         else:
             total += ch.fwd_items.shape[1] * block_m * block_size
-            t = ch.q_tiles.long()
+            t = np.concatenate([ch.q_tiles.cpu().numpy(), ch.q_tiles_masked.cpu().numpy()], 1).astype(np.int64)
             keys = -(-(t[0] + block_m - t[1]) // block_n) * block_n  # from the first key row
             total += int(keys.sum()) * block_m * heads
     return total

@@ -1,0 +1,140 @@
+"""The masked dense path of the MoBA Triton kernel (dense loops under each row's selected-block bits)
+and the dispatcher that chooses it, against independent oracles: the float64 mask-based reference
+(``naive.py``, gradients by autograd) on fresh seeded random inputs, and the cost model's rule.
+
+Runs compiled on a CUDA machine and under the Triton interpreter on a CPU-only one
+(``tests/kernels/conftest.py``); sizes are small so the module takes well under a minute there.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+if torch.cuda.is_available():
+    assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "never interpret on a CUDA machine"
+elif os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("no CUDA and TRITON_INTERPRET is not 1", allow_module_level=True)
+
+from sparsebalance.kernels.moba import triton_impl, triton_select
+from sparsebalance.kernels.moba.naive import moba_attention_naive, naive_selection
+from sparsebalance.kernels.moba.triton_impl import moba_attention_triton, plan_paths
+from sparsebalance.simulator import kernelcost as kc
+from sparsebalance.simulator.roofline import H100
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+B, D = 16, 16
+
+
+def _inputs(seed: int, lens, h: int, hkv: int):
+    g = torch.Generator().manual_seed(seed)
+    t = sum(lens)
+    cu = torch.tensor([0, *np.cumsum(lens).tolist()], dtype=torch.int32)
+    q, k, v, do = (torch.randn(t, n, D, generator=g) for n in (h, hkv, hkv, h))
+    return q, k, v, do, cu
+
+
+def _run(fn, q, k, v, do, dtype):
+    qs, ks, vs = (x.detach().to(device=DEV, dtype=dtype).clone().requires_grad_() for x in (q, k, v))
+    out = fn(qs, ks, vs)
+    out.backward(do.to(device=DEV, dtype=dtype))
+    return out, qs.grad, ks.grad, vs.grad
+
+
+def _rel(a, b) -> float:
+    """max |a - b| / max |b|, elementwise."""
+    return float((a.detach().double().cpu() - b.detach().double().cpu()).abs().max() / b.detach().abs().max())
+
+
+def _check(q, k, v, do, cu, topk, **kw):
+    got = _run(lambda a, b, c: moba_attention_triton(a, b, c, cu.to(DEV), B, topk, **kw), q, k, v, do,
+               torch.float32)
+    ref = _run(lambda a, b, c: moba_attention_naive(a, b, c, cu, B, topk), q.double(), k.double(), v.double(),
+               do.double(), torch.float64)
+    for name, a, r in zip(("out", "dq", "dk", "dv"), got, ref):
+        assert _rel(a, r) <= 1e-4, f"{name}: rel err {_rel(a, r):.2e}"
+
+
+# (lengths, heads, kv heads, topk, (block_m, block_n) or None)
+CASES = {
+    "mha-ragged-topk2": ((37, 70, 9, 53), 4, 4, 2, None),
+    "gqa2-topk-per-seq": ((70, 16, 53, 41), 4, 2, torch.tensor([3, 1, 2, 4]), None),
+    "mqa-tile8-keytile8": ((53, 37), 2, 1, torch.tensor([2, 3]), (8, 8)),
+    # 34 blocks: two bit words per row (block 31 is the sign bit of word 0, block 32 starts word 1)
+    "mha1-34-blocks-topk9": ((530,), 1, 1, 9, None),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_masked_path_matches_float64_reference_fp32(case):
+    lens, h, hkv, topk, tiles = CASES[case]
+    q, k, v, do, cu = _inputs(100 + list(CASES).index(case), lens, h, hkv)
+    bm, bn = tiles or (None, None)
+    _check(q, k, v, do, cu, topk, block_m=bm, block_n=bn, path="masked")
+
+
+def test_mixed_paths_in_one_varlen_call(monkeypatch):
+    """Sequences on the masked path beside sparse and dense ones in one packed call: each runs its
+    own path (the dispatcher's choice reaches build_index), all equal the reference."""
+    lens, topk = (53, 70, 37, 41), torch.tensor([2, 3, 3, 2])  # blocks 4, 5, 3 (dense), 3
+    plan = [True, False, True, False]
+    seen = {}
+    build = triton_select.build_index
+
+    def spy(*a, **kw):
+        seen["masked"] = kw["masked"]
+        seen["idx"] = build(*a, **kw)
+        return seen["idx"]
+
+    monkeypatch.setattr(triton_impl, "plan_paths", lambda *a, **kw: plan)
+    monkeypatch.setattr(triton_impl, "build_index", spy)
+    q, k, v, do, cu = _inputs(7, lens, 4, 2)
+    _check(q, k, v, do, cu, topk)
+    assert seen["masked"] == plan
+    idx = seen["idx"]
+    assert idx.masked == [True, False, False, False]  # the dense sequence stays dense
+    tables = [t for c in idx.chunks for t in (c.q_tiles, c.q_tiles_masked, c.own_items, c.own_items_masked)]
+    assert all(t.is_contiguous() for t in tables)  # the kernels read them row-major
+    for c in idx.chunks:  # only the first sequence's tiles are masked, in their own tables
+        assert set(c.q_tiles_masked[4].tolist()) == {0} and set(c.q_tiles[4].tolist()) == {-1}
+        assert set(c.own_items_masked[4].tolist()) == {0} and set(c.own_items[4].tolist()) == {-1}
+
+
+def test_selection_bits_hold_the_reference_selection_and_own_block():
+    """bits (36 blocks, two words) = naive_selection plus each row's own block; nothing of a masked
+    sequence is left in sel for the gather."""
+    q, k, _, _, cu = _inputs(5, (570,), 2, 1)
+    idx = triton_select.build_index(q, k, cu, B, torch.tensor([9]), 16, masked=[True])
+    n = 36
+    assert idx.words == 2 and bool((idx.sel == -1).all())
+    want = naive_selection(q.double(), k.double(), B, 9)
+    rows = torch.arange(570)
+    want[rows, :, rows // B] = True
+    words = idx.bits.long() & 0xFFFFFFFF
+    got = torch.stack([(words[:, :, j // 32] >> (j % 32)) & 1 == 1 for j in range(n)], dim=2)
+    assert torch.equal(got, want)
+
+
+# (L, k): long sequences at budgets where the model's choice changes, plus a dense one
+POINTS = [(8448, 2), (8448, 32), (32768, 16), (32768, 100), (32768, 128), (4096, 3)]
+
+
+def test_dispatcher_picks_the_path_the_cost_model_says():
+    """plan_paths (per sequence of one packed call) = kernelcost.choose_path on the kernel's shape
+    and dtype with the H100 model (a CPU device). The points cover both sparse and masked choices."""
+    lens = [L for L, _ in POINTS]
+    topk = torch.tensor([k for _, k in POINTS])
+    cu = torch.tensor([0, *np.cumsum(lens).tolist()], dtype=torch.int32)
+    q = torch.empty(0, 8, 128, dtype=torch.bfloat16)
+    k = torch.empty(0, 1, 128, dtype=torch.bfloat16)
+    got = plan_paths(cu, topk, 256, q, k)
+    shape = kc.Shape(heads=8, kv_heads=1, head_dim=128, block=256, dtype_bytes=2)
+    want = kc.choose_path(np.array(lens), topk.numpy(), shape, H100)
+    assert got == (want == kc.MASKED).tolist()
+    assert {kc.SPARSE, kc.MASKED, kc.DENSE} <= set(want.tolist())
+    assert plan_paths(cu, topk, 256, q, k, "sparse") == [False] * len(lens)
+    assert plan_paths(cu, topk, 256, q, k, "masked") == [True] * len(lens)

@@ -1,10 +1,15 @@
 """Process groups, the model on each rank, and the two roles: rank 0's RealrunExecutor and followers.
 
-Rank layout: global rank = dp_rank * pp + stage (see ``config.rank_layout``). Groups, created in the
-same order on every rank: ``control`` (gloo, all ranks: plan broadcast and report gather, so objects
-never touch NCCL), ``fwd`` / ``bwd`` (all ranks: activations and gradients, see p2p.py), ``dp`` (the
-DP replicas of one stage: gradient all-reduce) and ``tied`` (first + last stage of a replica, for a
-tied embedding).
+Rank layout: global rank = (dp_rank * pp + stage) * tp + tp_rank (see ``config.rank_layout``).
+Groups, created in the same order on every rank: ``control`` (gloo, all ranks: plan broadcast and
+report gather, so objects never touch NCCL), ``fwd`` / ``bwd`` (all ranks: activations and
+gradients, see p2p.py), ``dp`` (the DP replicas of one stage and TP rank: gradient all-reduce),
+``tied`` (the devices of the first and last virtual stage of a replica, same TP rank, for a tied
+embedding) and, with tp > 1, the TP device mesh (``init_device_mesh`` over (dp x pp, tp); its "tp"
+dimension is a stage's TP group, used by the DTensor plan of ``tp.py``).
+
+Each rank builds one module per virtual stage the schedule places on its device (one, except for
+interleaved 1F1B), then shards its decoder layers over the TP group.
 """
 
 from __future__ import annotations
@@ -32,18 +37,19 @@ class Runtime:
     rr: RealrunConfig
     groups: dict
     worker: Any
+    tp_rank: int = 0
 
 
 def init_runtime(cfg: Any, rr: RealrunConfig) -> Runtime:
-    """Join the process group (torchrun env), build this rank's stage and worker."""
+    """Join the process group (torchrun env), build this rank's model chunks and worker."""
     import torch
     import torch.distributed as dist
 
-    from sparsebalance.kernels.qwen2 import build_qwen2, load_qwen2
-    from sparsebalance.realrun.stage import build_stage
     from sparsebalance.realrun.worker import StageWorker
+    from sparsebalance.simulator.schedules import placement
 
-    pp, dp = cfg.cluster.pp, cfg.cluster.dp
+    c = cfg.cluster
+    pp, dp, tp = c.pp, c.dp, c.tp
     torch.set_num_threads(rr.threads)
     timeout = timedelta(seconds=rr.timeout_s)
     if rr.device == "cuda":
@@ -53,42 +59,60 @@ def init_runtime(cfg: Any, rr: RealrunConfig) -> Runtime:
         device = torch.device("cpu")
     dist.init_process_group(rr.backend, timeout=timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
-    if world != pp * dp:
-        raise RuntimeError(f"world size {world} != cluster.pp x cluster.dp = {pp * dp}; "
-                           f"launch with --nproc-per-node {pp * dp} (or nodes x procs = {pp * dp})")
-    dp_rank, stage = rank_layout(rank, pp)
+    if world != pp * dp * tp:
+        raise RuntimeError(f"world size {world} != cluster.pp x cluster.dp x cluster.tp = {pp * dp * tp}; "
+                           f"launch with --nproc-per-node {pp * dp * tp} (or nodes x procs = {pp * dp * tp})")
+    dp_rank, stage, tp_rank = rank_layout(rank, pp, tp)
+    where = placement(c.schedule, pp, c.virtual_stages)
     groups = {"world": None,
               "control": dist.new_group(backend="gloo", timeout=timeout),
               "fwd": dist.new_group(timeout=timeout),
               "bwd": dist.new_group(timeout=timeout)}
     for s in range(pp):
-        g = dist.new_group([global_rank(r, s, pp) for r in range(dp)], timeout=timeout)
-        if s == stage:
-            groups["dp"] = g
+        for t in range(tp):
+            g = dist.new_group([global_rank(r, s, pp, t, tp) for r in range(dp)], timeout=timeout)
+            if (s, t) == (stage, tp_rank):
+                groups["dp"] = g
     for r in range(dp):
-        members = sorted({global_rank(r, 0, pp), global_rank(r, pp - 1, pp)})
-        g = dist.new_group(members, timeout=timeout) if len(members) > 1 else None
-        if r == dp_rank:
-            groups["tied"] = g
+        for t in range(tp):
+            members = sorted({global_rank(r, where[0], pp, t, tp), global_rank(r, where[-1], pp, t, tp)})
+            g = dist.new_group(members, timeout=timeout) if len(members) > 1 else None
+            if (r, t) == (dp_rank, tp_rank):
+                groups["tied"] = g
+    tp_mesh = None
+    if tp > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        tp_mesh = init_device_mesh(device.type, (dp * pp, tp), mesh_dim_names=("replica_stage", "tp"))["tp"]
+    chunks = {vs: build_chunk(cfg, rr, vs, device, tp_mesh)
+              for vs in range(len(where)) if where[vs] == stage}
+    dist.barrier()
+    origin = time.perf_counter()  # one shared origin: every rank leaves the barrier together
+    worker = StageWorker(rank=rank, dp_rank=dp_rank, stage=stage, tp_rank=tp_rank, cluster=c,
+                         chunks=chunks, rr=rr, block_size=cfg.model.block_size, groups=groups,
+                         device=device, origin=origin)
+    return Runtime(rank=rank, world=world, dp_rank=dp_rank, stage=stage, cfg=cfg, rr=rr,
+                   groups=groups, worker=worker, tp_rank=tp_rank)
+
+
+def build_chunk(cfg: Any, rr: RealrunConfig, vs: int, device: Any, tp_mesh: Any):
+    """The module of virtual stage ``vs`` (its layers, + embedding on the first, + final norm, LM
+    head and loss on the last), its decoder layers sharded over ``tp_mesh`` when given."""
+    from sparsebalance.kernels.qwen2 import build_qwen2, load_qwen2
+    from sparsebalance.realrun.stage import build_stage, stage_layers
+
+    nv = cfg.cluster.pp * cfg.cluster.virtual_stages
     if rr.checkpoint:
         net = load_qwen2(str(cfg.resolve(rr.checkpoint)), dtype=rr.dtype)
     else:
         net = build_qwen2(cfg.model, seed=cfg.seed, dtype=rr.dtype)
-    module = build_stage(net, stage, pp, _layer_split(cfg, stage)).to(device)
+    module = build_stage(net, vs, nv, stage_layers(cfg.model.layers, nv, vs)).to(device)
     del net
-    dist.barrier()
-    origin = time.perf_counter()  # one shared origin: every rank leaves the barrier together
-    worker = StageWorker(rank=rank, dp_rank=dp_rank, stage=stage, pp=pp, dp=dp,
-                         schedule=cfg.cluster.schedule, stage_module=module, rr=rr,
-                         block_size=cfg.model.block_size, groups=groups, device=device, origin=origin)
-    return Runtime(rank=rank, world=world, dp_rank=dp_rank, stage=stage, cfg=cfg, rr=rr,
-                   groups=groups, worker=worker)
+    if tp_mesh is not None:
+        from sparsebalance.realrun.tp import parallelize_layers
 
-
-def _layer_split(cfg: Any, stage: int) -> range:
-    from sparsebalance.realrun.stage import stage_layers
-
-    return stage_layers(cfg.model.layers, cfg.cluster.pp, stage)
+        parallelize_layers(module.model.layers, tp_mesh)
+    return module
 
 
 def make_message(iteration: int, plan: Any, budgets: Any):

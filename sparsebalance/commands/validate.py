@@ -117,7 +117,7 @@ def _print_report(out: Path, tables: dict, summary: dict) -> None:
     print(st.round(4).to_string(index=False))
     # P2P and untraced mean different things on the two sides (a real receive wait vs a simulated
     # transfer; framework time vs pipeline idle), so they are listed measured-only.
-    same = ops["op"].isin(["F", "B", "ALLREDUCE", "OPTIM", "idle"])
+    same = ops["op"].isin(["F", "B", "I", "W", "ALLREDUCE", "OPTIM", "idle"])
     print("\nper op: seconds per iteration (idle = iteration time - F - B)")
     print(ops[same].round(4).to_string(index=False))
     extra = ops[~same][["policy", "stage", "op", "measured"]]

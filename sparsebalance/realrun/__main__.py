@@ -4,8 +4,8 @@ r = (dp_rank x pp + stage) x tp + tp_rank (``config.rank_layout``).
 
 Rank 0 loads data, latency model and policies, runs ``sparsebalance.loop.run_loop`` with a
 RealrunExecutor and writes ``<output_dir>/<name>/``; the other ranks follow its broadcast plans.
-A failing rank prints one line naming itself and the error, then exits 1; torchrun then stops the
-other workers, and collectives are bounded by ``realrun.timeout_s`` where no launcher does.
+A bad config is one line and exit code 2 (``ConfigError``, before any collective). A failing rank
+prints one line naming itself and the error, then exits 1; torchrun then stops the other workers, and collectives are bounded by ``realrun.timeout_s`` where no launcher does.
 """
 
 from __future__ import annotations
@@ -131,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         first = (str(e).strip().splitlines() or [""])[0]
         worker_failed(f"{type(e).__name__}: {first}", traceback.format_exc())
+        from sparsebalance.errors import ConfigError
+
+        if isinstance(e, ConfigError):  # bad input (found before any collective): one line, exit 2
+            print(f"realrun: error: {e}", file=sys.stderr, flush=True)
+            os._exit(2)
         print(f"realrun: {where} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         if os.environ.get("SPARSEBALANCE_TRACEBACK"):
             traceback.print_exc()

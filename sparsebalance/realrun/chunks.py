@@ -16,8 +16,9 @@ It walks its action order (``stage_orders``, the simulator's) and for action ``(
   into the chunk's input leaf, so I stops there and W also runs the embedding's backward.
 
 P2P messages are keyed by (vstage, micro-batch), so chunks sharing a pair of devices never mix.
-Every action is timed into trace rows (stage = this device); only TP rank 0 writes rows, the loss
-and coverage (its TP peers compute the same values).
+Every action is timed into trace rows (stage = this device); only TP rank 0 writes rows and the
+loss (its TP peers compute the same values; the coverage curves are averaged over them,
+``worker.py``).
 """
 
 from __future__ import annotations

@@ -109,7 +109,8 @@ def realrun_config(cfg) -> RealrunConfig:
 def check_mesh(m, c) -> None:
     """What the real model can run (one line each, ConfigError): every (virtual) stage needs layers,
     and with virtual stages the layers split evenly over pp x virtual_stages chunks (Megatron's rule:
-    each chunk is one model piece); tp divides the query and the key/value heads (no replication)."""
+    each chunk is one model piece); tp divides the query heads and divides the key/value heads or, with
+    ``cluster.replicate_kv_heads``, is a multiple of them (``realrun/tp.py``)."""
     from sparsebalance.simulator.config import check_tp
 
     chunks = c.pp * c.virtual_stages
@@ -119,10 +120,7 @@ def check_mesh(m, c) -> None:
         check(m.layers % chunks == 0, "cluster.virtual_stages",
               f"pp x virtual_stages = {c.pp} x {c.virtual_stages} = {chunks} must divide model.layers "
               f"({m.layers}) in the real run (equal model chunks)")
-    check_tp(m, c)
-    check(m.kv_heads % c.tp == 0, "cluster.tp",
-          f"realrun splits the key/value heads: must divide model.kv_heads ({m.kv_heads}), got {c.tp} "
-          "(replicated KV heads are simulated only)")
+    check_tp(m, c)  # tp divides the heads, and the KV heads or (replicate_kv_heads) is a multiple
 
 
 def world_size(cfg) -> int:

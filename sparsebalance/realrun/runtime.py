@@ -7,7 +7,8 @@ gradients, see p2p.py), ``dp`` (the DP replicas of one stage and TP rank: gradie
 ``tied`` (the devices of the first and last virtual stage of a replica, same TP rank, for a tied
 embedding) and, with tp > 1, the TP device mesh (``init_device_mesh`` over (dp x pp, tp); its "tp"
 dimension is a stage's TP group, used by the DTensor plan of ``tp.py``; ``tp`` is its process group,
-which also averages the coverage curves measured on each rank's heads).
+which also averages the coverage curves measured on each rank's heads) and, with replicated KV
+heads, ``kv`` (the TP ranks of a stage sharing one KV head: their gradients summed).
 
 Each rank builds one module per virtual stage the schedule places on its device (one, except for
 interleaved 1F1B), then shards its decoder layers over the TP group.
@@ -46,6 +47,7 @@ def init_runtime(cfg: Any, rr: RealrunConfig) -> Runtime:
     import torch
     import torch.distributed as dist
 
+    from sparsebalance.realrun.tp import kv_copies
     from sparsebalance.realrun.worker import StageWorker
     from sparsebalance.simulator.schedules import placement
 
@@ -87,6 +89,14 @@ def init_runtime(cfg: Any, rr: RealrunConfig) -> Runtime:
 
         tp_mesh = init_device_mesh(device.type, (dp * pp, tp), mesh_dim_names=("replica_stage", "tp"))["tp"]
         groups["tp"] = tp_mesh.get_group()
+        copies = kv_copies(cfg.model.kv_heads, tp)
+        for d in range(dp):  # the TP ranks sharing one replicated KV head (tp.py)
+            for s in range(pp):
+                for h in range(tp // copies if copies > 1 else 0):
+                    ranks = [global_rank(d, s, pp, t, tp) for t in range(h * copies, (h + 1) * copies)]
+                    g = dist.new_group(ranks, timeout=timeout)
+                    if (d, s, tp_rank // copies) == (dp_rank, stage, h):
+                        groups["kv"] = g
     # only this device's chunks are ever allocated here (a 7B model never lives whole on a rank)
     chunks = {vs: build_chunk(cfg, rr, vs, device, tp_mesh)
               for vs in range(len(where)) if where[vs] == stage}
@@ -97,7 +107,7 @@ def init_runtime(cfg: Any, rr: RealrunConfig) -> Runtime:
     dist.barrier()
     origin = time.perf_counter()  # one shared origin: every rank leaves the barrier together
     worker = StageWorker(rank=rank, dp_rank=dp_rank, stage=stage, tp_rank=tp_rank, cluster=c,
-                         chunks=chunks, rr=rr, block_size=cfg.model.block_size, groups=groups,
+                         chunks=chunks, rr=rr, model=cfg.model, groups=groups,
                          device=device, origin=origin)
     return Runtime(rank=rank, world=world, dp_rank=dp_rank, stage=stage, cfg=cfg, rr=rr,
                    groups=groups, worker=worker, tp_rank=tp_rank)
@@ -112,8 +122,11 @@ def build_chunk(cfg: Any, rr: RealrunConfig, vs: int, device: Any, tp_mesh: Any)
     nv = cfg.cluster.pp * cfg.cluster.virtual_stages
     module = build_stage_module(cfg, rr, vs, nv, device)
     if tp_mesh is not None:
-        from sparsebalance.realrun.tp import parallelize_layers
+        from sparsebalance.realrun.tp import kv_copies, parallelize_layers, replicate_kv
 
+        m, tp = cfg.model, cfg.cluster.tp
+        if kv_copies(m.kv_heads, tp) > 1:
+            replicate_kv(module.model.layers, m.kv_heads, m.head_dim, tp)
         parallelize_layers(module.model.layers, tp_mesh)
     return module
 

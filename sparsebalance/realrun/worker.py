@@ -55,11 +55,12 @@ class StageWorker:
     """One rank: (dp_rank, stage, tp_rank) of a PP x DP x TP run, with its model chunks."""
 
     def __init__(self, *, rank: int, dp_rank: int, stage: int, tp_rank: int = 0, cluster: Any,
-                 chunks: dict, rr: RealrunConfig, block_size: int, groups: dict, device: Any,
+                 chunks: dict, rr: RealrunConfig, model: Any, groups: dict, device: Any,
                  origin: float) -> None:
         import torch
 
         from sparsebalance.realrun.p2p import P2P
+        from sparsebalance.realrun.tp import kv_copies, replicated_kv_params
         from sparsebalance.simulator.schedules import placement
 
         c = cluster
@@ -68,7 +69,12 @@ class StageWorker:
         self.schedule, self.virtual_stages = c.schedule, c.virtual_stages
         self.placement = placement(c.schedule, c.pp, c.virtual_stages)
         self.chunks, self.rr = chunks, rr
-        self.block_size, self.groups, self.device, self.origin = block_size, groups, device, origin
+        self.block_size, self.groups, self.device, self.origin = model.block_size, groups, device, origin
+        self.model_cfg = model
+        self.kv_r = kv_copies(model.kv_heads, c.tp)
+        """Ranks sharing a KV head (1: KV heads split, ``tp.py``)."""
+        self.kv_params = ([p for mod in chunks.values() for p in replicated_kv_params(mod.model.layers)]
+                          if self.kv_r > 1 else [])
         self.params = [p for mod in chunks.values() for p in mod.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=rr.lr, weight_decay=rr.weight_decay)
         self.p2p = P2P(fwd_group=groups["fwd"], bwd_group=groups["bwd"], device=device)
@@ -191,24 +197,30 @@ class StageWorker:
 
     def global_state_dict(self) -> dict[str, Any]:
         """The weights of every chunk of this rank under Hugging Face names (whole tensors)."""
+        from sparsebalance.realrun.tp import collapse_kv
+
         out: dict[str, Any] = {}
         for mod in self.chunks.values():
             out |= mod.global_state_dict()
-        return out
+        m = self.model_cfg
+        return {k: collapse_kv(k, t, m.kv_heads, m.head_dim, self.tp) for k, t in out.items()}
 
     def _allreduce(self) -> None:
         """Sum gradients over the DP replicas of this stage and TP rank (one flat buffer of the local
-        shards, one call), and over the devices of the first and last vstage for a tied embedding."""
+        shards, one call), over the devices of the first and last vstage for a tied embedding, and
+        over the TP ranks sharing a replicated KV head."""
         import torch
         import torch.distributed as dist
 
-        from sparsebalance.realrun.tp import local_grad
+        from sparsebalance.realrun.tp import local_grad, sum_replicated_kv
 
         for p in self.params:
             if p.grad is None:  # a parameter unused by these micro-batches still joins the sum
                 p.grad = torch.zeros_like(p)
         for tied in self.tied_parameters():
             dist.all_reduce(local_grad(tied), group=self.groups["tied"])
+        if self.kv_params:
+            sum_replicated_kv(self.kv_params, self.groups["kv"])
         if self.dp > 1:
             grads = [local_grad(p) for p in self.params]
             flat = torch.cat([g.reshape(-1) for g in grads])
@@ -226,7 +238,7 @@ class StageWorker:
 
         if self.rr.grad_clip is not None:
             # after the DP sum every replica holds the same gradients: world sum = dp x global norm^2
-            sq = grad_sq_sum(self.params, self.tp)
+            sq = grad_sq_sum(self.params, self.tp, {id(p): self.kv_r for p in self.kv_params})
             for mod in self.chunks.values():
                 tied = mod.tied_parameter()
                 if tied is not None and mod.last:  # counted once, on the first stage

@@ -32,6 +32,7 @@ tp = {tp}
 schedule = "{schedule}"
 virtual_stages = {v}
 global_batch = {gb}
+replicate_kv_heads = {replicate}
 [data]
 source = "text_dir"
 path = "stdlib"
@@ -52,10 +53,10 @@ lr = 0.003
 
 
 def _launch(tmp: Path, *, pp: int, dp: int, tp: int = 1, schedule: str, v: int = 1,
-            timeout: float = 240) -> subprocess.CompletedProcess:
+            replicate: bool = False, timeout: float = 240) -> subprocess.CompletedProcess:
     cfg = tmp / "run.toml"
     cfg.write_text(CONFIG.format(out=tmp / "results", pp=pp, dp=dp, tp=tp, schedule=schedule, v=v,
-                                 gb=4 * dp))
+                                 gb=4 * dp, replicate=str(replicate).lower()))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(pp * dp * tp),
            "--standalone", "-m", "sparsebalance.realrun", "--config", str(cfg), "--quiet",
            "--dump-state", str(tmp / "state")]
@@ -118,12 +119,36 @@ def _check(tmp: Path, *, pp: int, dp: int, tp: int, ops: tuple[str, ...]) -> pd.
                 rows = tr[(tr.iteration == it) & (tr.dp_rank == d) & (tr.stage == s)]
                 for op in ops:  # every chunk of the device: v actions per micro-batch
                     assert sorted(rows[rows.op == op].microbatch) == sorted(list(range(m)) * v), (op, s)
-    assert set(tr.op) == {*ops, "P2P", "ALLREDUCE", "OPTIM"}
+    assert set(tr.op) == {*ops, "ALLREDUCE", "OPTIM"} | ({"P2P"} if pp > 1 else set())
     assert (tr.end_s >= tr.start_s).all()
     check_trace(tr)  # the simulator's schema
     work = tr[tr.op.isin(ops)]
     assert work.cpu_s.notna().all() and (work.cpu_s > 0).all()  # CPU columns on every compute row
     return tr
+
+
+def test_replicated_kv_heads_give_each_rank_its_query_heads_kv_head():
+    """replicate_kv widens k/v to tp heads so that column shard t is KV head t // r, the head that
+    HF's grouped-query attention pairs with query heads t * heads/tp ...; collapse_kv inverts it."""
+    from sparsebalance.kernels.qwen2 import build_qwen2
+    from sparsebalance.realrun.tp import collapse_kv, replicate_kv
+    from sparsebalance.simulator.config import tiny
+
+    m = tiny()  # 4 heads, 2 KV heads, head_dim 16
+    tp, hd = 4, m.head_dim
+    layer = build_qwen2(m, seed=1).model.layers[0]
+    x = torch.randn(7, m.hidden, generator=torch.Generator().manual_seed(0))
+    before = {n: layer.get_submodule(f"self_attn.{n}")(x).detach() for n in ("k_proj", "v_proj")}
+    orig = {k: v.clone() for k, v in layer.state_dict().items()}
+    replicate_kv([layer], m.kv_heads, hd, tp)
+    group = m.heads // m.kv_heads  # query heads per KV head
+    for n, y in before.items():
+        wide = layer.get_submodule(f"self_attn.{n}")(x).detach().view(7, tp, hd)
+        for t in range(tp):
+            kv_of_rank = (t * m.heads // tp) // group  # HF: query head i uses KV head i // group
+            torch.testing.assert_close(wide[:, t], y.view(7, m.kv_heads, hd)[:, kv_of_rank], rtol=0, atol=0)
+    for k, v in layer.state_dict().items():
+        torch.testing.assert_close(collapse_kv(k, v, m.kv_heads, hd, tp), orig[k], rtol=0, atol=0)
 
 
 def _check_coverage(cfg, out: Path, plans: list, budgets: list, tokens: dict) -> None:
@@ -179,3 +204,11 @@ def test_pp2_tp2(tmp_path):
     res = _launch(tmp_path, pp=2, dp=1, tp=2, schedule="1f1b")
     assert res.returncode == 0, res.stderr[-3000:]
     _check(tmp_path, pp=2, dp=1, tp=2, ops=("F", "B"))
+
+
+@pytest.mark.slow
+def test_tp4_replicates_the_two_kv_heads(tmp_path):
+    """tp = 4 > kv_heads = 2: each KV head on 2 TP ranks (Megatron's replication), 4 processes."""
+    res = _launch(tmp_path, pp=1, dp=1, tp=4, schedule="1f1b", replicate=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    _check(tmp_path, pp=1, dp=1, tp=4, ops=("F", "B"))

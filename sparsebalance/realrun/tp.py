@@ -1,6 +1,7 @@
 """Tensor parallelism for realrun: torch's DTensor tensor-parallel API on a stage's decoder layers.
 
-Plan (Megatron's, ``parallelize_module``): in every decoder layer the attention's q/k/v projections
+Plan (Megatron's, ``parallelize_module``; ``kernels/tp_plan.py``, which the profiler times too): in
+every decoder layer the attention's q/k/v projections
 are column-parallel (each TP rank computes its heads: ``heads / tp`` query heads and
 ``kv_heads / tp`` key/value heads, so grouped-query attention keeps its ratio and MoBA runs on the
 local heads unchanged: it takes the query/key head ratio from the shapes) and the output projection
@@ -29,10 +30,9 @@ from __future__ import annotations
 
 from typing import Any
 
-LAYER_PLAN = {"self_attn.q_proj": "col", "self_attn.k_proj": "col", "self_attn.v_proj": "col",
-              "self_attn.o_proj": "row", "mlp.gate_proj": "col", "mlp.up_proj": "col",
-              "mlp.down_proj": "row"}
-"""Sub-module of a Qwen2 decoder layer -> column- or row-parallel."""
+from sparsebalance.kernels.tp_plan import LAYER_PLAN, parallelize_layers
+
+__all__ = ["LAYER_PLAN", "parallelize_layers"]  # the plan lives in kernels/ (the profiler times it)
 KV_PROJ = ("self_attn.k_proj", "self_attn.v_proj")
 
 
@@ -64,15 +64,6 @@ def collapse_kv(name: str, t: Any, kv_heads: int, head_dim: int, tp: int) -> Any
     if r == 1 or not any(f"{p}." in name for p in KV_PROJ):
         return t
     return t.reshape(tp, head_dim, *t.shape[1:])[::r].reshape(kv_heads * head_dim, *t.shape[1:]).clone()
-
-
-def parallelize_layers(layers: Any, tp_mesh: Any) -> None:
-    """Apply :data:`LAYER_PLAN` to every decoder layer of ``layers`` (in place)."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    plan = {name: ColwiseParallel() if kind == "col" else RowwiseParallel() for name, kind in LAYER_PLAN.items()}
-    for layer in layers:
-        parallelize_module(layer, tp_mesh, plan)
 
 
 def replicated_kv_params(layers: Any) -> list:

@@ -71,7 +71,7 @@ def stage_table(side: Side, *, warmup_excluded: bool) -> pd.DataFrame:
 
 def _op_sums(trace: pd.DataFrame, iteration_time: pd.Series) -> pd.DataFrame:
     """Per (iteration, dp_rank, stage, op) summed seconds, plus two derived ops: ``idle`` = iteration
-    time minus F + B (comparable on both sides: the simulator's bubble vs the real P2P waits,
+    time minus F + B (+ I + W; comparable on both sides: the simulator's bubble vs the real P2P waits,
     all-reduce, optimizer and overheads) and ``untraced`` = iteration time minus every traced second
     (in a real run: Python and framework work between actions, coverage, sends; in the simulator:
     pipeline idle, since it has no wait rows)."""
@@ -81,7 +81,7 @@ def _op_sums(trace: pd.DataFrame, iteration_time: pd.Series) -> pd.DataFrame:
     traced = full.sum(axis=1)
     its = full.index.get_level_values("iteration")
     total = iteration_time.reindex(its).to_numpy()
-    full["idle"] = total - (full["F"] + full["B"]).to_numpy()
+    full["idle"] = total - full[list(WORK_OPS)].sum(axis=1).to_numpy()
     full["untraced"] = total - traced.to_numpy()
     return full.stack().rename("seconds").reset_index()
 

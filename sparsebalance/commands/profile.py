@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
                               f"(the latency model interpolates between them), got {text_of(vals)}")
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     grid = ProfileGrid(repeats=args.repeats, warmup=args.warmup, threads=args.threads,
-                       statistic=args.statistic,
+                       statistic=args.statistic, tp_plan=args.tp > 1,
                        device=args.device, dtype=dtype, **kw)
     # before measuring: a bad --out must not cost the measurement
     out_dir = resolve_out(args.out, args.out, force=args.force, verb="profile",
@@ -117,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
                 "layer_* = one HF "
                 "Qwen2DecoderLayer with a zero-cost attention core; attn_* = moba_attention (auto backend)"
                 + (f"; tp {args.tp}: one rank's shard (heads, kv heads, MLP width / {args.tp}; embedding "
-                   "and head whole, as realrun replicates them), TP all-reduces not included"
+                   "and head whole, as realrun replicates them), the layer under realrun's DTensor plan "
+                   "on a one-rank mesh (tp_plan), TP all-reduces not included"
                    if args.tp > 1 else "")),
         "command": "sparsebalance profile " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else []),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     n = world_size(cfg)
     nproc = args.nproc or n
     if nproc != n:
-        raise ConfigError(f"--nproc: must equal cluster.pp x cluster.dp = {n} on one node, got {nproc}")
+        raise ConfigError(f"--nproc: must equal cluster.pp x cluster.dp x cluster.tp = {n} on one node, got {nproc}")
     if args.master_port is not None:
         check_port_free(args.master_port)
     out = resolve_out(args.out, Path(cfg.output_dir) / cfg.name, force=args.force, verb="train")

@@ -117,8 +117,10 @@ def _print_report(out: Path, tables: dict, summary: dict) -> None:
     print(st.round(4).to_string(index=False))
     # P2P and untraced mean different things on the two sides (a real receive wait vs a simulated
     # transfer; framework time vs pipeline idle), so they are listed measured-only.
-    same = ops["op"].isin(["F", "B", "ALLREDUCE", "OPTIM", "idle"])
-    print("\nper op: seconds per iteration (idle = iteration time - F - B)")
+    same = ops["op"].isin(["F", "B", "I", "W", "ALLREDUCE", "OPTIM", "idle"])
+    # a schedule without split backward has no I/W rows on either side: not listed
+    same &= ~(ops["op"].isin(["I", "W", "B"]) & (ops["predicted"] == 0) & (ops["measured"] == 0))
+    print("\nper op: seconds per iteration (idle = iteration time - F - B, or F - I - W)")
     print(ops[same].round(4).to_string(index=False))
     extra = ops[~same][["policy", "stage", "op", "measured"]]
     print("measured only: P2P = receive wait, untraced = time outside any traced action")

@@ -110,7 +110,8 @@ def probe(profile: Profile, grid: ProbeGrid, *, repeats: int = 3, warmup: int = 
     stat = "median" if "median of" in str(meta.get("how", "")) else "mean"
     pg = ProfileGrid(seq_lens=grid.seq_lens, budgets=grid.budgets, tokens=grid.tokens,
                      params=(optim[0],), repeats=repeats, warmup=warmup, threads=profile_threads(profile),
-                     device=device, dtype=str(meta.get("dtype", "float32")), statistic=stat)
+                     device=device, dtype=str(meta.get("dtype", "float32")), statistic=stat,
+                     tp_plan="(tp_plan)" in str(meta.get("how", "")))
     conc = int(meta.get("concurrency", 1)) if device == "cpu" else 1
     return run_profile(profile_model(profile), pg, progress=False, concurrency=conc)
 

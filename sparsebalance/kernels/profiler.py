@@ -59,6 +59,11 @@ class ProfileGrid:
     """Activation/weight dtype: float32, bfloat16 or float16."""
     seed: int = 0
     """Seed of the random inputs and weights."""
+    tp_plan: bool = False
+    """Time the decoder layer with realrun's DTensor tensor-parallel plan applied (``realrun/tp.py``)
+    on a one-rank device mesh: the layer a TP rank runs, wrappers and hooks included, without the
+    communication (the latency model adds the all-reduces). Set for ``profile --tp N`` > 1: the
+    wrappers cost several ms per layer on a CPU, far more than a shard-sized layer's own work."""
     statistic: str = "mean"
     """What a point records over its repeats: mean (default) or median. The simulator adds
     durations, and expected values add; on a shared CPU a few calls in ten take 2-3x longer
@@ -161,6 +166,7 @@ class Bench:
         self.net = build_qwen2(model, seed=grid.seed, dtype=grid.dtype).to(self.dev)
         self.net.config._attn_implementation = NULL_CORE
         self.layer = self.net.model.layers[0]
+        self.own_group = _tp_plan_on_one_rank(self.layer, grid.device) if grid.tp_plan else False
         self.timer = Timer(device=grid.device, repeats=grid.repeats, warmup=grid.warmup,
                            statistic=grid.statistic)
         self.gen = torch.Generator(device=self.dev).manual_seed(grid.seed)
@@ -264,6 +270,23 @@ class Bench:
         return [(lambda _=None: opt.step(), None)]
 
 
+def _tp_plan_on_one_rank(layer: Any, device: str) -> bool:
+    """Apply realrun's TP plan to ``layer`` on a one-rank mesh (a process group of this process
+    alone, in-memory store: no port, nothing shared with other copies). Returns whether it created
+    that group (then the caller destroys it when done)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from sparsebalance.kernels.tp_plan import parallelize_layers
+
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("nccl" if device == "cuda" else "gloo", store=dist.HashStore(),
+                                rank=0, world_size=1)
+    parallelize_layers([layer], init_device_mesh(device, (1,)))
+    return created
+
+
 def _jobs(grid: ProfileGrid) -> list[tuple[str, int, int]]:
     return ([("attn", L, k) for L in grid.seq_lens for k in grid.budgets]
             + [(op, n, 0) for op in ("layer", "embed", "head") for n in grid.tokens]
@@ -312,6 +335,10 @@ def _measure(model: ModelConfig, grid: ProfileGrid, progress: bool, barrier: Any
     gc.unfreeze()
     if gc_was_on:
         gc.enable()
+    if bench.own_group:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
     return [(*key, bench.timer.reduce(ts)) for (key, _, _), ts in zip(items, samples)]
 
 

@@ -1,10 +1,11 @@
 """``torchrun --nproc-per-node N -m sparsebalance.realrun --config RUN.toml``: one process per
-(DP replica, stage); N = cluster.pp x cluster.dp. Global rank r is (dp_rank = r // pp, stage = r % pp).
+(DP replica, stage, TP rank); N = cluster.pp x cluster.dp x cluster.tp. Global rank
+r = (dp_rank x pp + stage) x tp + tp_rank (``config.rank_layout``).
 
 Rank 0 loads data, latency model and policies, runs ``sparsebalance.loop.run_loop`` with a
 RealrunExecutor and writes ``<output_dir>/<name>/``; the other ranks follow its broadcast plans.
-A failing rank prints one line naming itself and the error, then exits 1; torchrun then stops the
-other workers, and collectives are bounded by ``realrun.timeout_s`` where no launcher does.
+A bad config is one line and exit code 2 (``ConfigError``, before any collective). A failing rank
+prints one line naming itself and the error, then exits 1; torchrun then stops the other workers, and collectives are bounded by ``realrun.timeout_s`` where no launcher does.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (the summary stays)")
     p.add_argument("--dump-state", default=None, metavar="DIR",
-                   help="at the end, each rank saves its stage's weights (HF names) to DIR/rank<r>.pt")
+                   help="at the end, each rank saves its stage's weights (HF names, whole tensors) to "
+                        "DIR/rank<r>.pt")
     return p
 
 
@@ -84,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
 
         cfg = load_run_config(args.config, parse_overrides(args.set))
         rr = realrun_config(cfg)
-        d, s = rank_layout(rank, cfg.cluster.pp)
-        where = f"rank {rank} (dp_rank {d}, stage {s})"
+        d, s, t = rank_layout(rank, cfg.cluster.pp, cfg.cluster.tp)
+        where = f"rank {rank} (dp_rank {d}, stage {s}" + (f", tp_rank {t})" if cfg.cluster.tp > 1 else ")")
         worker_info(dp_rank=d, stage=s)
         prepared = None
         if rank == 0:  # data, latency model, policies: fail here, before any collective
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             import torch
 
             pathlib.Path(args.dump_state).mkdir(parents=True, exist_ok=True)
-            torch.save(rt.worker.module.global_state_dict(),
+            torch.save(rt.worker.global_state_dict(),
                        pathlib.Path(args.dump_state) / f"rank{rt.rank}.pt")
         import torch.distributed as dist
 
@@ -129,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         first = (str(e).strip().splitlines() or [""])[0]
         worker_failed(f"{type(e).__name__}: {first}", traceback.format_exc())
+        from sparsebalance.errors import ConfigError
+
+        if isinstance(e, ConfigError):  # bad input (found before any collective): one line, exit 2
+            print(f"realrun: error: {e}", file=sys.stderr, flush=True)
+            os._exit(2)
         print(f"realrun: {where} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         if os.environ.get("SPARSEBALANCE_TRACEBACK"):
             traceback.print_exc()

@@ -15,7 +15,8 @@ BACKENDS = ("gloo", "nccl")
 DEVICES = ("cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "naive", "triton")
 DTYPES = ("float32", "bfloat16", "float64")
-REALRUN_SCHEDULES = ("gpipe", "1f1b")
+REALRUN_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+"""What the real run executes (the V-placed zbv and dualpipev are simulated only)."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -85,12 +86,10 @@ def realrun_config(cfg) -> RealrunConfig:
           f"must lie in [0, {m.layers - 1}] (model.layers = {m.layers}) or be -1 (off), "
           f"got {rr.coverage_layer}")
     check_choice(c.schedule, "cluster.schedule", REALRUN_SCHEDULES)
-    check(c.tp == 1, "cluster.tp", f"realrun has no tensor parallelism; must be 1, got {c.tp}")
-    check(c.pp <= m.layers, "cluster.pp",
-          f"cannot exceed model.layers ({m.layers}): every stage needs a layer, got {c.pp}")
+    check_mesh(m, c)
     if rr.fail_rank is not None:
-        check(0 <= rr.fail_rank < c.pp * c.dp, "realrun.fail_rank",
-              f"must lie in [0, {c.pp * c.dp - 1}], got {rr.fail_rank}")
+        check(0 <= rr.fail_rank < world_size(cfg), "realrun.fail_rank",
+              f"must lie in [0, {world_size(cfg) - 1}], got {rr.fail_rank}")
     check(cfg.data.source != "distribution", "data.source",
           "realrun trains on real tokens; use text_dir, jsonl, parquet or hf_disk "
           "(e.g. source = \"text_dir\", path = \"stdlib\")")
@@ -107,16 +106,34 @@ def realrun_config(cfg) -> RealrunConfig:
     return rr
 
 
+def check_mesh(m, c) -> None:
+    """What the real model can run (one line each, ConfigError): every (virtual) stage needs layers,
+    and with virtual stages the layers split evenly over pp x virtual_stages chunks (Megatron's rule:
+    each chunk is one model piece); tp divides the query heads and divides the key/value heads or, with
+    ``cluster.replicate_kv_heads``, is a multiple of them (``realrun/tp.py``)."""
+    from sparsebalance.simulator.config import check_tp
+
+    chunks = c.pp * c.virtual_stages
+    check(c.pp <= m.layers, "cluster.pp",
+          f"cannot exceed model.layers ({m.layers}): every stage needs a layer, got {c.pp}")
+    if c.virtual_stages > 1:
+        check(m.layers % chunks == 0, "cluster.virtual_stages",
+              f"pp x virtual_stages = {c.pp} x {c.virtual_stages} = {chunks} must divide model.layers "
+              f"({m.layers}) in the real run (equal model chunks)")
+    check_tp(m, c)  # tp divides the heads, and the KV heads or (replicate_kv_heads) is a multiple
+
+
 def world_size(cfg) -> int:
-    """Processes a run needs: one per (dp replica, stage)."""
-    return cfg.cluster.pp * cfg.cluster.dp
+    """Processes a run needs: one per (dp replica, stage, TP rank)."""
+    return cfg.cluster.pp * cfg.cluster.dp * cfg.cluster.tp
 
 
-def rank_layout(rank: int, pp: int) -> tuple[int, int]:
-    """Global rank -> (dp_rank, stage). Stages of one replica are consecutive ranks, so with
-    ``pp <= gpus_per_node`` every P2P hop stays inside a node and only the DP all-reduce crosses nodes."""
-    return rank // pp, rank % pp
+def rank_layout(rank: int, pp: int, tp: int = 1) -> tuple[int, int, int]:
+    """Global rank -> (dp_rank, stage, tp_rank). TP ranks of a stage are consecutive, then the stages
+    of one replica, so TP (the most traffic) and P2P stay inside a node when ``pp x tp <=
+    gpus_per_node``, and only the DP all-reduce crosses nodes."""
+    return rank // (pp * tp), rank // tp % pp, rank % tp
 
 
-def global_rank(dp_rank: int, stage: int, pp: int) -> int:
-    return dp_rank * pp + stage
+def global_rank(dp_rank: int, stage: int, pp: int, tp_rank: int = 0, tp: int = 1) -> int:
+    return (dp_rank * pp + stage) * tp + tp_rank

@@ -8,13 +8,14 @@ Why this cannot deadlock (at 2, 4, 8 or any number of stages):
   buffers alive and waits for all its sends only after its last action of the iteration;
 - only receives block, and a rank receives exactly what its next action needs, so a rank waits
   only on an action that the schedule orders earlier on another stage: the wait graph is the
-  schedule's dependency graph, which is acyclic for GPipe and 1F1B (the simulator runs the same);
+  schedule's dependency graph, which is acyclic for every schedule the simulator runs (it checks);
 - activations (stage s -> s+1) and gradients (s+1 -> s) travel in two different process groups
   (two communicators), so on NCCL, where sends and receives of one communicator share a stream, a
   gradient send can never queue behind an activation send that waits for its receiver, or vice
   versa. Inside one group and one ordered pair of ranks, messages go one way and in the order the
-  receiver asks for them (micro-batch order is the same on every stage in GPipe and 1F1B), and
-  tags (micro-batch index) make the matching explicit on gloo.
+  receiver asks for them (the (chunk, micro-batch) order of forwards, and of backwards, is the same
+  on every stage in GPipe, 1F1B, interleaved 1F1B and ZB-H1), and tags (a key per (vstage,
+  micro-batch), :meth:`P2P.send`) make the matching explicit on gloo.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ class P2P:
     def _group(self, grad: bool) -> Any:
         return self.bwd_group if grad else self.fwd_group
 
-    def send(self, tensor: Any, dst: int, *, microbatch: int, grad: bool) -> None:
-        """Post header + payload to global rank ``dst``; returns at once (see module doc)."""
+    def send(self, tensor: Any, dst: int, *, key: int, grad: bool) -> None:
+        """Post header + payload to global rank ``dst``; returns at once (see module doc).
+        ``key`` names the message (vstage x micro-batches + micro-batch); its tags are 2 key, 2 key + 1."""
         import torch
         import torch.distributed as dist
 
@@ -52,17 +54,17 @@ class P2P:
         header = torch.tensor([t.dim(), *shape, _dtype_code(t.dtype)], dtype=torch.int64,
                               device=self.device)
         g = self._group(grad)
-        tag = 2 * microbatch
+        tag = 2 * key
         self._pending.append((dist.isend(header, dst, group=g, tag=tag), header))
         self._pending.append((dist.isend(t, dst, group=g, tag=tag + 1), t))
 
-    def recv(self, src: int, *, microbatch: int, grad: bool) -> Any:
-        """Block until the tensor of ``microbatch`` from global rank ``src`` has arrived; return it."""
+    def recv(self, src: int, *, key: int, grad: bool) -> Any:
+        """Block until the tensor ``key`` from global rank ``src`` has arrived; return it."""
         import torch
         import torch.distributed as dist
 
         g = self._group(grad)
-        tag = 2 * microbatch
+        tag = 2 * key
         header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.device)
         dist.irecv(header, src, group=g, tag=tag).wait()
         h = header.tolist()

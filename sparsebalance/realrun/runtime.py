@@ -1,10 +1,17 @@
 """Process groups, the model on each rank, and the two roles: rank 0's RealrunExecutor and followers.
 
-Rank layout: global rank = dp_rank * pp + stage (see ``config.rank_layout``). Groups, created in the
-same order on every rank: ``control`` (gloo, all ranks: plan broadcast and report gather, so objects
-never touch NCCL), ``fwd`` / ``bwd`` (all ranks: activations and gradients, see p2p.py), ``dp`` (the
-DP replicas of one stage: gradient all-reduce) and ``tied`` (first + last stage of a replica, for a
-tied embedding).
+Rank layout: global rank = (dp_rank * pp + stage) * tp + tp_rank (see ``config.rank_layout``).
+Groups, created in the same order on every rank: ``control`` (gloo, all ranks: plan broadcast and
+report gather, so objects never touch NCCL), ``fwd`` / ``bwd`` (all ranks: activations and
+gradients, see p2p.py), ``dp`` (the DP replicas of one stage and TP rank: gradient all-reduce),
+``tied`` (the devices of the first and last virtual stage of a replica, same TP rank, for a tied
+embedding) and, with tp > 1, the TP device mesh (``init_device_mesh`` over (dp x pp, tp); its "tp"
+dimension is a stage's TP group, used by the DTensor plan of ``tp.py``; ``tp`` is its process group,
+which also averages the coverage curves measured on each rank's heads) and, with replicated KV
+heads, ``kv`` (the TP ranks of a stage sharing one KV head: their gradients summed).
+
+Each rank builds one module per virtual stage the schedule places on its device (one, except for
+interleaved 1F1B), then shards its decoder layers over the TP group.
 """
 
 from __future__ import annotations
@@ -32,17 +39,20 @@ class Runtime:
     rr: RealrunConfig
     groups: dict
     worker: Any
+    tp_rank: int = 0
 
 
 def init_runtime(cfg: Any, rr: RealrunConfig) -> Runtime:
-    """Join the process group (torchrun env), build this rank's stage and worker."""
+    """Join the process group (torchrun env), build this rank's model chunks and worker."""
     import torch
     import torch.distributed as dist
 
-    from sparsebalance.realrun.stage import build_stage_module
+    from sparsebalance.realrun.tp import kv_copies
     from sparsebalance.realrun.worker import StageWorker
+    from sparsebalance.simulator.schedules import placement
 
-    pp, dp = cfg.cluster.pp, cfg.cluster.dp
+    c = cfg.cluster
+    pp, dp, tp = c.pp, c.dp, c.tp
     _cpu_setup(rr)
     torch.set_num_threads(rr.threads)
     timeout = timedelta(seconds=rr.timeout_s)
@@ -53,36 +63,72 @@ def init_runtime(cfg: Any, rr: RealrunConfig) -> Runtime:
         device = torch.device("cpu")
     dist.init_process_group(rr.backend, timeout=timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
-    if world != pp * dp:
-        raise RuntimeError(f"world size {world} != cluster.pp x cluster.dp = {pp * dp}; "
-                           f"launch with --nproc-per-node {pp * dp} (or nodes x procs = {pp * dp})")
-    dp_rank, stage = rank_layout(rank, pp)
+    if world != pp * dp * tp:
+        raise RuntimeError(f"world size {world} != cluster.pp x cluster.dp x cluster.tp = {pp * dp * tp}; "
+                           f"launch with --nproc-per-node {pp * dp * tp} (or nodes x procs = {pp * dp * tp})")
+    dp_rank, stage, tp_rank = rank_layout(rank, pp, tp)
+    where = placement(c.schedule, pp, c.virtual_stages)
     groups = {"world": None,
               "control": dist.new_group(backend="gloo", timeout=timeout),
               "fwd": dist.new_group(timeout=timeout),
               "bwd": dist.new_group(timeout=timeout)}
     for s in range(pp):
-        g = dist.new_group([global_rank(r, s, pp) for r in range(dp)], timeout=timeout)
-        if s == stage:
-            groups["dp"] = g
+        for t in range(tp):
+            g = dist.new_group([global_rank(r, s, pp, t, tp) for r in range(dp)], timeout=timeout)
+            if (s, t) == (stage, tp_rank):
+                groups["dp"] = g
     for r in range(dp):
-        members = sorted({global_rank(r, 0, pp), global_rank(r, pp - 1, pp)})
-        g = dist.new_group(members, timeout=timeout) if len(members) > 1 else None
-        if r == dp_rank:
-            groups["tied"] = g
-    # only this stage's weights are ever allocated here (a 7B model never lives whole on a rank)
-    module = build_stage_module(cfg, rr, stage, pp, device)
+        for t in range(tp):
+            members = sorted({global_rank(r, where[0], pp, t, tp), global_rank(r, where[-1], pp, t, tp)})
+            g = dist.new_group(members, timeout=timeout) if len(members) > 1 else None
+            if (r, t) == (dp_rank, tp_rank):
+                groups["tied"] = g
+    tp_mesh = None
+    if tp > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        tp_mesh = init_device_mesh(device.type, (dp * pp, tp), mesh_dim_names=("replica_stage", "tp"))["tp"]
+        groups["tp"] = tp_mesh.get_group()
+        copies = kv_copies(cfg.model.kv_heads, tp)
+        for d in range(dp):  # the TP ranks sharing one replicated KV head (tp.py)
+            for s in range(pp):
+                for h in range(tp // copies if copies > 1 else 0):
+                    ranks = [global_rank(d, s, pp, t, tp) for t in range(h * copies, (h + 1) * copies)]
+                    g = dist.new_group(ranks, timeout=timeout)
+                    if (d, s, tp_rank // copies) == (dp_rank, stage, h):
+                        groups["kv"] = g
+    # only this device's chunks are ever allocated here (a 7B model never lives whole on a rank)
+    chunks = {vs: build_chunk(cfg, rr, vs, device, tp_mesh)
+              for vs in range(len(where)) if where[vs] == stage}
     if rr.manual_gc:
         from sparsebalance.kernels.cpuclock import manual_gc
 
         manual_gc()
     dist.barrier()
     origin = time.perf_counter()  # one shared origin: every rank leaves the barrier together
-    worker = StageWorker(rank=rank, dp_rank=dp_rank, stage=stage, pp=pp, dp=dp,
-                         schedule=cfg.cluster.schedule, stage_module=module, rr=rr,
-                         block_size=cfg.model.block_size, groups=groups, device=device, origin=origin)
+    worker = StageWorker(rank=rank, dp_rank=dp_rank, stage=stage, tp_rank=tp_rank, cluster=c,
+                         chunks=chunks, rr=rr, model=cfg.model, groups=groups,
+                         device=device, origin=origin)
     return Runtime(rank=rank, world=world, dp_rank=dp_rank, stage=stage, cfg=cfg, rr=rr,
-                   groups=groups, worker=worker)
+                   groups=groups, worker=worker, tp_rank=tp_rank)
+
+
+def build_chunk(cfg: Any, rr: RealrunConfig, vs: int, device: Any, tp_mesh: Any):
+    """The module of virtual stage ``vs`` (its layers, + embedding on the first, + final norm, LM
+    head and loss on the last), built alone (``stage.build_stage_module``: no other piece of the
+    model is materialised), its decoder layers then sharded over ``tp_mesh`` when given."""
+    from sparsebalance.realrun.stage import build_stage_module
+
+    nv = cfg.cluster.pp * cfg.cluster.virtual_stages
+    module = build_stage_module(cfg, rr, vs, nv, device)
+    if tp_mesh is not None:
+        from sparsebalance.realrun.tp import kv_copies, parallelize_layers, replicate_kv
+
+        m, tp = cfg.model, cfg.cluster.tp
+        if kv_copies(m.kv_heads, tp) > 1:
+            replicate_kv(module.model.layers, m.kv_heads, m.head_dim, tp)
+        parallelize_layers(module.model.layers, tp_mesh)
+    return module
 
 
 def _cpu_setup(rr: RealrunConfig) -> None:

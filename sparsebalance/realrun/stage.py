@@ -65,7 +65,9 @@ def _module_base():
 
 class StageModule(_module_base()):  # type: ignore[misc]
     """The modules of one stage; ``forward`` returns hidden states [1, T, hidden] or, on the last
-    stage, the summed LM loss (a scalar) of the micro-batch."""
+    stage, the summed LM loss (a scalar) of the micro-batch. With virtual stages (interleaved 1F1B)
+    a device holds one StageModule per model chunk: ``stage`` / ``pp`` are then the virtual stage
+    and their count, and :func:`stage_layers` with them gives the chunk's layers."""
 
     def __init__(self, net: Any, stage: int, pp: int, layer_range: range) -> None:
         import torch
@@ -89,7 +91,7 @@ class StageModule(_module_base()):  # type: ignore[misc]
     def forward(self, hidden: Any, batch: Any, moba: Any) -> Any:
         from sparsebalance.kernels.qwen2 import lm_loss_sum, run_layers
 
-        if self.first:
+        if self.first and hidden is None:  # a given hidden: the embedding ran apart (split backward)
             hidden = self.model.embed_tokens(batch.input_ids)
         hidden = run_layers(self, hidden, batch, moba)
         if self.last:
@@ -105,6 +107,8 @@ class StageModule(_module_base()):  # type: ignore[misc]
             if name.startswith("model.layers."):
                 idx, rest = name.removeprefix("model.layers.").split(".", 1)
                 name = f"model.layers.{lo + int(idx)}.{rest}"
+            if hasattr(t, "full_tensor"):  # a tensor-parallel shard: the whole tensor
+                t = t.full_tensor()
             out[name] = t.detach().clone()
         return out
 

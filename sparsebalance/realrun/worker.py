@@ -1,5 +1,6 @@
-"""What one rank does in one iteration: its stage's F/B actions in schedule order, the DP gradient
-all-reduce after the pipeline flush, the optimizer step; every action timed into trace rows.
+"""What one rank does in one iteration: its device's F/B (or F/I/W) actions in schedule order over
+its model chunks (``chunks.py``), the DP gradient all-reduce after the pipeline flush, the optimizer
+step; every action timed into trace rows.
 
 Loss: each micro-batch's summed next-token loss is divided by the label tokens of the *whole global
 batch*, and DP replicas all-reduce gradients with SUM. The step is then the gradient of the global
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from sparsebalance.realrun.config import RealrunConfig, global_rank
@@ -50,23 +52,34 @@ class RankReport:
 
 
 class StageWorker:
-    """One rank: (dp_rank, stage) of a PP x DP run."""
+    """One rank: (dp_rank, stage, tp_rank) of a PP x DP x TP run, with its model chunks."""
 
-    def __init__(self, *, rank: int, dp_rank: int, stage: int, pp: int, dp: int, schedule: str,
-                 stage_module: Any, rr: RealrunConfig, block_size: int, groups: dict, device: Any,
+    def __init__(self, *, rank: int, dp_rank: int, stage: int, tp_rank: int = 0, cluster: Any,
+                 chunks: dict, rr: RealrunConfig, model: Any, groups: dict, device: Any,
                  origin: float) -> None:
         import torch
 
         from sparsebalance.realrun.p2p import P2P
+        from sparsebalance.realrun.tp import kv_copies, replicated_kv_params
+        from sparsebalance.simulator.schedules import placement
 
-        self.rank, self.dp_rank, self.stage, self.pp, self.dp = rank, dp_rank, stage, pp, dp
-        self.schedule, self.module, self.rr = schedule, stage_module, rr
-        self.block_size, self.groups, self.device, self.origin = block_size, groups, device, origin
-        self.params = [p for p in stage_module.parameters() if p.requires_grad]
+        c = cluster
+        self.rank, self.dp_rank, self.stage, self.tp_rank = rank, dp_rank, stage, tp_rank
+        self.pp, self.dp, self.tp = c.pp, c.dp, c.tp
+        self.schedule, self.virtual_stages = c.schedule, c.virtual_stages
+        self.placement = placement(c.schedule, c.pp, c.virtual_stages)
+        self.chunks, self.rr = chunks, rr
+        self.block_size, self.groups, self.device, self.origin = model.block_size, groups, device, origin
+        self.model_cfg = model
+        self.kv_r = kv_copies(model.kv_heads, c.tp)
+        """Ranks sharing a KV head (1: KV heads split, ``tp.py``)."""
+        self.kv_params = ([p for mod in chunks.values() for p in replicated_kv_params(mod.model.layers)]
+                          if self.kv_r > 1 else [])
+        self.params = [p for mod in chunks.values() for p in mod.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=rr.lr, weight_decay=rr.weight_decay)
         self.p2p = P2P(fwd_group=groups["fwd"], bwd_group=groups["bwd"], device=device)
-        lr = stage_module.layer_range
-        self.coverage_here = rr.coverage_layer >= 0 and rr.coverage_layer in lr
+        self.coverage_vs = next((vs for vs, mod in chunks.items()
+                                 if rr.coverage_layer >= 0 and rr.coverage_layer in mod.layer_range), None)
 
     def now(self) -> float:
         if self.device.type == "cuda":
@@ -76,121 +89,160 @@ class StageWorker:
         return time.perf_counter() - self.origin
 
     def run(self, msg: IterationMessage) -> RankReport:
-        import torch
         import torch.distributed as dist
 
         from sparsebalance.kernels.cpuclock import thread_usage, usage_delta
         from sparsebalance.kernels.qwen2 import MobaArgs, pack
+        from sparsebalance.realrun.chunks import DeviceActions, Route
         from sparsebalance.simulator.schedules import stage_orders
 
         if self.rr.fail_rank == self.rank and self.rr.fail_iteration == msg.iteration:
             raise RuntimeError(f"injected fault (realrun.fail_rank = {self.rank})")
         it, s, d = msg.iteration, self.stage, self.dp_rank
         mbs = msg.ranks[d]
-        order = stage_orders(self.schedule, self.pp, len(mbs))[s]
+        m = len(mbs)
+        order = stage_orders(self.schedule, self.pp, m, self.virtual_stages)[s]
         rep = RankReport(rank=self.rank, dp_rank=d, stage=s)
-        rows = rep.rows
-        prev = global_rank(d, s - 1, self.pp) if s > 0 else None
-        nxt = global_rank(d, s + 1, self.pp) if s < self.pp - 1 else None
-        saved: dict[int, tuple[Any, Any]] = {}
+        report = self.tp_rank == 0  # TP peers compute the same values: one of them reports
+        route = Route(placement=self.placement, me=s,
+                      rank_of=lambda dev: global_rank(d, dev, self.pp, self.tp_rank, self.tp))
+        acts = DeviceActions(chunks=self.chunks, route=route, p2p=self.p2p, m=m, now=self.now)
+        split = any(k in ("I", "W") for k, _, _ in order)
+        batches: dict[int, Any] = {}
         gated: list[tuple[list, Any]] = []  # (sequences, MobaArgs holding the coverage layer's q/k)
         self.opt.zero_grad(set_to_none=True)
         dist.barrier(group=self.groups["world"])
         rep.start_s = self.now()
-        for op, _, j in order:
+        for kind, vs, j in order:
             seqs = mbs[j]
             tokens = sum(len(t) for _, t in seqs)
             budget = msg.budgets[d][j]
             brow = budget if isinstance(budget, int) else float(sum(budget) / len(budget))
-            if op == "F":
-                x = None
-                if prev is not None:
-                    t0 = self.now()
-                    x = self.p2p.recv(prev, microbatch=j, grad=False).requires_grad_()
-                    rows.append((it, d, s, j, "P2P", t0, self.now(), tokens, brow))
-                t0, u0 = self.now(), thread_usage()
-                batch = pack([t for _, t in seqs], device=self.device)
-                moba = MobaArgs(cu_seqlens=batch.cu_seqlens, topk=budget, block_size=self.block_size,
-                                backend=self.rr.attention_backend,
-                                coverage_layer=self.rr.coverage_layer if self.coverage_here else None)
-                out = self.module(x, batch, moba)
-                if nxt is None:
-                    out = out / msg.label_tokens
-                t1 = self.now()
-                rows.append((it, d, s, j, "F", t0, t1, tokens, brow))
-                rep.cpu.append((len(rows) - 1, usage_delta(u0, thread_usage())))
-                if nxt is not None:
-                    self.p2p.send(out, nxt, microbatch=j, grad=False)
-                else:
-                    rep.loss += float(out.detach())
-                saved[j] = (x, out)
-                if self.coverage_here:
+
+            def row(op: str, t0: float, t1: float, u0: tuple | None = None, j=j, tokens=tokens,
+                    brow=brow) -> None:
+                """A trace row; ``u0``: the thread's usage at t0 for compute rows (CPU columns)."""
+                if report:
+                    rep.rows.append((it, d, s, j, op, t0, t1, tokens, brow))
+                    if u0 is not None:
+                        rep.cpu.append((len(rep.rows) - 1, usage_delta(u0, thread_usage())))
+
+            if kind == "F":
+                def make_batch(seqs=seqs, j=j) -> Any:  # packed inside F's timed span, once per j
+                    if j not in batches:
+                        batches[j] = pack([t for _, t in seqs], device=self.device)
+                    return batches[j]
+
+                gate = vs == self.coverage_vs  # every TP rank: each holds a share of the heads
+                moba_for = partial(MobaArgs, topk=budget, block_size=self.block_size,
+                                   backend=self.rr.attention_backend,
+                                   coverage_layer=self.rr.coverage_layer if gate else None)
+                loss, moba = acts.forward(vs, j, make_batch, moba_for, msg.label_tokens, split, row)
+                if loss is not None and report:
+                    rep.loss += float(loss)
+                if gate:
                     gated.append((seqs, moba))
+            elif kind == "B":
+                acts.backward(vs, j, row)
+            elif kind == "I":
+                acts.backward_input(vs, j, row)
             else:
-                x, out = saved.pop(j)
-                grad = None
-                if nxt is not None:
-                    t0 = self.now()
-                    grad = self.p2p.recv(nxt, microbatch=j, grad=True)
-                    rows.append((it, d, s, j, "P2P", t0, self.now(), tokens, brow))
-                t0, u0 = self.now(), thread_usage()
-                torch.autograd.backward(out, grad_tensors=grad)
-                t1 = self.now()
-                rows.append((it, d, s, j, "B", t0, t1, tokens, brow))
-                rep.cpu.append((len(rows) - 1, usage_delta(u0, thread_usage())))
-                if prev is not None:
-                    self.p2p.send(x.grad, prev, microbatch=j, grad=True)
+                acts.backward_weight(vs, j, row)
+        acts.check_done()
         self.p2p.wait_sends()
         t0 = self.now()
         self._allreduce()
-        rows.append((it, d, s, -1, "ALLREDUCE", t0, self.now(), 0, 0))
+        if report:
+            rep.rows.append((it, d, s, -1, "ALLREDUCE", t0, self.now(), 0, 0))
         t0 = self.now()
         self._step()
         rep.end_s = self.now()
-        rows.append((it, d, s, -1, "OPTIM", t0, rep.end_s, 0, 0))
+        if report:
+            rep.rows.append((it, d, s, -1, "OPTIM", t0, rep.end_s, 0, 0))
         # DST's coverage from the kept gate inputs, after the iteration's end: it is measurement for
         # the tuning policy, not training work, and computed between F actions it would delay this
         # stage's next action (and the pipeline behind it) by time no trace row shows.
-        for seqs, moba in gated:
-            for (sid, _), curve in zip(seqs, moba.coverage_curves()):
-                rep.coverage[int(sid)] = tuple(float(c) for c in curve)
+        self._coverage(gated, rep)
         if self.rr.manual_gc:
             import gc
 
             gc.collect()  # between iterations, outside the timed one (kernels/cpuclock.py)
         return rep
 
+    def _coverage(self, gated: list, rep: RankReport) -> None:
+        """Each kept sequence's coverage curve into ``rep``. With TP a rank's curve averages over its
+        own heads only; the TP ranks hold equal head counts, so the mean of their curves is the
+        curve over all heads (one all-reduce of the concatenated curves)."""
+        import numpy as np
+
+        curves = [(int(sid), curve) for seqs, moba in gated
+                  for (sid, _), curve in zip(seqs, moba.coverage_curves())]
+        if self.tp > 1 and curves:
+            import torch
+            import torch.distributed as dist
+
+            flat = torch.from_numpy(np.concatenate([c for _, c in curves]))
+            dist.all_reduce(flat, group=self.groups["tp"])
+            flat = (flat / self.tp).numpy()
+            off = 0
+            for i, (sid, c) in enumerate(curves):
+                curves[i] = (sid, flat[off:off + len(c)])
+                off += len(c)
+        if self.tp_rank == 0:
+            for sid, curve in curves:
+                rep.coverage[sid] = tuple(float(c) for c in curve)
+
+    def tied_parameters(self) -> list:
+        return [p for p in (mod.tied_parameter() for mod in self.chunks.values()) if p is not None]
+
+    def global_state_dict(self) -> dict[str, Any]:
+        """The weights of every chunk of this rank under Hugging Face names (whole tensors)."""
+        from sparsebalance.realrun.tp import collapse_kv
+
+        out: dict[str, Any] = {}
+        for mod in self.chunks.values():
+            out |= mod.global_state_dict()
+        m = self.model_cfg
+        return {k: collapse_kv(k, t, m.kv_heads, m.head_dim, self.tp) for k, t in out.items()}
+
     def _allreduce(self) -> None:
-        """Sum gradients over the DP replicas of this stage (one flat buffer, one call), and over the
-        first and last stage of a replica for a tied embedding."""
+        """Sum gradients over the DP replicas of this stage and TP rank (one flat buffer of the local
+        shards, one call), over the devices of the first and last vstage for a tied embedding, and
+        over the TP ranks sharing a replicated KV head."""
         import torch
         import torch.distributed as dist
+
+        from sparsebalance.realrun.tp import local_grad, sum_replicated_kv
 
         for p in self.params:
             if p.grad is None:  # a parameter unused by these micro-batches still joins the sum
                 p.grad = torch.zeros_like(p)
-        tied = self.module.tied_parameter()
-        if tied is not None:
-            dist.all_reduce(tied.grad, group=self.groups["tied"])
+        for tied in self.tied_parameters():
+            dist.all_reduce(local_grad(tied), group=self.groups["tied"])
+        if self.kv_params:
+            sum_replicated_kv(self.kv_params, self.groups["kv"])
         if self.dp > 1:
-            flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+            grads = [local_grad(p) for p in self.params]
+            flat = torch.cat([g.reshape(-1) for g in grads])
             dist.all_reduce(flat, group=self.groups["dp"])
             off = 0
-            for p in self.params:
-                n = p.numel()
-                p.grad.copy_(flat[off:off + n].view_as(p.grad))
+            for g in grads:
+                n = g.numel()
+                g.copy_(flat[off:off + n].view_as(g))
                 off += n
 
     def _step(self) -> None:
-        import torch
         import torch.distributed as dist
+
+        from sparsebalance.realrun.tp import grad_sq_sum, local_grad
 
         if self.rr.grad_clip is not None:
             # after the DP sum every replica holds the same gradients: world sum = dp x global norm^2
-            sq = torch.stack([p.grad.double().pow(2).sum() for p in self.params]).sum()
-            tied = self.module.tied_parameter()
-            if tied is not None and self.module.last:  # counted once, on the first stage
-                sq = sq - tied.grad.double().pow(2).sum()
+            sq = grad_sq_sum(self.params, self.tp, {id(p): self.kv_r for p in self.kv_params})
+            for mod in self.chunks.values():
+                tied = mod.tied_parameter()
+                if tied is not None and mod.last:  # counted once, on the first stage
+                    sq = sq - local_grad(tied).double().pow(2).sum() / self.tp
             dist.all_reduce(sq, group=self.groups["world"])
             norm = float(sq / self.dp) ** 0.5
             if norm > self.rr.grad_clip:

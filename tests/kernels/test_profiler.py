@@ -88,6 +88,28 @@ def test_tp_profile_measures_one_shard(tmp_path):
     prof = load_profile(str(tmp_path / "t"))
     assert prof.meta["tp"] == 2 and prof.meta["tp_comm_included"] is False
     assert prof.meta["model"]["heads"] == 4 and "one rank's shard" in prof.meta["how"]
+    assert "(tp_plan)" in prof.meta["how"]  # what the calibration probe reads to time it alike
+    assert not torch.distributed.is_initialized()  # its one-rank group is gone again
     with pytest.raises(ConfigError, match="^--tp: must divide model.kv_heads"):
         profile_cmd.run(argparse.Namespace(model="tiny", tp=4, block_size=None, config=None))
 
+
+
+def test_tp_plan_times_the_layer_realrun_runs():
+    """With tp_plan the profiled layer is the DTensor-parallelised one (realrun's plan on a one-rank
+    mesh): its projections hold DTensors, and its forward equals the plain layer's."""
+    from torch.distributed.tensor import DTensor
+
+    from sparsebalance.kernels.tp_plan import LAYER_PLAN
+
+    plain, planned = Bench(tiny(), ProfileGrid(**SMALL)), Bench(tiny(), ProfileGrid(**SMALL, tp_plan=True))
+    try:
+        for name in LAYER_PLAN:
+            assert isinstance(planned.layer.get_submodule(name).weight, DTensor), name
+            assert not isinstance(plain.layer.get_submodule(name).weight, DTensor), name
+        (fwd_a, _), *_ = plain._layer(40, 0)
+        (fwd_b, _), *_ = planned._layer(40, 0)
+        torch.testing.assert_close(fwd_b(), fwd_a(), rtol=1e-5, atol=1e-6)
+    finally:
+        if planned.own_group:
+            torch.distributed.destroy_process_group()

@@ -7,9 +7,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from sparsebalance.kernels.qwen2 import MobaArgs, build_qwen2, pack, run_layers  # noqa: E402
-from sparsebalance.kernels.split_backward import backward_input, backward_weight  # noqa: E402
-from sparsebalance.simulator.config import tiny  # noqa: E402
+from sparsebalance.kernels.qwen2 import MobaArgs, build_qwen2, pack, run_layers
+from sparsebalance.kernels.split_backward import backward_input, backward_weight
+from sparsebalance.simulator.config import tiny
 
 
 @pytest.mark.parametrize("first", [True, False])

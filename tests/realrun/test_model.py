@@ -138,10 +138,10 @@ def test_bad_cluster_for_realrun():
     from sparsebalance.runconfig import run_config_from_mapping
 
     cfg = run_config_from_mapping({"model": {"preset": "tiny"},
-                                   "cluster": {"pp": 2, "schedule": "interleaved", "virtual_stages": 2,
-                                               "global_batch": 4},
+                                   "cluster": {"pp": 2, "schedule": "dualpipev", "virtual_stages": 2,
+                                               "global_batch": 8},
                                    "data": {"source": "text_dir", "path": "stdlib"}})
-    with pytest.raises(ConfigError, match="cluster.schedule"):
+    with pytest.raises(ConfigError, match="cluster.schedule"):  # V placement: simulated only
         realrun_config(cfg)
     cfg = run_config_from_mapping({"model": {"preset": "tiny"}, "cluster": {"pp": 5, "global_batch": 5},
                                    "data": {"source": "text_dir", "path": "stdlib"}})

@@ -1,0 +1,89 @@
+"""The CPU's tensor-parallel all-reduce, for ``cluster.tp_latency`` / ``cluster.tp_bandwidth`` of a
+CPU TP run (gloo): ring all-reduce of a [tokens, hidden] float32 activation between the ranks of a
+TP group, timed per call, fitted as ``latency + 2 (tp - 1) / tp x bytes / bandwidth`` (least squares
+over the sizes). Prints the table and the fit (not a test).
+
+    flock -x /work/locks/cpu.lock .venv/bin/python benchmarks/bench_tp_allreduce_cpu.py [--groups 2]
+
+``--groups G`` runs G TP groups at once (G x tp processes), as a PP G x TP tp run has G stages'
+TP groups all-reducing on the same host. Each process pins itself to one core when the host has
+enough (as realrun's workers do); with more processes than cores they share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+
+
+def _worker(rank: int, world: int, tp: int, hidden: int, sizes: list[int], repeats: int, port: int, q) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(1)
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= world:
+        os.sched_setaffinity(0, {cores[rank]})
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    groups = [dist.new_group(list(range(g * tp, (g + 1) * tp))) for g in range(world // tp)]
+    group = groups[rank // tp]
+    out = {}
+    for tokens in sizes:
+        x = torch.randn(tokens, hidden)
+        for _ in range(3):
+            dist.all_reduce(x, group=group)
+        dist.barrier()
+        ts = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            dist.all_reduce(x, group=group)
+            ts.append(time.perf_counter() - t0)
+        out[tokens] = statistics.fmean(ts)
+    q.put((rank, out))
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--groups", type=int, default=2, help="TP groups at once (PP stages of the run)")
+    ap.add_argument("--hidden", type=int, default=64, help="hidden size (tiny: 64)")
+    ap.add_argument("--sizes", default="64,128,256,512,1024,2048,4096,8192", help="tokens per all-reduce")
+    ap.add_argument("--repeats", type=int, default=200)
+    ap.add_argument("--port", type=int, default=29611)
+    args = ap.parse_args()
+    import multiprocessing as mp
+
+    import numpy as np
+
+    sizes = [int(s) for s in args.sizes.split(",")]
+    world = args.tp * args.groups
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(r, world, args.tp, args.hidden, sizes, args.repeats, args.port, q))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    results = dict(q.get() for _ in procs)
+    for p in procs:
+        p.join()
+    mean = {s: float(np.mean([results[r][s] for r in results])) for s in sizes}
+    nbytes = np.array([s * args.hidden * 4 for s in sizes], dtype=float)
+    ring = 2 * (args.tp - 1) / args.tp * nbytes
+    A = np.vstack([np.ones_like(ring), ring]).T
+    (lat, inv_bw), *_ = np.linalg.lstsq(A, np.array([mean[s] for s in sizes]), rcond=None)
+    print(f"host: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; load "
+          f"{os.getloadavg()[0]:.2f}; tp {args.tp} x {args.groups} group(s), hidden {args.hidden}, "
+          f"float32, mean of {args.repeats}")
+    print(f"{'tokens':>8} {'bytes':>10} {'seconds':>12} {'fit':>12}")
+    for s, b, r in zip(sizes, nbytes, ring):
+        print(f"{s:>8} {int(b):>10} {mean[s]:12.3e} {lat + inv_bw * r:12.3e}")
+    print(f"fit: tp_latency = {lat:.3e} s, tp_bandwidth = {1 / inv_bw:.3e} bytes/s")
+
+
+if __name__ == "__main__":
+    main()

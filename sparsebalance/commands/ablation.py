@@ -13,8 +13,13 @@ Beyond the paper: Table I mode adds ``+DST-CP`` and ``+SAB+DST-CP`` (critical-pa
 ``sparsebalance.policies.critical``) after the paper's rows, with mean coverage in the printed table
 (``--json`` stays the paper's six rows); the anchor study adds SAB + dst-cp at each p to
 ``anchors_cp.csv`` and to the Pareto plot (``anchors.csv`` keeps its ten rows).
-Outputs go to ``--out`` (default results/ablation): ``ablation.csv``, ``ablation.png``/``.svg``,
-``anchors.csv``, ``anchors_pareto.png``/``.svg``, and ``config.toml`` (the resolved base config).
+Every number is the mean over seeds of per-seed values (speedup paired by seed: the baseline's
+iteration time of the same seed over the row's), with the per-seed spread and a 95 % confidence
+interval over seeds (``sparsebalance.analysis.stats``).
+Outputs go to ``--out`` (default results/ablation): ``ablation.csv`` (with ``*_ci_lo``/``*_ci_hi``,
+``*_min``/``*_max`` columns), ``ablation_seeds.csv`` (one row per config x seed),
+``ablation.png``/``.svg``, ``anchors.csv``, ``anchors_seeds.csv``, ``anchors_pareto.png``/``.svg``,
+and ``config.toml`` (the resolved base config).
 """
 
 from __future__ import annotations
@@ -44,7 +49,8 @@ PS = (0.1, 0.2, 0.3)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="base run config (TOML) instead of the built-in Table I setting")
     p.add_argument("--iterations", type=int, default=20, help="iterations per seed (default 20)")
-    p.add_argument("--seeds", default="0,1,2", help="comma-separated data seeds (default 0,1,2)")
+    p.add_argument("--seeds", default="0,1,2,3,4",
+                   help="comma-separated data seeds (default 0,1,2,3,4); >= 2 for a confidence interval")
     p.add_argument("--anchors", action="store_true", help="run the anchor x p study instead")
     p.add_argument("--json", action="store_true", help="print the table as JSON (stdout) only")
     p.add_argument("--out", default="results/ablation", help="output directory")
@@ -73,18 +79,22 @@ def _configs(args, policy: dict[str, Any], seeds: list[int]):
     return out
 
 
-def _measure(cfgs) -> dict[str, float]:
+def _measure(cfgs, seeds: list[int]) -> list[dict[str, float]]:
+    """One row per seed: means over that seed's iterations."""
     from sparsebalance.commands._common import run_simulation
 
-    frames = [run_simulation(c, progress=False).metrics for c in cfgs]
-    m = pd.concat(frames, ignore_index=True)
-    floor = m["tuning_floor_share"].mean() if "tuning_floor_share" in m else 0.0
-    return {"imbalance": float(m["imbalance"].mean()),
-            "iteration_time_s": float(m["iteration_time_s"].mean()),
-            "overhead_ms": float(m["decision_ms"].mean()),
-            "mean_budget": float(m["mean_budget"].mean()),
-            "mean_coverage": float(m["mean_coverage"].mean()),
-            "floor_share": float(floor)}
+    rows = []
+    for seed, c in zip(seeds, cfgs, strict=True):
+        m = run_simulation(c, progress=False).metrics
+        floor = m["tuning_floor_share"].mean() if "tuning_floor_share" in m else 0.0
+        rows.append({"seed": seed,
+                     "imbalance": float(m["imbalance"].mean()),
+                     "iteration_time_s": float(m["iteration_time_s"].mean()),
+                     "overhead_ms": float(m["decision_ms"].mean()),
+                     "mean_budget": float(m["mean_budget"].mean()),
+                     "mean_coverage": float(m["mean_coverage"].mean()),
+                     "floor_share": float(floor)})
+    return rows
 
 
 def run(args) -> int:
@@ -116,9 +126,10 @@ def run(args) -> int:
     (out / "config.toml").write_text(dump_toml(cfgs["baseline"][0]))
     rows = []
     for name, _ in tqdm(jobs, desc="ablation", disable=args.no_progress or args.json, file=sys.stderr):
-        rows.append({"config": name, **_measure(cfgs[name])})
-    df = pd.DataFrame(rows)
-    df["speedup"] = df.loc[df.config == "baseline", "iteration_time_s"].iloc[0] / df["iteration_time_s"]
+        rows += [{"config": name, **r} for r in _measure(cfgs[name], seeds)]
+    per_seed = A.paired_speedup(pd.DataFrame(rows))
+    per_seed.to_csv(out / ("anchors_seeds.csv" if args.anchors else "ablation_seeds.csv"), index=False)
+    df = A.summarize_seeds(per_seed)
     if args.anchors:
         df["anchor"] = [""] + [a for a in ANCHORS for _ in PS] + ["dst-cp"] * len(PS)
         df["p"] = [float("nan")] + [p for _ in ANCHORS for p in PS] + list(PS)
@@ -131,10 +142,11 @@ def run(args) -> int:
         plot_pareto(pd.concat([df[df.config != "baseline"], df_cp]), out / "anchors_pareto",
                     title="SAB + DST anchor x p and SAB + DST-CP\n(speedup vs sequential + fixed)")
         if args.json:
-            print(json.dumps(df.to_dict("records")))
+            print(json.dumps(A.json_safe(df.to_dict("records"))))
             return 0
-        cols = ["config", "speedup", "mean_coverage", "mean_budget", "floor_share", "imbalance",
-                "iteration_time_s", "overhead_ms"]
+        cols = ["config", "speedup", "speedup_ci_lo", "speedup_ci_hi", "mean_coverage", "mean_budget",
+                "floor_share", "imbalance", "imbalance_ci_lo", "imbalance_ci_hi", "iteration_time_s",
+                "overhead_ms"]
         print(pd.concat([df, df_cp])[cols].round(4).to_string(index=False))
         print(f"table: {out / 'anchors.csv'} (+ {out / 'anchors_cp.csv'})  "
               f"figure: {out / 'anchors_pareto.png'}")
@@ -143,9 +155,11 @@ def run(args) -> int:
     table.to_csv(out / "ablation.csv", index=False)
     A.plot_ablation(table, out / "ablation")
     if args.json:
-        print(json.dumps([{k: r[k] for k in A.JSON_KEYS} for r in table.to_dict("records")
-                          if r["config"] in A.CONFIGS]))
+        print(json.dumps(A.json_safe([{k: r[k] for k in A.JSON_KEYS} for r in table.to_dict("records")
+                                      if r["config"] in A.CONFIGS])))
         return 0
     print(A.format_table(table))
+    print(f"mean over {len(seeds)} seeds; [95 % CI over seeds, Student t]; per-seed values: "
+          f"{out / 'ablation_seeds.csv'}")
     print(f"table: {out / 'ablation.csv'}  figure: {out / 'ablation.png'}")
     return 0

@@ -39,7 +39,7 @@ def summarize(per_seed: pd.DataFrame, by: str | list[str], cols: Iterable[str]) 
     spread); plus ``n_seeds``. Groups keep their first-appearance order."""
     keys = [by] if isinstance(by, str) else list(by)
     rows = []
-    for key, g in per_seed.groupby(keys, sort=False):
+    for key, g in per_seed.groupby(keys, sort=False, dropna=False):
         row = dict(zip(keys, key if isinstance(key, tuple) else (key,), strict=True))
         row["n_seeds"] = len(g)
         for c in cols:
@@ -55,3 +55,16 @@ def fmt_ci(mean: float, lo: float, hi: float, digits: int = 2) -> str:
     if math.isnan(lo):
         return f"{mean:.{digits}f}"
     return f"{mean:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def over_seeds(summary: pd.DataFrame, values: Iterable[str], metrics: Iterable[str] = ("speedup", "imbalance"),
+               seed: str = "seed") -> pd.DataFrame | None:
+    """A sweep's per-run summary -> one row per grid point: :func:`summarize` of ``metrics`` over
+    its seeds. Grid points are the columns that are neither ``values`` (every metric column) nor
+    ``seed`` nor ``run_id``. None when there is no seed axis."""
+    if seed not in summary:
+        return None
+    values = set(values)
+    coords = [c for c in summary.columns if c not in values | {seed, "run_id"}]
+    # NaN coordinates (p of fixed-budget runs) form a group of their own (dropna=False)
+    return summarize(summary, coords, [m for m in metrics if m in summary])

@@ -241,4 +241,20 @@ def run(args) -> int:
     with pd.option_context("display.width", 160, "display.max_columns", 20):
         print(summary.drop(columns=["run_id"]).round(4).to_string(index=False))
     print(f"results: {table}  summary: {out / 'summary.csv'}")
+    _print_over_seeds(summary, METRIC_COLUMNS, out)
     return 0
+
+
+def _print_over_seeds(summary: pd.DataFrame, values, out: Path) -> None:
+    """Speedup and imbalance per grid point over its seeds: mean, 95 % CI, per-seed min/max
+    (statistics in analysis/stats.py); written to summary_ci.csv."""
+    from sparsebalance.analysis.stats import over_seeds
+
+    ci = over_seeds(summary, values)
+    if ci is None or ci["n_seeds"].max() < 2:
+        return
+    ci.to_csv(out / "summary_ci.csv", index=False)
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print("over seeds (mean, 95 % CI, per-seed min/max):")
+        print(ci.round(4).to_string(index=False))
+    print(f"per grid point: {out / 'summary_ci.csv'}")

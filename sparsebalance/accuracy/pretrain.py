@@ -2,11 +2,13 @@
 
 Curriculum (each phase a fresh stream of training examples, AdamW, linear warm-up then constant):
 
-1. **dense warm-up on short examples** (``warmup_steps`` steps of ``batch`` examples of
-   ``min_length .. warmup_length`` tokens, full attention): associative recall is learnt where it is
-   cheap; the circuit (previous-token head, then a head matching the key) does not depend on length;
-2. **MoBA at k0 on the full length mix** until held-out accuracy on the shortest bucket reaches
-   ``target`` (checked every ``eval_every`` steps), at most ``max_steps`` steps: the gate learns to
+1. **dense warm-up on short examples** (``batch`` examples of ``min_length .. warmup_length``
+   tokens per step, full attention) until held-out accuracy on the shortest bucket reaches ``target``
+   (checked every ``eval_every`` steps), at most ``warmup_steps`` steps: associative recall is learnt
+   where it is cheap; the circuit (previous-token head, then a head matching the key) does not
+   depend on length (measured: the longer buckets rise with the short one);
+2. **MoBA at k0 on the full length mix**, ``moba_steps`` steps of ``moba_batch`` examples, then more
+   (at most ``extra_steps``) only while the shortest bucket is below ``target``: the gate learns to
    route queries to the block holding their key.
 
 Then the coverage fit: real gate coverage of held-out examples at every layer (kernel code), the
@@ -33,14 +35,18 @@ from sparsebalance.errors import check, check_positive
 class PretrainConfig:
     """How the base model is trained (``accuracy pretrain`` flags)."""
 
-    warmup_steps: int = 1500
-    """Steps of phase 1 (dense, short examples)."""
+    warmup_steps: int = 8000
+    """Most steps of phase 1 (dense, short examples; stops at ``target``)."""
     warmup_length: int = 128
     """Longest example of phase 1."""
-    max_steps: int = 4000
-    """Most steps of phase 2 (MoBA at k0, full length mix)."""
+    moba_steps: int = 1000
+    """Steps of phase 2 (MoBA at k0, full length mix)."""
+    extra_steps: int = 2000
+    """Most further phase-2 steps while the shortest bucket is below ``target``."""
     batch: int = 32
-    """Examples per step."""
+    """Examples per step of phase 1."""
+    moba_batch: int = 16
+    """Examples per step of phase 2 (the experiment's global batch)."""
     lr: float = 3e-3
     """AdamW learning rate (after a 100-step linear warm-up)."""
     k0: int = 8
@@ -55,10 +61,11 @@ class PretrainConfig:
     """Held-out examples per bucket whose gate coverage is fitted."""
 
     def __post_init__(self) -> None:
-        for f in ("warmup_length", "max_steps", "batch", "k0", "eval_every", "heldout",
+        for f in ("warmup_length", "batch", "moba_batch", "k0", "eval_every", "heldout",
                   "coverage_examples"):
             check_positive(getattr(self, f), f)
-        check_positive(self.warmup_steps, "warmup_steps", allow_zero=True)
+        for f in ("warmup_steps", "moba_steps", "extra_steps"):
+            check_positive(getattr(self, f), f, allow_zero=True)
         check_positive(self.lr, "lr")
         check(0.0 < self.target <= 1.0, "target", f"must lie in (0, 1], got {self.target}")
 
@@ -132,24 +139,25 @@ def pretrain(net: NetConfig, task_cfg: RecallConfig, cfg: PretrainConfig, bucket
     short = RecallTask(RecallConfig(**(asdict(task_cfg) | {"max_length": cfg.warmup_length})))
     cpu0, wall0, load0 = time.process_time(), time.time(), os.getloadavg()[0]
     step, history, dense = 0, [], net.max_positions  # topk >= blocks: full attention
-    for phase, (steps, source, topk) in enumerate(((cfg.warmup_steps, short, dense),
-                                                   (cfg.max_steps, task, cfg.k0)), start=1):
+    phases = ((1, cfg.warmup_steps, short, dense, cfg.batch, 0),
+              (2, cfg.moba_steps + cfg.extra_steps, task, cfg.k0, cfg.moba_batch, cfg.moba_steps))
+    for phase, steps, source, topk, batch, at_least in phases:
+        first = step
         for s in range(steps):
             for g in opt.param_groups:
                 g["lr"] = cfg.lr * min(1.0, (step + 1) / 100)
             exs = [source.example(TRAIN, i, source.train_length(i))
-                   for i in range(step * cfg.batch, (step + 1) * cfg.batch)]
+                   for i in range(first * cfg.batch + s * batch, first * cfg.batch + (s + 1) * batch)]
             loss = _step(model, opt, exs, topk, B)
             step += 1
-            last = s == steps - 1
-            if (s + 1) % cfg.eval_every == 0 or last:
+            if (s + 1) % cfg.eval_every == 0 or s == steps - 1:
                 acc = {b: evaluate(model, ex, cfg.k0, B) for b, ex in heldout.items()}
                 history.append({"step": step, "phase": phase, "loss": loss, "accuracy": acc,
-                                "cpu_s": time.process_time() - cpu0})
+                                "cpu_s": round(time.process_time() - cpu0, 1)})
                 log(f"pretrain: phase {phase} step {step} loss {loss:.3f} held-out accuracy "
                     + " ".join(f"{b}:{a:.3f}" for b, a in acc.items())
                     + f" cpu {time.process_time() - cpu0:.0f}s wall {time.time() - wall0:.0f}s")
-                if phase == 2 and acc[min(buckets)] >= cfg.target:
+                if s + 1 >= at_least and acc[min(buckets)] >= cfg.target:
                     break
     cpu, wall, load1 = time.process_time() - cpu0, time.time() - wall0, os.getloadavg()[0]
     fits = fit_layers(model, task, buckets, cfg.coverage_examples, B, cfg.k0)

@@ -44,8 +44,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--coverage-agg", default=None, help="micro-batch coverage: tokens (default) or min")
     g = p.add_argument_group("pretrain")
     g.add_argument("--seed", type=int, default=0, help="seed of the weights and the data (default 0)")
-    g.add_argument("--warmup-steps", type=int, default=None, help="dense steps on short examples")
-    g.add_argument("--max-steps", type=int, default=None, help="most MoBA steps on the full mix")
+    g.add_argument("--warmup-steps", type=int, default=None,
+                   help="most dense steps on short examples (default 8000; stops at --target)")
+    g.add_argument("--moba-steps", type=int, default=None, help="MoBA steps on the full mix (default 1000)")
+    g.add_argument("--extra-steps", type=int, default=None,
+                   help="most further MoBA steps while below --target (default 2000)")
     g.add_argument("--target", type=float, default=None, help="stop at this shortest-bucket accuracy")
 
 
@@ -82,9 +85,8 @@ def _pretrain(args) -> int:
     from sparsebalance.accuracy.pretrain import PretrainConfig, pretrain
     from sparsebalance.data.recall import RecallConfig
 
-    over = {k: getattr(args, a) for a, k in (("warmup_steps", "warmup_steps"), ("max_steps", "max_steps"),
-                                              ("target", "target"), ("k0", "k0"))
-            if getattr(args, a) is not None}
+    over = {k: getattr(args, k) for k in ("warmup_steps", "moba_steps", "extra_steps", "target", "k0")
+            if getattr(args, k) is not None}
     cfg = replace(PretrainConfig(), **over)
     net = NetConfig(seed=args.seed)
     task = RecallConfig(seed=args.seed)

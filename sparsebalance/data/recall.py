@@ -68,8 +68,9 @@ class RecallConfig:
 
 
 def min_length(pairs: int) -> int:
-    """Fewest tokens an example with ``pairs`` pairs needs: queries, pairs and one filler each."""
-    return 1 + 2 * pairs + 3 * pairs
+    """Fewest tokens an example with ``pairs`` pairs needs: separator, queries and pairs (a context
+    of pairs only, no filler)."""
+    return 1 + 4 * pairs
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +117,7 @@ class RecallTask:
         tokens = np.full(length, FILLER, dtype=np.int64)
         ctx = length - 1 - 2 * P
         edges = np.linspace(0, ctx, P + 1).astype(np.int64)
-        for i in range(P):  # pair i somewhere in segment i (both tokens inside it)
+        for i in range(P):  # pair i somewhere in segment i (both tokens inside it; >= 2 long)
             at = int(rng.integers(edges[i], edges[i + 1] - 1))
             tokens[at], tokens[at + 1] = keys[i], values[i]
         order = rng.permutation(P)

@@ -125,7 +125,7 @@ def _forward(c: _Ctx) -> tuple[Any, Any, list[Tiles]]:
     oo, lo = _flash(c.qo, c.ko, c.vo, True, c.scale)                       # own blocks
     out.index_copy_(0, c.lay.own_rows, c.unblocks(oo))
     lse.index_copy_(0, c.lay.own_rows, c.unblocks(lo.unsqueeze(-1)).squeeze(-1))
-    q_f = c.q.view(-1, c.D)
+    q_f, out_f, lse_f = c.q.view(-1, c.D), out.view(-1, c.D), lse.view(-1)
     for pieces in c.lay.chunks:
         t = chunk_tiles(c.q, c.k, pieces, c.B, c.NB)
         if t is None:
@@ -136,18 +136,15 @@ def _forward(c: _Ctx) -> tuple[Any, Any, list[Tiles]]:
             t.q = qt
         ot, lt = _flash(qt, c.kb.index_select(0, t.kv), c.vb.index_select(0, t.kv),
                         False, c.scale)
-        # merge by gathers: each (row, head) reads its n tile outputs through ``inv``
-        o_f = torch.cat([ot.view(-1, c.D), ot.new_zeros(1, c.D)])             # + the dummy lane
-        l_f = torch.cat([lt.view(-1), lt.new_full((1,), float("-inf"))])
-        Rc = t.crow.numel()
-        lg = l_f.index_select(0, t.inv.view(-1)).view(Rc, c.H, -1)            # [Rc, H, n]
-        og = o_f.index_select(0, t.inv.view(-1)).view(Rc, c.H, -1, c.D)
-        own_l = lse.index_select(0, t.crow)                                   # [Rc, H]
-        tot = torch.logaddexp(own_l, torch.logsumexp(lg, dim=-1))
-        w = torch.exp(lg - tot.unsqueeze(-1)).unsqueeze(-1)
-        merged = out.index_select(0, t.crow) * torch.exp(own_l - tot).unsqueeze(-1) + (w * og).sum(2)
-        out.index_copy_(0, t.crow, merged)
-        lse.index_copy_(0, t.crow, tot)
+        # padded lanes get weight exp(-inf) = 0; rows of other chunks keep factor exp(0) = 1
+        l_e = lt.masked_fill(~t.lane, float("-inf")).view(-1)
+        m = lse_f.clone().scatter_reduce_(0, t.rows, l_e, "amax")
+        acc = torch.exp(lse_f - m).index_add_(0, t.rows, torch.exp(l_e - m.index_select(0, t.rows)))
+        new = m + torch.log(acc)
+        out_f.mul_(torch.exp(lse_f - new).unsqueeze(1))
+        w = torch.exp(l_e - new.index_select(0, t.rows)).unsqueeze(1)
+        out_f.index_add_(0, t.rows, ot.view(-1, c.D) * w)
+        lse_f.copy_(new)
     return out, lse, tiles
 
 
@@ -172,16 +169,14 @@ def _backward(c: _Ctx, out: Any, lse: Any, do: Any, tiles: list[Tiles]) -> tuple
     dq.index_add_(0, c.lay.own_rows, c.unblocks(gq))
     dkb = _fold(gk, c.g).transpose(0, 1).reshape(c.kb.shape).contiguous()   # [hk*NB, 1, B, D]
     dvb = _fold(gv, c.g).transpose(0, 1).reshape(c.vb.shape).contiguous()
-    q_f, out_f = c.q.view(-1, c.D), out.view(-1, c.D)
+    q_f, dq_f, out_f = c.q.view(-1, c.D), dq.view(-1, c.D), out.view(-1, c.D)
     lse_f, do_f = lse.view(-1, 1), do.reshape(-1, c.D)
     for t in tiles:
         lt = c.gather(lse_f, t).squeeze(-1).masked_fill(~t.lane, float("inf"))  # padded lanes: P = 0
         qt = t.q if t.q is not None else c.gather(q_f, t)
         gq, gk, gv = _flash_bwd(c.gather(do_f, t), qt, c.kb.index_select(0, t.kv),
                                 c.vb.index_select(0, t.kv), c.gather(out_f, t), lt, False, c.scale)
-        g_f = torch.cat([gq.view(-1, c.D), gq.new_zeros(1, c.D)])             # + the dummy lane
-        gsum = g_f.index_select(0, t.inv.view(-1)).view(t.crow.numel(), c.H, -1, c.D).sum(2)
-        dq.index_add_(0, t.crow, gsum)
+        dq_f.index_add_(0, t.rows, gq.view(-1, c.D))                      # padded lanes add 0
         dkb.index_add_(0, t.kv, gk)
         dvb.index_add_(0, t.kv, gv)
     dk.index_add_(0, c.lay.own_rows, c.unblocks(dkb.view(c.hk, c.NB, c.B, c.D).transpose(0, 1)))

@@ -121,12 +121,6 @@ class Tiles:
     """bool [nt, 1, TILE]: the lane holds a real (row, head, block) entry."""
     kv: Any
     """int64 [nt]: kv head * NB + global block of the tile (row of the block-major K/V)."""
-    crow: Any = None
-    """int64 [Rc]: the packed rows the chunk's queries are (each in exactly one chunk)."""
-    inv: Any = None
-    """int64 [Rc * H, n]: lane (in ``rows``' flat order) of each (row, head)'s s-th selected block
-    (ascending block order); ``nt * TILE`` (a dummy lane: zero output, -inf lse) where the row has
-    fewer than ``n`` past blocks. Merging is then a gather, not a scatter."""
     q: Any = None
     """The gathered queries [nt, 1, tile, D] when the forward kept them for the backward."""
 
@@ -137,26 +131,17 @@ def chunk_tiles(q: Any, k: Any, pieces, B: int, n_blocks: int) -> Tiles | None:
 
     H, hk = q.shape[1], k.shape[1]
     g = H // hk
-    n_max = max(p[3] for p in pieces)
-    rows_l, kv_l, at_l, crow_l = [], [], [], []
-    base = 0
+    rows_l, kv_l = [], []
     for a, L, gb, n, c0, c1 in pieces:
         nb = -(-L // B)
         means = block_means(k[a:a + L], B)                                 # [nb, hk, D]
         t0, t1 = c0 * B, min(c1 * B, L)
-        R = t1 - t0
         s = gate_scores(q[a + t0:a + t1], means)                          # [R, H, nb]
-        sel = select_mask(s, past_mask(t0, R, nb, B, q.device), n)
-        slot = torch.cumsum(sel, dim=-1) - 1                              # rank of j among the row's
+        sel = select_mask(s, past_mask(t0, t1 - t0, nb, B, q.device), n)
         # [R, hk, g, nb] -> [hk, nb, R, g]: nonzero lists entries grouped by (kv head, block)
-        kh, j, r, h = sel.view(R, hk, g, nb).permute(1, 3, 0, 2).nonzero().unbind(1)
-        hh = kh * g + h
-        rows_l.append((a + t0 + r) * H + hh)
+        kh, j, r, h = sel.view(t1 - t0, hk, g, nb).permute(1, 3, 0, 2).nonzero().unbind(1)
+        rows_l.append((a + t0 + r) * H + kh * g + h)
         kv_l.append(kh * n_blocks + gb + j)
-        # where the entry goes in the chunk's [Rc * H, n_max] slot table
-        at_l.append(((base + r) * H + hh) * n_max + slot.view(-1).index_select(0, (r * H + hh) * nb + j))
-        crow_l.append(torch.arange(a + t0, a + t1, device=q.device))
-        base += R
     rows, kv = torch.cat(rows_l), torch.cat(kv_l)
     E = rows.numel()
     if E == 0:
@@ -177,8 +162,5 @@ def chunk_tiles(q: Any, k: Any, pieces, B: int, n_blocks: int) -> Tiles | None:
     # padded lanes repeat their group's first entry (finite, weighted out); real lanes their own
     table = rows.index_select(0, torch.repeat_interleave(starts, per_group)).repeat_interleave(TILE)
     table[slot] = rows
-    inv = torch.full((base * H * n_max,), nt * TILE, dtype=torch.int64, device=q.device)
-    inv[torch.cat(at_l)] = slot
     return Tiles(rows=table, lane=lane.view(nt, 1, TILE),
-                 kv=torch.repeat_interleave(kv.index_select(0, starts), per_group),
-                 crow=torch.cat(crow_l), inv=inv.view(base * H, n_max))
+                 kv=torch.repeat_interleave(kv.index_select(0, starts), per_group))

@@ -62,3 +62,24 @@ def test_model_fitted_to_random_gate_scores_reproduces_them(scale):
     rate, err = fit_rate(curves, 32, "power")
     worst = max(float(np.max(np.abs(parametric_curve(L, 32, rate) - c))) for L, c in curves)
     assert worst == pytest.approx(err) and worst <= MAX_ABS_ERR_RANDOM, (rate, worst)
+
+
+def test_model_fitted_to_the_pretrained_checkpoint_reproduces_its_gate_scores():
+    """The shipped checkpoint's q/k at the layer DST watches, on held-out recall examples of every
+    bucket: the parametric model with the fitted rate reproduces the kernel's curves, and the fit is
+    the one recorded in checkpoint.json (what the accuracy experiment's policies use)."""
+    pytest.importorskip("transformers")
+    from sparsebalance.accuracy.model import load
+    from sparsebalance.accuracy.pretrain import layer_curves
+    from sparsebalance.data.recall import RecallTask
+
+    ckpt = load(None)
+    model = ckpt.load_model()
+    task = RecallTask(ckpt.task)
+    n = ckpt.meta["pretrain"]["coverage_examples"]
+    exs = [e for b in ckpt.meta["buckets"] for e in task.heldout(b, n)]
+    layer = ckpt.meta["coverage_layer"]
+    curves = layer_curves(model, exs, ckpt.net.dims.block_size, ckpt.meta["pretrain"]["k0"], [layer])[layer]
+    rate, err = fit_rate(curves, ckpt.net.dims.block_size, "power")
+    assert rate == pytest.approx(ckpt.meta["coverage_rate"], rel=1e-3)
+    assert err <= MAX_ABS_ERR_CHECKPOINT, (rate, err)

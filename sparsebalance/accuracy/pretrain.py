@@ -95,19 +95,20 @@ def _step(model: Any, opt: Any, examples: list, topk: int, block_size: int, max_
     return total / answers
 
 
-def layer_curves(model: Any, examples: list, block_size: int, topk: int) -> list[list[tuple[int, Any]]]:
-    """Per layer, ``(length, C(1..n))`` of each example, measured with the kernel's coverage code on
-    the q/k of a forward pass at ``topk``."""
+def layer_curves(model: Any, examples: list, block_size: int, topk: int,
+                 layers: list[int] | None = None) -> dict[int, list[tuple[int, Any]]]:
+    """Per layer (default all), ``(length, C(1..n))`` of each example, measured with the kernel's
+    coverage code on the q/k of a forward pass at ``topk``."""
     import torch
 
-    out = []
+    out = {}
     with torch.no_grad():
-        for layer in range(model.config.num_hidden_layers):
+        for layer in range(model.config.num_hidden_layers) if layers is None else layers:
             curves = []
             for e in examples:
                 _, moba = forward(model, pack_answers([e]), topk, block_size, coverage_layer=layer)
                 curves.append((len(e.tokens), moba.coverage_curves()[0]))
-            out.append(curves)
+            out[layer] = curves
     return out
 
 
@@ -117,7 +118,7 @@ def fit_layers(model: Any, task: RecallTask, buckets: list[int], n: int, block_s
 
     exs = [e for b in buckets for e in task.heldout(b, n)]
     fits = []
-    for layer, curves in enumerate(layer_curves(model, exs, block_size, topk)):
+    for layer, curves in layer_curves(model, exs, block_size, topk).items():
         rate, err = fit_rate(curves, block_size)
         cov_k0 = float(np.mean([c[min(topk, len(c)) - 1] for n_, c in curves if len(c) > 1]))
         fits.append({"layer": layer, "shape": "power", "rate": rate, "max_abs_error": err,

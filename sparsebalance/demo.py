@@ -43,9 +43,9 @@ def main() -> None:
           ["sweep", "--grid", str(ROOT / "examples" / "sweep_anchor_p.toml"), "--iterations", "5",
            "--jobs", "2", "--out", "results/sweep-anchor-p", "--no-progress"])
     _step("4. predicted vs measured on this CPU (real torchrun, gloo, PP 2: baseline and SAB + DST)",
-          ["validate", str(ROOT / "examples" / "cpu_pp2.toml"), "--no-progress"])
+          ["validate", "--config", str(ROOT / "examples" / "cpu_pp2.toml"), "--no-progress"])
     _step("5. does DST keep accuracy? (tiny recall model on this CPU, quick: fixed k0 vs MEAN0.1)",
-          ["accuracy", "--quick", "--out", "results/accuracy-quick", "--no-progress"])
+          ["accuracy", "--quick", "--out", "results/accuracy-quick", "--force", "--no-progress"])
     print(f"\nDone in {time.perf_counter() - t0:.0f} s. Results are under results/: demo/ (simulation: "
           "metrics.csv, trace.csv, trace.json for Perfetto, timeline.png), ablation/ (ablation.csv, "
           "ablation.png, anchors), sweep-anchor-p/ (results.csv), validate-cpu_pp2/ (iterations.csv, "

@@ -32,3 +32,16 @@ def check_positive(value: float, field: str, *, allow_zero: bool = False) -> Non
     bound = ">= 0" if allow_zero else "> 0"
     if not ok:
         raise ConfigError(f"{field}: must be {bound}, got {value!r}")
+
+
+def check_finite(values: dict[str, Any], where: str) -> None:
+    """Raise ``ConfigError`` if any value is NaN or infinite: a non-finite result is an error (usually
+    inputs so large that sums overflow), never a number written to a table or to JSON."""
+    import math
+
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if not math.isfinite(v):
+            raise ConfigError(f"{where}: {name} is {v!r}, not a finite number; the inputs overflow "
+                              "(durations, bandwidths or latencies too large or too small)")

@@ -34,6 +34,14 @@ def global_batches(sequences: list[Sequence], global_batch: int, *, shuffle: boo
             yield [sequences[i] for i in order[start:start + global_batch]]
 
 
+PHASE_BATCH = 2048
+"""Global batches at least this large show their current step (batching, tuning, executing) on the
+progress bar."""
+WALL_CLOCK_COLUMNS = ("decision_ms",)
+"""Per-iteration columns measured by the wall clock of this machine: two identical runs differ in
+them, so results write them apart (``timing.csv``) from the deterministic ``metrics.csv``."""
+
+
 def imbalance(latencies: list[list[float]]) -> float:
     flat = np.asarray([x for r in latencies for x in r], dtype=float)
     return float(flat.max() / flat.mean()) if flat.size and flat.mean() > 0 else 1.0
@@ -63,10 +71,18 @@ def run_loop(*, batches: Iterator[list[Sequence]], batching: BatchingPolicy, tun
                disable=not progress, leave=False)
     for it in bar:
         batch = next(batches)
+        # a big global batch takes seconds per step: the bar names the step it is in
+        big = progress and len(batch) >= PHASE_BATCH
         t0 = time.perf_counter()
+        if big:
+            bar.set_postfix_str("batching", refresh=True)
         plan = batching.plan(batch, ctx)
+        if big:
+            bar.set_postfix_str("tuning", refresh=True)
         budgets = tuning.budgets(plan, ctx)
         decision_ms = (time.perf_counter() - t0) * 1e3
+        if big:
+            bar.set_postfix_str(f"executing {len(batch):,} sequences", refresh=True)
         result = executor.execute(it, plan, budgets)
         for seq_id, curve in result.coverage.items():  # real gate scores feed the next floors
             ctx.coverage.observe(seq_id, curve)

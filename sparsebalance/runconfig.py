@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.simulator.config import (
     ClusterConfig,
     ModelConfig,
+    check_tp,
     cluster_from_mapping,
     h200_4x8,
     model_from_mapping,
@@ -47,7 +48,9 @@ class RunConfig:
     iterations: int = 10
     """Iterations (global batches) to run."""
     seed: int = 0
-    """Seed of the run's one RNG (data order, coverage model)."""
+    """Seeds everything random in the run: the data draw and epoch shuffle (unless ``data.seed`` is
+    set), the coverage model, the policies' RNG and (realrun) the model's initial weights. The same
+    meaning in every verb; a sweep's ``seed`` axis and ablation's ``--seeds`` set this field."""
     profile: str = "analytical-h200"
     """Latency profile: a name under sparsebalance/data/profiles/ or a path to a profile CSV."""
     latency_extrapolate: str = "warn"
@@ -64,8 +67,16 @@ class RunConfig:
     base_dir: str = "."
     """Directory relative paths are resolved against (the config file's directory)."""
 
+    allow_nonmonotone: bool = False
+    """Accept a profile whose latency falls as length or budget grows (a warning lists the points);
+    by default such a profile is refused (``--allow-nonmonotone``)."""
+
     def __post_init__(self) -> None:
         check_positive(self.iterations, "iterations")
+        check_positive(self.seed, "seed", allow_zero=True)
+        if self.data.seed is None:  # the data follow the run's seed unless given their own
+            self.data = replace(self.data, seed=self.seed)
+        check_tp(self.model, self.cluster)
         check_choice(self.latency_extrapolate, "latency_extrapolate", ("warn", "error", "clamp"))
         check(bool(self.name) and "/" not in self.name, "name",
               f"must be a non-empty label without '/', got {self.name!r}")
@@ -85,7 +96,13 @@ _SECTIONS = {"model", "cluster", "data", "policy", "realrun"}
 
 
 def run_config_from_mapping(data: dict[str, Any], base_dir: str = ".") -> RunConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"config: expected a table of settings, got {type(data).__name__}")
     data = dict(data)
+    for section in _SECTIONS:
+        if section in data and not isinstance(data[section], dict):
+            raise ConfigError(f"{section}: expected a table ([{section}] or {section}.KEY = ...), "
+                              f"got {type(data[section]).__name__} {data[section]!r}")
     kwargs: dict[str, Any] = {}
     if "model" in data:
         kwargs["model"] = model_from_mapping(data.pop("model"))
@@ -114,6 +131,8 @@ def load_run_config(path: str | Path, overrides: dict[str, Any] | None = None) -
     try:
         text = path.read_text()
         data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config: cannot read {path}: {e}") from None
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(f"config: {path} is not valid {path.suffix.lstrip('.').upper()}: {e}") from None
     for key, value in (overrides or {}).items():
@@ -128,7 +147,9 @@ def apply_override(data: dict[str, Any], dotted: str, value: Any) -> None:
     for part in parts[:-1]:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
-            raise ConfigError(f"{dotted}: {part} is not a table")
+            raise ConfigError(f"{dotted}: {part} is not a table (it holds {node!r})")
+    if isinstance(node.get(parts[-1]), dict) and not isinstance(value, dict) and parts[-1] in _SECTIONS:
+        raise ConfigError(f"{dotted}: is a table; set one of its keys, e.g. {dotted}.KEY=VALUE")
     node[parts[-1]] = value
 
 

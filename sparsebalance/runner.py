@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from sparsebalance.errors import ConfigError
 from sparsebalance.loop import LoopResult, global_batches, run_loop
 from sparsebalance.runconfig import RunConfig
 
@@ -38,8 +39,13 @@ def prepare(cfg: RunConfig) -> Prepared:
     batching = make_batching(cfg.policy)
     tuning = make_tuning(cfg.policy)
     latency = load_latency_model(cfg.profile, cfg.model, cfg.cluster, base_dir=cfg.base_dir,
-                                 extrapolate=cfg.latency_extrapolate)
+                                 extrapolate=cfg.latency_extrapolate,
+                                 allow_nonmonotone=cfg.allow_nonmonotone)
     sequences = load_sequences(cfg.data, base_dir=cfg.base_dir)
+    if len(sequences) < cfg.cluster.global_batch:
+        raise ConfigError(f"data: {len(sequences)} sequence(s) cannot fill one global batch of "
+                          f"cluster.global_batch = {cfg.cluster.global_batch}; give more data "
+                          "(data.num_sequences, data.path) or lower cluster.global_batch")
     coverage = make_coverage_model(cfg.model, cfg.policy, seed=cfg.seed)
     ctx = PolicyContext(model=cfg.model, cluster=cfg.cluster, policy=cfg.policy, latency=latency,
                         coverage=coverage, rng=np.random.default_rng(cfg.seed))
@@ -55,5 +61,21 @@ def run_simulation(cfg: RunConfig, *, progress: bool = True, prepared: Prepared 
     executor = SimulatorExecutor(p.latency, cfg.model, cfg.cluster)
     batches = global_batches(p.sequences, cfg.cluster.global_batch, shuffle=cfg.data.shuffle,
                              rng=np.random.default_rng(cfg.data.seed))
-    return run_loop(batches=batches, batching=p.batching, tuning=p.tuning, executor=executor,
-                    ctx=p.ctx, iterations=cfg.iterations, progress=progress)
+    result = run_loop(batches=batches, batching=p.batching, tuning=p.tuning, executor=executor,
+                      ctx=p.ctx, iterations=cfg.iterations, progress=progress)
+    check_finite_metrics(result.metrics)
+    return result
+
+
+FINITE_METRICS = ("iteration_time_s", "imbalance", "bubble_fraction", "mean_budget", "mean_coverage",
+                  "stage_imbalance", "replica_imbalance")
+"""Per-iteration metrics that must be finite numbers (see :func:`check_finite_metrics`)."""
+
+
+def check_finite_metrics(metrics) -> None:
+    """ConfigError naming the first non-finite metric and its iteration."""
+    from sparsebalance.errors import check_finite
+
+    cols = [c for c in FINITE_METRICS if c in metrics]
+    for row in metrics[["iteration", *cols]].itertuples(index=False):
+        check_finite(dict(zip(cols, row[1:])), f"result of iteration {row[0]}")

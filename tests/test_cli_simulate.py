@@ -31,10 +31,10 @@ def test_bad_override(item):
 
 
 def test_simulate_example_end_to_end(tmp_path, run_cli):
-    r = run_cli("simulate", "--config", EXAMPLE, "--iterations", 2, "--output", tmp_path,
+    out = tmp_path / "qwen25-3b_h200_dp4pp4"
+    r = run_cli("simulate", "--config", EXAMPLE, "--iterations", 2, "--out", out,
                 "--set", "data.num_sequences=64", "--no-progress")
     assert r.code == 0, r.err
-    out = tmp_path / "qwen25-3b_h200_dp4pp4"
     for name in ("config.toml", "metrics.csv", "trace.csv", "trace.json", "timeline.png", "timeline.svg"):
         assert (out / name).is_file(), name
     metrics = pd.read_csv(out / "metrics.csv")
@@ -52,7 +52,7 @@ def test_simulate_example_end_to_end(tmp_path, run_cli):
     ("cluster.schedule=zb", "cluster.schedule"),
 ])
 def test_bad_config_is_one_line_exit_2(tmp_path, run_cli, override, needle):
-    r = run_cli("simulate", "--config", EXAMPLE, "--output", tmp_path, "--set", override, "--no-progress")
+    r = run_cli("simulate", "--config", EXAMPLE, "--out", tmp_path, "--set", override, "--no-progress")
     assert r.code == 2
     lines = r.err.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.err

@@ -1,10 +1,12 @@
 """`sparsebalance sweep`: grid expansion, tidy table, speedup pairing, resume, parallel, errors."""
 
+import json
+
 import pandas as pd
 import pytest
 
 from sparsebalance import cli
-from sparsebalance.commands.sweep import expand, run_id
+from sparsebalance.commands.sweep import expand
 
 BASE = """
 name = "t"
@@ -42,7 +44,7 @@ def test_expand_drops_dst_keys_for_fixed_and_adds_baseline():
     assert len(fixed) == 2 and all("policy.p" not in r for r in fixed)
     assert sum(r.get("policy.batching") == "sequential" for r in runs) == 2
     assert len(runs) == 2 + 4 + 2
-    assert len({run_id(r) for r in runs}) == len(runs)
+    assert len({json.dumps(r, sort_keys=True) for r in runs}) == len(runs)
 
 
 def test_sweep_table_speedup_and_resume(main, base, tmp_path, capsys):
@@ -54,7 +56,9 @@ def test_sweep_table_speedup_and_resume(main, base, tmp_path, capsys):
     assert set(df.columns) >= {"run_id", "batching", "tuning", "seed", "metric", "value"}
     assert df.run_id.nunique() == 5                      # 2 x 2 + the sequential+fixed baseline
     assert set(df.metric) == {"iteration_time_s", "imbalance", "mean_budget", "mean_coverage",
-                              "floor_share", "decision_ms", "speedup"}
+                              "floor_share", "speedup"}  # wall clock (decision_ms) is in timing.csv
+    timing = pd.read_csv(out / "timing.csv")
+    assert set(timing.run_id) == set(df.run_id) and (timing.decision_ms >= 0).all()
     w = df.pivot_table(index=["run_id", "batching", "tuning"], columns="metric", values="value").reset_index()
     base_t = w[(w.batching == "sequential") & (w.tuning == "fixed")].iteration_time_s.iloc[0]
     assert w.speedup.to_numpy() == pytest.approx(base_t / w.iteration_time_s.to_numpy())
@@ -74,7 +78,7 @@ def test_parallel_matches_serial(main, base, tmp_path):
     assert main(args + ["--out", str(tmp_path / "b"), "--jobs", "2"]) == 0
     a, b = (pd.read_csv(tmp_path / d / "results.csv") for d in "ab")
     key = ["run_id", "metric"]
-    a, b = (x[x.metric != "decision_ms"].sort_values(key).reset_index(drop=True) for x in (a, b))
+    a, b = (x.sort_values(key).reset_index(drop=True) for x in (a, b))
     pd.testing.assert_frame_equal(a, b)
     assert set(a.dp) == {2, 4}
 

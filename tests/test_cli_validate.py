@@ -64,7 +64,7 @@ def test_bad_config_exits_2_before_any_process(tmp_path, run_cli, monkeypatch, e
 
     monkeypatch.setattr(subprocess, "run", no_launch)
     text = TINY + extra if extra else TINY.replace('"sab"', '"nope"')
-    r = run_cli("validate", _cfg(tmp_path, text), "--out", tmp_path / "o")
+    r = run_cli("validate", "--config", _cfg(tmp_path, text), "--out", tmp_path / "o")
     assert r.code == 2
     assert field in r.err and len(r.err.strip().splitlines()) == 1
 
@@ -72,9 +72,9 @@ def test_bad_config_exits_2_before_any_process(tmp_path, run_cli, monkeypatch, e
 def test_bad_iterations_and_baseline_policy(tmp_path, run_cli, monkeypatch):
     pytest.importorskip("torch")
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(AssertionError()))
-    r = run_cli("validate", _cfg(tmp_path), "--iterations", "0")
+    r = run_cli("validate", "--config", _cfg(tmp_path), "--iterations", "0")
     assert r.code == 2 and "--iterations" in r.err
-    r = run_cli("validate", _cfg(tmp_path), "--set", 'policy.batching="sequential"',
+    r = run_cli("validate", "--config", _cfg(tmp_path), "--set", 'policy.batching="sequential"',
                 "--set", 'policy.tuning="fixed"')
     assert r.code == 2 and "baseline" in r.err
 
@@ -158,7 +158,7 @@ def test_end_to_end_replays_the_runs_own_plans(tmp_path, run_cli):
     from sparsebalance.simulator.latency import load_latency_model
 
     out = tmp_path / "val"
-    r = run_cli("validate", _cfg(tmp_path), "--json", "--out", out, "--master-port", "29677",
+    r = run_cli("validate", "--config", _cfg(tmp_path), "--json", "--out", out, "--master-port", "29677",
                 "--rounds", "2")
     assert r.code == 0, r.err[-3000:]
     summary = json.loads(r.out)

@@ -65,7 +65,13 @@ def summarize_seeds(per_seed: pd.DataFrame) -> pd.DataFrame:
 
     cols = [c for c in METRICS if c in per_seed]
     extra = [c for c in ("anchor", "p") if c in per_seed]
-    return summarize(per_seed, ["config", *extra] if extra else "config", cols)
+    out = summarize(per_seed, ["config", *extra] if extra else "config", cols)
+    # peak memory: the largest over seeds; iterations over the device memory: summed over seeds
+    mem = [c for c in per_seed.columns if c.startswith(("peak_memory_gb", "memory_exceeded"))]
+    if mem:
+        agg = {c: ("sum" if c.startswith("memory_exceeded") else "max") for c in mem}
+        out = out.merge(per_seed.groupby("config", sort=False).agg(agg).reset_index(), on="config")
+    return out
 
 
 def json_safe(rows: list[dict]) -> list[dict]:
@@ -116,7 +122,7 @@ def plot_ablation(t: pd.DataFrame, path: Path, title: str = "") -> None:
     import matplotlib.pyplot as plt
 
     x = np.arange(len(t))
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained")
     for ax, col, label in ((axes[0], "speedup", "speedup vs baseline"),
                            (axes[1], "imbalance", "imbalance (max / mean micro-batch)")):
         err = None
@@ -124,13 +130,13 @@ def plot_ablation(t: pd.DataFrame, path: Path, title: str = "") -> None:
             err = np.vstack([t[col] - t[f"{col}_ci_lo"], t[f"{col}_ci_hi"] - t[col]])
         ax.bar(x - 0.2, t[col], 0.4, yerr=err, capsize=3, label="simulated (ours, 95% CI)")
         ax.bar(x + 0.2, t[f"paper_{col}"].fillna(0), 0.4, label="paper", alpha=0.7)
-        ax.set_xticks(x, t["config"], rotation=20)
+        # one line per policy part (+SAB / +DST-CP): long names never run into each other
+        ax.set_xticks(x, [c.replace("+", "\n+").lstrip("\n") for c in t["config"]], fontsize=8)
         ax.set_ylabel(label)
         ax.axhline(1.0, color="k", lw=0.6)
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle(title or "Table I ablation: simulated vs paper")
-    fig.tight_layout()
     path = Path(path)
     fig.savefig(path.with_suffix(".png"), dpi=130)
     fig.savefig(path.with_suffix(".svg"))

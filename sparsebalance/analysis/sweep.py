@@ -12,23 +12,37 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-METRICS = ("iteration_time_s", "imbalance", "mean_budget", "mean_coverage", "floor_share",
-           "decision_ms")
+METRICS = ("iteration_time_s", "imbalance", "mean_budget", "mean_coverage", "floor_share")
 """Per-run metrics (means over iterations) a sweep records; ``speedup`` is added by
-:func:`with_speedup`."""
+:func:`with_speedup`. Deterministic: the same config gives the same numbers."""
+TIMING = ("decision_ms",)
+"""Wall-clock means a sweep records apart (``timing.csv``), with the run's ``wall_s``."""
 
 POLICY_KEYS = ("batching", "tuning", "anchor", "anchor_scope", "p", "per_layer", "packer")
 """Coordinates that name a policy; all other coordinates (seed, cluster shape...) pair a run with its
 baseline."""
 
 
-def summarize(metrics: pd.DataFrame) -> dict[str, float]:
-    """Per-run means of a loop's per-iteration metrics table."""
+def summarize(metrics: pd.DataFrame, names=METRICS) -> dict[str, float]:
+    """Per-run means of a loop's per-iteration metrics table (``names``: METRICS or TIMING)."""
     out = {}
-    for m in METRICS:
+    for m in names:
         col = m if m in metrics else f"tuning_{m}"
         out[m] = float(metrics[col].mean()) if col in metrics else 0.0
     return out
+
+
+def tidy(records) -> pd.DataFrame:
+    """Store records (``analysis.store.RunRecord``) -> the tidy table: run_id, coordinates, metric,
+    value (one row per run x metric)."""
+    rows = [{"run_id": r.run_id, **r.coords, "metric": m, "value": v}
+            for r in records for m, v in r.metrics.items()]
+    return pd.DataFrame(rows)
+
+
+def timing_table(records) -> pd.DataFrame:
+    """One row per run: run_id, coordinates and its wall-clock columns (decision_ms, wall_s)."""
+    return pd.DataFrame([{"run_id": r.run_id, **r.coords, **r.timing} for r in records])
 
 
 def wide(results: pd.DataFrame) -> pd.DataFrame:
@@ -80,25 +94,28 @@ def plot_pareto(w: pd.DataFrame, path: Path, *, label_cols=("anchor", "p"), titl
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from sparsebalance.analysis.figures import label_points
+
     w = w.dropna(subset=["speedup", "mean_coverage"])
-    fig, ax = plt.subplots(figsize=(6, 4.2))
+    fig, ax = plt.subplots(figsize=(7, 4.8))
     groups = w.groupby(label_cols[0]) if label_cols and label_cols[0] in w else [("runs", w)]
     for name, g in groups:
-        ax.scatter(g["mean_coverage"], g["speedup"], label=str(name), s=36)
-        for _, row in g.iterrows():
-            text = " ".join(f"{row[c]}" for c in label_cols if c in row)
-            ax.annotate(text, (row["mean_coverage"], row["speedup"]), fontsize=7,
-                        xytext=(3, 3), textcoords="offset points")
+        ax.scatter(g["mean_coverage"], g["speedup"], label=str(name), s=36, zorder=3)
     x, y = w["mean_coverage"].to_numpy(float), w["speedup"].to_numpy(float)
     if len(w):
         f = pareto_front(x, y)
-        ax.plot(x[f], y[f], "k--", lw=1, label="Pareto front")
+        ax.plot(x[f], y[f], "k--", lw=1, label="Pareto front", zorder=2)
+        # room around the points for their labels
+        ax.margins(x=0.12, y=0.12)
     ax.set_xlabel("mean routing coverage C(k) (1 = dense)")
     ax.set_ylabel("speedup vs baseline")
     ax.set_title(title or "speedup vs coverage")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    # the legend outside the axes: it never covers a point or a label
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
+    texts = [" ".join(f"{row[c]}" for c in label_cols if c in row) for _, row in w.iterrows()]
+    label_points(ax, x, y, texts)
     path = Path(path)
     fig.savefig(path.with_suffix(".png"), dpi=130)
     fig.savefig(path.with_suffix(".svg"))

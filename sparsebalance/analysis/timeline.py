@@ -8,10 +8,14 @@ from pathlib import Path
 COLOURS = {"F": "#4C72B0", "B": "#DD8452", "P2P": "#8C8C8C", "ALLREDUCE": "#55A868", "OPTIM": "#C44E52"}
 
 
+SVG_MAX_ACTIONS = 20_000
+"""Above this many drawn bars the SVG (one element per bar) is skipped; the PNG is always written."""
+
+
 def plot_timeline(trace, path: str | Path, iteration: int = 0, title: str = "",
                   max_replicas: int = 8) -> Path:
     """Draw iteration ``iteration`` of ``trace`` (TRACE_COLUMNS table) and write ``path`` (PNG) and an
-    SVG with the same stem. Rows are (dp_rank, stage), top to bottom; F/B bars fill their row,
+    SVG with the same stem (only up to :data:`SVG_MAX_ACTIONS` bars: a big plan's SVG is huge). Rows are (dp_rank, stage), top to bottom; F/B bars fill their row,
     P2P sends are thin bars under the sender's row; white gaps are idle time (bubbles). Only the
     first ``max_replicas`` DP ranks are drawn (the title says so) to keep large plans readable.
     Returns the PNG path."""
@@ -66,6 +70,10 @@ def plot_timeline(trace, path: str | Path, iteration: int = 0, title: str = "",
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    fig.savefig(path.with_suffix(".svg"))
+    svg = path.with_suffix(".svg")
+    if len(df) <= SVG_MAX_ACTIONS:
+        fig.savefig(svg)
+    elif svg.exists():
+        svg.unlink()  # never leave an SVG of another run beside this PNG
     plt.close(fig)
     return path

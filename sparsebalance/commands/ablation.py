@@ -19,7 +19,8 @@ interval over seeds (``sparsebalance.analysis.stats``).
 Outputs go to ``--out`` (default results/ablation): ``ablation.csv`` (with ``*_ci_lo``/``*_ci_hi``,
 ``*_min``/``*_max`` columns), ``ablation_seeds.csv`` (one row per config x seed),
 ``ablation.png``/``.svg``, ``anchors.csv``, ``anchors_seeds.csv``, ``anchors_pareto.png``/``.svg``,
-and ``config.toml`` (the resolved base config).
+and ``config.toml`` (the resolved base config); the wall-clock ``overhead_ms`` (and its interval)
+goes to ``timing.csv`` (``timing_cp.csv``), not the deterministic tables.
 """
 
 from __future__ import annotations
@@ -47,14 +48,16 @@ PS = (0.1, 0.2, 0.3)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="base run config (TOML) instead of the built-in Table I setting")
-    p.add_argument("--iterations", type=int, default=20, help="iterations per seed (default 20)")
+    from sparsebalance.commands._args import add_config, add_out, add_output_flags, positive_int
+
+    add_config(p, required=False, help="base run config (TOML) instead of the built-in Table I setting")
+    p.add_argument("--iterations", type=positive_int, default=20, help="iterations per seed (default 20)")
     p.add_argument("--seeds", default="0,1,2,3,4",
                    help="comma-separated data seeds (default 0,1,2,3,4); >= 2 for a confidence interval")
     p.add_argument("--anchors", action="store_true", help="run the anchor x p study instead")
     p.add_argument("--json", action="store_true", help="print the table as JSON (stdout) only")
-    p.add_argument("--out", default="results/ablation", help="output directory")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_out(p, "results/ablation")
+    add_output_flags(p)
 
 
 def _configs(args, policy: dict[str, Any], seeds: list[int]):
@@ -93,14 +96,50 @@ def _measure(cfgs, seeds: list[int]) -> list[dict[str, float]]:
                      "overhead_ms": float(m["decision_ms"].mean()),
                      "mean_budget": float(m["mean_budget"].mean()),
                      "mean_coverage": float(m["mean_coverage"].mean()),
-                     "floor_share": float(floor)})
+                     "floor_share": float(floor),
+                     **_memory(m)})
     return rows
+
+
+def _memory(m: pd.DataFrame) -> dict[str, float]:
+    """Peak memory of the largest device (GB, max over iterations) and per stage, and how many
+    iterations put a device over the cluster's device memory (simulator/memory.py)."""
+    if "peak_memory_gb" not in m:
+        return {}
+    out = {"peak_memory_gb": float(m["peak_memory_gb"].max()),
+           "memory_exceeded_iterations": float((m["memory_exceeded"] > 0).sum())}
+    out |= {c: float(m[c].max()) for c in m.columns if c.startswith("peak_memory_gb_s")}
+    return out
+
+
+def _print_memory(df: pd.DataFrame) -> None:
+    if "peak_memory_gb" not in df:
+        return
+    stages = sorted(c for c in df.columns if c.startswith("peak_memory_gb_s"))
+    print("peak memory per device, GB (largest device; per stage " + ", ".join(s[-2:] for s in stages)
+          + "); * = over the device memory in some iteration")
+    for _, r in df.iterrows():
+        flag = " *" if r.get("memory_exceeded_iterations", 0) > 0 else ""
+        print(f"  {r['config']:<20} {r['peak_memory_gb']:8.1f}  ("
+              + ", ".join(f"{r[s]:.1f}" for s in stages) + ")" + flag)
+
+
+WALL_CLOCK = ("overhead_ms", "paper_overhead_ms")
+"""Columns measured by a wall clock (and their intervals, ``overhead_ms_ci_lo``...): written to
+timing.csv, not to the deterministic tables."""
+
+
+def _split_timing(df: pd.DataFrame, table: Path, timing: Path) -> None:
+    wall = [c for c in df.columns if c.startswith(WALL_CLOCK)]
+    df.drop(columns=wall).to_csv(table, index=False)
+    df[["config", *wall]].to_csv(timing, index=False)
 
 
 def run(args) -> int:
     from tqdm import tqdm
 
     from sparsebalance.analysis import ablation as A
+    from sparsebalance.commands._args import progress_enabled, resolve_out
     from sparsebalance.errors import ConfigError
     from sparsebalance.runconfig import dump_toml
 
@@ -108,10 +147,8 @@ def run(args) -> int:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
         raise ConfigError(f"--seeds: expected comma-separated integers, got {args.seeds!r}") from None
-    if not seeds:
-        raise ConfigError("--seeds: give at least one seed")
-    if args.iterations < 1:
-        raise ConfigError(f"--iterations: must be >= 1, got {args.iterations}")
+    if not seeds or min(seeds) < 0:
+        raise ConfigError(f"--seeds: give one or more integers >= 0, got {args.seeds!r}")
     if args.anchors:
         jobs = [("baseline", {"batching": "sequential", "tuning": "fixed"})]
         jobs += [(f"{a.upper()}{p}", {"batching": "sab", "tuning": "dst", "anchor": a, "p": p})
@@ -121,22 +158,22 @@ def run(args) -> int:
         jobs = [(name, {"batching": b, "tuning": t}) for name, (b, t) in A.ROW_POLICIES.items()]
         jobs += [(name, {"batching": b, "tuning": t}) for name, (b, t) in A.BEYOND_POLICIES.items()]
     cfgs = {name: _configs(args, pol, seeds) for name, pol in jobs}  # validates before running
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = resolve_out(args.out, "results/ablation", force=args.force, verb="ablation")
     (out / "config.toml").write_text(dump_toml(cfgs["baseline"][0]))
     rows = []
-    for name, _ in tqdm(jobs, desc="ablation", disable=args.no_progress or args.json, file=sys.stderr):
+    for name, _ in tqdm(jobs, desc="ablation", disable=args.json or not progress_enabled(args), file=sys.stderr):
         rows += [{"config": name, **r} for r in _measure(cfgs[name], seeds)]
     per_seed = A.paired_speedup(pd.DataFrame(rows))
-    per_seed.to_csv(out / ("anchors_seeds.csv" if args.anchors else "ablation_seeds.csv"), index=False)
+    _split_timing(per_seed, out / ("anchors_seeds.csv" if args.anchors else "ablation_seeds.csv"),
+                  out / ("timing_anchors_seeds.csv" if args.anchors else "timing_seeds.csv"))
     df = A.summarize_seeds(per_seed)
     if args.anchors:
         df["anchor"] = [""] + [a for a in ANCHORS for _ in PS] + ["dst-cp"] * len(PS)
         df["p"] = [float("nan")] + [p for _ in ANCHORS for p in PS] + list(PS)
         cp = df.config.str.startswith("CP")
         df, df_cp = df[~cp], df[cp]
-        df.to_csv(out / "anchors.csv", index=False)
-        df_cp.to_csv(out / "anchors_cp.csv", index=False)
+        _split_timing(df, out / "anchors.csv", out / "timing.csv")
+        _split_timing(df_cp, out / "anchors_cp.csv", out / "timing_cp.csv")
         from sparsebalance.analysis.sweep import plot_pareto
 
         plot_pareto(pd.concat([df[df.config != "baseline"], df_cp]), out / "anchors_pareto",
@@ -148,11 +185,12 @@ def run(args) -> int:
                 "floor_share", "imbalance", "imbalance_ci_lo", "imbalance_ci_hi", "iteration_time_s",
                 "overhead_ms"]
         print(pd.concat([df, df_cp])[cols].round(4).to_string(index=False))
+        _print_memory(pd.concat([df, df_cp]))
         print(f"table: {out / 'anchors.csv'} (+ {out / 'anchors_cp.csv'})  "
               f"figure: {out / 'anchors_pareto.png'}")
         return 0
     table = A.side_by_side(df)
-    table.to_csv(out / "ablation.csv", index=False)
+    _split_timing(table, out / "ablation.csv", out / "timing.csv")
     A.plot_ablation(table, out / "ablation")
     if args.json:
         print(json.dumps(A.json_safe([{k: r[k] for k in A.JSON_KEYS} for r in table.to_dict("records")
@@ -161,5 +199,6 @@ def run(args) -> int:
     print(A.format_table(table))
     print(f"mean over {len(seeds)} seeds; [95 % CI over seeds, Student t]; per-seed values: "
           f"{out / 'ablation_seeds.csv'}")
+    _print_memory(df)
     print(f"table: {out / 'ablation.csv'}  figure: {out / 'ablation.png'}")
     return 0

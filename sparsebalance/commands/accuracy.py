@@ -23,22 +23,24 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from sparsebalance.commands._args import add_out, add_output_flags, positive_int
+
     p.add_argument("stage", nargs="?", default="run", choices=("run", "pretrain"),
                    help="run the experiment (default) or pretrain the base model")
-    p.add_argument("--checkpoint", default=None,
+    p.add_argument("--checkpoint", metavar="DIR", default=None,
                    help="checkpoint directory (run: default the shipped one; pretrain: where to write, "
-                        "default <out>/checkpoint)")
-    p.add_argument("--out", default="results/accuracy", help="output directory")
+                        "default results/accuracy/checkpoint)")
+    add_out(p, "results/accuracy")
     p.add_argument("--json", action="store_true", help="print the result rows as JSON (stdout) only")
-    p.add_argument("--no-progress", action="store_true", help="no progress lines")
+    add_output_flags(p)
     g = p.add_argument_group("run")
     g.add_argument("--quick", action="store_true", help="fixed and DST MEAN0.1, one seed, 24 steps")
-    g.add_argument("--jobs", type=int, default=1, help="configurations run in parallel (processes)")
+    g.add_argument("--jobs", type=positive_int, default=1, help="configurations run in parallel (processes)")
     g.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
-    g.add_argument("--steps", type=int, default=None, help="continuation steps (default 192)")
+    g.add_argument("--steps", type=positive_int, default=None, help="continuation steps (default 192)")
     g.add_argument("--anchors", default="mean,min,max", help="DST anchors (default mean,min,max)")
     g.add_argument("--ps", default="0.1,0.2,0.3", help="DST thresholds p (default 0.1,0.2,0.3)")
-    g.add_argument("--k0", type=int, default=None, help="default budget in blocks (default 8)")
+    g.add_argument("--k0", type=positive_int, default=None, help="default budget in blocks (default 8)")
     g.add_argument("--buckets", default=None, help="held-out lengths (default 64,256,1024)")
     g.add_argument("--heldout", type=int, default=None, help="held-out examples per bucket (default 128)")
     g.add_argument("--coverage-agg", default=None, help="micro-batch coverage: tokens (default) or min")
@@ -94,10 +96,15 @@ def _pretrain(args) -> int:
     from sparsebalance.accuracy.experiment import ExperimentConfig, check_buckets
 
     check_buckets(replace(ExperimentConfig(), buckets=tuple(buckets)), task, net.max_positions)
-    out = Path(args.checkpoint or Path(args.out) / "checkpoint")
+    from sparsebalance.errors import check
+
+    out = Path(args.checkpoint or "results/accuracy/checkpoint")
+    check(args.force or not (out / "checkpoint.json").exists(), "--checkpoint",
+          f"{out} already holds a checkpoint; pass --force to replace it")
     command = "sparsebalance accuracy " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["accuracy"] else
                                                    sys.argv[1:])
-    log = (lambda m: None) if args.no_progress else (lambda m: print(m, file=sys.stderr, flush=True))
+    # progress lines unless refused (pretraining runs for tens of minutes, usually into a log file)
+    log = (lambda m: None) if args.progress is False else (lambda m: print(m, file=sys.stderr, flush=True))
     rec = pretrain(net, task, cfg, buckets, out, command.strip(), log=log)
     print(json.dumps({k: rec[k] for k in ("steps", "cpu_time_s", "wall_time_s", "heldout_accuracy",
                                           "coverage_layer", "coverage_rate")}, default=str))
@@ -105,9 +112,9 @@ def _pretrain(args) -> int:
 
 
 def run(args) -> int:
+    from sparsebalance.commands._args import resolve_out
     from sparsebalance.errors import check
 
-    check(args.jobs >= 1, "--jobs", f"must be >= 1, got {args.jobs}")
     if args.stage == "pretrain":
         return _pretrain(args)
     from sparsebalance.accuracy.experiment import check_buckets, grid, rows, run_job, to_json
@@ -123,8 +130,7 @@ def run(args) -> int:
     B = ckpt.net.dims.block_size
     dense_k = -(-max(ckpt.task.max_length, *cfg.buckets) // B)
     jobs = grid(cfg, dense_k)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = resolve_out(args.out, "results/accuracy", force=args.force, verb="accuracy")
     t0 = time.time()
     results = _run_all([(j, cfg, args.checkpoint) for j in jobs], args, run_job)
     import pandas as pd
@@ -154,7 +160,7 @@ def run(args) -> int:
 
 def _run_all(jobs: list, args, fn) -> list[dict]:
     """Run the jobs (in ``--jobs`` spawned processes), reporting each finished one on stderr."""
-    quiet = args.no_progress or args.json
+    quiet = args.json or args.progress is False  # one line per finished run, unless refused
     done = []
 
     def report(r: dict) -> None:

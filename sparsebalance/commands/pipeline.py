@@ -1,6 +1,7 @@
-"""``sparsebalance pipeline FILE --schedule {gpipe,1f1b,interleaved} [--json] [--virtual-stages N]``.
+"""``sparsebalance pipeline --config FILE --schedule {gpipe,1f1b,interleaved} [--json [--ops]] [--out DIR]``.
 
-Replays explicit durations through a schedule. FILE is JSON, seconds throughout::
+Replays explicit durations through a schedule (``--virtual-stages N`` for interleaved). FILE (the
+durations JSON, docs/formats.md) holds seconds throughout::
 
     {"forward": [[f00, f01, ...], ...], "backward": [[...], ...],
      "p2p_latency": 0.0, "allreduce_time": 0.0, "optimizer_time": 0.0}
@@ -10,6 +11,12 @@ pp x N rows, row ``c * pp + s`` being chunk c of physical stage s. For data para
 ``{"replicas": [{"forward": ..., "backward": ...}, ...], "p2p_latency": ..., "allreduce_time": ...}``.
 ``p2p_latency`` is the seconds of one transfer; ``allreduce_time`` and ``optimizer_time`` (optional,
 default 0) are a number or one per physical stage.
+
+``--json`` prints one JSON object with the iteration's figures (``iteration_time``, ``bubble_fraction``,
+``stage_busy``, imbalances, ``microbatch_latency``); ``--ops`` adds ``ops``, one record per trace row
+(F, B, P2P, ALLREDUCE, OPTIM), streamed out in chunks (a 65,536-action iteration has ~120,000).
+``--out DIR`` also writes ``result.json`` (the ``--json`` figures), ``trace.csv`` and ``trace.json``
+(Chrome/Perfetto) there.
 """
 
 from __future__ import annotations
@@ -21,18 +28,29 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sparsebalance.errors import ConfigError
+from sparsebalance.commands._args import (
+    add_config,
+    add_out,
+    positive_int,
+    resolve_out,
+    take_positional_config,
+)
+from sparsebalance.errors import ConfigError, check_finite
 
 _TOP_KEYS = {"forward", "backward", "replicas", "p2p_latency", "allreduce_time", "optimizer_time"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", metavar="FILE", help="durations JSON (see `sparsebalance pipeline --help`)")
+    add_config(p, help="durations JSON: seconds per stage and micro-batch (format: docs/formats.md)",
+               positional=True)
     p.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "interleaved"),
                    help="pipeline schedule (default 1f1b)")
-    p.add_argument("--virtual-stages", type=int, default=None, metavar="N",
+    p.add_argument("--virtual-stages", type=positive_int, default=None, metavar="N",
                    help="model chunks per stage for --schedule interleaved (default 2); rows = pp x N")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--ops", action="store_true",
+                   help="with --json: add one record per action (F, B, P2P, ALLREDUCE, OPTIM)")
+    add_out(p, "none: print only")
 
 
 def _matrix(value: Any, where: str) -> list[list[float]]:
@@ -41,6 +59,13 @@ def _matrix(value: Any, where: str) -> list[list[float]]:
     width = len(value[0])
     if width == 0:
         raise ConfigError(f"{where}[0]: needs at least one micro-batch")
+    # fast path: exact numbers in equal rows (bool is an int subclass, hence the type() test)
+    if all(len(row) == width and all(type(x) is float or type(x) is int for x in row) for row in value):
+        import numpy as np
+
+        arr = np.array(value, dtype=float)
+        if np.isfinite(arr).all() and (arr >= 0).all():
+            return arr  # type: ignore[return-value]
     for s, row in enumerate(value):
         if len(row) != width:
             raise ConfigError(f"{where}: ragged rows: row 0 has {width} micro-batches, "
@@ -74,13 +99,13 @@ def load_durations(path: str | Path, schedule: str, virtual_stages: int):
 
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"FILE: no such file {str(path)!r}")
+        raise ConfigError(f"--config: no such file {str(path)!r}")
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"FILE: {path} is not JSON: {e}") from None
+        raise ConfigError(f"--config: {path} is not JSON: {e}") from None
     if not isinstance(data, dict):
-        raise ConfigError("FILE: expected a JSON object with keys forward, backward (or replicas)")
+        raise ConfigError("--config: expected a JSON object with keys forward, backward (or replicas)")
     unknown = sorted(set(data) - _TOP_KEYS)
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown key; allowed keys are {', '.join(sorted(_TOP_KEYS))}")
@@ -123,27 +148,54 @@ def load_durations(path: str | Path, schedule: str, virtual_stages: int):
 def run(args: argparse.Namespace) -> int:
     from sparsebalance.simulator.engine import simulate
 
+    take_positional_config(args)
     v = args.virtual_stages
     if v is None:
         v = 2 if args.schedule == "interleaved" else 1
-    if v < 1:
-        raise ConfigError(f"--virtual-stages: must be >= 1, got {v}")
-    res = simulate(load_durations(args.file, args.schedule, v))
-    tr = res.trace
+    if args.ops and not args.json:
+        raise ConfigError("--ops: only with --json (the table prints per-device figures)")
+    inp = load_durations(args.config, args.schedule, v)
+    out = resolve_out(args.out, "", force=args.force, verb="pipeline") if args.out else None
+    res = simulate(inp)
+    check_finite({"iteration_time": res.iteration_time, "bubble_fraction": res.bubble_fraction,
+                  "imbalance": res.imbalance, "stage_imbalance": res.stage_imbalance}, "result")
+    doc = {"schedule": args.schedule, "virtual_stages": v, "iteration_time": res.iteration_time,
+           "bubble_fraction": res.bubble_fraction, "stage_busy": res.stage_busy.tolist(),
+           "imbalance": res.imbalance, "stage_imbalance": res.stage_imbalance,
+           "microbatch_latency": res.microbatch_latency.tolist()}
+    if out:
+        _write(out, doc, res.trace)
     if args.json:
-        ops = [{"replica": int(r), "stage": int(s), "microbatch": int(j), "op": op,
-                "start": float(a), "end": float(b)}
-               for r, s, j, op, a, b in zip(tr["dp_rank"], tr["stage"], tr["microbatch"], tr["op"],
-                                            tr["start_s"], tr["end_s"])]
-        out = {"schedule": args.schedule, "virtual_stages": v, "iteration_time": res.iteration_time,
-               "bubble_fraction": res.bubble_fraction, "stage_busy": res.stage_busy.tolist(),
-               "imbalance": res.imbalance, "stage_imbalance": res.stage_imbalance,
-               "microbatch_latency": res.microbatch_latency.tolist(), "ops": ops}
-        json.dump(out, sys.stdout)
-        sys.stdout.write("\n")
+        text = json.dumps(doc, allow_nan=False)
+        if not args.ops:
+            sys.stdout.write(text + "\n")
+            return 0
+        sys.stdout.write(text[:-1] + ', "ops": [')
+        _stream_ops(res.trace, sys.stdout)
+        sys.stdout.write("]}\n")
         return 0
     _print_table(args.schedule, v, res)
     return 0
+
+
+def _write(out: Path, doc: dict, trace) -> None:
+    from sparsebalance.fsutil import atomic_to_csv, atomic_write_json, atomic_write_text
+    from sparsebalance.simulator.trace import TRACE_COLUMNS, to_chrome_trace
+
+    atomic_write_json(out / "result.json", doc)
+    atomic_to_csv(trace[list(TRACE_COLUMNS)], out / "trace.csv")
+    atomic_write_text(out / "trace.json", json.dumps(to_chrome_trace(trace)))
+
+
+def _stream_ops(tr, out, chunk: int = 20_000) -> None:
+    """Write the trace rows as JSON records, ``chunk`` rows per write (floats as ``repr``, which is
+    what ``json.dumps`` writes; the trace holds only finite numbers)."""
+    cols = [tr[c].tolist() for c in ("dp_rank", "stage", "microbatch", "op", "start_s", "end_s")]
+    rows = list(zip(*cols))
+    for lo in range(0, len(rows), chunk):
+        part = ",".join(f'{{"replica": {r}, "stage": {s}, "microbatch": {j}, "op": "{op}", '
+                        f'"start": {a!r}, "end": {b!r}}}' for r, s, j, op, a, b in rows[lo:lo + chunk])
+        out.write(part if lo == 0 else "," + part)
 
 
 def _print_table(schedule: str, v: int, res) -> None:

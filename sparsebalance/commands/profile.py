@@ -1,7 +1,9 @@
-"""``sparsebalance profile --device cpu|cuda --model tiny --out DIR [grid options]``.
+"""``sparsebalance profile --device cpu|cuda (--model tiny | --config RUN.toml) --out DIR [grid options]``.
 
 Measures the ops of the profile format (see ``sparsebalance.kernels.profiler``) and writes
-``DIR/profile.csv`` + ``DIR/profile.json`` (sidecar with device, dtype, model dims, command, versions).
+``DIR/profile.csv`` + ``DIR/profile.json`` (sidecar with device, dtype, model dims, command, versions;
+docs/formats.md). ``--config`` takes the model (and its block size) from a run config. The output
+directory is checked before measuring: an existing profile is refused unless ``--force``.
 """
 
 from __future__ import annotations
@@ -12,48 +14,64 @@ import shlex
 import sys
 
 
-def _ints(text: str) -> tuple[int, ...]:
+def _ints(text: str, field: str = "grid") -> tuple[int, ...]:
     from sparsebalance.errors import ConfigError
 
     try:
         return tuple(int(x) for x in text.replace(",", " ").split())
     except ValueError:
-        raise ConfigError(f"expected comma-separated integers, got {text!r}") from None
+        raise ConfigError(f"{field}: expected comma-separated integers, got {text!r}") from None
+
+
+def text_of(vals: tuple[int, ...]) -> str:
+    return ",".join(map(str, vals)) or "nothing"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from sparsebalance.commands._args import add_config, add_output_flags, nonneg_int, positive_int
+
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where to measure")
-    p.add_argument("--model", default="tiny", help="model preset (tiny, qwen2.5-0.5b, ...)")
-    p.add_argument("--out", required=True, metavar="DIR", help="profile directory to write")
+    p.add_argument("--model", default=None, help="model preset (tiny, qwen2.5-0.5b, ...; default tiny, "
+                                                 "or the --config run's model)")
+    add_config(p, required=False, help="run config whose [model] is measured (instead of --model)")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="profile directory to write (refused if it exists, unless --force)")
+    p.add_argument("--force", action="store_true", help="replace an existing profile in --out")
     p.add_argument("--seq-lens", default=None, help="attention lengths, e.g. 64,256,1024")
     p.add_argument("--budgets", default=None, help="attention top-k values, e.g. 1,2,4,8")
     p.add_argument("--tokens", default=None, help="dense-op token counts, e.g. 64,1024,8192")
     p.add_argument("--params", default=None, help="optimizer parameter counts")
-    p.add_argument("--repeats", type=int, default=10, help="timed calls per point")
-    p.add_argument("--warmup", type=int, default=5, help="untimed calls first")
+    p.add_argument("--repeats", type=positive_int, default=10, help="timed calls per point")
+    p.add_argument("--warmup", type=nonneg_int, default=5, help="untimed calls first")
     p.add_argument("--statistic", default="mean", choices=("mean", "median"),
                    help="what a point records over its repeats (mean: expected values add up)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (realrun uses 1)")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads (realrun uses 1)")
     p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
-    p.add_argument("--block-size", type=int, default=None, help="override the preset's block size")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (only 1 is measured)")
-    p.add_argument("--concurrency", type=int, default=1,
+    p.add_argument("--block-size", type=positive_int, default=None, help="override the preset's block size")
+    p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree (only 1 is measured)")
+    p.add_argument("--concurrency", type=positive_int, default=1,
                    help="CPU: run this many copies of the measurement at once (the real run's "
                         "processes per host, pp x dp) and record the median over copies")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_output_flags(p)
 
 
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    from sparsebalance.commands._args import progress_enabled, resolve_out
     from sparsebalance.errors import ConfigError, check_choice
     from sparsebalance.simulator.config import MODEL_PRESETS
     from sparsebalance.simulator.profile import FORMAT_VERSION, MODEL_DIMS, write_profile
 
-    check_choice(args.model, "--model", MODEL_PRESETS)
     if args.tp != 1:
         raise ConfigError(f"--tp: only 1 can be measured on one device, got {args.tp}")
-    model = MODEL_PRESETS[args.model]()
+    if args.model is not None or args.config is None:
+        check_choice(args.model or "tiny", "--model", MODEL_PRESETS)
+        model = MODEL_PRESETS[args.model or "tiny"]()
+    else:
+        from sparsebalance.runconfig import load_run_config
+
+        model = load_run_config(args.config).model
     if args.block_size is not None:
         model = replace(model, block_size=args.block_size)
     import torch
@@ -62,13 +80,20 @@ def run(args: argparse.Namespace) -> int:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device: cuda requested but torch sees no CUDA device")
-    kw = {k: _ints(getattr(args, k)) for k in ("seq_lens", "budgets", "tokens", "params")
-          if getattr(args, k)}
+    kw = {k: _ints(getattr(args, k), "--" + k.replace("_", "-"))
+          for k in ("seq_lens", "budgets", "tokens", "params") if getattr(args, k) is not None}
+    for k, vals in kw.items():  # the profile format interpolates: one point per axis is too few
+        if len(set(vals)) < 2 or min(vals) < 1:
+            raise ConfigError(f"--{k.replace('_', '-')}: needs >= 2 distinct integers >= 1 "
+                              f"(the latency model interpolates between them), got {text_of(vals)}")
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     grid = ProfileGrid(repeats=args.repeats, warmup=args.warmup, threads=args.threads,
                        statistic=args.statistic,
                        device=args.device, dtype=dtype, **kw)
-    table = run_profile(model, grid, progress=not args.no_progress, concurrency=args.concurrency)
+    # before measuring: a bad --out must not cost the measurement
+    out_dir = resolve_out(args.out, args.out, force=args.force, verb="profile",
+                          ours=lambda p: {c.name for c in p.iterdir()} <= {"profile.csv", "profile.json"})
+    table = run_profile(model, grid, progress=progress_enabled(args), concurrency=args.concurrency)
     import transformers
 
     dev_name = (torch.cuda.get_device_name() if args.device == "cuda"
@@ -88,6 +113,14 @@ def run(args: argparse.Namespace) -> int:
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "python": platform.python_version()},
     }
-    out = write_profile(table, meta, args.out)
+    out = write_profile(table, meta, out_dir)
     print(f"wrote {out}/profile.csv ({len(table)} rows) and profile.json")
+    from sparsebalance.simulator.profile import load_profile, monotone_violations
+
+    bad = monotone_violations(load_profile(out), model.block_size)
+    if bad:  # kept (the measurement is not lost) but said: runs refuse it until accepted
+        print(f"sparsebalance profile: warning: latency falls as work grows at {len(bad)} point(s): "
+              f"{'; '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}. Runs refuse this profile unless "
+              "--allow-nonmonotone or a \"nonmonotone\" note in profile.json says why; re-measuring "
+              "with more --repeats usually helps", file=sys.stderr)
     return 0

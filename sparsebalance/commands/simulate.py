@@ -1,29 +1,50 @@
-"""``sparsebalance simulate --config FILE [--iterations N] [--output DIR] [--set key=value ...]``.
+"""``sparsebalance simulate --config FILE [--iterations N] [--out DIR] [--set key=value ...]``.
 
-Loads a run config (TOML), applies overrides, runs the simulated loop and writes
-``<output_dir>/<name>/``: config.toml (resolved), metrics.csv, trace.csv, trace.json (Chrome),
-timeline.png/.svg. Prints a short summary.
+Loads a run config (TOML), applies overrides, runs the simulated loop and writes ``--out`` (default
+``<output_dir>/<name>/``; see docs/formats.md): config.toml (resolved), metrics.csv, trace.csv,
+trace.json (Chrome), timeline.png/.svg. Prints a short summary. ``--no-trace`` / ``--trace-limit``
+keep big runs from spending longer writing traces than simulating.
 """
 
 from __future__ import annotations
 
 import argparse
 import tomllib
+from pathlib import Path
 from typing import Any
 
+from sparsebalance.commands._args import (
+    DeprecatedAlias,
+    add_config,
+    add_out,
+    add_output_flags,
+    positive_int,
+    progress_enabled,
+    resolve_out,
+)
 from sparsebalance.errors import ConfigError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", required=True, metavar="FILE", help="run config (TOML or JSON)")
-    p.add_argument("--iterations", type=int, default=None, metavar="N",
+    from sparsebalance.commands._common import TRACE_LIMIT
+
+    add_config(p)
+    p.add_argument("--iterations", type=positive_int, default=None, metavar="N",
                    help="iterations to simulate (overrides the config's `iterations`)")
-    p.add_argument("--output", default=None, metavar="DIR",
-                   help="results root (overrides `output_dir`); files go to DIR/<name>/")
+    add_out(p, "<output_dir>/<name>")
+    p.add_argument("--output", action=DeprecatedAlias, new="--out DIR/<name>", default=None,
+                   metavar="DIR", dest="output_root",
+                   help="deprecated: results root (files go to DIR/<name>/); use --out")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                    help="dotted override, value parsed as a TOML scalar, e.g. --set cluster.pp=8 "
                         "--set policy.batching=sab (repeatable)")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--allow-nonmonotone", action="store_true",
+                   help="use a profile whose latency falls as work grows (a warning lists the points)")
+    p.add_argument("--no-trace", action="store_true",
+                   help="write no trace.csv / trace.json / timeline (big runs)")
+    p.add_argument("--trace-limit", type=positive_int, default=TRACE_LIMIT, metavar="N",
+                   help=f"write at most N traced actions, whole iterations first (default {TRACE_LIMIT:,})")
+    add_output_flags(p)
 
 
 def parse_override(item: str) -> tuple[str, Any]:
@@ -43,19 +64,24 @@ def parse_override(item: str) -> tuple[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sparsebalance.commands._common import run_simulation, write_results
+    from sparsebalance.commands._common import prepare, run_simulation, write_results
     from sparsebalance.runconfig import load_run_config
 
     overrides = dict(parse_override(item) for item in args.overrides)
     if args.iterations is not None:
-        if args.iterations < 1:
-            raise ConfigError(f"--iterations: must be >= 1, got {args.iterations}")
         overrides["iterations"] = args.iterations
-    if args.output is not None:
-        overrides["output_dir"] = args.output
+    if args.allow_nonmonotone:
+        overrides["allow_nonmonotone"] = True
+    if args.output_root is not None:
+        if args.out is not None:
+            raise ConfigError("--output: give --out only (--output is its deprecated spelling)")
+        overrides["output_dir"] = args.output_root
     cfg = load_run_config(args.config, overrides)
-    result = run_simulation(cfg, progress=not args.no_progress)
-    out = write_results(cfg, result)
+    prepared = prepare(cfg)  # data, profile, policies: every input checked before any output
+    # the results directory is created and probed before simulating: a bad path costs nothing
+    out = resolve_out(args.out, Path(cfg.output_dir) / cfg.name, force=args.force, verb="simulate")
+    result = run_simulation(cfg, progress=progress_enabled(args), prepared=prepared)
+    out = write_results(cfg, result, out, trace=not args.no_trace, trace_limit=args.trace_limit)
     m = result.metrics
     c = cfg.cluster
     print(f"{cfg.name}: {cfg.model.name} on {c.name} (DP{c.dp} x PP{c.pp} x TP{c.tp}, {c.schedule}), "
@@ -65,8 +91,17 @@ def run(args: argparse.Namespace) -> int:
         ("imbalance (max/mean)", m["imbalance"]),
         ("bubble fraction", m["bubble_fraction"]),
     ]
+    if "peak_memory_gb" in m:
+        rows.append(("peak memory (GB)", m["peak_memory_gb"]))
+        rows += [(f"  stage {c.rsplit('_s', 1)[1]} (GB)", m[c]) for c in m.columns
+                 if c.startswith("peak_memory_gb_s")]
     print(f"  {'metric':<22}{'mean':>12}{'min':>12}{'max':>12}")
     for label, col in rows:
         print(f"  {label:<22}{col.mean():>12.4f}{col.min():>12.4f}{col.max():>12.4f}")
+    over = int((m["memory_exceeded"] > 0).sum()) if "memory_exceeded" in m else 0
+    if over:
+        print(f"  memory: {over} of {len(m)} iterations exceed cluster.device_memory = "
+              f"{c.device_memory / 1e9:.0f} GB on some device (see policy.memory_aware, cluster.recompute, "
+              "cluster.zero1)")
     print(f"results: {out}")
     return 0

@@ -1,4 +1,4 @@
-"""``sparsebalance train --config RUN.toml [--nproc N]``: validate, then run realrun under torchrun.
+"""``sparsebalance train --config RUN.toml [--nproc N] [--out DIR]``: validate, then run realrun under torchrun.
 
 Everything that can fail without processes (config fields, realrun options, data, profile, policy
 names) is checked here first, so a bad config costs one line and exit code 2, never N workers.
@@ -7,27 +7,34 @@ names) is checked here first, so a bad config costs one line and exit code 2, ne
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
+
+from sparsebalance.realrun.launch import torchrun_command  # noqa: F401  (public: the command line)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", required=True, help="run config (TOML or JSON) with a [realrun] table")
-    p.add_argument("--nproc", type=int, default=None,
+    from sparsebalance.commands._args import (
+        DeprecatedAlias,
+        add_config,
+        add_out,
+        add_output_flags,
+        port,
+        positive_int,
+    )
+
+    add_config(p, help="run config (TOML or JSON) with a [realrun] table")
+    p.add_argument("--nproc", type=positive_int, default=None,
                    help="processes on this node (default: cluster.pp x cluster.dp; must equal it)")
-    p.add_argument("--output-dir", default=None, help="write results here instead of <output_dir>/<name>/")
+    add_out(p, "<output_dir>/<name>")
+    p.add_argument("--output-dir", action=DeprecatedAlias, new="--out", dest="out", metavar="DIR",
+                   help="deprecated spelling of --out")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set iterations=3 (repeatable)")
-    p.add_argument("--master-port", type=int, default=29500, help="rendezvous port on localhost")
-
-
-def torchrun_command(config: str, nproc: int, *, master_port: int = 29500,
-                     extra: list[str] | None = None) -> list[str]:
-    """The torchrun command line that starts ``nproc`` realrun workers on this node."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-            "--master-addr", "127.0.0.1", "--master-port", str(master_port),
-            "-m", "sparsebalance.realrun", "--config", config, *(extra or [])]
+    p.add_argument("--allow-nonmonotone", action="store_true",
+                   help="use a profile whose latency falls as work grows (a warning lists the points)")
+    p.add_argument("--master-port", type=port, default=None,
+                   help="rendezvous port on localhost (default: a free one)")
+    add_output_flags(p)
 
 
 def validate_for_launch(config: str, overrides: list[str]):
@@ -50,22 +57,25 @@ def validate_for_launch(config: str, overrides: list[str]):
 
 
 def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from sparsebalance.commands._args import progress_enabled, resolve_out
     from sparsebalance.errors import ConfigError
     from sparsebalance.realrun.config import world_size
+    from sparsebalance.realrun.launch import check_port_free, launch
 
+    if args.allow_nonmonotone:
+        args.set = [*args.set, "allow_nonmonotone=true"]
     cfg = validate_for_launch(args.config, args.set)
     n = world_size(cfg)
     nproc = args.nproc or n
     if nproc != n:
         raise ConfigError(f"--nproc: must equal cluster.pp x cluster.dp = {n} on one node, got {nproc}")
-    extra = [x for s in args.set for x in ("--set", s)]
-    if args.output_dir:
-        extra += ["--output-dir", args.output_dir]
-    cmd = torchrun_command(args.config, nproc, master_port=args.master_port, extra=extra)
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    res = subprocess.run(cmd, check=False, env=env)
-    if res.returncode != 0:
-        print(f"sparsebalance train: realrun failed (exit {res.returncode}); the failing rank's "
-              "'realrun: rank ...' line above names it", file=sys.stderr)
-    return res.returncode
+    if args.master_port is not None:
+        check_port_free(args.master_port)
+    out = resolve_out(args.out, Path(cfg.output_dir) / cfg.name, force=args.force, verb="train")
+    outcome = launch(args.config, nproc, out_dir=out, sets=args.set, master_port=args.master_port,
+                     quiet=False, progress=progress_enabled(args), what="train")
+    if outcome.returncode != 0:
+        print(f"sparsebalance {outcome.message}", file=sys.stderr)
+    return outcome.returncode

@@ -1,4 +1,4 @@
-"""``sparsebalance validate RUN.toml``: run realrun for the baseline and the config's policy, replay
+"""``sparsebalance validate --config RUN.toml``: run realrun for the baseline and the config's policy, replay
 each run's exact plans and budgets through the simulator, and compare predicted with measured.
 
 Steps: (1) validate both configs (the config's policy and the baseline ``sequential`` + ``fixed``,
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -30,17 +29,23 @@ BASELINE = {"batching": "sequential", "tuning": "fixed"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="run config (TOML or JSON) with a [realrun] table")
+    from sparsebalance.commands._args import add_config, add_out, add_output_flags, port, positive_int
+
+    add_config(p, help="run config (TOML or JSON) with a [realrun] table", positional=True)
     p.add_argument("--json", action="store_true", help="print one JSON object (stdout) only")
-    p.add_argument("--iterations", type=int, default=None, help="iterations per run (default: the config's)")
-    p.add_argument("--rounds", type=int, default=4,
+    p.add_argument("--iterations", type=positive_int, default=None,
+                   help="iterations per run (default: the config's)")
+    p.add_argument("--rounds", type=positive_int, default=4,
                    help="real runs per policy, interleaved ABBA (baseline, policy, policy, baseline, ...) "
                         "so that drift of the machine's speed falls on both alike (default 4)")
-    p.add_argument("--out", default=None, help="output directory (default results/validate-<name>)")
+    add_out(p, "<output_dir>/validate-<name>")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set data.max_length=1024 (repeatable)")
-    p.add_argument("--master-port", type=int, default=29500, help="rendezvous port on localhost")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars from the real runs")
+    p.add_argument("--allow-nonmonotone", action="store_true",
+                   help="use a profile whose latency falls as work grows (a warning lists the points)")
+    p.add_argument("--master-port", type=port, default=None,
+                   help="rendezvous port on localhost (default: a free one)")
+    add_output_flags(p)
 
 
 def _policy_label(policy) -> str:
@@ -48,27 +53,17 @@ def _policy_label(policy) -> str:
 
 
 def _launch(config: str, sets: list[str], nproc: int, outdir: Path, args) -> int:
-    """Run realrun under torchrun into ``outdir``; returns the exit code (0 = ok)."""
-    from sparsebalance.commands.train import torchrun_command
+    """Run realrun under torchrun into ``outdir`` (``realrun/launch.py``: own process group, ended on
+    any exit; the rank that failed first named in one line); returns the exit code (0 = ok)."""
+    from sparsebalance.commands._args import progress_enabled
+    from sparsebalance.realrun.launch import launch
 
-    extra = [x for s in sets for x in ("--set", s)] + ["--output-dir", str(outdir)]
-    if args.no_progress or args.json:
-        extra.append("--quiet")
-    cmd = torchrun_command(config, nproc, master_port=args.master_port, extra=extra)
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
     # the workers' stdout goes to our stderr: with --json, stdout carries the one JSON object only
-    try:
-        sys.stderr.fileno()
-        res = subprocess.run(cmd, check=False, env=env, stdout=sys.stderr)
-    except (AttributeError, OSError, ValueError):  # stderr is not a file (e.g. captured in tests)
-        res = subprocess.run(cmd, check=False, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
-        sys.stderr.write(res.stdout)
-    if res.returncode != 0:
-        print(f"sparsebalance validate: realrun failed (exit {res.returncode}) for {outdir}; the "
-              "failing rank's 'realrun: rank ...' line above names it", file=sys.stderr)
-    return res.returncode
+    outcome = launch(config, nproc, out_dir=outdir, sets=sets, master_port=args.master_port,
+                     quiet=args.json or not progress_enabled(args), console=sys.stderr, what="validate")
+    if outcome.returncode != 0:
+        print(f"sparsebalance {outcome.message}", file=sys.stderr)
+    return outcome.returncode
 
 
 def replay(cfg, run_dir: Path):
@@ -81,7 +76,8 @@ def replay(cfg, run_dir: Path):
     from sparsebalance.simulator.latency import load_latency_model
 
     latency = load_latency_model(cfg.profile, cfg.model, cfg.cluster, base_dir=cfg.base_dir,
-                                 extrapolate=cfg.latency_extrapolate)
+                                 extrapolate=cfg.latency_extrapolate,
+                                 allow_nonmonotone=cfg.allow_nonmonotone)
     executor = SimulatorExecutor(latency, cfg.model, cfg.cluster)
     plans, budgets = load_plans(run_dir / "plans.json")
     rows, traces = [], []
@@ -132,16 +128,15 @@ def run(args: argparse.Namespace) -> int:
 
     from sparsebalance.analysis import validate as V
     from sparsebalance.analysis.compare import speedup_table
+    from sparsebalance.commands._args import resolve_out, take_positional_config
     from sparsebalance.commands.train import validate_for_launch
     from sparsebalance.errors import ConfigError
     from sparsebalance.realrun.config import world_size
     from sparsebalance.runconfig import dump_toml
 
-    if args.iterations is not None and args.iterations < 1:
-        raise ConfigError(f"--iterations: must be >= 1, got {args.iterations}")
-    if args.rounds < 1:
-        raise ConfigError(f"--rounds: must be >= 1, got {args.rounds}")
+    take_positional_config(args)
     sets = list(args.set) + ([f"iterations={args.iterations}"] if args.iterations else [])
+    sets += ["allow_nonmonotone=true"] if args.allow_nonmonotone else []
     cfg = validate_for_launch(args.config, sets)
     base_sets = sets + [f'policy.{k}="{v}"' for k, v in BASELINE.items()]
     base_cfg = validate_for_launch(args.config, base_sets)
@@ -150,8 +145,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("policy: validate compares the config's policy with the baseline "
                           "sequential + fixed; set policy.batching / policy.tuning to another pair "
                           "(e.g. sab + dst)")
-    out = Path(args.out) if args.out else Path(cfg.output_dir) / f"validate-{cfg.name}"
-    out.mkdir(parents=True, exist_ok=True)
+    out = resolve_out(args.out, Path(cfg.output_dir) / f"validate-{cfg.name}", force=args.force,
+                      verb="validate")
     (out / "config.toml").write_text(dump_toml(cfg))
     warmup_excluded = cfg.iterations > 1
     pair = ((base_label, base_cfg, base_sets), (label, cfg, sets))

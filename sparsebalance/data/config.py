@@ -29,8 +29,9 @@ class DataConfig:
     """Drop sequences shorter than this."""
     glob: str = "**/*.py"
     """For source = text_dir: which files are documents."""
-    seed: int = 0
-    """Seed for sampling and for the epoch shuffle."""
+    seed: int | None = None
+    """Seed for sampling and for the epoch shuffle; None = the run's ``seed`` (one seed means the same
+    in every verb), 0 when the data config is used on its own."""
     shuffle: bool = True
     """Shuffle the dataset each epoch before cutting it into global batches."""
 
@@ -40,6 +41,8 @@ class DataConfig:
             check(self.path is not None, "path", f"is required for source = {self.source!r}")
         check_positive(self.num_sequences, "num_sequences", allow_zero=self.source != "distribution")
         check_positive(self.min_length, "min_length")
+        if self.seed is not None:
+            check_positive(self.seed, "seed", allow_zero=True)
         if self.max_length is not None:
             check(self.max_length >= self.min_length, "max_length",
                   f"must be >= min_length ({self.min_length}), got {self.max_length}")

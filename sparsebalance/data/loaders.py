@@ -37,7 +37,7 @@ def load_sequences(cfg: DataConfig, base_dir: str | Path = ".") -> list[Sequence
     if cfg.source == "distribution":
         from sparsebalance.data.distributions import simulated_sequences
 
-        return simulated_sequences(cfg.distribution, cfg.num_sequences, cfg.seed,
+        return simulated_sequences(cfg.distribution, cfg.num_sequences, 0 if cfg.seed is None else cfg.seed,
                                    min_length=cfg.min_length, max_length=cfg.max_length)
     if cfg.source == "text_dir":
         from sparsebalance.data.corpus import load_text_dir

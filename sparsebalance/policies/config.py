@@ -54,6 +54,9 @@ class PolicyConfig:
     """Coverage model: power (mass ~ rank^-rate) or geometric (mass ~ exp(-rate (rank - 1)))."""
     coverage_agg: str = "tokens"
     """Micro-batch coverage of packed sequences: tokens (token-weighted mean) or min."""
+    memory_aware: bool = False
+    """SAB / sab-order: cap micro-batch tokens so the plan fits ``cluster.device_memory`` under the
+    memory model (sparsebalance.simulator.memory), on top of ``token_cap``."""
     cp_rounds: int = 64
     """dst-cp: at most this many lowering rounds per iteration (each one batched evaluation)."""
     cp_raise_tol: float = 0.0
@@ -79,6 +82,8 @@ class PolicyConfig:
         check_positive(self.coverage_rate, "coverage_rate")
         check_choice(self.coverage_shape, "coverage_shape", COVERAGE_SHAPES)
         check_choice(self.coverage_agg, "coverage_agg", COVERAGE_AGGS)
+        check(isinstance(self.memory_aware, bool), "memory_aware",
+              f"must be true or false, got {self.memory_aware!r}")
         check_positive(self.cp_rounds, "cp_rounds", allow_zero=True)
         check(0.0 <= self.cp_raise_tol < 1.0, "cp_raise_tol",
               f"must lie in [0, 1), got {self.cp_raise_tol}")

@@ -3,7 +3,7 @@
 DST (:mod:`.tuning`) balances every micro-batch toward an anchor latency. What sets the pace of a
 PP x DP iteration is the critical path of the schedule: the slowest replica's 1F1B/GPipe makespan,
 then the all-reduce that waits for it. ``dst-cp`` predicts that iteration time exactly (the
-engine's dependency model as a max-plus recurrence, :class:`PipelineEvaluator`) and:
+simulator's timing core, :mod:`sparsebalance.simulator.timing`, on the schedule's graph) and:
 
 (a) **lowers** budgets greedily, starting from ``k0`` everywhere: in every round each micro-batch
     of a *critical* replica (one whose finish sets the iteration time) is tried at
@@ -32,8 +32,6 @@ summed over its sequences, affine in a stage's layer count; cached across iterat
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from sparsebalance.errors import ConfigError
@@ -41,87 +39,13 @@ from sparsebalance.policies.base import PolicyContext
 from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.policies.tuning import DynamicSparsity
 from sparsebalance.simulator.plan import Budgets, Plan
-from sparsebalance.simulator.schedules import stage_orders
+from sparsebalance.simulator.graph import ActionGraph, schedule_graph
+from sparsebalance.simulator.timing import pack_durations, pack_lags, replica_finish, time_graph, time_to_sink
 
 
-class PipelineEvaluator:
-    """The engine's timing model (:mod:`sparsebalance.simulator.engine`) as a recurrence.
-
-    Each device runs its actions in schedule order; an action starts at max(device free, input
-    ready) where the input of F(vs, j) is F(vs-1, j) + p2p[vs-1, j] (time 0 for vs = 0), of
-    B(vs, j) is B(vs+1, j) + p2p[vs, j], and of B(V-1, j) is F(V-1, j). Actions are visited once in
-    a topological order fixed per (schedule, pp, m, virtual_stages), so many candidate duration
-    sets are evaluated at once, one numpy row operation per action.
-    """
-
-    def __init__(self, schedule: str, pp: int, m: int, virtual_stages: int = 1) -> None:
-        orders = stage_orders(schedule, pp, m, virtual_stages)
-        self.pp, self.m, self.nv = pp, m, pp * virtual_stages
-        nv, n = self.nv, 2 * self.nv * m
-        self.sentinel = n  # a node that ends at 0: "no predecessor"
-
-        def node(op: str, vs: int, j: int) -> int:
-            return (0 if op == "F" else nv * m) + vs * m + j
-
-        def dep(op: str, vs: int, j: int) -> int:
-            if op == "F":
-                return node("F", vs - 1, j) if vs > 0 else self.sentinel
-            return node("F", vs, j) if vs == nv - 1 else node("B", vs + 1, j)
-
-        ptr, done, prev = [0] * pp, [False] * (n + 1), [self.sentinel] * pp
-        done[self.sentinel] = True
-        steps: list[tuple[int, int, int]] = []
-        while any(ptr[s] < len(orders[s]) for s in range(pp)):
-            moved = False
-            for s in range(pp):
-                while ptr[s] < len(orders[s]):
-                    a = orders[s][ptr[s]]
-                    d = dep(*a)
-                    if not done[d]:
-                        break
-                    i = node(*a)
-                    steps.append((i, prev[s], d))
-                    done[i], prev[s] = True, i
-                    ptr[s] += 1
-                    moved = True
-            if not moved:
-                raise RuntimeError(f"schedule {schedule!r} deadlocks")
-        self.steps = steps
-        self.last = prev  # last action of each physical stage
-
-    def replica_finish(self, fwd: np.ndarray, bwd: np.ndarray, p2p) -> np.ndarray:
-        """End of each physical stage's last action, seconds, [C, pp], for C candidate replicas.
-
-        ``fwd``, ``bwd``: [C, V, m] seconds; ``p2p``: broadcastable to [C, V - 1, m] seconds."""
-        fwd = np.asarray(fwd, dtype=float)
-        c, nv, m = fwd.shape
-        dur = np.concatenate([fwd.reshape(c, nv * m), np.asarray(bwd, float).reshape(c, nv * m)], 1).T
-        lag = np.zeros((2 * nv, m, c))
-        if nv > 1:
-            p = np.broadcast_to(np.asarray(p2p, dtype=float), (c, nv - 1, m)).transpose(1, 2, 0)
-            lag[1:nv] = p            # F(vs, j) waits for F(vs-1, j) + p2p[vs-1, j]
-            lag[nv:2 * nv - 1] = p   # B(vs, j) waits for B(vs+1, j) + p2p[vs, j]
-        lag = lag.reshape(2 * nv * m, c)
-        end = np.zeros((2 * nv * m + 1, c))
-        for i, pv, d in self.steps:
-            end[i] = np.maximum(end[pv], end[d] + lag[i]) + dur[i]
-        return end[self.last].T
-
-    def iteration_time(self, fwd, bwd, p2p, allreduce, optimizer) -> float:
-        """Seconds of one iteration, ``fwd``/``bwd`` [dp, V, m]; the engine's ``iteration_time``."""
-        fin = self.replica_finish(fwd, bwd, p2p)
-        tail = np.asarray(allreduce, float) + np.asarray(optimizer, float)
-        return float((fin.max(axis=0) + tail).max())
-
-
-@functools.lru_cache(maxsize=64)
-def _evaluator_for(schedule: str, pp: int, m: int, virtual_stages: int) -> PipelineEvaluator:
-    return PipelineEvaluator(schedule, pp, m, virtual_stages)
-
-
-def evaluator_for(cluster, m: int) -> PipelineEvaluator:
-    """The (cached, read-only) evaluator of ``cluster``'s schedule for ``m`` micro-batches per rank."""
-    return _evaluator_for(cluster.schedule, cluster.pp, m, cluster.virtual_stages)
+def graph_for(cluster, m: int) -> ActionGraph:
+    """The (cached, read-only) dependency graph of ``cluster``'s schedule for ``m`` micro-batches."""
+    return schedule_graph(cluster.schedule, cluster.pp, m, cluster.virtual_stages)
 
 
 class CriticalPathDST:
@@ -140,11 +64,17 @@ class CriticalPathDST:
         """Forward and backward seconds of every virtual stage at k = k_lo..k_hi: two arrays
         [k_hi - k_lo + 1, V]. A stage's time is affine in its attention: n_layers(vs) x sum over
         sequences of ``attention(L, k)`` + a budget-free part, taken from one ``stage_time`` call."""
-        ks = range(k_lo, k_hi + 1)
+        ks = np.arange(k_lo, k_hi + 1)
         n_layers = np.array([len(lm.stage_layers(vs % pp, vs // pp)) for vs in range(nv)], float)
+        many = getattr(lm, "attention_many", None)
         out = []
         for bw in (False, True):
-            a = np.array([sum(lm.attention(L, k, backward=bw) for L in lengths) for k in ks])
+            if many is None:
+                a = np.array([sum(lm.attention(L, k, backward=bw) for L in lengths) for k in ks.tolist()])
+            else:  # the same left-to-right sum over sequences as the scalar line above, per k
+                a = np.zeros(len(ks))
+                for L in lengths:
+                    a = a + many(np.full(len(ks), L), ks, backward=bw)
             base = np.array([lm.stage_time(lengths, k_lo, vs % pp, backward=bw, chunk=vs // pp)
                              for vs in range(nv)]) - n_layers * a[0]
             out.append(base[None, :] + a[:, None] * n_layers[None, :])
@@ -157,7 +87,7 @@ class CriticalPathDST:
                               "(sparsebalance.simulator.latency.LatencyModel)")
         dp, m = plan.dp, plan.num_microbatches
         pp, nv = cl.pp, cl.pp * cl.virtual_stages
-        ev = evaluator_for(cl, m)
+        g = graph_for(cl, m)
         if self._latency is not lm:
             self._latency = lm
             self._tail = np.array([lm.allreduce_time(s) + lm.optimizer_time(s) for s in range(pp)])
@@ -189,7 +119,7 @@ class CriticalPathDST:
                 put(F, B, r, r, j, cfg.k0)
 
         def finish(Fa, Ba, P):  # per replica time to the end of its slowest stage's optimizer step
-            return (ev.replica_finish(Fa, Ba, P) + tail[None, :]).max(axis=1)
+            return (replica_finish(g, Fa, Ba, P) + tail[None, :]).max(axis=1)
 
         R = finish(F, B, p2p)
         T_fixed = T = float(R.max())
@@ -228,6 +158,18 @@ class CriticalPathDST:
             T = float(R.max())
         T_a = T
         bound = max(T_a, min(T_a * (1.0 + cfg.cp_raise_tol), T_fixed)) * (1 + 1e-12)
+        # Screening (exact): the longest path through an action x, start(x) + its duration + its
+        # time to the end, is a lower bound on the iteration time; with x's duration at budget k
+        # instead, still a lower bound. Budgets only rise in (b), so times computed once here stay
+        # lower bounds throughout. A micro-batch none of whose larger budgets passes this bound
+        # would be rejected by the exact evaluation below too; it is skipped without one.
+        lag_all = pack_lags(g, p2p, dp)
+        dur_all = pack_durations(g, {"F": F, "B": B})
+        st, _ = time_graph(g, dur_all, lag_all)
+        through = st + time_to_sink(g, dur_all, lag_all, tail)  # [n, dp], minus own duration
+        f_nodes = np.arange(nv)[:, None] * m + np.arange(m)[None, :]  # [V, m] node ids of F
+        b_nodes = f_nodes + nv * m
+        limit = bound * (1 + 1e-9)  # a margin for the rounding of the bound's sums
         for _ in range(2):  # (b) spend bubbles on coverage
             changed = False
             order = sorted(range(dp * m), key=lambda i: (covs[i][K[i // m, i % m] - 1], i))
@@ -235,6 +177,10 @@ class CriticalPathDST:
                 r, j = divmod(i, m)
                 ks = np.arange(K[r, j] + 1, hi[i] + 1)
                 if ks.size == 0:
+                    continue
+                lb = np.maximum((through[f_nodes[:, j], r][None, :] + tabs[i][0][ks - lo[i]]).max(axis=1),
+                                (through[b_nodes[:, j], r][None, :] + tabs[i][1][ks - lo[i]]).max(axis=1))
+                if (lb > limit).all():
                     continue
                 Fc = np.repeat(F[r:r + 1], ks.size, axis=0)
                 Bc = np.repeat(B[r:r + 1], ks.size, axis=0)

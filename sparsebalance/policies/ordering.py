@@ -15,9 +15,10 @@ import numpy as np
 from sparsebalance.data.sequence import Sequence
 from sparsebalance.policies.base import PolicyContext
 from sparsebalance.policies.config import PolicyConfig
-from sparsebalance.policies.critical import evaluator_for
+from sparsebalance.policies.critical import graph_for
 from sparsebalance.policies.sab import SparsityAware
 from sparsebalance.simulator.plan import MicroBatch, Plan
+from sparsebalance.simulator.timing import replica_finish
 
 
 class ScheduleAwareOrder(SparsityAware):
@@ -25,7 +26,7 @@ class ScheduleAwareOrder(SparsityAware):
 
     **Objective** (per DP rank r, seconds): ``max_s(finish[r, s] + allreduce[s] + optimizer[s])``,
     the time that rank's slowest stage leaves for the iteration's end, predicted by
-    :class:`~sparsebalance.policies.critical.PipelineEvaluator` (the SimPy engine's recurrence).
+    :func:`sparsebalance.simulator.timing.replica_finish` (the simulator's timing core).
     Ranks are independent (the iteration time is the max over ranks), so each is ordered alone.
     **Stage times** of a micro-batch are predicted at the budgets DST is likely to pick: every
     sequence at its length bucket's EMA budget ``k_est`` (SAB's estimate; fractional ``k_est``
@@ -82,6 +83,47 @@ class ScheduleAwareOrder(SparsityAware):
             out.append(base + n_layers * attn)
         return out[0], out[1]
 
+    def stage_times_many(self, mbs, ctx: PolicyContext) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`stage_times` of many micro-batches at once, two arrays [V, len(mbs)]: the same
+        arithmetic in the same order (sums over a micro-batch's sequences left to right), so the
+        same values bit for bit, with the attention looked up in one vectorised call."""
+        lm, cl = ctx.latency, ctx.cluster
+        pp, nv = cl.pp, cl.pp * cl.virtual_stages
+        n_layers = np.array([len(lm.stage_layers(vs % pp, vs // pp)) for vs in range(nv)], float)
+        counts = [len(mb.lengths) for mb in mbs]
+        L = np.fromiter((x for mb in mbs for x in mb.lengths), dtype=np.int64, count=sum(counts))
+        k = np.maximum(1.0, np.array([self.expected_budget(int(x)) for x in L.tolist()], dtype=float))
+        lo = np.floor(k).astype(np.int64)
+        frac = k > lo
+        starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+        tokens = [mb.tokens for mb in mbs]
+        out = []
+        for bw in (False, True):
+            a = lm.attention_many(L, lo, backward=bw)
+            if frac.any():
+                up = lm.attention_many(L[frac], lo[frac] + 1, backward=bw)
+                a[frac] = a[frac] + (k[frac] - lo[frac]) * (up - a[frac])
+            a1 = lm.attention_many(L, np.ones_like(L), backward=bw)
+            attn = np.zeros(len(mbs))
+            attn1 = np.zeros(len(mbs))
+            for p in range(max(counts)):  # left-to-right over each micro-batch's sequences
+                has = np.array([c > p for c in counts])
+                attn[has] = attn[has] + a[starts[has] + p]
+                attn1[has] = attn1[has] + a1[starts[has] + p]
+            dense = np.array([lm.dense(t, backward=bw) for t in tokens])
+            times = np.empty((nv, len(mbs)))
+            for vs in range(nv):  # LatencyModel.stage_time at budget 1, term by term
+                nl = len(lm.stage_layers(vs % pp, vs // pp))
+                st = 0.0 + nl * attn1
+                st = st + nl * dense
+                if vs == 0:
+                    st = st + np.array([lm.embed(t, backward=bw) for t in tokens])
+                if vs == nv - 1:
+                    st = st + np.array([lm.head(t, backward=bw) for t in tokens])
+                times[vs] = (st - n_layers[vs] * attn1) + n_layers[vs] * attn
+            out.append(times)
+        return out[0], out[1]
+
     def plan(self, batch: list[Sequence], ctx: PolicyContext) -> Plan:
         base = super().plan(batch, ctx)
         cl, lm = ctx.cluster, ctx.latency
@@ -92,10 +134,14 @@ class ScheduleAwareOrder(SparsityAware):
             return base
         tail = np.array([lm.allreduce_time(s) + lm.optimizer_time(s) for s in range(cl.pp)])
         ranks, before, after = [], [], []
+        many = hasattr(lm, "attention_many")
         for mbs in base.ranks:
-            times = [self.stage_times(mb, ctx) for mb in mbs]
-            fwd = np.stack([t[0] for t in times], axis=1)  # [V, m]
-            bwd = np.stack([t[1] for t in times], axis=1)
+            if many:
+                fwd, bwd = self.stage_times_many(mbs, ctx)
+            else:
+                times = [self.stage_times(mb, ctx) for mb in mbs]
+                fwd = np.stack([t[0] for t in times], axis=1)  # [V, m]
+                bwd = np.stack([t[1] for t in times], axis=1)
             p2p = np.array([lm.p2p_time(mb.tokens) for mb in mbs], float)
             order, t0, t1, n = self.best_order(fwd, bwd, p2p, tail, cl)
             ranks.append(tuple(mbs[i] for i in order))
@@ -120,9 +166,9 @@ class ScheduleAwareOrder(SparsityAware):
         def score(orders: list[list[int]]) -> np.ndarray:
             nonlocal used
             idx = np.array(orders, dtype=np.int64)  # [C, k]
-            ev = evaluator_for(cluster, idx.shape[1])
+            g = graph_for(cluster, idx.shape[1])
             pp2p = np.broadcast_to(p2p[idx][:, None, :], (len(orders), max(nv - 1, 0), idx.shape[1]))
-            fin = ev.replica_finish(fwd[:, idx].transpose(1, 0, 2), bwd[:, idx].transpose(1, 0, 2), pp2p)
+            fin = replica_finish(g, fwd[:, idx].transpose(1, 0, 2), bwd[:, idx].transpose(1, 0, 2), pp2p)
             used += len(orders)
             return (fin + tail[None, :]).max(axis=1)
 

@@ -68,7 +68,43 @@ class SparsityAware:
 
     def plan(self, batch: list[Sequence], ctx: PolicyContext) -> Plan:
         swaps = self.cfg.swap_rounds if self.cfg.packer == "lpt-swap" else 0
+        if self.cfg.memory_aware:
+            return self._memory_aware_plan(batch, ctx, swaps)
         return two_stage(batch, self.costs(batch, ctx), ctx, swaps=swaps)
+
+    def _memory_aware_plan(self, batch: list[Sequence], ctx: PolicyContext, swaps: int) -> Plan:
+        """Token-cap packing under min(``token_cap``, the memory model's cap): the most tokens per
+        micro-batch with which every device fits when all micro-batches in flight are that large.
+        In-flight counts come from the schedule's orders for the plan's micro-batch count, so the
+        cap is recomputed when packing yields more micro-batches (GPipe keeps all in flight)."""
+        from dataclasses import replace
+
+        from sparsebalance.errors import ConfigError
+        from sparsebalance.simulator.graph import schedule_graph
+        from sparsebalance.simulator.memory import memory_report, token_cap_for_memory
+
+        cl = ctx.cluster
+        costs = self.costs(batch, ctx)
+        longest = max(s.length for s in batch)
+        m = max(cl.pp, self.cfg.min_microbatches or cl.pp)
+        plan = None
+        for _ in range(8):
+            cap = token_cap_for_memory(ctx.model, cl, schedule_graph(cl.schedule, cl.pp, m, cl.virtual_stages))
+            if self.cfg.token_cap is not None:
+                cap = min(cap, self.cfg.token_cap)
+            if cap < longest:
+                raise ConfigError(f"cluster.device_memory: a {longest}-token sequence does not fit "
+                                  f"(at most {cap} tokens per micro-batch under the memory model); "
+                                  "use more pp or tp, recompute, or zero1")
+            sub = replace(ctx, policy=replace(self.cfg, token_cap=cap))
+            plan = two_stage(batch, costs, sub, swaps=swaps)
+            m_plan = plan.num_microbatches
+            g = schedule_graph(cl.schedule, cl.pp, m_plan, cl.virtual_stages)
+            tokens = [[mb.tokens for mb in r] for r in plan.ranks]
+            if m_plan <= m or memory_report(ctx.model, cl, g, tokens).exceeded == 0:
+                return plan
+            m = m_plan
+        return plan
 
     def observe(self, plan: Plan, budgets: Budgets, result=None) -> None:
         num: dict[int, float] = {}

@@ -23,6 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value (dotted key, TOML value), e.g. --set iterations=3")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (the summary stays)")
     p.add_argument("--dump-state", default=None, metavar="DIR",
                    help="at the end, each rank saves its stage's weights (HF names) to DIR/rank<r>.pt")
     return p
@@ -70,8 +71,12 @@ def run_leader(rt, prepared, *, output_dir: str | None, progress: bool):
 
 
 def main(argv: list[str] | None = None) -> int:
+    from sparsebalance.realrun.launch import worker_done, worker_failed, worker_info, worker_started
+
     args = _parser().parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
+    # first, before torch starts threads: status file, die with torchrun, SIGTERM recorded as a stop
+    worker_started(rank)
     where = f"rank {rank}"
     try:
         from sparsebalance.realrun.config import rank_layout, realrun_config
@@ -81,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         rr = realrun_config(cfg)
         d, s = rank_layout(rank, cfg.cluster.pp)
         where = f"rank {rank} (dp_rank {d}, stage {s})"
+        worker_info(dp_rank=d, stage=s)
         prepared = None
         if rank == 0:  # data, latency model, policies: fail here, before any collective
             from sparsebalance.runner import prepare
@@ -90,7 +96,14 @@ def main(argv: list[str] | None = None) -> int:
 
         rt = init_runtime(cfg, rr)
         if rt.rank == 0:
-            result, out = run_leader(rt, prepared, output_dir=args.output_dir, progress=not args.quiet)
+            import contextlib
+
+            # launched by sparsebalance (status dir set): stdout is the console, stderr the log
+            to_console = (contextlib.redirect_stderr(sys.stdout) if os.environ.get("SPARSEBALANCE_RANK_DIR")
+                          else contextlib.nullcontext())
+            with to_console:
+                result, out = run_leader(rt, prepared, output_dir=args.output_dir,
+                                         progress=not (args.quiet or args.no_progress))
             if not args.quiet:
                 m = result.metrics
                 print(f"realrun: {len(m)} iterations, loss {m['loss'].iloc[0]:.4f} -> "
@@ -109,10 +122,13 @@ def main(argv: list[str] | None = None) -> int:
         import torch.distributed as dist
 
         dist.destroy_process_group()
+        worker_done()
         return 0
     except BaseException as e:
         if isinstance(e, SystemExit) and not e.code:
             raise
+        first = (str(e).strip().splitlines() or [""])[0]
+        worker_failed(f"{type(e).__name__}: {first}", traceback.format_exc())
         print(f"realrun: {where} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         if os.environ.get("SPARSEBALANCE_TRACEBACK"):
             traceback.print_exc()

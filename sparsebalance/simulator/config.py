@@ -6,6 +6,7 @@ errors name the field and what is allowed (see ``sparsebalance.errors``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -119,15 +120,47 @@ class ClusterConfig:
     allreduce_latency: float = 20e-6
     """Seconds of fixed cost per all-reduce step sequence."""
     gpus_per_node: int = 8
-    """GPUs per node (for documentation and cluster sizing)."""
+    """GPUs per node: tensor parallelism stays inside a node (tp <= gpus_per_node)."""
+    nodes: int | None = None
+    """Nodes in the cluster; when set, pp x dp x tp must fit in nodes x gpus_per_node. None = as
+    many as the plan needs."""
+    replicate_kv_heads: bool = False
+    """Allow tp > kv_heads by replicating each KV head on tp / kv_heads ranks (Megatron-style);
+    without it tp must divide kv_heads."""
+    device_memory: float | None = None
+    """Bytes of memory per device (the presets carry it: H200 141 GB, H20 96 GB, H100 80 GB);
+    None = unknown, plans are not checked against it."""
+    zero1: bool = False
+    """ZeRO-1: fp32 master weights and Adam moments sharded over the DP group (memory model)."""
+    recompute: bool = False
+    """Full activation recomputation: a layer keeps only its input for the backward (memory model;
+    the latency profile is not changed by it)."""
 
     def __post_init__(self) -> None:
         for f in ("pp", "dp", "tp", "virtual_stages", "micro_batch_size", "global_batch",
                   "p2p_bandwidth", "allreduce_bandwidth", "gpus_per_node"):
             check_positive(getattr(self, f), f)
+        for f in ("p2p_bandwidth", "p2p_latency", "allreduce_bandwidth", "allreduce_latency"):
+            check(math.isfinite(getattr(self, f)), f, f"must be finite, got {getattr(self, f)!r}")
+        check(self.tp <= self.gpus_per_node, "tp",
+              f"tensor parallelism stays inside a node: must be <= gpus_per_node ({self.gpus_per_node}), "
+              f"got {self.tp}")
+        if self.nodes is not None:
+            check_positive(self.nodes, "nodes")
+            need = self.pp * self.dp * self.tp
+            check(need <= self.nodes * self.gpus_per_node, "tp",
+                  f"pp x dp x tp = {self.pp} x {self.dp} x {self.tp} = {need} GPUs exceeds the cluster's "
+                  f"nodes x gpus_per_node = {self.nodes} x {self.gpus_per_node} = "
+                  f"{self.nodes * self.gpus_per_node}")
         for f in ("p2p_latency", "allreduce_latency"):
             check_positive(getattr(self, f), f, allow_zero=True)
         check_choice(self.schedule, "schedule", SCHEDULES)
+        if self.device_memory is not None:
+            check(isinstance(self.device_memory, (int, float)) and not isinstance(self.device_memory, bool)
+                  and self.device_memory > 0, "device_memory",
+                  f"must be a number of bytes > 0 (e.g. 141e9), got {self.device_memory!r}")
+        for f in ("zero1", "recompute"):
+            check(isinstance(getattr(self, f), bool), f, f"must be true or false, got {getattr(self, f)!r}")
         if self.schedule == "interleaved":
             check(self.virtual_stages >= 2, "virtual_stages",
                   f"the interleaved schedule needs >= 2, got {self.virtual_stages}")
@@ -147,20 +180,40 @@ class ClusterConfig:
         return self.pp * self.dp * self.tp
 
 
+def check_tp(model: ModelConfig, cluster: ClusterConfig) -> None:
+    """Tensor parallelism must split the heads evenly: tp divides heads, and kv_heads too unless
+    ``cluster.replicate_kv_heads`` (then tp must be a multiple of kv_heads)."""
+    tp = cluster.tp
+    check(model.heads % tp == 0, "cluster.tp",
+          f"must divide model.heads ({model.heads}) so every rank holds whole heads, got {tp}")
+    if model.kv_heads % tp == 0:
+        return
+    if not cluster.replicate_kv_heads:
+        raise ConfigError(f"cluster.tp: must divide model.kv_heads ({model.kv_heads}), got {tp}; set "
+                          "cluster.replicate_kv_heads = true to replicate KV heads across TP ranks")
+    check(tp % model.kv_heads == 0, "cluster.tp",
+          f"with replicated KV heads must be a multiple of model.kv_heads ({model.kv_heads}), got {tp}")
+
+
 def h200_4x8() -> ClusterConfig:
     """4 nodes x 8 H200 (the paper's main setting DP4 x PP4 x TP2). Network: NDR InfiniBand
     400 Gb/s per GPU (50 GB/s) between nodes, which P2P and DP all-reduce cross."""
-    return ClusterConfig(name="h200-4x8", device="h200", pp=4, dp=4, tp=2, global_batch=16,
+    return ClusterConfig(name="h200-4x8", device="h200", pp=4, dp=4, tp=2, global_batch=16, nodes=4,
                          p2p_bandwidth=50e9, p2p_latency=10e-6, allreduce_bandwidth=50e9,
-                         allreduce_latency=20e-6)
+                         allreduce_latency=20e-6, device_memory=141e9)
 
 
 def h20_4x8() -> ClusterConfig:
     """4 nodes x 8 H20, same parallel plan and network assumptions as ``h200_4x8``."""
-    return replace(h200_4x8(), name="h20-4x8", device="h20")
+    return replace(h200_4x8(), name="h20-4x8", device="h20", device_memory=96e9)
 
 
-CLUSTER_PRESETS = {"h200-4x8": h200_4x8, "h20-4x8": h20_4x8}
+def h100_4x8() -> ClusterConfig:
+    """4 nodes x 8 H100 (80 GB), same parallel plan and network assumptions as ``h200_4x8``."""
+    return replace(h200_4x8(), name="h100-4x8", device="h100", device_memory=80e9)
+
+
+CLUSTER_PRESETS = {"h200-4x8": h200_4x8, "h20-4x8": h20_4x8, "h100-4x8": h100_4x8}
 
 
 def _with_preset(kind: str, presets: dict, cls: type, data: dict[str, Any], where: str):

@@ -1,22 +1,22 @@
-"""The SimPy model of one training iteration on a PP x DP cluster.
+"""One simulated iteration: inputs, results, and ``simulate`` (the timing core or the SimPy model).
 
-Each (replica, physical stage) is a :class:`StageEntity`: it owns its device and starts one SimPy
-process in ``__init__`` that walks the stage's action list (see :mod:`.schedules`). An action starts
-when its input has arrived and the device is free:
+:class:`PipelineInput` holds the durations of one iteration (F/B seconds per replica, virtual stage
+and micro-batch, P2P, per-stage all-reduce and optimizer). :func:`simulate` runs them through the
+schedule's dependency graph (:mod:`.graph`) with the exact timing core (:mod:`.timing`, the fast path,
+``method="core"``) or the SimPy model of record (:mod:`.events`, ``method="simpy"``, for what needs
+events); both give the same start and end of every action. The model, in short:
 
 * F of virtual stage ``vs > 0`` needs F of ``vs - 1`` (same replica, same micro-batch) finished plus
   one P2P transfer; F of virtual stage 0 has its input at time 0;
 * B of ``vs < V - 1`` needs B of ``vs + 1`` finished plus one P2P transfer; B of the last virtual
-  stage needs its own F (local, no transfer).
+  stage needs its own F (local, no transfer);
+* a device runs its actions one at a time in schedule order; sends do not block the sender;
+* when every replica's copy of a physical stage has finished its last action, the stage's gradient
+  all-reduce runs (``allreduce[s]`` seconds, the ring cost is computed by the caller), then the
+  optimizer step (``optimizer[s]`` seconds).
 
-Sends are asynchronous: the sender is not blocked, the receiver sees the data ``p2p`` seconds after
-the sender's action ended. When every replica's copy of a physical stage has finished its last
-action, the stage's gradient all-reduce runs on all of them (``allreduce[s]`` seconds, the ring cost
-is computed by the caller), then the optimizer step (``optimizer[s]`` seconds).
-
-Speed: one event per action when the input has already arrived (the wait and the compute are folded
-into one timeout), two otherwise; state lives in flat Python lists indexed by
-``(replica * V + vstage) * m + microbatch``; the trace is built from arrays after the run.
+The trace table is built on first access of :attr:`PipelineResult.trace` (a 65,536-action iteration
+has ~120,000 rows; callers that want only times never pay for it).
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-import simpy
-from simpy.core import NORMAL
 
-from sparsebalance.errors import ConfigError
-from sparsebalance.simulator.schedules import stage_orders
+from sparsebalance.errors import ConfigError, check_choice
+from sparsebalance.simulator.graph import ActionGraph, schedule_graph
 from sparsebalance.simulator.trace import TRACE_COLUMNS
+
+METHODS = ("core", "simpy")
 
 
 def _per(name: str, value, shape: tuple[int, ...]) -> np.ndarray:
@@ -115,16 +115,47 @@ class PipelineResult:
     pipeline fill and drain, all-reduce, optimizer)."""
     microbatch_latency: np.ndarray
     """[dp, m] F + B compute of each micro-batch summed over all virtual stages."""
-    forward_start: np.ndarray
-    """[dp, V, m] start of each F (and below: its end, and B's start and end)."""
-    forward_end: np.ndarray
-    backward_start: np.ndarray
-    backward_end: np.ndarray
+    kinds: tuple[str, ...]
+    """Action kinds of the schedule (("F", "B") so far), the second axis of ``start``/``end``."""
+    start: np.ndarray
+    """[dp, kinds, V, m] start of each action."""
+    end: np.ndarray
+    """[dp, kinds, V, m] end of each action."""
     allreduce_start: np.ndarray
     """[pp] when the stage's all-reduce began (after its last action on every replica)."""
-    trace: pd.DataFrame = field(repr=False)
-    """Rows in the TRACE_COLUMNS schema: F, B, P2P (stage = sender), ALLREDUCE and OPTIM
-    (microbatch = -1), sorted by dp_rank, stage, start."""
+    stage_finish: np.ndarray
+    """[dp, pp] end of each device's last action."""
+    inp: PipelineInput = field(repr=False)
+    graph: ActionGraph = field(repr=False)
+    _trace: pd.DataFrame | None = field(default=None, repr=False)
+
+    def _kind(self, kind: str) -> int:
+        return self.kinds.index(kind)
+
+    @property
+    def forward_start(self) -> np.ndarray:
+        """[dp, V, m] start of each F (and below: its end, and B's start and end)."""
+        return self.start[:, self._kind("F")]
+
+    @property
+    def forward_end(self) -> np.ndarray:
+        return self.end[:, self._kind("F")]
+
+    @property
+    def backward_start(self) -> np.ndarray:
+        return self.start[:, self._kind("B")]
+
+    @property
+    def backward_end(self) -> np.ndarray:
+        return self.end[:, self._kind("B")]
+
+    @property
+    def trace(self) -> pd.DataFrame:
+        """Rows in the TRACE_COLUMNS schema: F, B, P2P (stage = sender), ALLREDUCE and OPTIM
+        (microbatch = -1), sorted by dp_rank, stage, start (built on first access)."""
+        if self._trace is None:
+            self._trace = _trace(self)
+        return self._trace
 
     @property
     def imbalance(self) -> float:
@@ -145,195 +176,117 @@ class PipelineResult:
         return float(per.max() / per.mean()) if per.size and per.mean() > 0 else 1.0
 
 
-class _Arrival(simpy.Event):
-    """An input a stage waits for; the sender fires it ``delay`` seconds from now (the P2P)."""
-
-    __slots__ = ()
-
-    def arrive(self, delay: float) -> None:
-        self._ok = True
-        self._value = None
-        self.env.schedule(self, NORMAL, delay)
-
-
-class _Sim:
-    """State shared by the stage entities of one iteration (flat lists, see module docstring)."""
-
-    def __init__(self, inp: PipelineInput) -> None:
-        dp, nv, m = inp.shape
-        n = dp * nv * m
-        self.env = simpy.Environment()
-        self.dp, self.nv, self.m, self.pp = dp, nv, m, inp.pp
-        self.fdur = inp.forward.ravel().tolist()
-        self.bdur = inp.backward.ravel().tolist()
-        # p2p out of (r, vs, j) toward vs + 1 (forward) or, looked up at vs - 1, toward vs - 1.
-        p2p = np.zeros((dp, nv, m))
-        p2p[:, : nv - 1, :] = inp.p2p
-        self.p2p = p2p.ravel().tolist()
-        self.f_arr: list = [None] * n
-        self.b_arr: list = [None] * n
-        for r in range(dp):
-            self.f_arr[r * nv * m: r * nv * m + m] = [0.0] * m
-        self.f_wait: list = [None] * n
-        self.b_wait: list = [None] * n
-        self.fs = [0.0] * n
-        self.fe = [0.0] * n
-        self.bs = [0.0] * n
-        self.be = [0.0] * n
-        self.allreduce = inp.allreduce.tolist()
-        self.optimizer = inp.optimizer.tolist()
-        self.pending = [dp] * inp.pp
-        self.barrier = [self.env.event() for _ in range(inp.pp)]
-        self.ar_start = [0.0] * inp.pp
-        self.finished = 0
-
-
-class StageEntity:
-    """Physical stage ``stage`` of replica ``replica``: one device, one process over its actions."""
-
-    __slots__ = ("sim", "replica", "stage", "actions", "process")
-
-    def __init__(self, sim: _Sim, replica: int, stage: int, actions: list[tuple[str, int, int]]) -> None:
-        self.sim = sim
-        self.replica = replica
-        self.stage = stage
-        # (is_forward, flat index of (replica, vstage, microbatch)) - resolved once, outside the loop.
-        base = replica * sim.nv * sim.m
-        self.actions = [(op == "F", base + vs * sim.m + j, vs) for op, vs, j in actions]
-        self.process = sim.env.process(self._run())
-
-    def _run(self):
-        sim = self.sim
-        env = sim.env
-        m, last = sim.m, sim.nv - 1
-        fdur, bdur, p2p = sim.fdur, sim.bdur, sim.p2p
-        f_arr, b_arr, f_wait, b_wait = sim.f_arr, sim.b_arr, sim.f_wait, sim.b_wait
-        fs, fe, bs, be = sim.fs, sim.fe, sim.bs, sim.be
-        timeout = env.timeout
-        for forward, i, vs in self.actions:
-            arr = f_arr[i] if forward else b_arr[i]
-            now = env.now
-            if arr is None:
-                ev = _Arrival(env)
-                if forward:
-                    f_wait[i] = ev
-                else:
-                    b_wait[i] = ev
-                yield ev
-                now = start = env.now
-            else:
-                start = arr if arr > now else now
-            if forward:
-                end = start + fdur[i]
-                yield timeout(end - now)
-                fs[i] = start
-                fe[i] = end
-                if vs < last:  # activation to vs + 1
-                    d = p2p[i]
-                    f_arr[i + m] = end + d
-                    w = f_wait[i + m]
-                    if w is not None:
-                        w.arrive(d)
-                else:  # the loss is local: B of the last virtual stage may start
-                    b_arr[i] = end
-            else:
-                end = start + bdur[i]
-                yield timeout(end - now)
-                bs[i] = start
-                be[i] = end
-                if vs > 0:  # gradient to vs - 1
-                    d = p2p[i - m]
-                    b_arr[i - m] = end + d
-                    w = b_wait[i - m]
-                    if w is not None:
-                        w.arrive(d)
-        s = self.stage
-        sim.pending[s] -= 1
-        if sim.pending[s] == 0:
-            sim.ar_start[s] = env.now
-            sim.barrier[s].succeed()
-        yield sim.barrier[s]
-        yield timeout(sim.allreduce[s])
-        yield timeout(sim.optimizer[s])
-        sim.finished += 1
-
-
-def simulate(inp: PipelineInput) -> PipelineResult:
-    """Run one iteration of ``inp`` through its schedule; see the module docstring for the model."""
+def graph_of(inp: PipelineInput) -> ActionGraph:
+    """The (cached) dependency graph of ``inp``'s schedule."""
     dp, nv, m = inp.shape
-    pp = inp.pp
-    orders = stage_orders(inp.schedule, pp, m, inp.virtual_stages)
-    sim = _Sim(inp)
-    for r in range(dp):
-        for s in range(pp):
-            StageEntity(sim, r, s, orders[s])
-    sim.env.run()
-    if sim.finished != dp * pp:  # cannot happen for the shipped schedules: every input gets sent
-        raise RuntimeError(f"schedule {inp.schedule!r} deadlocked: {dp * pp - sim.finished} devices stuck")
-    return _result(inp, sim)
+    return schedule_graph(inp.schedule, inp.pp, m, inp.virtual_stages)
 
 
-def _result(inp: PipelineInput, sim: _Sim) -> PipelineResult:
+def simulate(inp: PipelineInput, *, method: str = "core") -> PipelineResult:
+    """Run one iteration of ``inp`` through its schedule (see the module docstring): ``method``
+    ``"core"`` (vectorised timing core, the fast path) or ``"simpy"`` (the event model of record)."""
+    from sparsebalance.simulator.timing import pack_durations, pack_lags, time_graph
+
+    check_choice(method, "method", METHODS)
     dp, nv, m = inp.shape
-    pp, v = inp.pp, inp.virtual_stages
-    shape = (dp, nv, m)
-    fs, fe = np.reshape(sim.fs, shape), np.reshape(sim.fe, shape)
-    bs, be = np.reshape(sim.bs, shape), np.reshape(sim.be, shape)
-    ar_start = np.asarray(sim.ar_start)
-    ar_end = ar_start + inp.allreduce
-    opt_end = ar_end + inp.optimizer
-    iteration_time = float(opt_end.max())
+    g = graph_of(inp)
+    dur = pack_durations(g, {"F": inp.forward, "B": inp.backward})
+    lag = pack_lags(g, inp.p2p, dp)
+    if method == "core":
+        start, end = time_graph(g, dur, lag)
+        finish = end[g.last]  # [pp, dp]
+        ar_start = finish.max(axis=1)
+    else:
+        from sparsebalance.simulator.events import simulate_events
+
+        start, end, ar_start = simulate_events(g, dur, lag, inp.allreduce, inp.optimizer)
+        finish = end[g.last]
+    k = len(g.kinds)
+    shape = (k, nv, m, dp)
+    start = start.reshape(shape).transpose(3, 0, 1, 2)
+    end = end.reshape(shape).transpose(3, 0, 1, 2)
+    iteration_time = float((ar_start + inp.allreduce + inp.optimizer).max())
     work = inp.forward + inp.backward  # [dp, V, m]
+    v, pp = inp.virtual_stages, inp.pp
     # vstage c * pp + s lives on physical stage s
     device_busy = work.sum(axis=2).reshape(dp, v, pp).sum(axis=1)
     total = dp * pp * iteration_time
     bubble = float(1.0 - device_busy.sum() / total) if total > 0 else 0.0
-    trace = _trace(inp, fs, fe, bs, be, ar_start, ar_end, opt_end)
     return PipelineResult(iteration_time=iteration_time, device_busy=device_busy,
                           stage_busy=device_busy.max(axis=0), bubble_fraction=bubble,
-                          microbatch_latency=work.sum(axis=1), forward_start=fs, forward_end=fe,
-                          backward_start=bs, backward_end=be, allreduce_start=ar_start, trace=trace)
+                          microbatch_latency=work.sum(axis=1), kinds=g.kinds, start=start, end=end,
+                          allreduce_start=np.asarray(ar_start, dtype=float), stage_finish=finish.T,
+                          inp=inp, graph=g)
 
 
-def _trace(inp: PipelineInput, fs, fe, bs, be, ar_start, ar_end, opt_end) -> pd.DataFrame:
+def _trace(res: PipelineResult) -> pd.DataFrame:
+    """The trace table of ``res``: F/B rows, one P2P row per data dependency that crosses a stage
+    boundary (stage = sender, from the sender's end for the transfer's seconds), ALLREDUCE, OPTIM.
+
+    Built without a general sort: rows are laid out device by device (F/B in execution order,
+    then the device's sends in the same order, then its all-reduce and optimizer step), so within
+    a device each part is already sorted by start; one stable sort on the key (device, start)
+    merges the parts (timsort over a few sorted runs, about 1 ms for 120,000 rows)."""
+    inp, g = res.inp, res.graph
     dp, nv, m = inp.shape
-    pp = inp.pp
-    r_idx, vs_idx, j_idx = (a.ravel() for a in np.indices((dp, nv, m)))
-    stage = vs_idx % pp
-    tok = inp.tokens[r_idx, j_idx]
-    bud = inp.budget[r_idx, j_idx]
-    parts = [
-        (r_idx, stage, j_idx, "F", fs.ravel(), fe.ravel(), tok, bud),
-        (r_idx, stage, j_idx, "B", bs.ravel(), be.ravel(), tok, bud),
-    ]
-    if nv > 1:
-        send_f = vs_idx < nv - 1  # activation out of vs toward vs + 1
-        d = np.zeros((dp, nv, m))
-        d[:, : nv - 1] = inp.p2p
-        d = d.ravel()
-        parts.append((r_idx[send_f], stage[send_f], j_idx[send_f], "P2P", fe.ravel()[send_f],
-                      fe.ravel()[send_f] + d[send_f], tok[send_f], bud[send_f]))
-        send_b = vs_idx > 0  # gradient out of vs toward vs - 1 over boundary vs - 1
-        d_b = np.zeros((dp, nv, m))
-        d_b[:, 1:] = inp.p2p
-        d_b = d_b.ravel()
-        parts.append((r_idx[send_b], stage[send_b], j_idx[send_b], "P2P", be.ravel()[send_b],
-                      be.ravel()[send_b] + d_b[send_b], tok[send_b], bud[send_b]))
-    rr, ss = (a.ravel() for a in np.indices((dp, pp)))
-    minus = np.full(rr.shape, -1)
-    nan = np.full(rr.shape, -1.0)
-    parts.append((rr, ss, minus, "ALLREDUCE", ar_start[ss], ar_end[ss], nan, nan))
-    parts.append((rr, ss, minus, "OPTIM", ar_end[ss], opt_end[ss], nan, nan))
-    cols = list(zip(*parts))
-    df = pd.DataFrame({
-        "iteration": inp.iteration,
-        "dp_rank": np.concatenate(cols[0]).astype(np.int64),
-        "stage": np.concatenate(cols[1]).astype(np.int64),
-        "microbatch": np.concatenate(cols[2]).astype(np.int64),
-        "op": np.concatenate([np.full(len(a), op, dtype=object) for a, op in zip(cols[0], cols[3])]),
-        "start_s": np.concatenate(cols[4]),
-        "end_s": np.concatenate(cols[5]),
-        "tokens": np.concatenate(cols[6]).astype(np.int64),
-        "budget": np.concatenate(cols[7]),
+    pp, n = inp.pp, g.n
+    start = res.start.reshape(dp, n)  # [dp, n] in node order
+    end = res.end.reshape(dp, n)
+    seq = np.concatenate(g.orders)  # node ids device by device, each in execution order
+    dev = g.device[seq]
+    kinds = list(g.kinds)
+    rr = np.repeat(np.arange(dp), n)
+    parts = [(rr, np.tile(dev, dp), np.tile(seq % m, dp), np.tile(seq // (nv * m), dp),
+              start[:, seq].ravel(), end[:, seq].ravel())]
+    recv, col = np.nonzero(g.lags != g.zero_lag)  # data dependencies that cross a boundary
+    if recv.size:
+        pos = np.empty(n, dtype=np.int64)
+        pos[seq] = np.arange(n)
+        sender, lag_id = g.deps[recv, col], g.lags[recv, col]
+        o = np.argsort(pos[sender], kind="stable")
+        sender, lag_id = sender[o], lag_id[o]
+        p2p = np.zeros((dp, g.zero_lag + 1))
+        p2p[:, :-1] = np.broadcast_to(inp.p2p, (dp, nv - 1, m)).reshape(dp, -1)
+        t0 = end[:, sender]
+        kinds.append("P2P")
+        k = len(sender)
+        parts.append((np.repeat(np.arange(dp), k), np.tile(g.device[sender], dp),
+                      np.tile(sender % m, dp), np.full(dp * k, len(kinds) - 1),
+                      t0.ravel(), (t0 + p2p[:, lag_id]).ravel()))
+    ar_start = res.allreduce_start
+    ar_end = ar_start + inp.allreduce
+    opt_end = ar_end + inp.optimizer
+    r2, s2 = (a.ravel() for a in np.indices((dp, pp)))
+    for op, a, b in (("ALLREDUCE", ar_start, ar_end), ("OPTIM", ar_end, opt_end)):
+        kinds.append(op)
+        parts.append((r2, s2, np.full(len(r2), -1), np.full(len(r2), len(kinds) - 1), a[s2], b[s2]))
+    r, st, j, code, t_a, t_b = (np.concatenate(c) for c in zip(*parts))
+    order = np.argsort((r * pp + st) + 1j * t_a, kind="stable")  # complex: by device, then start
+    r, st, j, code = r[order], st[order], j[order], code[order]
+    fb = j >= 0
+    tok = np.full(len(r), -1, dtype=np.int64)
+    bud = np.full(len(r), -1.0)
+    tok[fb] = inp.tokens[r[fb], j[fb]]
+    bud[fb] = inp.budget[r[fb], j[fb]]
+    return pd.DataFrame({
+        "iteration": np.full(len(r), inp.iteration, dtype=np.int64),
+        "dp_rank": r.astype(np.int64), "stage": st.astype(np.int64), "microbatch": j.astype(np.int64),
+        "op": _op_column(code, kinds), "start_s": t_a[order], "end_s": t_b[order],
+        "tokens": tok, "budget": bud,
     }, columns=list(TRACE_COLUMNS))
-    return df.sort_values(["dp_rank", "stage", "start_s", "end_s"], kind="stable", ignore_index=True)
+
+
+def _op_column(code: np.ndarray, names: list[str]):
+    """The op column from integer codes: decoded by pyarrow when pandas stores strings in arrow
+    (5x faster than converting Python strings), else an object array."""
+    obj = np.array(names, dtype=object)[code]
+    dtype = pd.Series(names[:1]).dtype
+    if getattr(dtype, "storage", None) == "pyarrow":
+        try:
+            import pyarrow as pa
+
+            arr = pa.DictionaryArray.from_arrays(pa.array(code.astype(np.int32)), pa.array(names))
+            return pd.array(arr.cast(pa.large_string()), dtype=dtype)
+        except (ImportError, TypeError, ValueError):
+            pass
+    return obj

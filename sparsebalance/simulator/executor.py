@@ -2,7 +2,10 @@
 
 Durations come from the latency model (docs/architecture.md): ``stage_time`` per (virtual stage,
 micro-batch) forward and backward, ``p2p_time`` of the micro-batch's tokens for every stage boundary,
-``allreduce_time`` and ``optimizer_time`` per physical stage. Imports no torch.
+``allreduce_time`` and ``optimizer_time`` per physical stage. Every iteration also reports the peak
+memory per device (``sparsebalance.simulator.memory``): ``extra`` holds ``peak_memory_gb`` (the
+largest device), ``peak_memory_gb_s<stage>`` (largest over DP ranks) and ``memory_exceeded`` (devices
+over ``cluster.device_memory``). Imports no torch.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
 from sparsebalance.simulator.engine import PipelineInput, PipelineResult, simulate
 from sparsebalance.simulator.iteration import IterationResult
+from sparsebalance.simulator.memory import GB, MemoryReport, check_fits, memory_report
 from sparsebalance.simulator.plan import Budgets, Plan
 
 _CACHE_LIMIT = 200_000
@@ -31,6 +35,9 @@ class SimulatorExecutor:
         self.cluster = cluster
         self.last: PipelineResult | None = None
         """The engine's full result of the last ``execute`` (start/end arrays, per-device busy)."""
+        self.last_memory: MemoryReport | None = None
+        """Peak memory per device of the last ``execute`` (sparsebalance.simulator.memory)."""
+        check_fits(model, cluster)
         # (vstage, backward, lengths, budget) -> seconds; sequences recur across epochs and policies
         self._stage_cache: dict[tuple, float] = {}
         self._fixed = (
@@ -61,17 +68,21 @@ class SimulatorExecutor:
         if len(budgets) != dp or any(len(b) != m for b in budgets):
             raise ConfigError("budgets: shape must match the plan (one budget per micro-batch)")
         nv = c.pp * c.virtual_stages
-        fwd = np.empty((dp, nv, m))
-        bwd = np.empty((dp, nv, m))
         p2p = np.empty((dp, 1, m))
         tokens = np.empty((dp, m))
         mean_budget = np.empty((dp, m))
+        flat = [b for row in budgets for b in row]
+        if hasattr(self.latency, "attention_many") and all(type(b) is int for b in flat):
+            fwd, bwd = self._stage_times_many(plan, np.array(flat, dtype=np.int64))
+        else:
+            fwd = np.empty((dp, nv, m))
+            bwd = np.empty((dp, nv, m))
+            for r, j, mb in plan.microbatches():
+                for vs in range(nv):
+                    fwd[r, vs, j] = self._stage_time(vs, False, mb.lengths, budgets[r][j])
+                    bwd[r, vs, j] = self._stage_time(vs, True, mb.lengths, budgets[r][j])
         for r, j, mb in plan.microbatches():
-            lengths = mb.lengths
             budget = budgets[r][j]
-            for vs in range(nv):
-                fwd[r, vs, j] = self._stage_time(vs, False, lengths, budget)
-                bwd[r, vs, j] = self._stage_time(vs, True, lengths, budget)
             tokens[r, j] = mb.tokens
             p2p[r, 0, j] = self.latency.p2p_time(mb.tokens)
             mean_budget[r, j] = float(np.mean(budget)) if isinstance(budget, tuple) else float(budget)
@@ -80,14 +91,54 @@ class SimulatorExecutor:
                              optimizer=self._fixed[1], tokens=tokens, budget=mean_budget,
                              iteration=iteration)
 
+    def _stage_times_many(self, plan: Plan, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """F and B seconds [dp, V, m] of every (micro-batch, virtual stage) at one int budget per
+        micro-batch (``k`` in rank-major order): ``LatencyModel.stage_time``'s terms in its order
+        (a stage's layers x the sum of its sequences' attention, + layers x dense, + embedding on
+        the first and LM head on the last virtual stage), the attention in one vectorised call."""
+        lm, c = self.latency, self.cluster
+        dp, m = plan.dp, plan.num_microbatches
+        pp, nv = c.pp, c.pp * c.virtual_stages
+        mbs = [mb for _, _, mb in plan.microbatches()]
+        counts = np.array([len(mb.sequences) for mb in mbs])
+        lengths = np.fromiter((L for mb in mbs for L in mb.lengths), dtype=np.int64, count=int(counts.sum()))
+        starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        tokens = [mb.tokens for mb in mbs]
+        n_layers = [len(lm.stage_layers(vs % pp, vs // pp)) for vs in range(nv)]
+        out = []
+        for bw in (False, True):
+            a = lm.attention_many(lengths, np.repeat(k, counts), backward=bw)
+            attn = np.zeros(len(mbs))
+            for p in range(int(counts.max())):  # left to right over a micro-batch's sequences
+                has = counts > p
+                attn[has] = attn[has] + a[starts[has] + p]
+            dense = np.array([lm.dense(t, backward=bw) for t in tokens])
+            times = np.empty((nv, len(mbs)))
+            for vs in range(nv):
+                st = 0.0 + n_layers[vs] * attn
+                st = st + n_layers[vs] * dense
+                if vs == 0:
+                    st = st + np.array([lm.embed(t, backward=bw) for t in tokens])
+                if vs == nv - 1:
+                    st = st + np.array([lm.head(t, backward=bw) for t in tokens])
+                times[vs] = st
+            out.append(times.reshape(nv, dp, m).transpose(1, 0, 2))
+        return out[0], out[1]
+
     def execute(self, iteration: int, plan: Plan, budgets: Budgets) -> IterationResult:
-        res = simulate(self.build_input(iteration, plan, budgets))
+        inp = self.build_input(iteration, plan, budgets)
+        res = simulate(inp)
         self.last = res
+        mem = self.last_memory = memory_report(self.model, self.cluster, res.graph, inp.tokens)
+        peak = mem.peak
+        memory = {"peak_memory_gb": float(peak.max()) / GB, "memory_exceeded": float(mem.exceeded)}
+        memory |= {f"peak_memory_gb_s{s}": float(v) / GB for s, v in enumerate(peak.max(axis=0))}
         return IterationResult(
             iteration_time_s=res.iteration_time,
             trace=res.trace,
             microbatch_latency_s=res.microbatch_latency.tolist(),
             stage_busy_s=res.stage_busy.tolist(),
             bubble_fraction=res.bubble_fraction,
-            extra={"stage_imbalance": res.stage_imbalance, "replica_imbalance": res.replica_imbalance},
+            extra={"stage_imbalance": res.stage_imbalance, "replica_imbalance": res.replica_imbalance,
+                   **memory},
         )

@@ -35,7 +35,7 @@ import numpy as np
 
 from sparsebalance.errors import ConfigError, check_choice
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
-from sparsebalance.simulator.profile import Profile, load_profile
+from sparsebalance.simulator.profile import Profile, load_profile, monotone_violations
 
 EXTRAPOLATE = ("warn", "error", "clamp")
 _CHECKED_DIMS = ("hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab")
@@ -173,6 +173,30 @@ class LatencyModel:
         kk = self._place(op, "budget", float(k), surf.ks[0], surf.ks[-1])
         value = self._attn[key] = surf(x, kk)
         return value
+
+    def attention_many(self, seq_len, budget, *, backward: bool = False) -> np.ndarray:
+        """Vectorised :meth:`attention` (seconds, one layer) for arrays of lengths and budgets:
+        the same arithmetic, so bitwise the same values; points outside the profiled grid take the
+        scalar path (which warns, errors or clamps as configured)."""
+        L = np.asarray(seq_len, dtype=np.int64)
+        k = np.broadcast_to(np.asarray(budget, dtype=np.int64), L.shape)
+        if L.size and (L.min() < 1 or k.min() < 1):
+            raise ConfigError("latency: attention needs seq_len >= 1 and budget >= 1")
+        surf = self._surfaces["attn_bwd" if backward else "attn_fwd"]
+        xs, ks, zs = np.asarray(surf.xs), np.asarray(surf.ks), np.asarray(surf.zs)
+        x = L.astype(float)
+        kk = np.minimum(k, -(-L // self.block_size)).astype(float)
+        inside = (x >= xs[0]) & (x <= xs[-1]) & (kk >= ks[0]) & (kk <= ks[-1])
+        i = np.clip(np.searchsorted(xs, x, side="right") - 1, 0, len(xs) - 2)
+        j = np.clip(np.searchsorted(ks, kk, side="right") - 1, 0, len(ks) - 2)
+        t = (x - xs[i]) / (xs[i + 1] - xs[i])
+        u = (kk - ks[j]) / (ks[j + 1] - ks[j])
+        a = zs[i, j] + u * (zs[i, j + 1] - zs[i, j])
+        b = zs[i + 1, j] + u * (zs[i + 1, j + 1] - zs[i + 1, j])
+        out = np.maximum(0.0, a + t * (b - a))
+        for idx in zip(*np.nonzero(~inside)):
+            out[idx] = self.attention(int(L[idx]), int(k[idx]), backward=backward)
+        return out
 
     def _op(self, op: str, x: int) -> float:
         key = (op, x)
@@ -416,9 +440,14 @@ def _mismatches(meta: dict, model: ModelConfig, cluster: ClusterConfig) -> list[
 
 
 def load_latency_model(profile: str | Profile, model: ModelConfig, cluster: ClusterConfig, *,
-                       base_dir: str = ".", extrapolate: str = "warn") -> LatencyModel:
+                       base_dir: str = ".", extrapolate: str = "warn",
+                       allow_nonmonotone: bool = False) -> LatencyModel:
     """Load ``profile`` (shipped name, directory or CSV path, or a Profile) and build the latency model
-    for ``model`` on ``cluster``. See the module docstring for matching and extrapolation rules."""
+    for ``model`` on ``cluster``. See the module docstring for matching and extrapolation rules.
+
+    A profile whose latency falls as length or budget grows is refused (ConfigError listing the
+    points) unless ``allow_nonmonotone`` or its sidecar carries a ``nonmonotone`` note saying why the
+    points are acceptable; then a warning lists them."""
     check_choice(extrapolate, "extrapolate", EXTRAPOLATE)
     prof = profile if isinstance(profile, Profile) else load_profile(profile, base_dir)
     bad = _mismatches(prof.meta, model, cluster)
@@ -432,6 +461,7 @@ def load_latency_model(profile: str | Profile, model: ModelConfig, cluster: Clus
     elif bad:
         raise ConfigError(f"profile: {prof.source} does not match the run: " + "; ".join(bad)
                           + ". Measure a profile for this model and plan (sparsebalance profile)")
+    _check_monotone(prof, model.block_size, allow_nonmonotone)
     device = str(prof.meta.get("device", ""))
     # A measured profile names the device in full ("cpu x86_64, 1 thread(s)", "NVIDIA H200"): the
     # cluster's short label matches when it is a word of that name.
@@ -440,6 +470,22 @@ def load_latency_model(profile: str | Profile, model: ModelConfig, cluster: Clus
         warnings.warn(f"profile {prof.source} is for device {device!r} but cluster.device is "
                       f"{cluster.device!r}; predictions follow the profile", stacklevel=2)
     return LatencyModel(prof, model, cluster, extrapolate=extrapolate)
+
+
+def _check_monotone(prof: Profile, block_size: int, allow: bool) -> None:
+    bad = monotone_violations(prof, block_size)
+    if not bad:
+        return
+    shown = "; ".join(bad[:3]) + (f"; and {len(bad) - 3} more" if len(bad) > 3 else "")
+    note = prof.meta.get("nonmonotone")
+    if allow or (isinstance(note, str) and note):
+        why = f" (accepted: {note})" if note else " (accepted: --allow-nonmonotone)"
+        warnings.warn(f"profile {prof.source}: latency falls as work grows at {len(bad)} point(s)"
+                      f"{why}: {shown}", stacklevel=3)
+        return
+    raise ConfigError(f"profile: {prof.source}: latency falls as work grows at {len(bad)} point(s): "
+                      f"{shown}. Re-measure, or pass --allow-nonmonotone (allow_nonmonotone = true) "
+                      "to use it anyway")
 
 
 __all__ = ["EXTRAPOLATE", "LatencyModel", "load_latency_model"]

@@ -98,6 +98,17 @@ def _locate(name_or_path: str | Path, base_dir: str | Path) -> tuple[Path, Path]
                       f"nor an existing directory or CSV file (looked in {p})")
 
 
+def profile_fingerprint(name_or_path: str | Path, base_dir: str | Path = ".") -> str:
+    """SHA-256 of the profile's CSV and sidecar bytes: changes whenever a profile is re-measured (a
+    sweep's run id includes it, so a new profile never reuses old results)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in _locate(name_or_path, base_dir):
+        h.update(p.read_bytes() if p.is_file() else b"-")
+    return h.hexdigest()
+
+
 def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profile:
     """Load and validate a profile: a shipped name, a directory with profile.csv + profile.json,
     or the CSV path itself (sidecar ``<stem>.json`` or ``profile.json`` beside it)."""
@@ -206,6 +217,46 @@ def validate_table(table: pd.DataFrame, where: str) -> pd.DataFrame:
     order = {op: i for i, op in enumerate(OPS)}
     t = t.sort_values(["op", "seq_len", "budget"], key=lambda s: s.map(order) if s.name == "op" else s)
     return t.reset_index(drop=True)
+
+
+MONOTONE_TOLERANCE = 0.05
+"""Relative drop between neighbouring grid points that counts as non-monotone (below it: timer noise)."""
+
+
+def monotone_violations(profile: Profile, block_size: int | None = None,
+                        tolerance: float = MONOTONE_TOLERANCE) -> list[str]:
+    """Grid points where latency FALLS as work grows: along seq_len at a fixed budget and along the
+    budget at a fixed seq_len (attention; a budget at or beyond the sequence's block count is the same
+    dense work, so only budgets that add blocks are compared), and along tokens / parameters (dense
+    ops, optim). A drop counts when the later point is below ``(1 - tolerance)`` x the earlier one.
+    Returns one readable line per violation, the largest relative drop first (empty = monotone)."""
+    bs = int(block_size or profile.meta.get("block_size") or 1)
+    out: list[tuple[float, str]] = []
+    for op in profile.ops:
+        rows = profile.rows(op)
+        if op in ATTENTION_OPS:
+            for k, g in rows.groupby("budget"):
+                out += _drops(op, f"budget {k}", "seq_len", g["seq_len"], g["latency_s"], tolerance)
+            for n, g in rows.groupby("seq_len"):
+                eff = [min(int(k), -(-int(n) // bs)) for k in g["budget"]]
+                keep = [i for i in range(len(eff)) if i == 0 or eff[i] > eff[i - 1]]
+                out += _drops(op, f"seq_len {n}", "budget", g["budget"].iloc[keep],
+                              g["latency_s"].iloc[keep], tolerance)
+        else:
+            axis = "parameters" if op == "optim" else "tokens"
+            out += _drops(op, "", axis, rows["seq_len"], rows["latency_s"], tolerance)
+    return [text for _, text in sorted(out, key=lambda d: -d[0])]
+
+
+def _drops(op: str, at: str, axis: str, xs, ys, tolerance: float) -> list[tuple[float, str]]:
+    xs, ys = list(xs), list(ys)
+    where = f"{op}" + (f" at {at}" if at else "")
+    out = []
+    for i in range(1, len(ys)):
+        if ys[i] < (1 - tolerance) * ys[i - 1]:
+            text = f"{where}: {axis} {xs[i - 1]} -> {xs[i]} falls {ys[i - 1]:.3g} s -> {ys[i]:.3g} s"
+            out.append((1 - ys[i] / ys[i - 1], text))
+    return out
 
 
 def _check_grid(op: str, rows: pd.DataFrame, where: str) -> None:

@@ -30,11 +30,24 @@ def check_trace(df) -> None:
         raise ValueError(f"trace.op: {sorted(bad)} not allowed; choose from {', '.join(TRACE_OPS)}")
 
 
+COMPUTE_OPS = ("F", "B", "ALLREDUCE", "OPTIM")
+"""Ops drawn on a stage's own track (tid = stage); P2P gets tracks of its own (see to_chrome_trace)."""
+P2P_TID_BASE = 1000
+"""tid of stage s's first P2P track: 1000 + 10 s (+ lane); further compute lanes (never needed for
+traces from the simulator or realrun, whose compute ops never overlap) would be 2000 + 10 s + lane."""
+
+
 def to_chrome_trace(df) -> dict[str, Any]:
     """A trace table -> Chrome trace JSON (``chrome://tracing``, Perfetto): one complete ("X") event
-    per row with pid = dp_rank, tid = stage, ts/dur in microseconds (iterations placed one after
-    another, each offset by the end of the previous one), name "F3"/"B3" for micro-batch 3 or the op;
-    args hold tokens, budget, iteration and micro-batch. Process/thread names are metadata events."""
+    per row with pid = dp_rank, ts/dur in microseconds (iterations placed one after another, each
+    offset by the end of the previous one), name "F3"/"B3" for micro-batch 3 or the op; args hold
+    tokens, budget, iteration and micro-batch.
+
+    Tracks: F, B, ALLREDUCE and OPTIM of stage s are on tid = s ("stage s"). P2P transfers overlap
+    the sender's compute, and one another, so they go to tracks of their own right under the stage
+    ("stage s P2P", tid = 1000 + 10 s + lane): slices are assigned greedily to the first lane where
+    they do not overlap, so every track holds disjoint slices and Perfetto nests nothing wrongly.
+    Process/thread names and sort order are metadata events."""
     check_trace(df)
     events: list[dict[str, Any]] = []
     if len(df) == 0:
@@ -45,14 +58,21 @@ def to_chrome_trace(df) -> dict[str, Any]:
     overlap = bool((span["lo"].to_numpy()[1:] < span["hi"].to_numpy()[:-1]).any())
     shift = (span["hi"].cumsum() - span["hi"]) if overlap else span["hi"] * 0.0
     offset = dict(zip(span.index, shift.to_numpy()))
-    for row in df.itertuples(index=False):
+    tracks: dict[tuple[int, int], str] = {}  # (pid, tid) -> track name
+    lanes: dict[tuple[int, int, bool], list[float]] = {}  # (pid, stage, is_p2p) -> lane end times
+    rows = sorted(df.itertuples(index=False),
+                  key=lambda r: (r.start_s + offset[r.iteration], r.end_s + offset[r.iteration]))
+    for row in rows:
         op = row.op
         mb = int(row.microbatch)
+        pid, stage = int(row.dp_rank), int(row.stage)
         start = row.start_s + offset[row.iteration]
+        end = row.end_s + offset[row.iteration]
+        tid = _lane(lanes, tracks, pid, stage, op == "P2P", start, end)
         events.append({
             "name": f"{op}{mb}" if op in ("F", "B") else op,
-            "cat": op, "ph": "X", "pid": int(row.dp_rank), "tid": int(row.stage),
-            "ts": start * 1e6, "dur": (row.end_s - row.start_s) * 1e6,
+            "cat": op, "ph": "X", "pid": pid, "tid": tid,
+            "ts": start * 1e6, "dur": (end - start) * 1e6,
             "cname": _CHROME_COLOURS[op],
             "args": {"iteration": int(row.iteration), "microbatch": mb, "tokens": _int(row.tokens),
                      "budget": _num(row.budget)},
@@ -62,10 +82,33 @@ def to_chrome_trace(df) -> dict[str, Any]:
                        "args": {"name": f"dp_rank {int(r)}"}})
         events.append({"name": "process_sort_index", "ph": "M", "pid": int(r), "tid": 0,
                        "args": {"sort_index": int(r)}})
-        for s in sorted(df.loc[df["dp_rank"] == r, "stage"].unique()):
-            events.append({"name": "thread_name", "ph": "M", "pid": int(r), "tid": int(s),
-                           "args": {"name": f"stage {int(s)}"}})
+    for (pid, tid), name in sorted(tracks.items()):
+        stage, sub = (tid, 0) if tid < P2P_TID_BASE else divmod(tid % P2P_TID_BASE, 10)
+        order = stage * 100 + (0 if tid < P2P_TID_BASE else (1 if tid < 2 * P2P_TID_BASE else 50) + sub)
+        events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
+        events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
+                       "args": {"sort_index": order}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def _lane(lanes, tracks, pid: int, stage: int, p2p: bool, start: float, end: float) -> int:
+    """The first lane of (pid, stage, kind) free at ``start`` (rows come sorted by start)."""
+    ends = lanes.setdefault((pid, stage, p2p), [])
+    eps = 1e-12 * max(1.0, abs(end))
+    lane = next((i for i, e in enumerate(ends) if e <= start + eps), len(ends))
+    if lane == len(ends):
+        ends.append(end)
+    else:
+        ends[lane] = end
+    if p2p:
+        tid = P2P_TID_BASE + 10 * stage + lane
+        name = f"stage {stage} P2P" + (f" ({lane + 1})" if lane else "")
+    elif lane == 0:
+        tid, name = stage, f"stage {stage}"
+    else:
+        tid, name = 2 * P2P_TID_BASE + 10 * stage + lane, f"stage {stage} ({lane + 1})"
+    tracks.setdefault((pid, tid), name)
+    return tid
 
 
 def _int(x) -> int:

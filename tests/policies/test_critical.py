@@ -12,7 +12,7 @@ from sparsebalance.errors import ConfigError
 from sparsebalance.policies.base import PolicyContext
 from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.policies.coverage import make_coverage_model
-from sparsebalance.policies.critical import CriticalPathDST, PipelineEvaluator
+from sparsebalance.policies.critical import CriticalPathDST, graph_for
 from sparsebalance.policies.registry import make_tuning
 from sparsebalance.policies.tuning import DynamicSparsity, Fixed
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
@@ -20,6 +20,7 @@ from sparsebalance.simulator.engine import PipelineInput, simulate
 from sparsebalance.simulator.executor import SimulatorExecutor
 from sparsebalance.simulator.latency import load_latency_model
 from sparsebalance.simulator.plan import Plan
+from sparsebalance.simulator.timing import replica_finish
 
 BLOCK = 4096
 MODEL = ModelConfig(name="qwen2.5-3b-4l", hidden=2048, layers=4, heads=16, kv_heads=2, head_dim=128,
@@ -58,12 +59,14 @@ def test_evaluator_matches_the_simpy_engine(schedule, pp, m, v):
         p2p = rng.uniform(0, 0.3, (dp, max(nv - 1, 0), m))
         ar, opt = rng.uniform(0, 1, pp), rng.uniform(0, 0.2, pp)
         res = simulate(PipelineInput(schedule=schedule, pp=pp, virtual_stages=v, forward=fwd,
-                                     backward=bwd, p2p=p2p, allreduce=ar, optimizer=opt))
-        ev = PipelineEvaluator(schedule, pp, m, v)
-        assert ev.iteration_time(fwd, bwd, p2p, ar, opt) == pytest.approx(res.iteration_time, rel=1e-12)
+                                     backward=bwd, p2p=p2p, allreduce=ar, optimizer=opt), method="simpy")
+        g = graph_for(ClusterConfig(pp=pp, dp=dp, global_batch=dp * m, schedule=schedule,
+                                    virtual_stages=v), m)
+        fin = replica_finish(g, fwd, bwd, p2p)
+        assert float((fin.max(axis=0) + ar + opt).max()) == pytest.approx(res.iteration_time, rel=1e-12)
         # the last action of every device ends where the engine says it ends
         last = np.maximum(res.forward_end, res.backward_end).reshape(dp, v, pp, m).max(axis=(1, 3))
-        np.testing.assert_allclose(ev.replica_finish(fwd, bwd, p2p), last, rtol=1e-12)
+        np.testing.assert_allclose(fin, last, rtol=1e-12)
 
 
 def test_stage_table_equals_stage_time():

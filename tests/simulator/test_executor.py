@@ -109,3 +109,30 @@ def test_with_the_shipped_latency_model():
         assert lat[r, j] == pytest.approx(lm.microbatch_latency(mb.lengths, 32), rel=1e-9)
     assert res.iteration_time_s >= max(lat.max(), max(res.stage_busy_s))
     assert 0 < res.bubble_fraction < 1
+
+
+def test_vectorised_stage_times_equal_stage_time_bitwise():
+    """build_input prices int budgets in one vectorised pass; its values are stage_time's exactly
+    (packed micro-batches, interleaved chunks, embedding and head stages)."""
+    from dataclasses import replace as _replace
+
+    import numpy as _np
+
+    from sparsebalance.data.sequence import Sequence as _Seq
+    from sparsebalance.simulator.config import h200_4x8, qwen25_3b
+    from sparsebalance.simulator.executor import SimulatorExecutor as _Ex
+    from sparsebalance.simulator.latency import load_latency_model as _load
+    from sparsebalance.simulator.plan import Plan as _Plan
+
+    cl = _replace(h200_4x8(), pp=4, dp=3, tp=1, global_batch=12, schedule="interleaved", virtual_stages=2)
+    lm = _load("analytical-h200", qwen25_3b(), cl)
+    rng = _np.random.default_rng(0)
+    plan = _Plan.from_lists([[[_Seq(id=r * 100 + j * 10 + q, length=int(rng.integers(1000, 70000)))
+                               for q in range(int(rng.integers(1, 4)))] for j in range(4)] for r in range(3)])
+    budgets = tuple(tuple(int(rng.integers(1, 60)) for _ in range(4)) for _ in range(3))
+    inp = _Ex(lm, qwen25_3b(), cl).build_input(0, plan, budgets)
+    for r, j, mb in plan.microbatches():
+        for vs in range(8):
+            for bw, arr in ((False, inp.forward), (True, inp.backward)):
+                assert arr[r, vs, j] == lm.stage_time(mb.lengths, budgets[r][j], vs % 4, backward=bw,
+                                                      chunk=vs // 4)

@@ -92,7 +92,10 @@ def test_bilinear_on_a_non_bilinear_table_by_hand():
     sel = (t.op == "attn_fwd") & t.seq_len.isin([128, 256]) & t.budget.isin([2, 4])
     corners = {(128, 2): 1.0, (128, 4): 3.0, (256, 2): 5.0, (256, 4): 11.0}
     t.loc[sel, "latency_s"] = [corners[(s, k)] for s, k in zip(t[sel].seq_len, t[sel].budget)]
-    model = load_latency_model(Profile(table=t, meta=meta(), source="x"), MODEL, cluster())
+    # the hand-made corners fall as length grows (5 s -> the table's ms): accepted, it tests arithmetic
+    with pytest.warns(UserWarning, match="latency falls as work grows"):
+        model = load_latency_model(Profile(table=t, meta=meta(), source="x"), MODEL, cluster(),
+                                   allow_nonmonotone=True)
     # (160, 3): 1/4 of the way in seq_len, half-way in budget
     lo, hi = (1.0 + 3.0) / 2, (5.0 + 11.0) / 2
     assert model.attention(160, 3) == pytest.approx(lo + 0.25 * (hi - lo), rel=1e-12)

@@ -1,0 +1,205 @@
+"""Memory per device: weights, gradients and optimizer states plus the activations of the
+micro-batches in flight under the schedule. Bytes throughout; no torch.
+
+**Static** (per device = one TP shard of one pipeline stage, all its chunks): ``P`` parameters of
+the stage (:func:`stage_params`, the same split and counting as the latency model) over ``tp``,
+times ``PARAM_BYTES`` (bf16 weights) + ``GRAD_BYTES`` (bf16 gradients) + ``MASTER_BYTES`` (fp32
+master copy) + ``ADAM_BYTES`` (fp32 first and second moments) = 16 bytes per parameter; with
+``cluster.zero1`` the master copy and the moments are sharded over the DP group (ZeRO-1):
+``4 + 12 / dp``.
+
+**Activations** kept for the backward, per token per decoder layer (bf16, FlashAttention-style
+attention: no L x L matrices; MoBA's gate scores are per block, negligible), from the model dims
+with ``q = heads x head_dim``, ``kv = kv_heads x head_dim``, ``f = ffn``, ``h = hidden``:
+``2 (4 h + 2 q + 2 kv + 3 f) + 4 heads`` bytes: the inputs of the two RMSNorms and of the QKV and
+MLP projections (4 h), Q, K, V (q + 2 kv), the attention output (q), the gate, up and gated
+products of the SwiGLU MLP (3 f), and the fp32 softmax log-sum-exp per head; all divided by ``tp``
+(sequence parallelism). Virtual stage 0 also keeps the embedding output (2 h). With full activation
+recomputation (``cluster.recompute``) a layer keeps only its input (2 h / tp) and the backward
+re-materialises one layer of one micro-batch at a time (a transient of one layer's full bytes).
+The last stage's LM head logits (``2 vocab / tp`` bytes per token, bf16) are live for one
+micro-batch at a time (transient).
+
+**In flight**: a micro-batch's activations on virtual stage ``vs`` live from its F there until its
+last backward action there (B, or W when the backward is split). The peak of a device is read off
+its actual action order (:mod:`.graph`): walking the order, adding the bytes at each F and
+releasing them after the backward, so every schedule, present or future, is covered. 1F1B stage
+``s`` thus peaks at ``min(m, pp - s)`` micro-batches, GPipe at ``m``.
+
+Not modelled: the allocator's fragmentation and caching, CUDA context and NCCL buffers, optimizer
+temporaries; :func:`compare_measured` compares with ``torch.cuda.max_memory_allocated`` (unrun
+here: no GPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sparsebalance.errors import ConfigError
+from sparsebalance.simulator.config import ClusterConfig, ModelConfig
+from sparsebalance.simulator.graph import ActionGraph
+
+PARAM_BYTES = 2
+"""bf16 weights."""
+GRAD_BYTES = 2
+"""bf16 gradients."""
+MASTER_BYTES = 4
+"""fp32 master weights."""
+ADAM_BYTES = 8
+"""fp32 Adam first and second moments."""
+GB = 1e9
+
+
+def stage_layer_counts(model: ModelConfig, cluster: ClusterConfig) -> list[int]:
+    """Decoder layers of each virtual stage (vs = chunk x pp + stage): contiguous split, the first
+    virtual stages one layer more when uneven (as ``LatencyModel.stage_layers``)."""
+    chunks = cluster.pp * cluster.virtual_stages
+    if chunks > model.layers:
+        raise ConfigError(f"cluster: pp x virtual_stages = {chunks} exceeds model.layers = {model.layers}")
+    base, extra = divmod(model.layers, chunks)
+    return [base + (v < extra) for v in range(chunks)]
+
+
+def stage_params(model: ModelConfig, cluster: ClusterConfig, stage: int) -> int:
+    """Parameters of physical stage ``stage`` before TP (as ``LatencyModel.stage_params``)."""
+    counts = stage_layer_counts(model, cluster)
+    pp = cluster.pp
+    params = sum(counts[c * pp + stage] for c in range(cluster.virtual_stages)) * model.params_per_layer
+    if stage == 0:
+        params += model.embedding_params
+    if stage == pp - 1:
+        params += model.hidden
+        if not model.tie_embeddings or pp > 1:
+            params += model.embedding_params
+    return params
+
+
+def static_bytes(model: ModelConfig, cluster: ClusterConfig) -> np.ndarray:
+    """[pp] weights + gradients + optimizer states of one device of each stage."""
+    per_param = PARAM_BYTES + GRAD_BYTES + (MASTER_BYTES + ADAM_BYTES) / (cluster.dp if cluster.zero1 else 1)
+    return np.array([stage_params(model, cluster, s) / cluster.tp * per_param for s in range(cluster.pp)])
+
+
+def layer_bytes_per_token(model: ModelConfig, tp: int = 1) -> float:
+    """Activation bytes one decoder layer keeps per token without recomputation (module docstring)."""
+    q, kv = model.heads * model.head_dim, model.kv_heads * model.head_dim
+    return (2 * (4 * model.hidden + 2 * q + 2 * kv + 3 * model.ffn) + 4 * model.heads) / tp
+
+
+def kept_bytes_per_token(model: ModelConfig, cluster: ClusterConfig) -> np.ndarray:
+    """[V] bytes a micro-batch leaves on each virtual stage per token until its backward there."""
+    per_layer = 2 * model.hidden / cluster.tp if cluster.recompute else layer_bytes_per_token(model, cluster.tp)
+    out = np.array(stage_layer_counts(model, cluster), dtype=float) * per_layer
+    out[0] += 2 * model.hidden / cluster.tp  # embedding output
+    return out
+
+
+def transient_bytes_per_token(model: ModelConfig, cluster: ClusterConfig) -> np.ndarray:
+    """[pp] bytes per token of the one micro-batch being worked on: the recomputed layer (with
+    recomputation) and, on the last stage, the LM head logits."""
+    out = np.zeros(cluster.pp)
+    if cluster.recompute:
+        out += layer_bytes_per_token(model, cluster.tp)
+    out[-1] += 2 * model.vocab / cluster.tp
+    return out
+
+
+def peak_activation_bytes(graph: ActionGraph, tokens: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    """[dp, pp] peak bytes of activations held per device: walking each device's action order,
+    ``tokens[r, j] x kept[vs]`` is added at F(vs, j) and released after the last backward action
+    of (vs, j). ``tokens``: [dp, m]."""
+    tokens = np.asarray(tokens, dtype=float)
+    dp = tokens.shape[0]
+    nv, m = graph.nv, graph.m
+    release_kind = graph.kinds.index("W") if "W" in graph.kinds else graph.kinds.index(
+        "B" if "B" in graph.kinds else "I")
+    out = np.zeros((dp, graph.pp))
+    for s, order in enumerate(graph.orders):
+        kind, rest = np.divmod(order, nv * m)
+        vs, j = np.divmod(rest, m)
+        sign = np.where(kind == 0, 1.0, np.where(kind == release_kind, -1.0, 0.0))
+        delta = sign[None, :] * tokens[:, j] * kept[vs][None, :]  # [dp, actions]
+        out[:, s] = np.maximum(np.cumsum(delta, axis=1).max(axis=1), 0.0)
+    return out
+
+
+@dataclass(kw_only=True, slots=True)
+class MemoryReport:
+    """Peak memory of one iteration, bytes."""
+
+    static: np.ndarray
+    """[pp] weights + gradients + optimizer states per device of each stage."""
+    activations: np.ndarray
+    """[dp, pp] peak activation bytes kept for the backward."""
+    transient: np.ndarray
+    """[dp, pp] the working set of one micro-batch (largest on the device)."""
+    limit: float | None
+    """Device memory (bytes) or None when the cluster does not say."""
+
+    @property
+    def peak(self) -> np.ndarray:
+        """[dp, pp] peak bytes per device."""
+        return self.static[None, :] + self.activations + self.transient
+
+    @property
+    def exceeded(self) -> int:
+        """Devices whose peak exceeds the limit (0 when unknown)."""
+        return 0 if self.limit is None else int((self.peak > self.limit).sum())
+
+
+def memory_report(model: ModelConfig, cluster: ClusterConfig, graph: ActionGraph,
+                  tokens: np.ndarray) -> MemoryReport:
+    """Peak memory per device of an iteration whose micro-batch j of DP rank r has ``tokens[r, j]``
+    tokens, under ``graph`` (the schedule of ``cluster``)."""
+    tokens = np.asarray(tokens, dtype=float)
+    kept = kept_bytes_per_token(model, cluster)
+    act = peak_activation_bytes(graph, tokens, kept)
+    trans = tokens.max(axis=1)[:, None] * transient_bytes_per_token(model, cluster)[None, :]
+    return MemoryReport(static=static_bytes(model, cluster), activations=act, transient=trans,
+                        limit=cluster.device_memory)
+
+
+def token_cap_for_memory(model: ModelConfig, cluster: ClusterConfig, graph: ActionGraph) -> int:
+    """The most tokens a micro-batch may hold so that every device fits when every micro-batch
+    in flight holds that many (``cluster.device_memory`` must be set). ConfigError when not even
+    one token fits (the weights and optimizer states alone exceed the device)."""
+    limit = cluster.device_memory
+    if limit is None:
+        raise ConfigError("cluster.device_memory: needed for memory-aware packing (bytes, e.g. 141e9)")
+    per_token = (peak_activation_bytes(graph, np.ones((1, graph.m)), kept_bytes_per_token(model, cluster))[0]
+                 + transient_bytes_per_token(model, cluster))
+    room = limit - static_bytes(model, cluster)
+    cap = int(np.floor(np.min(room / per_token)))
+    if cap < 1:
+        worst = int(np.argmin(room / per_token))
+        raise ConfigError(f"cluster.device_memory: {limit / GB:.1f} GB cannot hold one micro-batch on "
+                          f"stage {worst} (weights, gradients and optimizer states alone take "
+                          f"{static_bytes(model, cluster)[worst] / GB:.1f} GB); use more pp/tp, zero1 "
+                          "or recompute")
+    return cap
+
+
+def check_fits(model: ModelConfig, cluster: ClusterConfig) -> None:
+    """ConfigError (one line) when ``cluster.device_memory`` cannot hold the weights, gradients and
+    optimizer states of some stage plus one token of activations: no micro-batch could run."""
+    if cluster.device_memory is None:
+        return
+    need = static_bytes(model, cluster) + (kept_bytes_per_token(model, cluster).reshape(
+        cluster.virtual_stages, cluster.pp).sum(axis=0) + transient_bytes_per_token(model, cluster))
+    worst = int(np.argmax(need))
+    if need[worst] > cluster.device_memory:
+        raise ConfigError(f"cluster.device_memory: {cluster.device_memory / GB:.1f} GB cannot hold one "
+                          f"micro-batch on stage {worst} (weights, gradients and optimizer states take "
+                          f"{static_bytes(model, cluster)[worst] / GB:.1f} GB); use more pp or tp, "
+                          "zero1, or a device with more memory")
+
+
+def compare_measured(predicted_bytes: float, measured_bytes: float) -> dict[str, float]:
+    """Predicted vs measured peak (``torch.cuda.max_memory_allocated`` of one device over an
+    iteration) for ``gpu-check``: both in GB and the relative error. Unrun here (no GPU)."""
+    if measured_bytes <= 0:
+        raise ValueError(f"measured_bytes: must be > 0, got {measured_bytes}")
+    return {"predicted_gb": predicted_bytes / GB, "measured_gb": measured_bytes / GB,
+            "relative_error": (predicted_bytes - measured_bytes) / measured_bytes}

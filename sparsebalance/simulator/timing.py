@@ -1,0 +1,208 @@
+"""The exact timing core: start and end of every action of a schedule, vectorised over its levels.
+
+The model is the SimPy engine's (:mod:`.events`, the model of record, checked equal in tests): an
+action starts when its device is free and its inputs have arrived, ``start = max(end of the
+device's previous action, end of each data predecessor + its P2P lag)``, ``end = start + duration``;
+then per physical stage the gradient all-reduce starts when every replica's copy of the stage has
+ended its last action, followed by the optimizer step. Without contention or faults this is a
+longest-path (max-plus) recurrence over the schedule's DAG (:mod:`.graph`), so it is computed
+directly instead of by events.
+
+**How.** The nodes of one topological level are independent: the core visits the levels in order
+and handles each with a few numpy gathers, a max and an add over ``[nodes in level, columns]``.
+Columns are replicas (every replica of a PP x DP iteration runs the same graph) and, for the
+policies, candidate duration sets: one call prices many candidates. Cost: O(levels) numpy calls,
+about 2 (m + V) levels for GPipe / 1F1B whatever the number of replicas, plus O(actions x columns)
+arithmetic. Why numpy and not a compiled loop (numba): the Python overhead is per level, not per
+action, so a 65,536-action iteration is a few hundred numpy calls; numba would add an LLVM
+dependency and about a second of JIT per process, which is more than a whole ``pipeline`` call or
+a policy decision takes here.
+
+Arithmetic is the same as the former closed-form evaluator of ``policies/critical.py``
+(``max(prev, dep + lag) + duration``), so its values are bitwise those the policies used.
+
+**Narrow graphs.** With few columns and few nodes per level (one replica of a long pipeline: 4
+nodes per level at PP 4) numpy's fixed cost per call dominates; there the same recurrence runs as
+a plain loop over the nodes in level order, column by column (about 12x faster at one column, the
+same values bit for bit: ``max`` and ``+`` of the same floats in the same order).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from sparsebalance.simulator.graph import ActionGraph
+
+
+def time_graph(graph: ActionGraph, duration: np.ndarray, lag: np.ndarray | None = None,
+               *, starts: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
+    """Start and end of every node, seconds, each ``[n, C]``.
+
+    ``duration``: ``[n, C]`` seconds per node (node order of ``graph``) and column. ``lag``:
+    ``[(V - 1) m + 1, C]`` P2P seconds per lag id (the last row, the zero lag, must be 0) or None
+    (no P2P). ``starts=False`` skips the start array (returns None for it)."""
+    n = graph.n
+    c = duration.shape[1]
+    if lag is None:
+        lag = np.zeros((graph.zero_lag + 1, c))
+    if _narrow(graph, c):
+        return _time_scalar(graph, duration, lag, starts)
+    end = np.zeros((n + 1, c))
+    start = np.empty((n, c)) if starts else None
+    for step in graph.steps:
+        idx, prv = step[0], step[1]
+        t = end[prv]
+        for q in range(2, len(step), 2):
+            np.maximum(t, end[step[q]] + lag[step[q + 1]], out=t)
+        if starts:
+            start[idx] = t
+        end[idx] = t + duration[idx]
+    return start, end[:n]
+
+
+def _narrow(graph: ActionGraph, columns: int) -> bool:
+    """Plain loops beat numpy for a few columns of a graph with few nodes per level."""
+    return columns * graph.n < 48 * len(graph.levels)
+
+
+@functools.lru_cache(maxsize=64)
+def _rows(graph: ActionGraph) -> tuple[list, list]:
+    """Nodes in level order with their predecessors, for the plain loops: forward rows
+    ``(node, prev, ((dep, lag id), ...))`` and backward rows ``(node, next, ((succ, lag id), ...),
+    sink stage or -1)``."""
+    n = graph.n
+    order = np.concatenate(graph.levels).tolist()
+    prev, deps, lags = graph.prev.tolist(), graph.deps.tolist(), graph.lags.tolist()
+    fwd = [(i, prev[i], tuple((d, lg) for d, lg in zip(deps[i], lags[i]) if d < n)) for i in order]
+    nxt = [n] * n
+    succ: list[list] = [[] for _ in range(n)]
+    for i in range(n):
+        if prev[i] < n:
+            nxt[prev[i]] = i
+        for d, lg in zip(deps[i], lags[i]):
+            if d < n:
+                succ[d].append((i, lg))
+    sink = [-1] * n
+    for s, o in enumerate(graph.orders):
+        sink[int(o[-1])] = s
+    bwd = [(i, nxt[i], tuple(succ[i]), sink[i]) for i in reversed(order)]
+    return fwd, bwd
+
+
+def _time_scalar(graph, duration, lag, starts):
+    n, c = graph.n, duration.shape[1]
+    fwd, _ = _rows(graph)
+    end_out = np.empty((n, c))
+    start_out = np.empty((n, c)) if starts else None
+    for col in range(c):
+        dur, lg = duration[:, col].tolist(), lag[:, col].tolist()
+        end = [0.0] * (n + 1)
+        st = [0.0] * n
+        for i, p, deps in fwd:
+            t = end[p]
+            for d, q in deps:
+                v = end[d] + lg[q]
+                if v > t:
+                    t = v
+            st[i] = t
+            end[i] = t + dur[i]
+        end_out[:, col] = end[:n]
+        if starts:
+            start_out[:, col] = st
+    return start_out, end_out
+
+
+def stage_finish(graph: ActionGraph, duration: np.ndarray, lag: np.ndarray | None = None) -> np.ndarray:
+    """[pp, C] end of each physical stage's last action (the all-reduce may start after it)."""
+    _, end = time_graph(graph, duration, lag, starts=False)
+    return end[graph.last]
+
+
+def pack_durations(graph: ActionGraph, per_kind: dict[str, np.ndarray]) -> np.ndarray:
+    """``{kind: [C, V, m] seconds}`` -> the core's ``[n, C]`` duration array (node order)."""
+    parts = []
+    for k in graph.kinds:
+        a = np.asarray(per_kind[k], dtype=float)
+        parts.append(a.reshape(a.shape[0], -1))
+    return np.concatenate(parts, axis=1).T.copy()
+
+
+def pack_lags(graph: ActionGraph, p2p: np.ndarray, columns: int) -> np.ndarray:
+    """P2P seconds broadcastable to ``[C, V - 1, m]`` -> the core's ``[(V - 1) m + 1, C]`` lag array."""
+    out = np.zeros((graph.zero_lag + 1, columns))
+    if graph.nv > 1:
+        p = np.broadcast_to(np.asarray(p2p, dtype=float), (columns, graph.nv - 1, graph.m))
+        out[:-1] = p.reshape(columns, -1).T
+    return out
+
+
+def replica_finish(graph: ActionGraph, fwd: np.ndarray, bwd: np.ndarray, p2p) -> np.ndarray:
+    """[C, pp] end of each physical stage's last action for C replicas (or candidates) of an F/B
+    schedule; ``fwd``, ``bwd``: [C, V, m] seconds, ``p2p``: broadcastable to [C, V - 1, m]."""
+    fwd = np.asarray(fwd, dtype=float)
+    dur = pack_durations(graph, {"F": fwd, "B": bwd})
+    return stage_finish(graph, dur, pack_lags(graph, p2p, fwd.shape[0])).T
+
+
+@functools.lru_cache(maxsize=64)
+def _reverse_steps(graph: ActionGraph) -> tuple[tuple[np.ndarray, ...], ...]:
+    """Per level, last level first: (nodes, device successors, data successors [k, D'], their lag
+    ids [k, D']) - the successor view of the graph for :func:`time_to_sink`."""
+    n = graph.n
+    nxt = np.full(n + 1, n, dtype=np.int64)
+    nxt[graph.prev[graph.prev < n]] = np.flatnonzero(graph.prev < n)
+    recv, col = np.nonzero(graph.deps < n)
+    send = graph.deps[recv, col]
+    o = np.argsort(send, kind="stable")
+    send, recv, lag = send[o], recv[o], graph.lags[recv[o], col[o]]
+    counts = np.bincount(send, minlength=n)
+    width = max(1, int(counts.max()) if counts.size else 1)
+    succ = np.full((n, width), n, dtype=np.int64)
+    succ_lag = np.full((n, width), graph.zero_lag, dtype=np.int64)
+    slot = np.arange(len(send)) - np.repeat(np.cumsum(counts) - counts, counts)
+    succ[send, slot], succ_lag[send, slot] = recv, lag
+    return tuple((idx, nxt[idx], succ[idx], succ_lag[idx]) for idx in reversed(graph.levels))
+
+
+def time_to_sink(graph: ActionGraph, duration: np.ndarray, lag: np.ndarray | None, sink: np.ndarray) -> np.ndarray:
+    """[n, C] longest time from each node's end to the iteration's end: over its successors
+    (device next and data successors, plus their lags and durations), and ``sink[s]`` after the
+    last action of device ``s`` (all-reduce + optimizer). ``start + duration + this`` is the
+    length of the longest path through a node (= the iteration time on a critical node)."""
+    n = graph.n
+    c = duration.shape[1]
+    if lag is None:
+        lag = np.zeros((graph.zero_lag + 1, c))
+    sink = np.broadcast_to(np.asarray(sink, dtype=float), (graph.pp,))
+    if _narrow(graph, c):
+        _, bwd = _rows(graph)
+        res = np.empty((n, c))
+        sk = sink.tolist()
+        for col in range(c):
+            dur, lg = duration[:, col].tolist(), lag[:, col].tolist()
+            out = [-np.inf] * (n + 1)
+            through = [-np.inf] * (n + 1)
+            for i, nx, succ, s in bwd:
+                t = through[nx]
+                if s >= 0 and sk[s] > t:
+                    t = sk[s]
+                for y, q in succ:
+                    v = lg[q] + through[y]
+                    if v > t:
+                        t = v
+                out[i] = t
+                through[i] = t + dur[i]
+            res[:, col] = out[:n]
+        return res
+    out = np.full((n + 1, c), -np.inf)
+    out[graph.last] = np.broadcast_to(sink[:, None], (graph.pp, c))
+    through = np.full((n + 1, c), -np.inf)  # duration + time to sink, from a node's start
+    for idx, nxt, succ, slag in _reverse_steps(graph):
+        t = np.maximum(out[idx], through[nxt])
+        for q in range(succ.shape[1]):
+            np.maximum(t, lag[slag[:, q]] + through[succ[:, q]], out=t)
+        out[idx] = t
+        through[idx] = t + duration[idx]
+    return out[:n]

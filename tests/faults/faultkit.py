@@ -1,0 +1,64 @@
+"""Helpers of the fault-injection suite (imported by its tests): start ``sparsebalance`` as a real process, find its process
+tree in /proc, and wait (bounded) until processes are gone. Bounds are hang guards, not timings."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sparsebalance.procutil import descendants, pid_alive
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SWEEP_BASE = """
+name = "f"
+iterations = 2
+profile = "analytical-h200"
+[model]
+preset = "qwen2.5-3b"
+[cluster]
+dp = 2
+pp = 2
+global_batch = 8
+[data]
+distribution = "chatqa2-like"
+num_sequences = 64
+[policy]
+token_cap = 65536
+"""
+
+
+def sparsebalance(*argv, **kw) -> subprocess.Popen:
+    """``python -m sparsebalance ARGV`` as a child with SIGINT at its default (a background job of
+    a non-interactive shell would inherit SIG_IGN) and OMP_NUM_THREADS=1."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "sparsebalance", *map(str, argv)], cwd=kw.pop("cwd", None),
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and all its live descendants."""
+    return [pid, *descendants(pid)]
+
+
+def wait_gone(pids, timeout: float = 20.0) -> list[int]:
+    """Poll until none of ``pids`` is alive or ``timeout`` passes; returns those still alive."""
+    deadline = time.monotonic() + timeout
+    left = [p for p in pids if pid_alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in left if pid_alive(p)]
+    return left
+
+
+def wait_for(cond, timeout: float, step: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(step)
+    return cond()
+

@@ -1,0 +1,159 @@
+"""The malformed-input table: every bad input is refused before any work with exit code 2 and ONE
+line on stderr that names the field, never a traceback, and leaves no results directory behind."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "qwen25-3b_h200_dp4pp4.toml"
+CPU_TINY = ROOT / "sparsebalance" / "data" / "profiles" / "cpu-tiny"
+TINY = """
+name = "tiny"
+iterations = 1
+profile = "{profile}"
+[model]
+preset = "tiny"
+[cluster]
+device = "cpu"
+pp = 2
+global_batch = 4
+[data]
+distribution = "chatqa2-like"
+num_sequences = 16
+max_length = 2048
+"""
+
+
+@pytest.fixture
+def files(tmp_path):
+    """Inputs the table refers to, by name."""
+    f = {"tmp": tmp_path, "example": EXAMPLE}
+    (tmp_path / "a_file").write_text("x")
+    f["a_file"] = tmp_path / "a_file"
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("someone's results")
+    f["full"] = full
+    (tmp_path / "bad.toml").write_text("name = \n")
+    f["bad_toml"] = tmp_path / "bad.toml"
+    (tmp_path / "list.json").write_text("[1, 2]")
+    f["list_json"] = tmp_path / "list.json"
+    # a measured profile without its note accepting noise, and one with a 1e-9 s point
+    for name, edit in (("nomono", None), ("dip", ("attn_fwd", 256, 4))):
+        d = tmp_path / name
+        shutil.copytree(CPU_TINY, d)
+        meta = json.loads((d / "profile.json").read_text())
+        meta.pop("nonmonotone", None)
+        (d / "profile.json").write_text(json.dumps(meta))
+        if edit:
+            import pandas as pd
+
+            t = pd.read_csv(d / "profile.csv")
+            sel = (t.op == edit[0]) & (t.seq_len == edit[1]) & (t.budget == edit[2])
+            t.loc[sel, "latency_s"] = 1e-9
+            t.to_csv(d / "profile.csv", index=False)
+        cfg = tmp_path / f"{name}.toml"
+        cfg.write_text(TINY.format(profile=d))
+        f[name] = cfg
+    base_a, base_b = tmp_path / "base_a.toml", tmp_path / "base_b.toml"
+    base_a.write_text('[cluster]\ndp = 2\npp = 2\nglobal_batch = 8\n[data]\nnum_sequences = 64\n')
+    base_b.write_text(base_a.read_text())
+    f["base_a"] = base_a
+    grid = tmp_path / "grid.toml"
+    grid.write_text('base = "base_b.toml"\n[grid]\n"policy.batching" = ["sab"]\n')
+    f["grid"] = grid
+    bad_grid = tmp_path / "bad_grid.toml"
+    bad_grid.write_text('grid = 1\n')
+    f["bad_grid"] = bad_grid
+    huge = tmp_path / "huge.json"
+    huge.write_text(json.dumps({"forward": [[1e308, 1e308], [1e308, 1e308]],
+                                "backward": [[1e308, 1e308], [1e308, 1e308]]}))
+    f["huge"] = huge
+    return f
+
+
+SIM = ("simulate", "--config", "{example}", "--iterations", "1", "--no-trace", "--out", "{tmp}/o")
+SWEEP = ("sweep", "--config", "{base_a}", "--batching", "sab", "--out", "{tmp}/o")
+
+#: (id, argv, text the one line must contain)
+TABLE = [
+    ("dataset-smaller-than-batch", SIM + ("--set", "data.num_sequences=4"), "global batch"),
+    ("section-set-to-scalar", SIM + ("--set", "cluster=3"), "cluster"),
+    ("key-under-a-scalar", SIM + ("--set", "cluster.pp.x=1"), "cluster.pp"),
+    ("negative-seed", SIM + ("--set", "seed=-1"), "seed: must be >= 0"),
+    ("negative-data-seed", SIM + ("--set", "data.seed=-1"), "data.seed"),
+    ("tp-3-with-16-heads", SIM + ("--set", "cluster.dp=1", "--set", "cluster.tp=3"), "model.heads"),
+    ("tp-7-with-16-heads", SIM + ("--set", "cluster.dp=1", "--set", "cluster.tp=7"), "model.heads"),
+    ("tp-above-kv-heads", SIM + ("--set", "cluster.dp=1", "--set", "cluster.tp=4"), "replicate_kv_heads"),
+    ("plan-exceeds-cluster", SIM + ("--set", "cluster.nodes=1"), "exceeds the cluster"),
+    ("tp-across-nodes", SIM + ("--set", "cluster.tp=16"), "gpus_per_node"),
+    ("infinite-bandwidth", SIM + ("--set", "cluster.p2p_bandwidth=inf"), "p2p_bandwidth"),
+    ("unknown-key", SIM + ("--set", "nope=1"), "nope: unknown field"),
+    ("zero-iterations-in-config", SIM[:4] + ("--set", "iterations=0", "--out", "{tmp}/o"), "iterations"),
+    ("iterations-flag-0", ("simulate", "--config", "{example}", "--iterations", "0"), "--iterations"),
+    ("trace-limit-0", SIM + ("--trace-limit", "0"), "--trace-limit"),
+    ("out-under-a-file", SIM[:-1] + ("{a_file}/x",), "is a file, not a directory"),
+    ("out-unwritable", SIM[:-1] + ("/proc/sparsebalance/x",), "--out: cannot write"),
+    ("out-holds-results", SIM[:-1] + ("{full}",), "--force"),
+    ("force-on-foreign-dir", SIM[:-1] + ("{full}", "--force"), "did not write"),
+    ("config-not-toml", ("simulate", "--config", "{bad_toml}"), "not valid TOML"),
+    ("config-json-list", ("simulate", "--config", "{list_json}"), "expected a table"),
+    ("config-missing", ("simulate", "--config", "{tmp}/none.toml"), "no such file"),
+    ("nonmonotone-profile", ("simulate", "--config", "{nomono}", "--out", "{tmp}/o"), "falls as work grows"),
+    ("profile-with-1e-9-point", ("simulate", "--config", "{dip}", "--out", "{tmp}/o"), "falls as work grows"),
+    ("ablation-negative-seed", ("ablation", "--seeds", "-1", "--out", "{tmp}/o"), "--seeds"),
+    ("ablation-iterations-0", ("ablation", "--iterations", "0", "--out", "{tmp}/o"), "--iterations"),
+    ("sweep-jobs-0", SWEEP + ("--jobs", "0"), "--jobs"),
+    ("sweep-iterations-0", SWEEP + ("--iterations", "0"), "--iterations"),
+    ("sweep-negative-seed", SWEEP + ("--seeds", "-1"), "--seeds"),
+    ("sweep-two-bases", ("sweep", "--config", "{base_a}", "--grid", "{grid}", "--out", "{tmp}/o"), "--config"),
+    ("sweep-grid-not-a-table", ("sweep", "--grid", "{bad_grid}", "--out", "{tmp}/o"), "grid"),
+    ("sweep-out-under-a-file", SWEEP[:-1] + ("{a_file}/x",), "is a file"),
+    ("pipeline-overflowing-durations", ("pipeline", "--config", "{huge}", "--json"), "not a finite number"),
+    ("pipeline-virtual-stages-0", ("pipeline", "--config", "{huge}", "--virtual-stages", "0"),
+     "--virtual-stages"),
+    ("train-port-out-of-range", ("train", "--config", "{example}", "--master-port", "99999"), "--master-port"),
+    ("train-nproc-0", ("train", "--config", "{example}", "--nproc", "0"), "--nproc"),
+    ("validate-rounds-0", ("validate", "--config", "{example}", "--rounds", "0"), "--rounds"),
+    ("validate-without-config", ("validate",), "--config"),
+    ("profile-repeats-0", ("profile", "--out", "{tmp}/p", "--repeats", "0"), "--repeats"),
+]
+
+
+@pytest.mark.parametrize("argv,needle", [pytest.param(a, n, id=i) for i, a, n in TABLE])
+def test_bad_input_is_one_line_exit_2(files, run_cli, argv, needle):
+    before = sorted(p.name for p in files["tmp"].iterdir())
+    r = run_cli(*(a.format(**files) for a in argv))
+    assert r.code == 2, (r.code, r.err)
+    lines = [ln for ln in r.err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, r.err
+    assert needle in lines[0] and "Traceback" not in r.err
+    assert sorted(p.name for p in files["tmp"].iterdir()) == before, "output created for a refused input"
+    assert (files["full"] / "keep.txt").read_text() == "someone's results"
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (("--seq-lens", "64"), "--seq-lens"),          # one point cannot be interpolated
+    (("--budgets", "2,2"), "--budgets"),
+    (("--out", "{a_file}"), "--out"),              # an existing file: refused before measuring
+])
+def test_profile_refuses_before_measuring(files, run_cli, monkeypatch, flags, needle):
+    pytest.importorskip("torch")
+    import sparsebalance.kernels.profiler as prof
+
+    monkeypatch.setattr(prof, "run_profile", lambda *a, **k: pytest.fail("measured a refused input"))
+    argv = ["profile", "--out", str(files["tmp"] / "p"), *(f.format(**files) for f in flags)]
+    r = run_cli(*argv)
+    assert r.code == 2 and needle in r.err and len(r.err.strip().splitlines()) == 1
+
+
+def test_nonmonotone_profile_accepted_on_request_with_the_points_named(files, run_cli):
+    r = run_cli("simulate", "--config", files["dip"], "--out", files["tmp"] / "o", "--no-trace",
+                "--allow-nonmonotone", "-v")
+    assert r.code == 0, r.err
+    assert "attn_fwd at budget 4: seq_len 128 -> 256 falls" in r.err

@@ -1,0 +1,65 @@
+"""dst-cp and sab-order decide exactly as before the timing core (reference copies of the old logic
+in reference_decisions.py): same budgets, same orders, same predicted seconds, on seeded cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from reference_decisions import OldCriticalPathDST, OldScheduleAwareOrder
+
+from sparsebalance.data.sequence import Sequence
+from sparsebalance.policies.base import PolicyContext
+from sparsebalance.policies.config import PolicyConfig
+from sparsebalance.policies.coverage import make_coverage_model
+from sparsebalance.policies.critical import CriticalPathDST
+from sparsebalance.policies.ordering import ScheduleAwareOrder
+from sparsebalance.simulator.config import ClusterConfig, ModelConfig
+from sparsebalance.simulator.plan import Plan
+
+MODEL = ModelConfig(name="qwen2.5-3b-8l", hidden=2048, layers=8, heads=16, kv_heads=2, head_dim=128,
+                    ffn=11008, vocab=151936, tie_embeddings=True, block_size=2048)
+CASES = [  # dp, pp, m, schedule, virtual stages, seed, policy overrides
+    (2, 4, 12, "1f1b", 1, 0, {}),
+    (3, 2, 7, "1f1b", 1, 1, {"cp_raise_tol": 0.02}),
+    (2, 3, 5, "gpipe", 1, 2, {"p": 0.3}),
+    (2, 2, 4, "interleaved", 2, 3, {}),
+    (1, 4, 30, "1f1b", 1, 4, {"cp_rounds": 8}),
+    (4, 2, 6, "1f1b", 1, 5, {"k0": 8, "k_max": 16, "p": 0.2}),
+]
+
+
+def context(dp, pp, m, schedule, v, seed, overrides, batching="sab"):
+    from sparsebalance.simulator.latency import load_latency_model
+
+    cluster = ClusterConfig(pp=pp, dp=dp, global_batch=dp * m, schedule=schedule, virtual_stages=v)
+    lm = load_latency_model("analytical-h200", MODEL, cluster)
+    pol = PolicyConfig(batching=batching, tuning="dst-cp", **({"k0": 16, "k_max": 32} | overrides))
+    rng = np.random.default_rng(seed)
+    lengths = np.exp(rng.uniform(np.log(2048), np.log(64 * 1024), dp * m)).astype(int)
+    seqs = [Sequence(id=i, length=int(L), sensitivity=float(np.exp(rng.normal(0, .5))))
+            for i, L in enumerate(lengths)]
+    ctx = PolicyContext(model=MODEL, cluster=cluster, policy=pol, latency=lm,
+                        coverage=make_coverage_model(MODEL, pol, seed=seed))
+    return seqs, ctx
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_dst_cp_budgets_unchanged(case):
+    seqs, ctx = context(*case)
+    dp, m = case[0], case[2]
+    rng = np.random.default_rng(case[5])
+    order = rng.permutation(len(seqs))
+    plan = Plan.from_lists([[[seqs[order[r * m + j]]] for j in range(m)] for r in range(dp)])
+    new, old = CriticalPathDST(ctx.policy), OldCriticalPathDST(ctx.policy)
+    assert new.budgets(plan, ctx) == old.budgets(plan, ctx)
+    assert new.stats == old.stats
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_sab_order_plans_unchanged(case):
+    seqs, ctx = context(*case, batching="sab-order")
+    for cap in (60, 400):
+        new, old = ScheduleAwareOrder(ctx.policy, max_evaluations=cap), \
+            OldScheduleAwareOrder(ctx.policy, max_evaluations=cap)
+        assert new.plan(seqs, ctx) == old.plan(seqs, ctx)
+        assert new.stats == old.stats

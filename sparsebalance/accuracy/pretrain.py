@@ -39,9 +39,9 @@ class PretrainConfig:
     """Most steps of phase 1 (dense, short examples; stops at ``target``)."""
     warmup_length: int = 128
     """Longest example of phase 1."""
-    moba_steps: int = 1000
+    moba_steps: int = 1500
     """Steps of phase 2 (MoBA at k0, full length mix)."""
-    extra_steps: int = 2000
+    extra_steps: int = 1500
     """Most further phase-2 steps while the shortest bucket is below ``target``."""
     batch: int = 32
     """Examples per step of phase 1."""

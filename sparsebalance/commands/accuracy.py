@@ -48,9 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="seed of the weights and the data (default 0)")
     g.add_argument("--warmup-steps", type=int, default=None,
                    help="most dense steps on short examples (default 8000; stops at --target)")
-    g.add_argument("--moba-steps", type=int, default=None, help="MoBA steps on the full mix (default 1000)")
+    g.add_argument("--moba-steps", type=int, default=None, help="MoBA steps on the full mix (default 1500)")
     g.add_argument("--extra-steps", type=int, default=None,
-                   help="most further MoBA steps while below --target (default 2000)")
+                   help="most further MoBA steps while below --target (default 1500)")
     g.add_argument("--target", type=float, default=None, help="stop at this shortest-bucket accuracy")
 
 

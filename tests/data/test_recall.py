@@ -17,32 +17,41 @@ from sparsebalance.data.recall import (
 from sparsebalance.errors import ConfigError
 
 
+@pytest.mark.parametrize("pairs_as,queries", [("one", "sample"), ("two", "each"), ("two", "sample")])
 @pytest.mark.parametrize("length", [min_length(4), 64, 257, 1024])
-def test_example_structure_and_answers(length):
-    task = RecallTask(RecallConfig(pairs=4))
-    e = task.example(TRAIN, 7, length)
+def test_example_structure_and_answers(length, pairs_as, queries):
+    cfg = RecallConfig(pairs=4, pairs_as=pairs_as, queries=queries, n_keys=10, n_values=10)
+    e = RecallTask(cfg).example(TRAIN, 7, length)
     t = e.tokens
     assert len(t) == length and t.dtype == np.int64
     ctx = length - 1 - 2 * 4
     assert t[ctx] == SEPARATOR and np.all(e.positions == ctx + 1 + 2 * np.arange(4))
     keys, answers = t[e.positions], e.answers
-    assert len(set(keys.tolist())) == 4 and np.all((keys >= KEY0) & (keys < VALUE0))
-    assert len(set(answers.tolist())) == 4 and np.all(answers >= VALUE0)
-    # the answer of each query is the token after the same key in the context (brute force)
+    assert np.all((keys >= KEY0) & (keys < KEY0 + 10)) and np.all((answers >= VALUE0) & (answers < VALUE0 + 10))
+    if queries == "each":
+        assert len(set(keys.tolist())) == 4
+    # brute force: decode every pair of the context, then each query's answer is its key's value
+    if pairs_as == "two":
+        spots = np.flatnonzero((t[:ctx] >= KEY0) & (t[:ctx] < KEY0 + 10))
+        table = {int(t[i]): int(t[i + 1]) for i in spots}
+        used = np.concatenate([spots, spots + 1])
+    else:
+        spots = np.flatnonzero(t[:ctx] != FILLER)
+        code = t[spots] - KEY0 - 10
+        table = {KEY0 + int(c // 10): VALUE0 + int(c % 10) for c in code}
+        used = spots
+    assert len(table) == 4 and len(set(table.values())) == 4
     for k, v in zip(keys, answers):
-        where = np.flatnonzero(t[:ctx] == k)
-        assert len(where) == 1 and t[where[0] + 1] == v
-    others = np.setdiff1d(np.arange(ctx), np.concatenate([np.flatnonzero(np.isin(t[:ctx], keys)) + d
-                                                          for d in (0, 1)]))
-    assert np.all(t[others] == FILLER)
+        assert table[int(k)] == v
+    assert np.all(t[np.setdiff1d(np.arange(ctx), used)] == FILLER)
 
 
 def test_pairs_fall_in_different_blocks_when_there_is_room():
     task = RecallTask(RecallConfig(pairs=4))
     for i in range(20):
         e = task.example(TRAIN, i, 1024)
-        keys = e.tokens[e.positions]
-        blocks = {int(np.flatnonzero(e.tokens == k)[0]) // 32 for k in keys}
+        ctx = 1024 - 9
+        blocks = {int(p) // 32 for p in np.flatnonzero(e.tokens[:ctx] != FILLER)}
         assert len(blocks) == 4
 
 
@@ -70,6 +79,8 @@ def test_length_mix_is_a_truncated_pareto():
 
 
 @pytest.mark.parametrize("kw,field", [({"pairs": 0}, "pairs"), ({"n_keys": 200}, "n_keys"),
+                                      ({"n_keys": 20, "n_values": 20}, "n_values"),
+                                      ({"queries": "all"}, "queries"), ({"pairs_as": "three"}, "pairs_as"),
                                       ({"min_length": 10}, "min_length"),
                                       ({"max_length": 32}, "max_length"), ({"tail": -1}, "tail")])
 def test_bad_config(kw, field):

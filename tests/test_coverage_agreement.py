@@ -7,7 +7,7 @@
    fitted rate within MAX_ABS_ERR_RANDOM (max over sequences and k; measured 0.006 at q/k scale 1,
    0.046 at scale 3: the power law is a model, not the truth).
 3. Fitted, the shipped pretrained checkpoint's q/k on held-out recall examples, at the layer DST
-   watches: within MAX_ABS_ERR_CHECKPOINT (see docs/coverage.md for the measured value).
+   watches (layer 0): within MAX_ABS_ERR_CHECKPOINT (measured 0.020, rate 0.90; docs/coverage.md).
 """
 
 import math
@@ -21,7 +21,7 @@ from sparsebalance.kernels import moba_coverage
 from sparsebalance.policies.coverage import fit_rate, parametric_curve
 
 MAX_ABS_ERR_RANDOM = 0.06
-MAX_ABS_ERR_CHECKPOINT = 0.06
+MAX_ABS_ERR_CHECKPOINT = 0.03
 
 
 def _law_qk(L: int, B: int, D: int, rate: float, shape: str):

@@ -12,8 +12,9 @@ Curriculum (each phase a fresh stream of training examples, AdamW, linear warm-u
    route queries to the block holding their key.
 
 Then the coverage fit: real gate coverage of held-out examples at every layer (kernel code), the
-parametric model fitted per layer (``policies.coverage.fit_rate``); the layer DST watches and its
-rate go into ``checkpoint.json`` with the seed, the command, the CPU and wall time and the load.
+parametric model fitted per layer (``policies.coverage.fit_rate``); the layer DST watches (the one
+with the lowest coverage at k0: its floors are the most cautious) and its rate go into
+``checkpoint.json`` with the seed, the command, the CPU and wall time and the load.
 """
 
 from __future__ import annotations
@@ -162,7 +163,9 @@ def pretrain(net: NetConfig, task_cfg: RecallConfig, cfg: PretrainConfig, bucket
                     break
     cpu, wall, load1 = time.process_time() - cpu0, time.time() - wall0, os.getloadavg()[0]
     fits = fit_layers(model, task, buckets, cfg.coverage_examples, B, cfg.k0)
-    best = min(fits, key=lambda f: f["max_abs_error"])
+    # DST watches the layer whose gate is flattest at k0 (lowest coverage): the one a smaller budget
+    # costs most, so its floors are the most cautious
+    best = min(fits, key=lambda f: f["measured_coverage_at_k0"])
     record = {
         "seed": net.seed, "command": command, "pretrain": asdict(cfg), "buckets": buckets,
         "steps": step, "cpu_time_s": round(cpu, 1), "wall_time_s": round(wall, 1),

@@ -41,7 +41,7 @@ def naive_selection(q: Any, k: Any, block_size: int, topk: int) -> Any:
     """
     import torch
 
-    L, H, D = q.shape
+    L, H, _ = q.shape
     group = H // k.shape[1]
     nb = -(-L // block_size)
     gd = _gate_dtype(q.dtype)
@@ -111,7 +111,7 @@ def moba_coverage_naive(q: Any, k: Any, cu_seqlens: Any, block_size: int, topks:
     (mean over routed (token, head) pairs of the ``k - 1`` largest past-block probabilities)."""
     import torch
 
-    T, H, D = q.shape
+    _, H, D = q.shape
     group = H // k.shape[1]
     bounds = [int(x) for x in cu_seqlens.tolist()]
     ks = [int(x) for x in topks]

@@ -59,6 +59,7 @@ def _bad(argv, capsys, field):
     (["--heldout", "0"], "heldout"),
     (["--buckets", "64,4096"], "buckets"),     # beyond the model's 2,048 positions
     (["--jobs", "0"], "--jobs"),
+    (["--base", "sparse"], "base"),
 ])
 def test_bad_arguments(argv, field, ckpt, tmp_path, capsys):
     _bad(["--checkpoint", str(ckpt), "--out", str(tmp_path), *argv], capsys, field)

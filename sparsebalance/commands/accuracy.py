@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--buckets", default=None, help="held-out lengths (default 64,256,1024)")
     g.add_argument("--heldout", type=int, default=None, help="held-out examples per bucket (default 128)")
     g.add_argument("--coverage-agg", default=None, help="micro-batch coverage: tokens (default) or min")
+    g.add_argument("--base", default="dense,fixed",
+                   help="reference configurations run besides DST (default dense,fixed; fixed is the "
+                        "speedup reference)")
     g = p.add_argument_group("pretrain")
     g.add_argument("--seed", type=int, default=0, help="seed of the weights and the data (default 0)")
     g.add_argument("--warmup-steps", type=int, default=None,
@@ -69,7 +72,7 @@ def _experiment(args):
     from sparsebalance.accuracy.experiment import ExperimentConfig, quick
 
     over = {"seeds": _list(args.seeds, "seeds", int), "anchors": _list(args.anchors, "anchors"),
-            "ps": _list(args.ps, "ps", float)}
+            "ps": _list(args.ps, "ps", float), "base": _list(args.base, "base")}
     for flag, key in (("steps", "steps"), ("k0", "k0"), ("heldout", "heldout"),
                       ("coverage_agg", "coverage_agg")):
         if getattr(args, flag) is not None:

@@ -6,13 +6,13 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint bench clean
+.PHONY: install demo test test-fast lint bench gpu-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[train,dev]'
+	$(PY) -m pip install --quiet -e '.[train,dev,cluster]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -25,6 +25,11 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not gpu and not slow" -p no:cacheprovider
+
+# On a CUDA machine: kernel accuracy (compiled) and speed, CUDA profiles, single-GPU stage validation,
+# NCCL validate with 2+ GPUs; one results directory with summary.md. Exits 2 without CUDA.
+gpu-check: $(STAMP)
+	$(PY) -m sparsebalance gpu-check
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sparsebalance tests benchmarks

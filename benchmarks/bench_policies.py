@@ -8,7 +8,12 @@ the median and min are the steadier figures, and ``cpu_median_ms`` (this process
 discounts time the scheduler gave to other processes.
 Targets (issue 3): < 1 ms at 16, < 100 ms at 4,096.
 
-    python benchmarks/bench_policies.py [--iterations 20]
+Beyond the paper (issue 13): ``sab-order``'s plan (SAB's packing + reordering; the reordering part
+alone beside it) and ``dst-cp``'s budgets on SAB's plans, at the same sizes; targets at 4,096:
+sab-order < 50 ms, dst-cp < 100 ms. ``--reference`` also times the logic they replaced (the copies
+in tests/policies/reference_decisions.py, same decisions) on a few iterations.
+
+    python benchmarks/bench_policies.py [--iterations 20] [--reference] [--only-beyond]
 """
 
 from __future__ import annotations
@@ -79,13 +84,74 @@ def packer_gain(gb: int, iterations: int) -> dict:
             "rank_gain_pct": 100 * (1 - out["lpt-swap"][1] / out["lpt"][1])}
 
 
+def bench_beyond(gb: int, iterations: int, reference: bool = False) -> dict:
+    """Per iteration: sab-order's plan (ms) and, on SAB's plan, dst-cp's budgets (ms); medians over
+    iterations after the first (cold caches), each on fresh data as in :func:`bench`."""
+    from dataclasses import replace
+
+    from sparsebalance.policies.critical import CriticalPathDST
+    from sparsebalance.policies.ordering import ScheduleAwareOrder
+    from sparsebalance.policies.sab import SparsityAware
+
+    seqs, ctx, _, _ = setup(gb)
+    pol = replace(ctx.policy, batching="sab-order", tuning="dst-cp")
+    ctx.policy = pol
+    if reference:
+        import sys
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "policies"))
+        from reference_decisions import OldCriticalPathDST, OldScheduleAwareOrder
+
+        order, cp = OldScheduleAwareOrder(pol), OldCriticalPathDST(pol)
+    else:
+        order, cp = ScheduleAwareOrder(pol), CriticalPathDST(pol)
+    sab = SparsityAware(pol)
+    t_order, t_sab, t_cp, c_order, c_cp = [], [], [], [], []
+    for it in range(iterations + 1):
+        batch = seqs[(it % 8) * gb:(it % 8 + 1) * gb]
+        t0, c0 = time.perf_counter(), time.process_time()
+        order.plan(batch, ctx)
+        t1, c1 = time.perf_counter(), time.process_time()
+        plan = sab.plan(batch, ctx)
+        t2, c2 = time.perf_counter(), time.process_time()
+        budgets = cp.budgets(plan, ctx)
+        t3, c3 = time.perf_counter(), time.process_time()
+        c_order.append((c1 - c0) * 1e3)
+        c_cp.append((c3 - c2) * 1e3)
+        order.observe(plan, budgets, None)
+        sab.observe(plan, budgets, None)
+        t_order.append((t1 - t0) * 1e3)
+        t_sab.append((t2 - t1) * 1e3)
+        t_cp.append((t3 - t2) * 1e3)
+    med = lambda x: float(np.median(x[1:])) if len(x) > 1 else float(x[0])
+    return {"global_batch": gb, "microbatches": plan.dp * plan.num_microbatches,
+            "sab_order_ms": med(t_order), "sab_ms": med(t_sab),
+            "reorder_ms": med(t_order) - med(t_sab), "dst_cp_ms": med(t_cp),
+            "dst_cp_min_ms": float(np.min(t_cp[1:] or t_cp)), "first_dst_cp_ms": t_cp[0],
+            "sab_order_cpu_ms": med(c_order), "dst_cp_cpu_ms": med(c_cp)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=20)
+    ap.add_argument("--reference", action="store_true", help="also time the replaced logic")
+    ap.add_argument("--only-beyond", action="store_true", help="only sab-order and dst-cp")
     args = ap.parse_args(argv)
     sizes = (16, 256, 4096)
+    beyond = pd.DataFrame([bench_beyond(gb, args.iterations if gb < 4096 else max(5, args.iterations // 2))
+                           for gb in sizes])
+    print("sab-order plan and dst-cp budgets per iteration (ms, median)")
+    print(beyond.round(2).to_string(index=False))
+    if args.reference:
+        old = pd.DataFrame([bench_beyond(gb, 2 if gb == 4096 else 5, reference=True) for gb in sizes])
+        print("\nthe same with the replaced logic (same decisions)")
+        print(old.round(1).to_string(index=False))
+    if args.only_beyond:
+        return 0
     rows = [bench(gb, args.iterations if gb < 4096 else max(5, args.iterations // 2)) for gb in sizes]
     df = pd.DataFrame(rows)
+    print()
     df["target_ms"] = df.global_batch.map({16: 1.0, 4096: 100.0})
     print("SAB + DST decision time per iteration (ms)")
     print(df.round(3).to_string(index=False))

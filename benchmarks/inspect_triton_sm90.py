@@ -1,6 +1,6 @@
 """Compile the MoBA Triton kernels for Hopper (sm_90a) without a GPU and report what ptxas made of them.
 
-For bf16 inputs, head_dim 128, block 128 and each candidate launch config, prints registers per
+For bf16 inputs, head_dim 128 (``--head-dim``), block 128 (``--block``) and each candidate launch config, prints registers per
 thread, spill stores/loads (bytes), static shared memory (bytes), and the number of wgmma
 instructions in the PTX (0 means tl.dot fell back to mma.sync). Used to pick ``launch_config``.
 
@@ -19,9 +19,9 @@ import sys
 import tempfile
 
 CONSTEXPRS = ("D", "BLOCK", "BLOCK_M", "BLOCK_N", "K1P", "F32_DOT", "PREC")
-BF16_PTRS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV"}
-FP32_PTRS = {"LSE", "DELTA"}
-INT_SCALARS = {"T", "H", "G", "U"}
+BF16_PTRS = {"Q", "K", "V", "O", "DO", "PO"}
+FP32_PTRS = {"LSE", "DELTA", "PL", "DQ", "DK", "DV"}  # gradients accumulate in fp32 buffers (atomics)
+INT_SCALARS = {"T", "H", "G", "HKV"}
 
 
 def _signature(fn) -> dict[str, str]:
@@ -33,7 +33,7 @@ def _signature(fn) -> dict[str, str]:
             sig[a] = "*bf16"
         elif a in FP32_PTRS:
             sig[a] = "*fp32"
-        elif a.isupper() and a not in INT_SCALARS:
+        elif a.isupper() and a not in INT_SCALARS:  # CODES, ITEMS, TILES, SEL
             sig[a] = "*i32"  # index tables
         elif "scale" in a:
             sig[a] = "fp32"
@@ -69,11 +69,12 @@ def inspect(fn, bm: int, bn: int, warps: int, stages: int, *, d: int = 128, bloc
     from triton.compiler import ASTSource
 
     const = {"D": d, "BLOCK": block, "BLOCK_M": bm, "BLOCK_N": bn, "K1P": k1p, "F32_DOT": False, "PREC": "tf32"}
+    const = {a: c for a, c in const.items() if a in fn.arg_names}
     src = ASTSource(fn, _signature(fn), const)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
     ptx = k.asm["ptx"]
     usage = _ptxas_usage(ptx)
-    return dict(kernel=fn.__name__.strip("_"), BLOCK_M=bm, BLOCK_N=bn, warps=warps, stages=stages, **usage,
+    return dict(kernel=fn.__name__.strip("_").removesuffix("_kernel"), D=d, BLOCK_M=bm, BLOCK_N=bn, warps=warps, stages=stages, **usage,
                 smem=k.metadata.shared, wgmma=len(re.findall(r"wgmma\.mma_async", ptx)),
                 mma_sync=len(re.findall(r"\bmma\.sync", ptx)))
 
@@ -83,8 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         print("inspect_triton_sm90: unset TRITON_INTERPRET (it replaces the compiler)", file=sys.stderr)
         return 2
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--configs", nargs="*", default=["64x64x4x2", "64x64x4x3", "128x64x8x2", "64x128x8x2"])
-    ap.add_argument("--kernels", nargs="*", default=["fwd", "bwd_dq", "bwd_dkdv"])
+    ap.add_argument("--configs", nargs="*", default=["64x64x4x2", "64x64x8x2", "128x64x8x2", "64x128x8x2"])
+    ap.add_argument("--kernels", nargs="*", default=["fwd_past", "fwd_own_merge", "bwd_past", "bwd_own"])
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--block", type=int, default=128)
     args = ap.parse_args(argv)
     import pandas as pd
 
@@ -95,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         fn = getattr(ti, f"_{name}_kernel")
         for c in args.configs:
             bm, bn, w, s = map(int, c.split("x"))
-            rows.append(inspect(fn, bm, bn, w, s))
+            rows.append(inspect(fn, bm, bn, w, s, d=args.head_dim, block=args.block))
             print(rows[-1], file=sys.stderr, flush=True)
     df = pd.DataFrame(rows)
     print(df.to_markdown(index=False) if _has_tabulate() else df.to_string(index=False))

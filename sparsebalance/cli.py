@@ -36,6 +36,7 @@ VERBS = {
     "train": ("train", "run the real executor alone under torchrun (needs torch)"),
     "accuracy": ("accuracy", "recall accuracy of dense / fixed / SAB + DST training on a tiny model "
                              "(CPU; `accuracy pretrain` makes its base model)"),
+    "gpu-check": ("gpu_check", "on a CUDA GPU: kernel accuracy and speed, profiles, stage validation"),
 }
 
 

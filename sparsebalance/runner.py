@@ -38,6 +38,11 @@ def prepare(cfg: RunConfig) -> Prepared:
 
     batching = make_batching(cfg.policy)
     tuning = make_tuning(cfg.policy)
+    if cfg.policy.token_cap is None:  # micro-batches per rank are fixed: check the schedule runs them
+        from sparsebalance.simulator.schedules import validate_schedule
+
+        c = cfg.cluster
+        validate_schedule(c.schedule, c.pp, c.microbatches_per_rank, c.virtual_stages)
     latency = load_latency_model(cfg.profile, cfg.model, cfg.cluster, base_dir=cfg.base_dir,
                                  extrapolate=cfg.latency_extrapolate,
                                  allow_nonmonotone=cfg.allow_nonmonotone)

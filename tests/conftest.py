@@ -32,3 +32,21 @@ def run_cli(capsys):
         return CliResult(code=int(code), out=out, err=err)
 
     return _run
+
+
+def _scaled_probe(profile, grid, factors):
+    """What a calibration probe returns on a machine exactly ``factors[op]`` times the profile:
+    the profile's own rows at the probe grid's points, scaled (deterministic, no timing)."""
+    t = profile.table
+    attn = t["op"].isin(["attn_fwd", "attn_bwd"])
+    keep = ((attn & t["seq_len"].isin(grid.seq_lens) & t["budget"].isin(grid.budgets))
+            | (~attn & (t["op"] != "optim") & t["seq_len"].isin(grid.tokens)))
+    out = t[keep].copy()
+    out["latency_s"] = out["latency_s"] * out["op"].map(factors)
+    return out
+
+
+@pytest.fixture
+def scaled_probe():
+    """``scaled_probe(profile, grid, factors)``: an exact fake of the calibration probe."""
+    return _scaled_probe

@@ -61,3 +61,20 @@ def test_bad_config_is_one_line_exit_2(tmp_path, run_cli, override, needle):
 def test_missing_config(tmp_path, run_cli):
     r = run_cli("simulate", "--config", tmp_path / "none.toml")
     assert r.code == 2 and "no such file" in r.err
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (("cluster.schedule=zbv", "cluster.virtual_stages=3"), "virtual_stages: zbv places exactly 2 stages"),
+    (("cluster.schedule=dualpipev",), "virtual_stages: dualpipev places exactly 2 stages"),
+    (("cluster.schedule=dualpipev", "cluster.virtual_stages=2", "cluster.global_batch=16"),
+     "dualpipev needs at least 2 x pp = 8 micro-batches"),
+    (("cluster.schedule=zb-h1", "cluster.global_batch=36"), "zb-h1 needs a multiple of rounds"),
+    (("cluster.tp=3", "cluster.dp=2"), "must divide model.heads"),
+])
+def test_schedules_and_meshes_the_model_cannot_run(tmp_path, run_cli, overrides, needle):
+    sets = [a for o in overrides for a in ("--set", o)]
+    r = run_cli("simulate", "--config", EXAMPLE, "--out", tmp_path / "o", *sets, "--no-progress")
+    assert r.code == 2, r.err
+    lines = r.err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.err
+    assert not (tmp_path / "o").exists()

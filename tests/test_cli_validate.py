@@ -159,15 +159,26 @@ def test_end_to_end_replays_the_runs_own_plans(tmp_path, run_cli):
 
     out = tmp_path / "val"
     r = run_cli("validate", "--config", _cfg(tmp_path), "--json", "--out", out, "--master-port", "29677",
-                "--rounds", "2")
+                "--rounds", "2", "--profile-as-is")
     assert r.code == 0, r.err[-3000:]
     summary = json.loads(r.out)
     for key in ("mean_abs_error", "predicted_speedup", "measured_speedup", "ranking_agrees",
-                "warmup_excluded", "mean_abs_error_per_run", "measured_speedup_by_round"):
+                "warmup_excluded", "mean_abs_error_per_run", "measured_speedup_by_round",
+                "measured_speedup_ci95", "ranking_resolved", "host", "calibration"):
         assert key in summary
+    assert summary["calibration"]["status"] == "as-is"
+    # a CI needs 2 rounds: it brackets the pooled figure's per-round values' geometric mean
+    lo, hi = summary["measured_speedup_ci95"]
+    assert lo <= np.exp(np.mean(np.log(list(summary["measured_speedup_by_round"].values())))) <= hi
+    runs = pd.read_csv(out / "runs.csv")
+    assert len(runs) == 4 and (runs["cpu_busy"] > 0).all() and (runs["cpu_busy"] <= 1.05).all()
+    assert runs["foreign_cores"].notna().all() and (runs["own_cpu_s"] > 0).all()
+    tr = pd.read_csv(out / "runs" / "baseline" / "round0" / "measured_trace.csv")
+    fb = tr[tr["op"].isin(["F", "B"])]
+    assert fb["cpu_s"].notna().all() and (fb["cpu_s"] <= (fb["end_s"] - fb["start_s"]) * 1.05 + 1e-3).all()
     assert summary["warmup_excluded"] is True and summary["rounds"] == 2
     for f in ("config.toml", "iterations.csv", "stages.csv", "ops.csv", "op_summary.csv",
-              "actions.csv", "speedup.csv", "summary.json", "validate.png", "validate.svg"):
+              "actions.csv", "speedup.csv", "runs.csv", "summary.json", "validate.png", "validate.svg"):
         assert (out / f).stat().st_size > 0, f
     its = pd.read_csv(out / "iterations.csv")
     cfg = load_run_config(tmp_path / "run.toml")

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from sparsebalance.errors import ConfigError
+from sparsebalance.simulator.trace import WORK_OPS
 
 
 def _need_columns(df: pd.DataFrame, cols: Seq[str], what: str) -> None:
@@ -71,9 +72,10 @@ def iteration_times(trace: pd.DataFrame) -> pd.DataFrame:
 
 
 def stage_busy(trace: pd.DataFrame) -> pd.DataFrame:
-    """Per (iteration, dp_rank, stage): ``busy_s`` = summed duration of its F and B actions (s)."""
+    """Per (iteration, dp_rank, stage): ``busy_s`` = summed duration of its F and B (or I, W)
+    actions (s)."""
     _need_columns(trace, ["iteration", "dp_rank", "stage", "op", "start_s", "end_s"], "trace")
-    fb = trace[trace["op"].isin(["F", "B"])]
+    fb = trace[trace["op"].isin(WORK_OPS)]
     busy = (fb["end_s"] - fb["start_s"]).groupby(
         [fb["iteration"], fb["dp_rank"], fb["stage"]], sort=True).sum()
     return busy.rename("busy_s").reset_index()

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 #: Colour per op: F and B clearly apart, communication and optimizer muted; idle stays white.
-COLOURS = {"F": "#4C72B0", "B": "#DD8452", "P2P": "#8C8C8C", "ALLREDUCE": "#55A868", "OPTIM": "#C44E52"}
+COLOURS = {"F": "#4C72B0", "B": "#DD8452", "I": "#E9A66F", "W": "#8172B3", "P2P": "#8C8C8C",
+           "ALLREDUCE": "#55A868", "OPTIM": "#C44E52"}
 
 
 SVG_MAX_ACTIONS = 20_000
@@ -52,7 +53,7 @@ def plot_timeline(trace, path: str | Path, iteration: int = 0, title: str = "",
     # micro-batch numbers on wide enough F/B bars
     if len(df):
         total = (df["end_s"].max()) * scale
-        fb = df[df["op"].isin(["F", "B"])]
+        fb = df[df["op"].isin(["F", "B", "I", "W"])]
         if len(fb) <= 600:
             for row in fb.itertuples(index=False):
                 w = (row.end_s - row.start_s) * scale
@@ -65,7 +66,8 @@ def plot_timeline(trace, path: str | Path, iteration: int = 0, title: str = "",
     ax.set_xlabel(f"time ({unit})")
     note = f" (first {len(shown)} of {len(ranks)} DP ranks)" if len(shown) < len(ranks) else ""
     ax.set_title((title or "pipeline timeline") + f", iteration {iteration}{note}", fontsize=10, loc="left")
-    ax.legend(handles=[Patch(color=c, label=k) for k, c in COLOURS.items()], ncol=5, fontsize=7,
+    present = set(df["op"]) | {"F", "B", "P2P", "ALLREDUCE", "OPTIM"}  # I, W only when split
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in COLOURS.items() if k in present], ncol=7, fontsize=7,
               loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()

@@ -19,8 +19,9 @@ import numpy as np
 import pandas as pd
 
 from sparsebalance.analysis.compare import compare, mean_abs_error, speedup_table, stage_busy
+from sparsebalance.simulator.trace import WORK_OPS
 
-OPS = ("F", "B", "P2P", "ALLREDUCE", "OPTIM")
+OPS = ("F", "B", "I", "W", "P2P", "ALLREDUCE", "OPTIM")
 """Trace ops; a measured P2P row is a receive *wait* (idle included), a predicted one the transfer."""
 
 
@@ -97,16 +98,22 @@ def op_table(side: Side, *, warmup_excluded: bool) -> pd.DataFrame:
 
 def action_table(side: Side, *, warmup_excluded: bool) -> pd.DataFrame:
     """Row for row: every F and B action (iteration, dp_rank, stage, microbatch, op) predicted vs
-    measured seconds, with its tokens and budget from the measured trace."""
+    measured seconds, with its tokens and budget from the measured trace, and where realrun
+    recorded them the thread's CPU and system seconds and minor page faults of the action."""
     key = ["iteration", "dp_rank", "stage", "microbatch", "op"]
 
     def dur(tr: pd.DataFrame) -> pd.DataFrame:
-        fb = tr[tr["op"].isin(["F", "B"])]
+        fb = tr[tr["op"].isin(WORK_OPS)]
         return fb.assign(seconds=fb["end_s"] - fb["start_s"])[[*key, "seconds", "tokens", "budget"]]
 
     meas = dur(side.measured_trace)
     t = compare(dur(side.predicted_trace), meas, key, "seconds")
     t = t.merge(meas[[*key, "tokens", "budget"]], on=key)
+    if "cpu_s" in side.measured_trace:  # the worker thread's CPU seconds: the action without waits
+        cpu = side.measured_trace[[*key, *[c for c in ("cpu_s", "sys_s", "minflt", "nivcsw")
+                                          if c in side.measured_trace]]]
+        t = t.merge(cpu.rename(columns={"cpu_s": "measured_cpu", "sys_s": "measured_sys"}), on=key,
+                    how="left")
     return _tag(t, side, warmup_excluded)
 
 
@@ -133,8 +140,13 @@ def headline(iterations: pd.DataFrame, baseline: str, policy: str, *, warmup_exc
         if set(g["policy"]) >= {baseline, policy}:
             by_round[int(r)] = float(speedup_table(g, baseline).set_index("policy")
                                      .loc[policy, "measured_speedup"])
+    from sparsebalance.analysis.uncertainty import speedup_ci
+
+    ci = speedup_ci(list(by_round.values()))
+    resolved = None if ci["lo"] is None else bool(ci["lo"] > 1.0 or ci["hi"] < 1.0)
     return {
         "mean_abs_error": mean_abs_error(pooled),
+        "mean_abs_error_by_call_round": _error_by_round(counted),
         "mean_abs_error_per_run": mean_abs_error(counted),
         "mean_abs_error_with_warmup": mean_abs_error(pooled_all),
         "mean_abs_error_by_policy": per_policy,
@@ -142,6 +154,9 @@ def headline(iterations: pd.DataFrame, baseline: str, policy: str, *, warmup_exc
         "predicted_speedup": pred,
         "measured_speedup": meas,
         "measured_speedup_by_round": by_round,
+        "measured_speedup_ci95": None if ci["lo"] is None else [ci["lo"], ci["hi"]],
+        "measured_speedup_se_log": ci["se_log"],
+        "ranking_resolved": resolved,
         "speedup_delta_pct": (pred - meas) / meas * 100.0,
         "ranking_agrees": bool(np.sign(pred - 1.0) == np.sign(meas - 1.0)),
         "baseline": baseline,
@@ -149,6 +164,55 @@ def headline(iterations: pd.DataFrame, baseline: str, policy: str, *, warmup_exc
         "rounds": int(counted["round"].nunique()) if "round" in counted else 1,
         "iterations_counted": int(counted["iteration"].nunique()),
     }
+
+
+def _error_by_round(counted: pd.DataFrame) -> dict[int, float]:
+    """Mean |delta| of each round's counted iterations (both policies): the spread over rounds."""
+    if "round" not in counted:
+        return {}
+    return {int(r): mean_abs_error(g) for r, g in counted.groupby("round", sort=True)}
+
+
+def run_table(sides: list[Side], loads: list[dict], *, warmup_excluded: bool) -> pd.DataFrame:
+    """One row per real run: mean counted iteration time measured and predicted, the host's load
+    during it (``foreign_cores``: other processes' CPU, ``steal_cores``), and from the measured
+    trace the F/B actions' CPU share of their wall time (``cpu_busy``: 1 = never descheduled),
+    system share of that CPU and minor page faults per action (see kernels/cpuclock.py)."""
+    rows = []
+    load = {(d["policy"], d["round"]): d for d in loads}
+    for sd in sides:
+        mm, pm = sd.measured_metrics, sd.predicted_metrics
+        keep = (mm["iteration"] > 0) if (warmup_excluded and len(mm) > 1) else mm["iteration"] >= 0
+        tr = sd.measured_trace
+        fb = tr[tr["op"].isin(["F", "B"]) & ((tr["iteration"] > 0) if warmup_excluded and len(mm) > 1
+                                             else tr["iteration"] >= 0)]
+        wall = float((fb["end_s"] - fb["start_s"]).sum())
+        has_cpu = "cpu_s" in fb and fb["cpu_s"].notna().any()
+        rows.append({
+            "policy": sd.policy, "round": sd.round,
+            "measured_s": float(mm.loc[keep, "iteration_time_s"].mean()),
+            "predicted_s": float(pm.loc[keep.to_numpy(), "iteration_time_s"].mean()),
+            "cpu_busy": float(fb["cpu_s"].sum() / wall) if has_cpu and wall > 0 else np.nan,
+            "sys_share": float(fb["sys_s"].sum() / fb["cpu_s"].sum()) if has_cpu else np.nan,
+            "minflt_per_action": float(fb["minflt"].mean()) if has_cpu else np.nan,
+            "nivcsw_per_action": float(fb["nivcsw"].mean()) if has_cpu and "nivcsw" in fb else np.nan,
+            **{k: v for k, v in load.get((sd.policy, sd.round), {}).items() if k not in ("policy", "round")},
+        })
+    t = pd.DataFrame(rows)
+    t["delta_pct"] = (t["predicted_s"] - t["measured_s"]) / t["measured_s"] * 100.0
+    return t
+
+
+def host_summary(runs: pd.DataFrame) -> dict:
+    """The machine's state over the call: other processes' load (mean, max over runs) and how much
+    of the F/B wall time the workers actually ran (``cpu_busy``)."""
+    def stat(col: str, fn) -> float | None:
+        return float(fn(runs[col])) if col in runs and runs[col].notna().any() else None
+
+    return {"foreign_cores_mean": stat("foreign_cores", np.nanmean),
+            "foreign_cores_max": stat("foreign_cores", np.nanmax),
+            "steal_cores_mean": stat("steal_cores", np.nanmean),
+            "cpu_busy_mean": stat("cpu_busy", np.nanmean), "cpu_busy_min": stat("cpu_busy", np.nanmin)}
 
 
 def round_means(iterations: pd.DataFrame) -> pd.DataFrame:

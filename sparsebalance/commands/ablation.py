@@ -55,6 +55,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", default="0,1,2,3,4",
                    help="comma-separated data seeds (default 0,1,2,3,4); >= 2 for a confidence interval")
     p.add_argument("--anchors", action="store_true", help="run the anchor x p study instead")
+    p.add_argument("--schedules", default=None, metavar="LIST",
+                   help="run the schedule study instead: SAB+DST and SAB+DST-CP under each of these "
+                        "schedules (e.g. 1f1b,interleaved,zb-h1,zbv,dualpipev) on DP4 x PP4 x TP2")
+    p.add_argument("--global-batch", type=positive_int, default=32,
+                   help="schedule study: sequences per iteration (default 32: DualPipeV needs 8 "
+                        "micro-batches per rank)")
     p.add_argument("--json", action="store_true", help="print the table as JSON (stdout) only")
     add_out(p, "results/ablation")
     add_output_flags(p)
@@ -143,6 +149,10 @@ def run(args) -> int:
     from sparsebalance.errors import ConfigError
     from sparsebalance.runconfig import dump_toml
 
+    if args.schedules is not None:  # the schedule study lives in its own module
+        from sparsebalance.commands.ablation_schedules import run_schedules
+
+        return run_schedules(args)
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:

@@ -1,10 +1,15 @@
-"""``sparsebalance pipeline --config FILE --schedule {gpipe,1f1b,interleaved} [--json [--ops]] [--out DIR]``.
+"""``sparsebalance pipeline --config FILE --schedule NAME [--json [--ops]] [--out DIR]``.
 
-Replays explicit durations through a schedule (``--virtual-stages N`` for interleaved). FILE (the
-durations JSON, docs/formats.md) holds seconds throughout::
+Replays explicit durations through a schedule (gpipe, 1f1b, interleaved with ``--virtual-stages
+N``, zb-h1, zbv, dualpipev). FILE (the durations JSON, docs/formats.md) holds seconds throughout::
 
     {"forward": [[f00, f01, ...], ...], "backward": [[...], ...],
      "p2p_latency": 0.0, "allreduce_time": 0.0, "optimizer_time": 0.0}
+
+The zero-bubble schedules (zb-h1, zbv, dualpipev) split a backward into its input-gradient and
+weight-gradient parts and need ``backward_input`` and ``backward_weight`` too (same shape);
+``backward`` is what a backward they run whole costs. zbv and dualpipev place two virtual stages
+per device in a V (rows = 2 x pp; row ``vs`` lives on device ``vs`` or ``2 pp - 1 - vs``).
 
 ``forward[s][j]`` is micro-batch j on (virtual) stage s; with the interleaved schedule there are
 pp x N rows, row ``c * pp + s`` being chunk c of physical stage s. For data parallelism:
@@ -37,16 +42,20 @@ from sparsebalance.commands._args import (
 )
 from sparsebalance.errors import ConfigError, check_finite
 
-_TOP_KEYS = {"forward", "backward", "replicas", "p2p_latency", "allreduce_time", "optimizer_time"}
+_MATRICES = ("forward", "backward", "backward_input", "backward_weight")
+"""Per-replica matrices (the last two only for the zero-bubble schedules)."""
+_TOP_KEYS = {*_MATRICES, "replicas", "p2p_latency", "allreduce_time", "optimizer_time"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config(p, help="durations JSON: seconds per stage and micro-batch (format: docs/formats.md)",
                positional=True)
-    p.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "interleaved"),
-                   help="pipeline schedule (default 1f1b)")
+    from sparsebalance.simulator.config import SCHEDULES
+
+    p.add_argument("--schedule", default="1f1b", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
     p.add_argument("--virtual-stages", type=positive_int, default=None, metavar="N",
-                   help="model chunks per stage for --schedule interleaved (default 2); rows = pp x N")
+                   help="model chunks per stage for --schedule interleaved (default 2; zbv and "
+                        "dualpipev: 2); rows = pp x N")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--ops", action="store_true",
                    help="with --json: add one record per action (F, B, P2P, ALLREDUCE, OPTIM)")
@@ -118,18 +127,26 @@ def load_durations(path: str | Path, schedule: str, virtual_stages: int):
         sources = [(r, f"replicas[{i}].") for i, r in enumerate(reps)]
     else:
         sources = [(data, "")]
-    fwd, bwd = [], []
+    mats: dict[str, list] = {k: [] for k in _MATRICES}
     for src, where in sources:
-        for key, out in (("forward", fwd), ("backward", bwd)):
+        for key in _MATRICES:
             if key not in src:
-                raise ConfigError(f"{where}{key}: missing key (seconds per stage and micro-batch)")
-            out.append(_matrix(src[key], where + key))
-        extra = sorted(set(src) - {"forward", "backward"}) if where else []
+                if key in ("forward", "backward"):
+                    raise ConfigError(f"{where}{key}: missing key (seconds per stage and micro-batch)")
+                continue
+            mats[key].append(_matrix(src[key], where + key))
+        extra = sorted(set(src) - set(_MATRICES)) if where else []
         if extra:
-            raise ConfigError(f"{where}{extra[0]}: unknown key; a replica has forward and backward")
+            raise ConfigError(f"{where}{extra[0]}: unknown key; a replica has forward and backward "
+                              "(and backward_input, backward_weight)")
+    for key in ("backward_input", "backward_weight"):
+        if mats[key] and len(mats[key]) != len(sources):
+            raise ConfigError(f"{key}: give it for every replica or for none")
+    fwd, bwd = mats["forward"], mats["backward"]
     shape = (len(fwd[0]), len(fwd[0][0]))
-    for i, (f, b) in enumerate(zip(fwd, bwd)):
-        for name, mat in (("forward", f), ("backward", b)):
+    for i in range(len(fwd)):
+        for name in (k for k in _MATRICES if mats[k]):
+            mat = mats[name][i]
             if (len(mat), len(mat[0])) != shape:
                 where = f"replicas[{i}].{name}" if len(fwd) > 1 else name
                 raise ConfigError(f"{where}: shape {len(mat)} x {len(mat[0])} differs from forward's "
@@ -138,9 +155,10 @@ def load_durations(path: str | Path, schedule: str, virtual_stages: int):
     if nv % virtual_stages:
         raise ConfigError(f"forward: {nv} rows is not a multiple of --virtual-stages {virtual_stages}")
     pp = nv // virtual_stages
+    split = {k: np.array(mats[k]) for k in ("backward_input", "backward_weight") if mats[k]}
     return PipelineInput(
         schedule=schedule, pp=pp, virtual_stages=virtual_stages, forward=np.array(fwd),
-        backward=np.array(bwd), p2p=_seconds(data.get("p2p_latency", 0.0), "p2p_latency"),
+        backward=np.array(bwd), **split, p2p=_seconds(data.get("p2p_latency", 0.0), "p2p_latency"),
         allreduce=_per_stage(data.get("allreduce_time", 0.0), "allreduce_time", pp),
         optimizer=_per_stage(data.get("optimizer_time", 0.0), "optimizer_time", pp))
 
@@ -151,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     take_positional_config(args)
     v = args.virtual_stages
     if v is None:
-        v = 2 if args.schedule == "interleaved" else 1
+        v = 2 if args.schedule in ("interleaved", "zbv", "dualpipev") else 1
     if args.ops and not args.json:
         raise ConfigError("--ops: only with --json (the table prints per-device figures)")
     inp = load_durations(args.config, args.schedule, v)
@@ -202,13 +220,13 @@ def _print_table(schedule: str, v: int, res) -> None:
     import pandas as pd
 
     dp, pp = res.device_busy.shape
-    print(f"schedule {schedule}" + (f" (virtual stages {v})" if schedule == "interleaved" else "")
+    print(f"schedule {schedule}" + (f" (virtual stages {v})" if v > 1 else "")
           + f", {dp} replica(s) x {pp} stage(s) x {res.microbatch_latency.shape[1]} micro-batches")
     print(f"iteration time   {res.iteration_time:.6g} s")
     print(f"bubble fraction  {res.bubble_fraction:.4f}")
     print(f"imbalance        {res.imbalance:.4f} (max/mean micro-batch F+B)")
     tr = res.trace
-    fb = tr[tr["op"].isin(["F", "B"])]
+    fb = tr[tr["op"].isin(["F", "B", "I", "W"])]
     per = fb.groupby(["dp_rank", "stage"]).agg(first_start_s=("start_s", "min"),
                                                last_end_s=("end_s", "max"))
     per["busy_s"] = res.device_busy.ravel()

@@ -48,7 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads (realrun uses 1)")
     p.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
     p.add_argument("--block-size", type=positive_int, default=None, help="override the preset's block size")
-    p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree (only 1 is measured)")
+    p.add_argument("--tp", type=positive_int, default=1,
+                   help="tensor-parallel degree: measure one TP rank's shard (heads, kv heads and MLP "
+                        "width / tp); the latency model adds the TP all-reduces (default 1)")
     p.add_argument("--concurrency", type=positive_int, default=1,
                    help="CPU: run this many copies of the measurement at once (the real run's "
                         "processes per host, pp x dp) and record the median over copies")
@@ -63,8 +65,6 @@ def run(args: argparse.Namespace) -> int:
     from sparsebalance.simulator.config import MODEL_PRESETS
     from sparsebalance.simulator.profile import FORMAT_VERSION, MODEL_DIMS, write_profile
 
-    if args.tp != 1:
-        raise ConfigError(f"--tp: only 1 can be measured on one device, got {args.tp}")
     if args.model is not None or args.config is None:
         check_choice(args.model or "tiny", "--model", MODEL_PRESETS)
         model = MODEL_PRESETS[args.model or "tiny"]()
@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         model = load_run_config(args.config).model
     if args.block_size is not None:
         model = replace(model, block_size=args.block_size)
+    shard = tp_shard(model, args.tp)
     import torch
 
     from sparsebalance.kernels.profiler import ProfileGrid, run_profile
@@ -93,22 +94,31 @@ def run(args: argparse.Namespace) -> int:
     # before measuring: a bad --out must not cost the measurement
     out_dir = resolve_out(args.out, args.out, force=args.force, verb="profile",
                           ours=lambda p: {c.name for c in p.iterdir()} <= {"profile.csv", "profile.json"})
-    table = run_profile(model, grid, progress=progress_enabled(args), concurrency=args.concurrency)
+    table = run_profile(shard, grid, progress=progress_enabled(args), concurrency=args.concurrency)
     import transformers
 
     dev_name = (torch.cuda.get_device_name() if args.device == "cuda"
                 else f"cpu {platform.processor() or platform.machine()}, {grid.threads} thread(s)")
+    from sparsebalance.kernels.calibrate import machine_fingerprint
+
     meta = {
+        "machine": machine_fingerprint(args.device, threads=grid.threads),
         "format_version": FORMAT_VERSION, "device": dev_name, "dtype": dtype, "analytical": False,
         "model": {d: getattr(model, d) for d in MODEL_DIMS},
-        "block_size": model.block_size, "tp": 1, "concurrency": args.concurrency,
+        "block_size": model.block_size, "tp": args.tp, "concurrency": args.concurrency,
+        "tp_comm_included": False,
         "how": (f"sparsebalance.kernels.profiler: {grid.statistic} of {grid.repeats} after {grid.warmup} "
                 "warm-up "
                 f"calls ({'CUDA events' if args.device == 'cuda' else 'perf_counter'}) in {grid.repeats} "
                 "interleaved rounds (every op timed once per round, seeded order), "
                 f"{args.concurrency} concurrent cop{'y' if args.concurrency == 1 else 'ies'} "
-                f"({grid.statistic} over copies); layer_* = one HF "
-                "Qwen2DecoderLayer with a zero-cost attention core; attn_* = moba_attention (auto backend)"),
+                f"({grid.statistic} over copies, one core each, glibc allocator kept steady and "
+                "Python's collector run between rounds, as in realrun); "
+                "layer_* = one HF "
+                "Qwen2DecoderLayer with a zero-cost attention core; attn_* = moba_attention (auto backend)"
+                + (f"; tp {args.tp}: one rank's shard (heads, kv heads, MLP width / {args.tp}; embedding "
+                   "and head whole, as realrun replicates them), TP all-reduces not included"
+                   if args.tp > 1 else "")),
         "command": "sparsebalance profile " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else []),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "python": platform.python_version()},
@@ -124,3 +134,19 @@ def run(args: argparse.Namespace) -> int:
               "--allow-nonmonotone or a \"nonmonotone\" note in profile.json says why; re-measuring "
               "with more --repeats usually helps", file=sys.stderr)
     return 0
+
+
+def tp_shard(model, tp: int):
+    """The layer one TP rank computes: heads, kv heads and MLP width divided by ``tp`` (the same
+    hidden size, vocabulary and head dim). ConfigError (one line) when ``tp`` does not divide them."""
+    from dataclasses import replace
+
+    from sparsebalance.errors import ConfigError
+
+    for dim in ("heads", "kv_heads", "ffn"):
+        if getattr(model, dim) % tp:
+            raise ConfigError(f"--tp: must divide model.{dim} ({getattr(model, dim)}) to measure one "
+                              f"rank's shard, got {tp}")
+    if tp == 1:
+        return model
+    return replace(model, heads=model.heads // tp, kv_heads=model.kv_heads // tp, ffn=model.ffn // tp)

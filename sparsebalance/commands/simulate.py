@@ -44,6 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write no trace.csv / trace.json / timeline (big runs)")
     p.add_argument("--trace-limit", type=positive_int, default=TRACE_LIMIT, metavar="N",
                    help=f"write at most N traced actions, whole iterations first (default {TRACE_LIMIT:,})")
+    p.add_argument("--profile-as-is", action="store_true",
+                   help="trust a measured profile as it is: no calibration probe on this machine "
+                        "(by default a measured CPU/GPU profile whose device this machine has is probed "
+                        "at a few points and rescaled per op; analytical profiles are never probed)")
     add_output_flags(p)
 
 
@@ -64,6 +68,9 @@ def parse_override(item: str) -> tuple[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    import json
+
+    from sparsebalance.commands._calibrate import calibrate_run
     from sparsebalance.commands._common import prepare, run_simulation, write_results
     from sparsebalance.runconfig import load_run_config
 
@@ -80,8 +87,14 @@ def run(args: argparse.Namespace) -> int:
     prepared = prepare(cfg)  # data, profile, policies: every input checked before any output
     # the results directory is created and probed before simulating: a bad path costs nothing
     out = resolve_out(args.out, Path(cfg.output_dir) / cfg.name, force=args.force, verb="simulate")
+    # a measured profile is probed on this machine and rescaled before it is trusted
+    cfg, calibration = calibrate_run(cfg, out, as_is=args.profile_as_is)
+    if calibration["status"] == "rescaled":
+        prepared = prepare(cfg)
     result = run_simulation(cfg, progress=progress_enabled(args), prepared=prepared)
     out = write_results(cfg, result, out, trace=not args.no_trace, trace_limit=args.trace_limit)
+    if calibration["status"] != "analytical":
+        (out / "calibration.json").write_text(json.dumps(calibration, indent=2, default=str))
     m = result.metrics
     c = cfg.cluster
     print(f"{cfg.name}: {cfg.model.name} on {c.name} (DP{c.dp} x PP{c.pp} x TP{c.tp}, {c.schedule}), "

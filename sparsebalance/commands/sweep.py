@@ -26,7 +26,10 @@ wall_s) and ``grid.json`` are rebuilt from it atomically, during the sweep and a
 (``sweep_exec.run_id``), so a re-run into the same ``--out`` skips exactly the runs already done
 with the same settings and runs any whose settings changed. Ctrl-C or SIGTERM stops the workers at
 once and keeps every finished run; re-running the same command finishes the sweep. Runs execute
-through ``sweep_exec.LocalBackend`` (``--jobs`` processes).
+through ``sweep_exec.LocalBackend`` (``--jobs`` processes) or, with ``--backend ray``, as Ray
+tasks (``sweep_ray.RayBackend``: an embedded Ray with ``--jobs`` CPUs, or the cluster at
+``--address``); the coordinating process stores records the same way, so results, resume and
+progress are the same.
 """
 
 from __future__ import annotations
@@ -71,7 +74,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="BATCHING+TUNING speedup is measured against (default sequential+fixed)")
     p.add_argument("--allow-nonmonotone", action="store_true",
                    help="use a profile whose latency falls as work grows (a warning lists the points)")
-    p.add_argument("--jobs", type=positive_int, default=1, help="worker processes (default 1)")
+    p.add_argument("--jobs", type=positive_int, default=1,
+                   help="worker processes (default 1); with --backend ray and no --address, the CPUs "
+                        "of the embedded Ray (default: all)")
+    p.add_argument("--backend", choices=("local", "ray"), default="local",
+                   help="run points as local processes (default) or as Ray tasks (extra [cluster])")
+    p.add_argument("--address", default=None, metavar="ADDR",
+                   help="with --backend ray: join the Ray cluster at HOST:PORT (default: start an "
+                        "embedded one here)")
     add_out(p, "results/sweep; a sweep directory is resumed, --force starts it afresh")
     add_output_flags(p)
 
@@ -124,10 +134,12 @@ def run(args) -> int:
     from tqdm import tqdm
 
     from sparsebalance.analysis.store import ResultStore
-    from sparsebalance.commands.sweep_exec import LocalBackend, RunFailure
+    from sparsebalance.commands.sweep_exec import RunFailure
+    from sparsebalance.commands.sweep_ray import make_backend
     from sparsebalance.fsutil import atomic_write_json, atomic_write_text
 
     specs, grid, baseline = plan_runs(args)
+    backend = make_backend(args.backend, args.address, args.jobs)  # checked before any output
     out = resolve_out(args.out, "results/sweep", force=args.force, verb="sweep",
                       reuse=lambda p: _is_sweep_dir(p) or _legacy_sweep_dir(p), ours=_legacy_sweep_dir)
     if _legacy_sweep_dir(out) and not _is_sweep_dir(out):
@@ -153,7 +165,7 @@ def run(args) -> int:
         failures: list[RunFailure] = []
         bar = tqdm(total=len(todo), desc="sweep", disable=not progress_enabled(args), file=sys.stderr)
         try:
-            for spec, result in LocalBackend(args.jobs).execute(todo):
+            for spec, result in backend.execute(todo):
                 if isinstance(result, RunFailure):
                     failures.append(result)
                 else:

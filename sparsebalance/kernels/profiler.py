@@ -8,6 +8,9 @@ Every op is timed on the module code the real run executes (``sparsebalance.kern
   core replaced by :class:`_NullCore` (registered through transformers' ``AttentionInterface`` like
   MoBA): a measurement instrument returning zeros of the output shape (and zero gradients), so the
   layer time is everything except the attention core (norms, QKV/O projections, RoPE, MLP);
+* ``layer_bwd_input`` / ``layer_bwd_weight``, ``head_bwd_input`` / ``head_bwd_weight``: the two parts
+  of the split backward (:mod:`sparsebalance.kernels.split_backward`, what realrun's zero-bubble
+  schedule runs); the weight part's untimed setup runs the forward and the input part;
 * ``embed_*``: the embedding lookup; ``head_*``: final norm + LM head + summed cross entropy;
 * ``optim``: one ``torch.optim.AdamW`` step over ``seq_len`` parameters.
 
@@ -192,8 +195,18 @@ class Bench:
         build = {"attn": self._attn, "layer": self._layer, "embed": self._embed, "head": self._head,
                  "optim": self._optim}[op]
         closures = build(n, k)
-        names = (f"{op}_fwd", f"{op}_bwd") if op != "optim" else ("optim",)
+        names = ((f"{op}_fwd", f"{op}_bwd", f"{op}_bwd_input", f"{op}_bwd_weight") if op != "optim"
+                 else ("optim",))
         return [((name, n, k), fn, setup) for name, (fn, setup) in zip(names, closures)]
+
+    def _split(self, fwd: Callable, grads: Any, inputs: list, params: list) -> list:
+        """(fn, setup) of the input and the weight part of ``fwd``'s backward."""
+        from sparsebalance.kernels.split_backward import backward_input, backward_weight
+
+        def inp(out: Any) -> Any:
+            return backward_input([out], grads, inputs, params)[1]
+
+        return [(inp, fwd), (lambda state: backward_weight(params, state), lambda: inp(fwd()))]
 
     def _attn(self, seq_len: int, budget: int) -> list:
         from sparsebalance.kernels import moba_attention
@@ -223,7 +236,8 @@ class Bench:
             out = self.layer(x, attention_mask=None, position_ids=pos, position_embeddings=pe)
             return out[0] if isinstance(out, tuple) else out
 
-        return [(fwd, None), (lambda y: y.backward(dy), fwd)]
+        return [(fwd, None), (lambda y: y.backward(dy), fwd),
+                *self._split(fwd, [dy], [x], list(self.layer.parameters()))]
 
     def _embed(self, tokens: int, _: int) -> list:
         ids = self.torch.randint(0, self.model.vocab, (1, tokens), generator=self.gen, device=self.dev)
@@ -240,7 +254,8 @@ class Bench:
         def fwd(_: Any = None) -> Any:
             return lm_loss_sum(self.net.lm_head(self.net.model.norm(h)), labels)
 
-        return [(fwd, None), (lambda loss: loss.backward(), fwd)]
+        params = [*self.net.model.norm.parameters(), *self.net.lm_head.parameters()]
+        return [(fwd, None), (lambda loss: loss.backward(), fwd), *self._split(fwd, None, [h], params)]
 
     def _optim(self, params: int, _: int) -> list:
         p = self.torch.nn.Parameter(self._randn(params).float())
@@ -266,6 +281,10 @@ def _measure(model: ModelConfig, grid: ProfileGrid, progress: bool, barrier: Any
     import numpy as np
     from tqdm import tqdm
 
+    from sparsebalance.kernels.cpuclock import manual_gc, steady_allocator
+
+    if grid.device == "cpu":
+        steady_allocator()  # the allocator state realrun's CPU workers run in
     bench = Bench(model, grid)
     items = [it for job in _jobs(grid) for it in bench.items(*job)]
     for _, fn, setup in items:
@@ -274,7 +293,12 @@ def _measure(model: ModelConfig, grid: ProfileGrid, progress: bool, barrier: Any
     samples: list[list[float]] = [[] for _ in items]
     rng = np.random.default_rng(grid.seed)  # same seed in every copy: the copies stay in step
     bar = tqdm(total=grid.repeats * len(items), desc="profile", disable=not progress, unit="call")
+    import gc
+
+    gc_was_on = gc.isenabled()
+    manual_gc()  # collections between rounds, never inside a timed call (as realrun does)
     for _ in range(grid.repeats):
+        gc.collect()
         # one barrier per round, not per call: waking from it costs the copies and the barrier's
         # manager process up to a millisecond of CPU on this 2-core host, which would land inside
         # a sub-millisecond timed call; in one shared order the copies stay close to in step
@@ -285,10 +309,17 @@ def _measure(model: ModelConfig, grid: ProfileGrid, progress: bool, barrier: Any
             samples[i].append(bench.timer.once(fn, setup))
             bar.update()
     bar.close()
+    gc.unfreeze()
+    if gc_was_on:
+        gc.enable()
     return [(*key, bench.timer.reduce(ts)) for (key, _, _), ts in zip(items, samples)]
 
 
-def _copy(model: ModelConfig, grid: ProfileGrid, barrier: Any, show: bool) -> list:
+def _copy(model: ModelConfig, grid: ProfileGrid, barrier: Any, show: bool, index: int = 0) -> list:
+    # one core per copy, as realrun pins one worker per core (kernels/cpuclock.py)
+    from sparsebalance.kernels.cpuclock import pin_to_core
+
+    pin_to_core(index)
     return _measure(model, grid, show, barrier)
 
 
@@ -300,7 +331,8 @@ def run_profile(model: ModelConfig, grid: ProfileGrid, progress: bool = True,
     processes, stepping through the grid together, and each point records the statistic over copies.
     Why: realrun puts pp x dp worker processes on one host; on a CPU they share caches, memory
     bandwidth and whatever else the host runs, so an op timed alone is faster than the same op in
-    the real run. Measure under the run's own concurrency to predict it.
+    the real run. Measure under the run's own concurrency to predict it. Copy i is pinned to the
+    i-th usable core, as realrun pins its workers (kernels/cpuclock.py).
     """
     import pandas as pd
 
@@ -318,7 +350,7 @@ def run_profile(model: ModelConfig, grid: ProfileGrid, progress: bool = True,
         with ctx.Manager() as manager:
             barrier = manager.Barrier(concurrency)
             with ProcessPoolExecutor(concurrency, mp_context=ctx) as pool:
-                futures = [pool.submit(_copy, model, grid, barrier, progress and i == 0)
+                futures = [pool.submit(_copy, model, grid, barrier, progress and i == 0, i)
                            for i in range(concurrency)]
                 copies = [f.result() for f in futures]
         table = pd.concat([pd.DataFrame(c, columns=["op", "seq_len", "budget", "latency_s"])

@@ -127,14 +127,27 @@ def qwen2_config(model: ModelConfig, *, max_position_embeddings: int = 131072,
     )
 
 
-def build_qwen2(model: ModelConfig, *, seed: int = 0, dtype: str = "float32"):
-    """A random-initialised ``Qwen2ForCausalLM`` (same ``seed`` -> same weights on every process)."""
+def build_qwen2(model: ModelConfig, *, seed: int = 0, dtype: str = "float32", device: str = "cpu"):
+    """A fresh ``Qwen2ForCausalLM``, weights seeded per parameter from ``seed`` (same seed -> same
+    weights on every process; any subset built alone by :func:`build_qwen2_pieces` equals the same
+    subset of this model)."""
+    from sparsebalance.kernels.qwen2_init import all_pieces
+
+    return build_qwen2_pieces(model, all_pieces(model.layers), seed=seed, dtype=dtype, device=device)
+
+
+def build_qwen2_pieces(model: ModelConfig, names, *, seed: int = 0, dtype: str = "float32",
+                       device: str = "cpu"):
+    """A ``Qwen2ForCausalLM`` with only the pieces ``names`` (``qwen2_init.pieces``) materialised;
+    the others stay on the meta device (no memory). Fresh weights seeded per parameter."""
     import torch
-    from transformers import Qwen2ForCausalLM
+
+    from sparsebalance.kernels import qwen2_init as Q
 
     cfg = qwen2_config(model)
-    torch.manual_seed(seed)
-    net = Qwen2ForCausalLM(cfg).to(getattr(torch, dtype))
+    net = Q.skeleton(cfg)
+    Q.materialize(net, names, Q.seeded_fill(seed, cfg.initializer_range, cfg.pad_token_id),
+                  dtype=getattr(torch, dtype), device=torch.device(device))
     net.train()
     return net
 

@@ -41,7 +41,8 @@ class PolicyConfig:
     """Packing policies: max tokens per micro-batch (None = micro_batch_size sequences each)."""
     min_microbatches: int | None = None
     """Token-cap packing: at least this many micro-batches per rank (None = cluster.pp, so every
-    pipeline stage has work in steady state); never more than the rank's sequences."""
+    pipeline stage has work in steady state; 2 x pp for dualpipev); never more than the rank's
+    sequences."""
     packer: str = "lpt-swap"
     """SAB packer: lpt or lpt-swap (LPT then pairwise improvement swaps)."""
     swap_rounds: int = 100

@@ -18,6 +18,7 @@ from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.policies.critical import graph_for
 from sparsebalance.policies.sab import SparsityAware
 from sparsebalance.simulator.plan import MicroBatch, Plan
+from sparsebalance.simulator.schedules import splits_backward
 from sparsebalance.simulator.timing import replica_finish
 
 
@@ -143,7 +144,8 @@ class ScheduleAwareOrder(SparsityAware):
                 fwd = np.stack([t[0] for t in times], axis=1)  # [V, m]
                 bwd = np.stack([t[1] for t in times], axis=1)
             p2p = np.array([lm.p2p_time(mb.tokens) for mb in mbs], float)
-            order, t0, t1, n = self.best_order(fwd, bwd, p2p, tail, cl)
+            split = self.split_parts(mbs, ctx, bwd) if splits_backward(cl.schedule) else None
+            order, t0, t1, n = self.best_order(fwd, bwd, p2p, tail, cl, split)
             ranks.append(tuple(mbs[i] for i in order))
             before.append(t0)
             after.append(t1)
@@ -153,10 +155,27 @@ class ScheduleAwareOrder(SparsityAware):
         self.stats["predicted_s"] = max(after)
         return Plan(tuple(ranks))
 
+    @staticmethod
+    def split_parts(mbs, ctx: PolicyContext, bwd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(I, W) [V, m] of a split-backward schedule from the backward ``bwd``: attention's
+        backward is all input gradient, so B - I and W do not depend on the budget and come from
+        ``stage_time`` at budget 1."""
+        lm, cl = ctx.latency, ctx.cluster
+        pp, nv = cl.pp, cl.pp * cl.virtual_stages
+
+        def at1(mb, vs, part):
+            return lm.stage_time(mb.lengths, 1, vs % pp, backward=True, chunk=vs // pp, part=part)
+
+        gap = np.array([[at1(mb, vs, None) - at1(mb, vs, "input") for mb in mbs] for vs in range(nv)])
+        weight = np.array([[at1(mb, vs, "weight") for mb in mbs] for vs in range(nv)])
+        return bwd - gap, weight
+
     def best_order(self, fwd: np.ndarray, bwd: np.ndarray, p2p: np.ndarray, tail: np.ndarray,
-                   cluster) -> tuple[list[int], float, float, int]:
+                   cluster, split: tuple[np.ndarray, np.ndarray] | None = None
+                   ) -> tuple[list[int], float, float, int]:
         """Search over orders of one rank's m micro-batches. ``fwd``, ``bwd``: [V, m] seconds in
-        SAB's order; ``p2p``: [m] seconds; ``tail``: [pp] all-reduce + optimizer seconds.
+        SAB's order (and for a split-backward schedule ``split`` = its I and W, [V, m] each);
+        ``p2p``: [m] seconds; ``tail``: [pp] all-reduce + optimizer seconds.
         Returns (order as indices into SAB's order, predicted seconds of SAB's order, of the
         chosen order, candidate orders evaluated)."""
         nv, m = fwd.shape
@@ -168,7 +187,8 @@ class ScheduleAwareOrder(SparsityAware):
             idx = np.array(orders, dtype=np.int64)  # [C, k]
             g = graph_for(cluster, idx.shape[1])
             pp2p = np.broadcast_to(p2p[idx][:, None, :], (len(orders), max(nv - 1, 0), idx.shape[1]))
-            fin = replica_finish(g, fwd[:, idx].transpose(1, 0, 2), bwd[:, idx].transpose(1, 0, 2), pp2p)
+            parts = [a[:, idx].transpose(1, 0, 2) for a in (fwd, bwd, *(split or ()))]
+            fin = replica_finish(g, *parts[:2], pp2p, *parts[2:])
             used += len(orders)
             return (fin + tail[None, :]).max(axis=1)
 

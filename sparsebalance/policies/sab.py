@@ -86,7 +86,9 @@ class SparsityAware:
         cl = ctx.cluster
         costs = self.costs(batch, ctx)
         longest = max(s.length for s in batch)
-        m = max(cl.pp, self.cfg.min_microbatches or cl.pp)
+        from sparsebalance.policies.batching import min_microbatches
+
+        m = max(cl.pp, min_microbatches(ctx))
         plan = None
         for _ in range(8):
             cap = token_cap_for_memory(ctx.model, cl, schedule_graph(cl.schedule, cl.pp, m, cl.virtual_stages))

@@ -28,6 +28,18 @@ class RealrunConfig:
     """Where each rank computes: cpu or cuda (rank's local GPU = LOCAL_RANK)."""
     threads: int = 1
     """torch intra-op threads per process (1 on the CPU, so N processes do not oversubscribe cores)."""
+    pin_cores: bool = True
+    """CPU: pin each worker process to one core (local rank -> core; os.sched_setaffinity), so two
+    workers never share a core and are not migrated; ignored on CUDA and where unsupported."""
+    manual_gc: bool = True
+    """Python's cyclic garbage collector runs between iterations, not inside timed actions: after
+    setup the model's objects are frozen (gc.freeze) and automatic collection is off during an
+    iteration; the profiler times its ops the same way. Without it, collections land in random
+    actions (tens of ms each, up to ~0.3 s for a full one on this VM), docs/validation.md."""
+    steady_allocator: bool = True
+    """CPU: keep freed memory in the process (glibc mallopt: no mmap of large blocks, no heap trim),
+    as the profiler does and as CUDA's caching allocator does; without it a stage holding several
+    micro-batches page-faults every new large tensor in (kernels/cpuclock.py, docs/validation.md)."""
     timeout_s: float = 120.0
     """Seconds any collective or P2P may wait before the rank gives up (bounds a hang after a fault)."""
     lr: float = 1e-3
@@ -82,6 +94,10 @@ def realrun_config(cfg) -> RealrunConfig:
     check(cfg.data.source != "distribution", "data.source",
           "realrun trains on real tokens; use text_dir, jsonl, parquet or hf_disk "
           "(e.g. source = \"text_dir\", path = \"stdlib\")")
+    if rr.checkpoint is not None:
+        from sparsebalance.realrun.checkpoint import check_checkpoint
+
+        check_checkpoint(cfg.resolve(rr.checkpoint), m)
     if rr.device == "cuda":
         try:
             import torch

@@ -9,21 +9,29 @@ import numpy as np
 import pandas as pd
 
 from sparsebalance.simulator.iteration import IterationResult
-from sparsebalance.simulator.trace import TRACE_COLUMNS
+from sparsebalance.simulator.trace import TRACE_COLUMNS, WORK_OPS
 
 
 def iteration_result(reports: list, *, pp: int, dp: int, microbatches: int) -> IterationResult:
     """Merge rank reports. Iteration time = last OPTIM end - first rank's start (all ranks leave one
-    barrier together); a micro-batch's latency = its F + B seconds summed over stages; bubble
-    fraction = 1 - busy / (dp x pp x iteration time), busy = F + B seconds, as in the simulator."""
-    rows = [r for rep in reports for r in rep.rows]
+    barrier together); a micro-batch's latency = its F + B (or F + I + W) seconds summed over stages;
+    bubble fraction = 1 - busy / (dp x pp x iteration time), busy = those seconds, as in the simulator."""
+    from sparsebalance.kernels.cpuclock import CPU_COLUMNS
+
+    rows, cpu = [], []
+    for rep in reports:
+        usage = dict(getattr(rep, "cpu", ()))
+        cpu += [usage.get(i, (np.nan,) * len(CPU_COLUMNS)) for i in range(len(rep.rows))]
+        rows += rep.rows
+    # TRACE_COLUMNS, then CPU time beside wall time for F/B rows (NaN elsewhere; realrun only)
     trace = pd.DataFrame(rows, columns=list(TRACE_COLUMNS))
+    trace[list(CPU_COLUMNS)] = pd.DataFrame(cpu, columns=list(CPU_COLUMNS), index=trace.index)
     start = min(rep.start_s for rep in reports)
     end = max(rep.end_s for rep in reports)
     it_time = end - start
     mb_lat = np.zeros((dp, microbatches))
     busy = np.zeros((dp, pp))
-    compute = trace[trace["op"].isin(("F", "B"))]
+    compute = trace[trace["op"].isin(WORK_OPS)]
     for row in compute.itertuples(index=False):
         dur = row.end_s - row.start_s
         mb_lat[row.dp_rank, row.microbatch] += dur

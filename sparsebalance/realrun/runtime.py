@@ -39,11 +39,11 @@ def init_runtime(cfg: Any, rr: RealrunConfig) -> Runtime:
     import torch
     import torch.distributed as dist
 
-    from sparsebalance.kernels.qwen2 import build_qwen2, load_qwen2
-    from sparsebalance.realrun.stage import build_stage
+    from sparsebalance.realrun.stage import build_stage_module
     from sparsebalance.realrun.worker import StageWorker
 
     pp, dp = cfg.cluster.pp, cfg.cluster.dp
+    _cpu_setup(rr)
     torch.set_num_threads(rr.threads)
     timeout = timedelta(seconds=rr.timeout_s)
     if rr.device == "cuda":
@@ -70,12 +70,12 @@ def init_runtime(cfg: Any, rr: RealrunConfig) -> Runtime:
         g = dist.new_group(members, timeout=timeout) if len(members) > 1 else None
         if r == dp_rank:
             groups["tied"] = g
-    if rr.checkpoint:
-        net = load_qwen2(str(cfg.resolve(rr.checkpoint)), dtype=rr.dtype)
-    else:
-        net = build_qwen2(cfg.model, seed=cfg.seed, dtype=rr.dtype)
-    module = build_stage(net, stage, pp, _layer_split(cfg, stage)).to(device)
-    del net
+    # only this stage's weights are ever allocated here (a 7B model never lives whole on a rank)
+    module = build_stage_module(cfg, rr, stage, pp, device)
+    if rr.manual_gc:
+        from sparsebalance.kernels.cpuclock import manual_gc
+
+        manual_gc()
     dist.barrier()
     origin = time.perf_counter()  # one shared origin: every rank leaves the barrier together
     worker = StageWorker(rank=rank, dp_rank=dp_rank, stage=stage, pp=pp, dp=dp,
@@ -85,10 +85,17 @@ def init_runtime(cfg: Any, rr: RealrunConfig) -> Runtime:
                    groups=groups, worker=worker)
 
 
-def _layer_split(cfg: Any, stage: int) -> range:
-    from sparsebalance.realrun.stage import stage_layers
+def _cpu_setup(rr: RealrunConfig) -> None:
+    """CPU workers: one core each and a steady allocator (kernels/cpuclock.py), before torch starts
+    any thread or allocates."""
+    if rr.device != "cpu":
+        return
+    from sparsebalance.kernels.cpuclock import pin_to_core, steady_allocator
 
-    return stage_layers(cfg.model.layers, cfg.cluster.pp, stage)
+    if rr.pin_cores:
+        pin_to_core(int(os.environ.get("LOCAL_RANK", "0")))
+    if rr.steady_allocator:
+        steady_allocator()
 
 
 def make_message(iteration: int, plan: Any, budgets: Any):

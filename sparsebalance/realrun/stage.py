@@ -1,10 +1,12 @@
 """One pipeline stage of the Qwen2 model: which layers it holds and its forward.
 
-The full ``Qwen2ForCausalLM`` is built (or loaded from a local checkpoint) on every rank from the same
-seed, then cut: the first stage keeps the embedding, the last the final norm + LM head + loss, every
-stage a contiguous slice of decoder layers (the latency model's split, so predicted and measured
-stages hold the same layers). Layers keep their global ``layer_idx``, so per-layer budgets and the
-coverage layer address the same layer whatever the split.
+Each rank builds only its own stage (:func:`build_stage_module`): the model skeleton on the meta
+device, then the stage's pieces materialised, from the local checkpoint (HF safetensors/bin, read
+tensor by tensor) or from the run seed (weights seeded per parameter, so they equal the same layers
+of the full model built in one process). The first stage holds the embedding, the last the final
+norm + LM head + loss, every stage a contiguous slice of decoder layers (the latency model's split,
+so predicted and measured stages hold the same layers). Layers keep their global ``layer_idx``, so
+per-layer budgets and the coverage layer address the same layer whatever the split.
 """
 
 from __future__ import annotations
@@ -25,8 +27,33 @@ def stage_layers(layers: int, pp: int, stage: int) -> range:
     return range(start, start + base + (1 if stage < extra else 0))
 
 
+def build_stage_module(cfg: Any, rr: Any, stage: int, pp: int, device: Any):
+    """This rank's :class:`StageModule`, without building the rest of the model: ``cfg`` a RunConfig,
+    ``rr`` its RealrunConfig (checkpoint, dtype). Peak memory is the stage's weights plus one piece."""
+    import torch
+
+    from sparsebalance.kernels import qwen2_init as Q
+    from sparsebalance.kernels.qwen2 import build_qwen2_pieces
+
+    layers = stage_layers(cfg.model.layers, pp, stage)
+    names = Q.pieces(layers, embed=stage == 0, head=stage == pp - 1)
+    if rr.checkpoint:
+        from sparsebalance.realrun.checkpoint import CheckpointReader, hf_config
+
+        directory = cfg.resolve(rr.checkpoint)
+        net = Q.skeleton(hf_config(directory))
+        reader = CheckpointReader(directory)
+        Q.materialize(net, names, reader, dtype=getattr(torch, rr.dtype), device=device)
+        reader.close()
+        net.train()
+    else:
+        net = build_qwen2_pieces(cfg.model, names, seed=cfg.seed, dtype=rr.dtype, device=device)
+    return StageModule(net, stage, pp, layers)
+
+
 def build_stage(net: Any, stage: int, pp: int, layer_range: range):
-    """Cut ``net`` (a Qwen2ForCausalLM) to the modules of ``stage``; returns a :class:`StageModule`."""
+    """Cut ``net`` (a Qwen2ForCausalLM, whole or with at least this stage's pieces materialised) to
+    the modules of ``stage``; returns a :class:`StageModule`."""
     return StageModule(net, stage, pp, layer_range)
 
 

@@ -38,6 +38,9 @@ class RankReport:
     stage: int
     rows: list = field(default_factory=list)
     """Trace rows (TRACE_COLUMNS order); times in seconds from the run's shared origin."""
+    cpu: list = field(default_factory=list)
+    """(index into ``rows``, (thread CPU s, of which system s, minor faults)) of each F/B row
+    (kernels/cpuclock.py)."""
     loss: float = 0.0
     """Sum of this rank's micro-batch losses (non-zero on last stages only)."""
     coverage: dict = field(default_factory=dict)
@@ -76,6 +79,7 @@ class StageWorker:
         import torch
         import torch.distributed as dist
 
+        from sparsebalance.kernels.cpuclock import thread_usage, usage_delta
         from sparsebalance.kernels.qwen2 import MobaArgs, pack
         from sparsebalance.simulator.schedules import stage_orders
 
@@ -104,7 +108,7 @@ class StageWorker:
                     t0 = self.now()
                     x = self.p2p.recv(prev, microbatch=j, grad=False).requires_grad_()
                     rows.append((it, d, s, j, "P2P", t0, self.now(), tokens, brow))
-                t0 = self.now()
+                t0, u0 = self.now(), thread_usage()
                 batch = pack([t for _, t in seqs], device=self.device)
                 moba = MobaArgs(cu_seqlens=batch.cu_seqlens, topk=budget, block_size=self.block_size,
                                 backend=self.rr.attention_backend,
@@ -114,6 +118,7 @@ class StageWorker:
                     out = out / msg.label_tokens
                 t1 = self.now()
                 rows.append((it, d, s, j, "F", t0, t1, tokens, brow))
+                rep.cpu.append((len(rows) - 1, usage_delta(u0, thread_usage())))
                 if nxt is not None:
                     self.p2p.send(out, nxt, microbatch=j, grad=False)
                 else:
@@ -128,10 +133,11 @@ class StageWorker:
                     t0 = self.now()
                     grad = self.p2p.recv(nxt, microbatch=j, grad=True)
                     rows.append((it, d, s, j, "P2P", t0, self.now(), tokens, brow))
-                t0 = self.now()
+                t0, u0 = self.now(), thread_usage()
                 torch.autograd.backward(out, grad_tensors=grad)
                 t1 = self.now()
                 rows.append((it, d, s, j, "B", t0, t1, tokens, brow))
+                rep.cpu.append((len(rows) - 1, usage_delta(u0, thread_usage())))
                 if prev is not None:
                     self.p2p.send(x.grad, prev, microbatch=j, grad=True)
         self.p2p.wait_sends()
@@ -148,6 +154,10 @@ class StageWorker:
         for seqs, moba in gated:
             for (sid, _), curve in zip(seqs, moba.coverage_curves()):
                 rep.coverage[int(sid)] = tuple(float(c) for c in curve)
+        if self.rr.manual_gc:
+            import gc
+
+            gc.collect()  # between iterations, outside the timed one (kernels/cpuclock.py)
         return rep
 
     def _allreduce(self) -> None:

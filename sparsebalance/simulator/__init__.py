@@ -1,4 +1,5 @@
-"""The cluster simulator: configs, plans, latency model, schedules, SimPy engine, executor, trace.
+"""The cluster simulator: configs, plans, latency model, schedules and their graphs, the timing core,
+the SimPy model, the memory model, executor, trace.
 
 Nothing here imports torch. The heavier names are loaded on first use::
 
@@ -13,6 +14,9 @@ _LAZY = {
     "PipelineInput": "engine", "PipelineResult": "engine", "simulate": "engine",
     "stage_orders": "schedules", "validate_schedule": "schedules",
     "SimulatorExecutor": "executor",
+    "build_graph": "graph", "schedule_graph": "graph", "ActionGraph": "graph",
+    "time_graph": "timing", "replica_finish": "timing", "simulate_events": "events",
+    "memory_report": "memory", "MemoryReport": "memory",
     "to_chrome_trace": "trace", "write_trace": "trace", "TRACE_COLUMNS": "trace", "TRACE_OPS": "trace",
 }
 

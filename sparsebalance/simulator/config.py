@@ -13,7 +13,11 @@ from typing import Any
 from sparsebalance.configmap import from_mapping
 from sparsebalance.errors import ConfigError, check, check_choice, check_positive
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev")
+SPLIT_SCHEDULES = ("zb-h1", "zbv", "dualpipev")
+"""Schedules that split (some) backwards into an input-gradient I and a deferred weight-gradient W."""
+V_SCHEDULES = ("zbv", "dualpipev")
+"""Schedules with two virtual stages per device placed in a V (device d: vstages d, 2 pp - 1 - d)."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -104,9 +108,10 @@ class ClusterConfig:
     tp: int = 1
     """Tensor-parallel degree inside a stage (the profile must be measured at this TP)."""
     schedule: str = "1f1b"
-    """Pipeline schedule: gpipe, 1f1b or interleaved (interleaved 1F1B with virtual stages)."""
+    """Pipeline schedule: gpipe, 1f1b, interleaved (interleaved 1F1B with virtual stages), zb-h1
+    (zero bubble, split backward), zbv or dualpipev (split backward, 2 stages per device in a V)."""
     virtual_stages: int = 1
-    """Model chunks per stage for the interleaved schedule (>= 2 there, 1 otherwise)."""
+    """Model chunks per device: >= 2 for interleaved, exactly 2 for zbv and dualpipev, 1 otherwise."""
     micro_batch_size: int = 1
     """Sequences per micro-batch for policies that do not pack by a token cap."""
     global_batch: int = 16
@@ -119,6 +124,12 @@ class ClusterConfig:
     """Bytes/s of the ring all-reduce (bus bandwidth per link)."""
     allreduce_latency: float = 20e-6
     """Seconds of fixed cost per all-reduce step sequence."""
+    tp_bandwidth: float = 450e9
+    """Bytes/s of the tensor-parallel all-reduce (ring bus bandwidth; NVLink 4: 450 GB/s per
+    direction). Used with profiles measured without TP communication (one shard, ``profile --tp``);
+    an analytical profile carries its own (the roofline's)."""
+    tp_latency: float = 5e-6
+    """Seconds of fixed cost per tensor-parallel all-reduce."""
     gpus_per_node: int = 8
     """GPUs per node: tensor parallelism stays inside a node (tp <= gpus_per_node)."""
     nodes: int | None = None
@@ -140,8 +151,10 @@ class ClusterConfig:
         for f in ("pp", "dp", "tp", "virtual_stages", "micro_batch_size", "global_batch",
                   "p2p_bandwidth", "allreduce_bandwidth", "gpus_per_node"):
             check_positive(getattr(self, f), f)
-        for f in ("p2p_bandwidth", "p2p_latency", "allreduce_bandwidth", "allreduce_latency"):
+        for f in ("p2p_bandwidth", "p2p_latency", "allreduce_bandwidth", "allreduce_latency",
+                  "tp_bandwidth", "tp_latency"):
             check(math.isfinite(getattr(self, f)), f, f"must be finite, got {getattr(self, f)!r}")
+        check_positive(self.tp_bandwidth, "tp_bandwidth")
         check(self.tp <= self.gpus_per_node, "tp",
               f"tensor parallelism stays inside a node: must be <= gpus_per_node ({self.gpus_per_node}), "
               f"got {self.tp}")
@@ -152,7 +165,7 @@ class ClusterConfig:
                   f"pp x dp x tp = {self.pp} x {self.dp} x {self.tp} = {need} GPUs exceeds the cluster's "
                   f"nodes x gpus_per_node = {self.nodes} x {self.gpus_per_node} = "
                   f"{self.nodes * self.gpus_per_node}")
-        for f in ("p2p_latency", "allreduce_latency"):
+        for f in ("p2p_latency", "allreduce_latency", "tp_latency"):
             check_positive(getattr(self, f), f, allow_zero=True)
         check_choice(self.schedule, "schedule", SCHEDULES)
         if self.device_memory is not None:
@@ -164,6 +177,10 @@ class ClusterConfig:
         if self.schedule == "interleaved":
             check(self.virtual_stages >= 2, "virtual_stages",
                   f"the interleaved schedule needs >= 2, got {self.virtual_stages}")
+        elif self.schedule in V_SCHEDULES:
+            check(self.virtual_stages == 2, "virtual_stages",
+                  f"{self.schedule} places exactly 2 stages per device in a V (2 x pp = {2 * self.pp} "
+                  f"stages, an even count); must be 2, got {self.virtual_stages}")
         else:
             check(self.virtual_stages == 1, "virtual_stages",
                   f"must be 1 for schedule {self.schedule!r} (use schedule = \"interleaved\")")
@@ -209,7 +226,8 @@ def h20_4x8() -> ClusterConfig:
 
 
 def h100_4x8() -> ClusterConfig:
-    """4 nodes x 8 H100 (80 GB), same parallel plan and network assumptions as ``h200_4x8``."""
+    """4 nodes x 8 H100 SXM 80 GB, same parallel plan and network assumptions as ``h200_4x8`` (NVLink 4
+    inside a node, NDR InfiniBand 400 Gb/s per GPU between nodes, as on DGX H100)."""
     return replace(h200_4x8(), name="h100-4x8", device="h100", device_memory=80e9)
 
 

@@ -9,7 +9,12 @@ events); both give the same start and end of every action. The model, in short:
 * F of virtual stage ``vs > 0`` needs F of ``vs - 1`` (same replica, same micro-batch) finished plus
   one P2P transfer; F of virtual stage 0 has its input at time 0;
 * B of ``vs < V - 1`` needs B of ``vs + 1`` finished plus one P2P transfer; B of the last virtual
-  stage needs its own F (local, no transfer);
+  stage needs its own F (local, no transfer); a transfer between two vstages on one device (the
+  bend of a V) is local too;
+* the zero-bubble schedules (zb-h1, zbv, dualpipev) split a backward into I (input gradient: what
+  the previous vstage waits for) and W (weight gradient, after I on the same device, waited for by
+  nobody); their durations are ``backward_input`` and ``backward_weight``, and a backward they run
+  whole takes ``backward``;
 * a device runs its actions one at a time in schedule order; sends do not block the sender;
 * when every replica's copy of a physical stage has finished its last action, the stage's gradient
   all-reduce runs (``allreduce[s]`` seconds, the ring cost is computed by the caller), then the
@@ -50,7 +55,7 @@ class PipelineInput:
     """Durations of one iteration. ``V = pp * virtual_stages`` virtual stages, ``m`` micro-batches."""
 
     schedule: str
-    """gpipe, 1f1b or interleaved."""
+    """A schedule of ``sparsebalance.simulator.config.SCHEDULES``."""
     pp: int
     """Physical pipeline stages."""
     forward: np.ndarray
@@ -58,7 +63,11 @@ class PipelineInput:
     backward: np.ndarray
     """[dp, V, m] seconds of B, same indexing."""
     virtual_stages: int = 1
-    """Chunks per physical stage (interleaved only)."""
+    """Chunks per device (interleaved: >= 2; zbv, dualpipev: 2)."""
+    backward_input: np.ndarray | None = None
+    """[dp, V, m] seconds of the input-gradient part I of each backward (split schedules only)."""
+    backward_weight: np.ndarray | None = None
+    """[dp, V, m] seconds of the weight-gradient part W (split schedules only)."""
     p2p: float | np.ndarray = 0.0
     """Seconds of one transfer across boundary vs -> vs + 1: scalar or broadcastable to [dp, V - 1, m]
     (the same for the activation forward and the gradient backward)."""
@@ -86,6 +95,14 @@ class PipelineInput:
             raise ConfigError("forward: needs at least one replica and one micro-batch")
         self.forward = _per("forward", fwd, (dp, nv, m))
         self.backward = _per("backward", self.backward, (dp, nv, m))
+        from sparsebalance.simulator.schedules import splits_backward
+
+        if splits_backward(self.schedule):
+            for name in ("backward_input", "backward_weight"):
+                if getattr(self, name) is None:
+                    raise ConfigError(f"{name}: schedule {self.schedule!r} splits the backward into "
+                                      "input- and weight-gradient parts; give both [dp, V, m] arrays")
+                setattr(self, name, _per(name, getattr(self, name), (dp, nv, m)))
         self.p2p = _per("p2p", self.p2p, (dp, max(nv - 1, 0), m))
         self.allreduce = _per("allreduce", self.allreduce, (self.pp,))
         self.optimizer = _per("optimizer", self.optimizer, (self.pp,))
@@ -107,16 +124,17 @@ class PipelineResult:
     iteration_time: float
     """End of the last optimizer step."""
     device_busy: np.ndarray
-    """[dp, pp] compute (F + B) seconds of each device."""
+    """[dp, pp] compute (F + B, or F + I + W) seconds of each device."""
     stage_busy: np.ndarray
     """[pp] busy seconds of a physical stage = max over replicas of ``device_busy``."""
     bubble_fraction: float
     """idle / (dp x pp x iteration_time), idle = everything that is not F/B compute (P2P waits,
     pipeline fill and drain, all-reduce, optimizer)."""
     microbatch_latency: np.ndarray
-    """[dp, m] F + B compute of each micro-batch summed over all virtual stages."""
+    """[dp, m] compute of each micro-batch's actions summed over all virtual stages."""
     kinds: tuple[str, ...]
-    """Action kinds of the schedule (("F", "B") so far), the second axis of ``start``/``end``."""
+    """Action kinds of the schedule (("F", "B"), or ("F", "I", "W") when the backward is split),
+    the second axis of ``start``/``end``."""
     start: np.ndarray
     """[dp, kinds, V, m] start of each action."""
     end: np.ndarray
@@ -143,11 +161,13 @@ class PipelineResult:
 
     @property
     def backward_start(self) -> np.ndarray:
-        return self.start[:, self._kind("B")]
+        """[dp, V, m] start of each backward (its I when split)."""
+        return self.start[:, self._kind("I" if "I" in self.kinds else "B")]
 
     @property
     def backward_end(self) -> np.ndarray:
-        return self.end[:, self._kind("B")]
+        """[dp, V, m] end of each backward's last part (W when split, else B)."""
+        return self.end[:, self._kind("W" if "W" in self.kinds else "B")]
 
     @property
     def trace(self) -> pd.DataFrame:
@@ -178,19 +198,19 @@ class PipelineResult:
 
 def graph_of(inp: PipelineInput) -> ActionGraph:
     """The (cached) dependency graph of ``inp``'s schedule."""
-    dp, nv, m = inp.shape
-    return schedule_graph(inp.schedule, inp.pp, m, inp.virtual_stages)
+    return schedule_graph(inp.schedule, inp.pp, inp.shape[2], inp.virtual_stages)
 
 
 def simulate(inp: PipelineInput, *, method: str = "core") -> PipelineResult:
     """Run one iteration of ``inp`` through its schedule (see the module docstring): ``method``
     ``"core"`` (vectorised timing core, the fast path) or ``"simpy"`` (the event model of record)."""
-    from sparsebalance.simulator.timing import pack_durations, pack_lags, time_graph
+    from sparsebalance.simulator.timing import kind_durations, pack_durations, pack_lags, time_graph
 
     check_choice(method, "method", METHODS)
     dp, nv, m = inp.shape
     g = graph_of(inp)
-    dur = pack_durations(g, {"F": inp.forward, "B": inp.backward})
+    dur = pack_durations(g, kind_durations(g, inp.forward, inp.backward, inp.backward_input,
+                                           inp.backward_weight))
     lag = pack_lags(g, inp.p2p, dp)
     if method == "core":
         start, end = time_graph(g, dur, lag)
@@ -206,10 +226,10 @@ def simulate(inp: PipelineInput, *, method: str = "core") -> PipelineResult:
     start = start.reshape(shape).transpose(3, 0, 1, 2)
     end = end.reshape(shape).transpose(3, 0, 1, 2)
     iteration_time = float((ar_start + inp.allreduce + inp.optimizer).max())
-    work = inp.forward + inp.backward  # [dp, V, m]
-    v, pp = inp.virtual_stages, inp.pp
-    # vstage c * pp + s lives on physical stage s
-    device_busy = work.sum(axis=2).reshape(dp, v, pp).sum(axis=1)
+    work = dur.T.reshape(dp, k, nv, m).sum(axis=1)  # [dp, V, m] compute of the actions run
+    pp = inp.pp
+    device_busy = np.zeros((dp, pp))
+    np.add.at(device_busy.T, g.vstage_device, work.sum(axis=2).T)
     total = dp * pp * iteration_time
     bubble = float(1.0 - device_busy.sum() / total) if total > 0 else 0.0
     return PipelineResult(iteration_time=iteration_time, device_busy=device_busy,
@@ -220,8 +240,9 @@ def simulate(inp: PipelineInput, *, method: str = "core") -> PipelineResult:
 
 
 def _trace(res: PipelineResult) -> pd.DataFrame:
-    """The trace table of ``res``: F/B rows, one P2P row per data dependency that crosses a stage
-    boundary (stage = sender, from the sender's end for the transfer's seconds), ALLREDUCE, OPTIM.
+    """The trace table of ``res``: F/B (or F/I/W, and B for a backward a split schedule runs
+    whole) rows, one P2P row per data dependency that crosses devices (stage = the sending device,
+    from the sender's end for the transfer's seconds), ALLREDUCE, OPTIM.
 
     Built without a general sort: rows are laid out device by device (F/B in execution order,
     then the device's sends in the same order, then its all-reduce and optimizer step), so within
@@ -233,15 +254,23 @@ def _trace(res: PipelineResult) -> pd.DataFrame:
     start = res.start.reshape(dp, n)  # [dp, n] in node order
     end = res.end.reshape(dp, n)
     seq = np.concatenate(g.orders)  # node ids device by device, each in execution order
-    dev = g.device[seq]
     kinds = list(g.kinds)
-    rr = np.repeat(np.arange(dp), n)
-    parts = [(rr, np.tile(dev, dp), np.tile(seq % m, dp), np.tile(seq // (nv * m), dp),
+    code = seq // (nv * m)
+    if g.fused.any():  # a whole backward of a split graph: its I node is the B, its W is empty
+        fused = g.fused.ravel()[seq % (nv * m)]
+        keep = ~(fused & (code == kinds.index("W")))
+        seq, code, fused = seq[keep], code[keep], fused[keep]
+        kinds.append("B")
+        code = np.where(fused, len(kinds) - 1, code)
+    dev = g.device[seq]
+    rows = len(seq)
+    rr = np.repeat(np.arange(dp), rows)
+    parts = [(rr, np.tile(dev, dp), np.tile(seq % m, dp), np.tile(code, dp),
               start[:, seq].ravel(), end[:, seq].ravel())]
     recv, col = np.nonzero(g.lags != g.zero_lag)  # data dependencies that cross a boundary
     if recv.size:
-        pos = np.empty(n, dtype=np.int64)
-        pos[seq] = np.arange(n)
+        pos = np.zeros(n, dtype=np.int64)
+        pos[seq] = np.arange(len(seq))
         sender, lag_id = g.deps[recv, col], g.lags[recv, col]
         o = np.argsort(pos[sender], kind="stable")
         sender, lag_id = sender[o], lag_id[o]

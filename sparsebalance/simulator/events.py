@@ -50,7 +50,7 @@ class _Sim:
 class StageEntity:
     """Physical stage ``stage`` of replica ``replica``: one device, one process over its actions."""
 
-    __slots__ = ("sim", "replica", "stage", "actions", "process")
+    __slots__ = ("actions", "process", "replica", "sim", "stage")
 
     def __init__(self, sim: _Sim, replica: int, stage: int) -> None:
         self.sim = sim
@@ -81,7 +81,7 @@ class StageEntity:
             ready = now
             for d, lg in deps:
                 t = end[d] + lag[lg]
-                if t > ready:
+                if t > ready:  # noqa: PLR1730 (hot loop: cheaper than max())
                     ready = t
             e = ready + dur[i]
             yield timeout(e - now)

@@ -1,7 +1,8 @@
 """``SimulatorExecutor``: the ``simulator.iteration.Executor`` that predicts an iteration with the SimPy engine.
 
 Durations come from the latency model (docs/architecture.md): ``stage_time`` per (virtual stage,
-micro-batch) forward and backward, ``p2p_time`` of the micro-batch's tokens for every stage boundary,
+micro-batch) forward and backward (and, for a schedule that splits the backward, its input- and
+weight-gradient parts), ``p2p_time`` of the micro-batch's tokens for every stage boundary,
 ``allreduce_time`` and ``optimizer_time`` per physical stage. Every iteration also reports the peak
 memory per device (``sparsebalance.simulator.memory``): ``extra`` holds ``peak_memory_gb`` (the
 largest device), ``peak_memory_gb_s<stage>`` (largest over DP ranks) and ``memory_exceeded`` (devices
@@ -20,8 +21,11 @@ from sparsebalance.simulator.engine import PipelineInput, PipelineResult, simula
 from sparsebalance.simulator.iteration import IterationResult
 from sparsebalance.simulator.memory import GB, MemoryReport, check_fits, memory_report
 from sparsebalance.simulator.plan import Budgets, Plan
+from sparsebalance.simulator.schedules import splits_backward
 
 _CACHE_LIMIT = 200_000
+#: mode -> (backward, part of a split backward)
+_MODES = {"F": (False, None), "B": (True, None), "I": (True, "input"), "W": (True, "weight")}
 
 
 class SimulatorExecutor:
@@ -45,15 +49,17 @@ class SimulatorExecutor:
             np.array([latency.optimizer_time(s) for s in range(cluster.pp)], dtype=float),
         )
 
-    def _stage_time(self, vs: int, backward: bool, lengths: tuple[int, ...], budget) -> float:
-        key = (vs, backward, lengths, budget)
+    def _stage_time(self, vs: int, mode: str, lengths: tuple[int, ...], budget) -> float:
+        key = (vs, mode, lengths, budget)
         hit = self._stage_cache.get(key)
         if hit is None:
             if len(self._stage_cache) > _CACHE_LIMIT:
                 self._stage_cache.clear()
             pp = self.cluster.pp
+            backward, part = _MODES[mode]
+            kw = {"part": part} if part else {}
             hit = self._stage_cache[key] = float(self.latency.stage_time(
-                lengths, budget, vs % pp, backward=backward, chunk=vs // pp))
+                lengths, budget, vs % pp, backward=backward, chunk=vs // pp, **kw))
         return hit
 
     def build_input(self, iteration: int, plan: Plan, budgets: Budgets) -> PipelineInput:
@@ -68,34 +74,35 @@ class SimulatorExecutor:
         if len(budgets) != dp or any(len(b) != m for b in budgets):
             raise ConfigError("budgets: shape must match the plan (one budget per micro-batch)")
         nv = c.pp * c.virtual_stages
-        p2p = np.empty((dp, 1, m))
-        tokens = np.empty((dp, m))
-        mean_budget = np.empty((dp, m))
+        tok = [mb.tokens for _, _, mb in plan.microbatches()]
+        tokens = np.array(tok, dtype=float).reshape(dp, m)
+        p2p = np.array([self.latency.p2p_time(t) for t in tok], dtype=float).reshape(dp, 1, m)
         flat = [b for row in budgets for b in row]
+        mean_budget = np.array([float(np.mean(b)) if isinstance(b, tuple) else float(b) for b in flat])
+        mean_budget = mean_budget.reshape(dp, m)
+        modes = ("F", "B", "I", "W") if splits_backward(c.schedule) else ("F", "B")
         if hasattr(self.latency, "attention_many") and all(type(b) is int for b in flat):
-            fwd, bwd = self._stage_times_many(plan, np.array(flat, dtype=np.int64))
+            times = self._stage_times_many(plan, np.array(flat, dtype=np.int64),
+                                           np.array(tok, dtype=np.int64), modes)
         else:
-            fwd = np.empty((dp, nv, m))
-            bwd = np.empty((dp, nv, m))
+            times = {mode: np.empty((dp, nv, m)) for mode in modes}
             for r, j, mb in plan.microbatches():
                 for vs in range(nv):
-                    fwd[r, vs, j] = self._stage_time(vs, False, mb.lengths, budgets[r][j])
-                    bwd[r, vs, j] = self._stage_time(vs, True, mb.lengths, budgets[r][j])
-        for r, j, mb in plan.microbatches():
-            budget = budgets[r][j]
-            tokens[r, j] = mb.tokens
-            p2p[r, 0, j] = self.latency.p2p_time(mb.tokens)
-            mean_budget[r, j] = float(np.mean(budget)) if isinstance(budget, tuple) else float(budget)
+                    for mode in modes:
+                        times[mode][r, vs, j] = self._stage_time(vs, mode, mb.lengths, budgets[r][j])
         return PipelineInput(schedule=c.schedule, pp=c.pp, virtual_stages=c.virtual_stages,
-                             forward=fwd, backward=bwd, p2p=p2p, allreduce=self._fixed[0],
+                             forward=times["F"], backward=times["B"], backward_input=times.get("I"),
+                             backward_weight=times.get("W"), p2p=p2p, allreduce=self._fixed[0],
                              optimizer=self._fixed[1], tokens=tokens, budget=mean_budget,
                              iteration=iteration)
 
-    def _stage_times_many(self, plan: Plan, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """F and B seconds [dp, V, m] of every (micro-batch, virtual stage) at one int budget per
-        micro-batch (``k`` in rank-major order): ``LatencyModel.stage_time``'s terms in its order
-        (a stage's layers x the sum of its sequences' attention, + layers x dense, + embedding on
-        the first and LM head on the last virtual stage), the attention in one vectorised call."""
+    def _stage_times_many(self, plan: Plan, k: np.ndarray, tokens: np.ndarray,
+                          modes=("F", "B")) -> dict[str, np.ndarray]:
+        """Seconds [dp, V, m] of every (micro-batch, virtual stage) per mode (F, B and the split
+        backward's I, W) at one int budget per micro-batch (``k`` in rank-major order):
+        ``LatencyModel.stage_time``'s terms in its order (a stage's layers x the sum of its
+        sequences' attention, + layers x dense, + embedding on the first and LM head on the last
+        virtual stage), the attention in one vectorised call."""
         lm, c = self.latency, self.cluster
         dp, m = plan.dp, plan.num_microbatches
         pp, nv = c.pp, c.pp * c.virtual_stages
@@ -103,27 +110,34 @@ class SimulatorExecutor:
         counts = np.array([len(mb.sequences) for mb in mbs])
         lengths = np.fromiter((L for mb in mbs for L in mb.lengths), dtype=np.int64, count=int(counts.sum()))
         starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        tokens = [mb.tokens for mb in mbs]
         n_layers = [len(lm.stage_layers(vs % pp, vs // pp)) for vs in range(nv)]
-        out = []
-        for bw in (False, True):
-            a = lm.attention_many(lengths, np.repeat(k, counts), backward=bw)
-            attn = np.zeros(len(mbs))
-            for p in range(int(counts.max())):  # left to right over a micro-batch's sequences
-                has = counts > p
-                attn[has] = attn[has] + a[starts[has] + p]
-            dense = np.array([lm.dense(t, backward=bw) for t in tokens])
+        out = {}
+        attn_of = {}
+        for mode in modes:
+            bw, part = _MODES[mode]
+            if part == "weight":  # attention has no weights: none of its backward is W
+                attn = np.zeros(len(mbs))
+            elif bw in attn_of:
+                attn = attn_of[bw]
+            else:
+                a = lm.attention_many(lengths, np.repeat(k, counts), backward=bw)
+                attn = np.zeros(len(mbs))
+                for p in range(int(counts.max())):  # left to right over a micro-batch's sequences
+                    has = counts > p
+                    attn[has] = attn[has] + a[starts[has] + p]
+                attn_of[bw] = attn
+            dense = _per_token(lm, "layer", lm.dense, tokens, bw, part)
             times = np.empty((nv, len(mbs)))
             for vs in range(nv):
                 st = 0.0 + n_layers[vs] * attn
                 st = st + n_layers[vs] * dense
                 if vs == 0:
-                    st = st + np.array([lm.embed(t, backward=bw) for t in tokens])
+                    st = st + _per_token(lm, "embed", lm.embed, tokens, bw, part)
                 if vs == nv - 1:
-                    st = st + np.array([lm.head(t, backward=bw) for t in tokens])
+                    st = st + _per_token(lm, "head", lm.head, tokens, bw, part)
                 times[vs] = st
-            out.append(times.reshape(nv, dp, m).transpose(1, 0, 2))
-        return out[0], out[1]
+            out[mode] = times.reshape(nv, dp, m).transpose(1, 0, 2)
+        return out
 
     def execute(self, iteration: int, plan: Plan, budgets: Budgets) -> IterationResult:
         inp = self.build_input(iteration, plan, budgets)
@@ -142,3 +156,13 @@ class SimulatorExecutor:
             extra={"stage_imbalance": res.stage_imbalance, "replica_imbalance": res.replica_imbalance,
                    **memory},
         )
+
+
+def _per_token(lm, op: str, scalar, tokens: np.ndarray, backward: bool, part: str | None = None) -> np.ndarray:
+    """``op`` (layer, embed, head) at each token count, or that part of its backward: vectorised
+    when the model offers it (``LatencyModel.per_token_many``)."""
+    many = getattr(lm, "per_token_many", None)
+    if many is not None:
+        return many(op, tokens, backward=backward, part=part)
+    kw = {"part": part} if part else {}
+    return np.array([scalar(int(t), backward=backward, **kw) for t in tokens])

@@ -12,7 +12,14 @@ backward split into I and W, V-shaped stage placement) plug in without touching 
 :func:`pipeline_dependencies` is the rule of every schedule so far: F(vs, j) waits for F(vs-1, j) plus
 P2P over boundary vs-1; the backward (B, or I) of vs waits for that of vs+1 plus P2P over boundary
 vs; the backward of the last vstage waits for its own F (the loss is local); W(vs, j) waits for
-I(vs, j). Which device a vstage lives on is read off the orders, so V-shaped placement needs no rule.
+I(vs, j). Which device a vstage lives on is read off the orders, so V-shaped placement needs no rule;
+a dependency between two vstages on the same device (the bend of a V) carries no P2P lag.
+
+**Mixed backwards** (DualPipeV runs some backwards whole and splits others): when orders hold both
+B and I/W actions, a B(vs, j) becomes the node I(vs, j) marked in :attr:`ActionGraph.fused`
+(it carries the whole backward's duration) followed on its device by W(vs, j) as an empty
+placeholder (0 s). The previous vstage waits for I, so it waits for the whole backward, as it does
+in torch's runtime; the graph keeps one node per (kind, vstage, micro-batch).
 
 Nodes are numbered ``kind_index * V * m + vstage * m + microbatch``; node ``n`` (one past the last)
 is the sentinel "ends at 0 s". Lags are numbered ``boundary * m + microbatch``; lag ``(V - 1) * m``
@@ -27,6 +34,7 @@ there are about 2 (m + V) levels for GPipe and 1F1B, whatever the number of repl
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -60,7 +68,8 @@ class ActionGraph:
     """The DAG of one replica (see the module docstring). Arrays are read-only."""
 
     kinds: tuple[str, ...]
-    """Kinds present, in node-numbering order (("F", "B") for GPipe / 1F1B / interleaved)."""
+    """Kinds present, in node-numbering order (("F", "B") for GPipe / 1F1B / interleaved,
+    ("F", "I", "W") for the zero-bubble schedules)."""
     pp: int
     """Physical stages (devices per replica)."""
     nv: int
@@ -82,6 +91,18 @@ class ActionGraph:
     steps: tuple[tuple[np.ndarray, ...], ...]
     """Per level what the timing core gathers: (nodes, device predecessors, then per dependency
     column that is used at this level its predecessors and lag ids)."""
+    fused: np.ndarray
+    """[V, m] True where a split graph runs the backward whole (node I = B, node W = empty)."""
+
+    @property
+    def split(self) -> bool:
+        """Whether the backward is split into I and W nodes."""
+        return "I" in self.kinds
+
+    @property
+    def vstage_device(self) -> np.ndarray:
+        """[V] the device of each virtual stage (read off the orders)."""
+        return self.device[: self.nv * self.m: self.m]
 
     @property
     def n(self) -> int:
@@ -100,7 +121,7 @@ class ActionGraph:
     def node(self, kind: str, vs: int, j: int) -> int:
         return (self.kinds.index(kind) * self.nv + vs) * self.m + j
 
-    def split(self, kind_index: int) -> slice:
+    def block(self, kind_index: int) -> slice:
         """Node ids of one kind as a slice (its [V, m] block)."""
         size = self.nv * self.m
         return slice(kind_index * size, (kind_index + 1) * size)
@@ -114,7 +135,23 @@ def build_graph(orders: Sequence[Sequence[Action]], nv: int, m: int,
     Raises ConfigError when an action is missing, repeated or depends on an absent action, and
     RuntimeError when the orders deadlock (an action waits for one queued behind it)."""
     pp = len(orders)
-    kinds = tuple(k for k in KINDS if any(a[0] == k for o in orders for a in o))
+    present = {a[0] for o in orders for a in o}
+    mixed = "B" in present and bool(present & {"I", "W"})
+    fused = np.zeros((nv, m), dtype=bool)
+    if mixed:  # see "Mixed backwards" in the module docstring
+        expanded = []
+        for order in orders:
+            out: list[Action] = []
+            for a in order:
+                if a[0] == "B":
+                    fused[a[1], a[2]] = True
+                    out += [("I", a[1], a[2]), ("W", a[1], a[2])]
+                else:
+                    out.append(a)
+            expanded.append(out)
+        orders = expanded
+        present = (present - {"B"}) | {"I", "W"}
+    kinds = tuple(k for k in KINDS if k in present)
     size = nv * m
     n = len(kinds) * size
     kind_idx = {k: i for i, k in enumerate(kinds)}
@@ -137,10 +174,13 @@ def build_graph(orders: Sequence[Sequence[Action]], nv: int, m: int,
     zero = max(nv - 1, 0) * m
     for order in orders:
         for a in order:
+            i = node(a)
             for d, boundary in dependencies(a, nv):
                 if d[0] not in kind_idx:
                     raise ConfigError(f"{name}: {a} depends on {d}, which no stage runs")
-                dep_lists[node(a)].append((node(d), zero if boundary is None else boundary * m + a[2]))
+                k = node(d)
+                local = boundary is None or device[k] == device[i]  # same device: no transfer
+                dep_lists[i].append((k, zero if local else boundary * m + a[2]))
     width = max(1, max(len(x) for x in dep_lists))
     deps = np.full((n, width), n, dtype=np.int64)
     lags = np.full((n, width), zero, dtype=np.int64)
@@ -151,18 +191,23 @@ def build_graph(orders: Sequence[Sequence[Action]], nv: int, m: int,
     for ids in dev_orders:
         prev[ids[1:]] = ids[:-1]
     levels = _levels(dev_orders, prev, deps, n, name)
-    steps = []
-    for idx in levels:
-        step = [idx, prev[idx]]
-        for c in range(width):  # a column of only "ends at 0 s, no lag" adds nothing to the max
-            d, lg = deps[idx, c], lags[idx, c]
-            if not ((d == n) & (lg == zero)).all():
-                step += [d, lg]
-        steps.append(tuple(step))
-    for arr in (device, prev, deps, lags, *dev_orders, *levels, *(a for st in steps for a in st)):
+    # per level, views into level-sorted copies (one slice per array, no per-level gathers)
+    order = np.concatenate(levels)
+    bounds = np.cumsum([0] + [len(x) for x in levels])
+    used = ~((deps[order] == n) & (lags[order] == zero))  # a column of only "ends at 0 s, no lag"
+    sorted_arrays = [order, prev[order]] + [a for c in range(width) for a in (deps[order, c], lags[order, c])]
+    for arr in (device, prev, deps, lags, fused, *dev_orders, *sorted_arrays):
         arr.setflags(write=False)
+    levels = tuple(order[lo:hi] for lo, hi in itertools.pairwise(bounds.tolist()))
+    steps = []
+    for lo, hi in itertools.pairwise(bounds.tolist()):
+        step = [sorted_arrays[0][lo:hi], sorted_arrays[1][lo:hi]]
+        for c in range(width):  # adds nothing to the max where no node of the level uses it
+            if used[lo:hi, c].any():
+                step += [sorted_arrays[2 + 2 * c][lo:hi], sorted_arrays[3 + 2 * c][lo:hi]]
+        steps.append(tuple(step))
     return ActionGraph(kinds=kinds, pp=pp, nv=nv, m=m, orders=tuple(dev_orders), device=device,
-                       prev=prev, deps=deps, lags=lags, levels=levels, steps=tuple(steps))
+                       prev=prev, deps=deps, lags=lags, levels=levels, steps=tuple(steps), fused=fused)
 
 
 def _levels(dev_orders, prev, deps, n, name) -> tuple[np.ndarray, ...]:

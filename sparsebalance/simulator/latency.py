@@ -17,6 +17,22 @@ Interpolation (why this way):
   linearly (floored at 0 s); ``"error"`` raises ConfigError naming op, value and range; ``"clamp"``
   uses the nearest profiled value.
 
+Split backward (zero-bubble schedules): the backward of a stage splits into its input-gradient
+part I (attention's whole backward, since attention has no weights, + each layer's
+``layer_bwd_input`` + the LM head's ``head_bwd_input``) and its weight-gradient part W (each layer's
+``layer_bwd_weight`` + ``head_bwd_weight`` + the embedding's whole backward: its input is token ids).
+A profile without split rows (format 1) takes I = W = half of ``layer_bwd`` / ``head_bwd`` (the
+input- and weight-gradient GEMMs of a linear layer have equal FLOPs), so B = I + W; the first
+split query says so once (a warning) and :attr:`LatencyModel.notes` records it.
+
+Tensor parallelism: a profile's numbers are one TP rank's. An analytical profile includes the TP
+all-reduces of a Megatron layer (the roofline's); a profile measured on one shard (``profile --tp N``,
+sidecar ``tp_comm_included`` false or absent) does not, and the model adds them from the cluster:
+2 all-reduces of the layer's activation (tokens x hidden x dtype bytes) per layer forward (after the
+row-parallel attention output and MLP down projections) and 2 in the input-gradient part of its
+backward (the column-parallel inputs' gradients), each ``tp_latency + 2 (tp - 1) / tp x bytes /
+tp_bandwidth`` (:meth:`LatencyModel.tp_allreduce_time`).
+
 Profile vs run: a measured profile must match the run's ``model.block_size``, ``cluster.tp`` and the
 per-layer dims (hidden, heads, kv_heads, head_dim, ffn, vocab) or loading fails with ConfigError, since
 its numbers cannot be rescaled faithfully; ``layers`` may differ (the table is per layer). An
@@ -36,8 +52,11 @@ import numpy as np
 from sparsebalance.errors import ConfigError, check_choice
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
 from sparsebalance.simulator.profile import Profile, load_profile, monotone_violations
+from sparsebalance.simulator.schedules import placement
 
 EXTRAPOLATE = ("warn", "error", "clamp")
+PARTS = ("input", "weight")
+"""Parts of a split backward: input gradient (I) and weight gradient (W)."""
 _CHECKED_DIMS = ("hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab")
 ADAMW_BYTES_PER_PARAM = 16
 """HBM bytes one AdamW step moves per parameter (fallback optimizer estimate)."""
@@ -96,6 +115,12 @@ class LatencyModel:
         self._surfaces = {op: _Surface(profile.rows(op)) for op in ("attn_fwd", "attn_bwd")}
         self._curves = {op: _Curve(r["seq_len"], r["latency_s"]) for op in profile.ops
                         if op not in self._surfaces for r in [profile.rows(op)]}
+        meta = profile.meta
+        self._tp_comm = cluster.tp > 1 and not meta.get("tp_comm_included", bool(meta["analytical"]))
+        """Whether the dense ops lack the TP all-reduces (added here, see the module docstring)."""
+        self.notes: list[str] = []
+        """What the model derived rather than read from the profile (e.g. the split backward)."""
+        self._derived_split = self._derive_split()
         self._warned: set[str] = set()
         self._attn: dict[tuple[int, int, bool], float] = {}
         self._attn_fb: dict[tuple[int, int], float] = {}
@@ -114,6 +139,26 @@ class LatencyModel:
         for op in ("embed_fwd", "embed_bwd", "head_fwd", "head_bwd"):
             if op not in self._curves:
                 warnings.warn(f"profile {profile.source} has no {op} rows; that op costs 0 s", stacklevel=3)
+
+    def _derive_split(self) -> list[str]:
+        """I and W curves of ``layer_bwd`` / ``head_bwd`` where the profile has no split rows:
+        each half of the whole (see the module docstring). Returns the ops derived."""
+        derived = []
+        for name in ("layer", "head"):
+            whole = self._curves.get(f"{name}_bwd")
+            if whole is None or f"{name}_bwd_input" in self._curves:
+                continue
+            half = _Curve(whole.xs, [y / 2 for y in whole.ys])
+            self._curves[f"{name}_bwd_input"] = self._curves[f"{name}_bwd_weight"] = half
+            derived.append(name)
+        return derived
+
+    def _note_split(self) -> None:
+        if self._derived_split and not self.notes:
+            ops = " and ".join(f"{n}_bwd" for n in self._derived_split)
+            self.notes.append(f"profile {self.profile.source} (format {self.profile.meta['format_version']}) "
+                              f"has no split-backward rows: I = W = half of {ops} (B = I + W)")
+            warnings.warn("latency: " + self.notes[0], RuntimeWarning, stacklevel=3)
 
     def _fused(self):
         """Pre-summed tables for microbatch_latency's hot path: attention F + B on the shared grid, and
@@ -212,16 +257,77 @@ class LatencyModel:
         self._dense[key] = value
         return value
 
-    def dense(self, tokens: int, *, backward: bool = False) -> float:
-        """Seconds of one layer's dense part (norms, QKV/O projections, MLP) on ``tokens`` tokens."""
-        return self._op("layer_bwd" if backward else "layer_fwd", tokens)
+    def _bwd_op(self, name: str, backward: bool, part: str | None) -> str:
+        if part is None:
+            return f"{name}_bwd" if backward else f"{name}_fwd"
+        if part not in PARTS or not backward:
+            raise ConfigError(f"latency: part must be one of {', '.join(PARTS)} with backward=True, "
+                              f"got {part!r}")
+        self._note_split()
+        return f"{name}_bwd_{part}"
 
-    def embed(self, tokens: int, *, backward: bool = False) -> float:
+    def op_many(self, op: str, x) -> np.ndarray:
+        """Vectorised per-token op (``layer_fwd``, ``embed_bwd``, ``head_fwd``, ...) for an array of
+        token counts: bitwise :meth:`dense` / :meth:`embed` / :meth:`head`'s values (same
+        arithmetic); points outside the profiled range, and 0 tokens, take the scalar path."""
+        x = np.asarray(x, dtype=np.int64)
+        curve = self._curves.get(op)
+        if curve is None:
+            return np.zeros(x.shape)
+        xs, ys = np.asarray(curve.xs), np.asarray(curve.ys)
+        xf = x.astype(float)
+        i = np.clip(np.searchsorted(xs, xf, side="right") - 1, 0, len(xs) - 2)
+        t = (xf - xs[i]) / (xs[i + 1] - xs[i])
+        out = np.maximum(0.0, ys[i] + t * (ys[i + 1] - ys[i]))
+        for idx in np.flatnonzero((xf < xs[0]) | (xf > xs[-1]) | (x == 0)):
+            out[idx] = self._op(op, int(x[idx]))
+        return out
+
+    def per_token_many(self, name: str, tokens, *, backward: bool = False, part: str | None = None) -> np.ndarray:
+        """Vectorised :meth:`dense` (``name`` "layer"), :meth:`embed` or :meth:`head` (with their
+        ``part`` of a split backward and the TP all-reduces) for an array of token counts: the same
+        arithmetic, so bitwise the scalar methods' values."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        if name == "embed":
+            if part is not None and (part not in PARTS or not backward):
+                self._bwd_op("embed", backward, part)  # raises: a part needs backward=True
+            if part == "input":
+                return np.zeros(tokens.shape)
+            return self.op_many("embed_bwd" if backward else "embed_fwd", tokens)
+        out = self.op_many(self._bwd_op(name, backward, part), tokens)
+        if name == "layer" and self._tp_comm and part != "weight":
+            out = out + 2 * self.tp_allreduce_time(tokens.astype(float))
+        return out
+
+    def dense(self, tokens: int, *, backward: bool = False, part: str | None = None) -> float:
+        """Seconds of one layer's dense part (norms, QKV/O projections, MLP) on ``tokens`` tokens;
+        ``part`` "input" / "weight": that part of the backward (None: the whole). Includes the
+        layer's two TP all-reduces (none in the weight part)."""
+        t = self._op(self._bwd_op("layer", backward, part), tokens)
+        if self._tp_comm and part != "weight":
+            t += 2 * self.tp_allreduce_time(tokens)
+        return t
+
+    def tp_allreduce_time(self, tokens):
+        """Seconds of one ring all-reduce of a [tokens, hidden] activation across the TP group
+        (0 at tp = 1); numpy-broadcastable in ``tokens``."""
+        c = self.cluster
+        if c.tp == 1:
+            return 0.0 * tokens
+        nbytes = tokens * self.model.hidden * self.model.dtype_bytes
+        return c.tp_latency + 2 * (c.tp - 1) / c.tp * nbytes / c.tp_bandwidth
+
+    def embed(self, tokens: int, *, backward: bool = False, part: str | None = None) -> float:
+        """Embedding lookup; its backward is all weight gradient (the input is token ids)."""
+        if part is not None and (part not in PARTS or not backward):
+            self._bwd_op("embed", backward, part)  # raises: a part needs backward=True
+        if part == "input":
+            return 0.0
         return self._op("embed_bwd" if backward else "embed_fwd", tokens)
 
-    def head(self, tokens: int, *, backward: bool = False) -> float:
+    def head(self, tokens: int, *, backward: bool = False, part: str | None = None) -> float:
         """Final norm + LM head + loss."""
-        return self._op("head_bwd" if backward else "head_fwd", tokens)
+        return self._op(self._bwd_op("head", backward, part), tokens)
 
     # -- stages and micro-batches -----------------------------------------------------------------
     def stage_layers(self, stage: int, chunk: int = 0) -> range:
@@ -254,20 +360,23 @@ class LatencyModel:
             self._counts[budget] = counts
         return counts
 
-    def stage_time(self, lengths, budget, stage: int, *, backward: bool, chunk: int = 0) -> float:
+    def stage_time(self, lengths, budget, stage: int, *, backward: bool, chunk: int = 0,
+                   part: str | None = None) -> float:
         """Seconds of one (virtual) stage's forward or backward for a micro-batch of ``lengths``:
-        its layers' attention (per sequence) + dense part (all tokens), + embedding on chunk 0 of
-        stage 0, + LM head on the last chunk of the last stage."""
+        its layers' attention (per sequence) + dense part (all tokens), + embedding on virtual
+        stage 0, + LM head on the last virtual stage. ``part`` ("input" / "weight", backward only):
+        that part of the split backward (attention is all input gradient)."""
         layers = self.stage_layers(stage, chunk)
         tokens = sum(lengths)
         total = 0.0
-        for k, n in self._budget_counts(budget, layers):
-            total += n * sum(self.attention(L, k, backward=backward) for L in lengths)
-        total += len(layers) * self.dense(tokens, backward=backward)
+        if part != "weight":
+            for k, n in self._budget_counts(budget, layers):
+                total += n * sum(self.attention(L, k, backward=backward) for L in lengths)
+        total += len(layers) * self.dense(tokens, backward=backward, part=part)
         if stage == 0 and chunk == 0:
-            total += self.embed(tokens, backward=backward)
+            total += self.embed(tokens, backward=backward, part=part)
         if stage == self.cluster.pp - 1 and chunk == self.cluster.virtual_stages - 1:
-            total += self.head(tokens, backward=backward)
+            total += self.head(tokens, backward=backward, part=part)
         return total
 
     def _attention_fb(self, L: int, k: int) -> float:
@@ -289,6 +398,8 @@ class LatencyModel:
             fast = self._fast_dense
             if fast is not None and fast.xs[0] <= tokens <= fast.xs[-1]:
                 hit = fast(tokens)
+                if self._tp_comm:  # the fused table holds the ops alone: 2 + 2 all-reduces per layer
+                    hit += self.model.layers * 4 * self.tp_allreduce_time(tokens)
             else:
                 hit = (self.model.layers * (self.dense(tokens) + self.dense(tokens, backward=True))
                        + self.embed(tokens) + self.embed(tokens, backward=True)
@@ -376,6 +487,8 @@ class LatencyModel:
             xs, ys = np.asarray(fast.xs), np.asarray(fast.ys)
             inside = (tokens >= xs[0]) & (tokens <= xs[-1])
             out[inside] = np.interp(tokens[inside].astype(float), xs, ys)
+            if self._tp_comm:
+                out[inside] += self.model.layers * 4 * self.tp_allreduce_time(tokens[inside].astype(float))
         for idx in np.flatnonzero(~inside):
             out[idx] = self._dense_fb(int(tokens[idx]))
         return out
@@ -387,17 +500,18 @@ class LatencyModel:
         return c.p2p_latency + tokens * self.model.hidden * self.model.dtype_bytes / c.p2p_bandwidth
 
     def stage_params(self, stage: int) -> int:
-        """Parameters held by pipeline stage ``stage`` (all its chunks; before TP splitting). The
-        embedding sits on stage 0, final norm + LM head on the last stage; tied embeddings are counted
-        on stage 0 and again on the last stage when pp > 1 (Megatron keeps a copy there)."""
-        m, pp = self.model, self.cluster.pp
-        n_layers = sum(len(self.stage_layers(stage, c)) for c in range(self.cluster.virtual_stages))
-        params = n_layers * m.params_per_layer
-        if stage == 0:
+        """Parameters held by device ``stage`` (all its virtual stages under the schedule's
+        placement; before TP splitting). The embedding sits with virtual stage 0, final norm + LM
+        head with the last one (both on device 0 under a V placement); tied embeddings are counted
+        again on the head's device when that is another device (Megatron keeps a copy there)."""
+        m, c = self.model, self.cluster
+        dev = placement(c.schedule, c.pp, c.virtual_stages)
+        params = sum(len(r) for r, d in zip(self._ranges, dev) if d == stage) * m.params_per_layer
+        if stage == dev[0]:
             params += m.embedding_params
-        if stage == pp - 1:
+        if stage == dev[-1]:
             params += m.hidden  # final RMSNorm
-            if not m.tie_embeddings or pp > 1:
+            if not m.tie_embeddings or dev[0] != dev[-1]:
                 params += m.embedding_params
         return params
 

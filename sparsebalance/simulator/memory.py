@@ -40,6 +40,7 @@ import numpy as np
 from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
 from sparsebalance.simulator.graph import ActionGraph
+from sparsebalance.simulator.schedules import placement
 
 PARAM_BYTES = 2
 """bf16 weights."""
@@ -63,15 +64,17 @@ def stage_layer_counts(model: ModelConfig, cluster: ClusterConfig) -> list[int]:
 
 
 def stage_params(model: ModelConfig, cluster: ClusterConfig, stage: int) -> int:
-    """Parameters of physical stage ``stage`` before TP (as ``LatencyModel.stage_params``)."""
+    """Parameters of physical stage (device) ``stage`` before TP (as ``LatencyModel.stage_params``):
+    its vstages' layers under the schedule's placement, the embedding where vstage 0 lives, final
+    norm + LM head where the last vstage lives (a tied head counted again on another device)."""
     counts = stage_layer_counts(model, cluster)
-    pp = cluster.pp
-    params = sum(counts[c * pp + stage] for c in range(cluster.virtual_stages)) * model.params_per_layer
-    if stage == 0:
+    dev = placement(cluster.schedule, cluster.pp, cluster.virtual_stages)
+    params = sum(c for c, d in zip(counts, dev) if d == stage) * model.params_per_layer
+    if stage == dev[0]:
         params += model.embedding_params
-    if stage == pp - 1:
+    if stage == dev[-1]:
         params += model.hidden
-        if not model.tie_embeddings or pp > 1:
+        if not model.tie_embeddings or dev[0] != dev[-1]:
             params += model.embedding_params
     return params
 
@@ -102,7 +105,7 @@ def transient_bytes_per_token(model: ModelConfig, cluster: ClusterConfig) -> np.
     out = np.zeros(cluster.pp)
     if cluster.recompute:
         out += layer_bytes_per_token(model, cluster.tp)
-    out[-1] += 2 * model.vocab / cluster.tp
+    out[placement(cluster.schedule, cluster.pp, cluster.virtual_stages)[-1]] += 2 * model.vocab / cluster.tp
     return out
 
 
@@ -186,8 +189,9 @@ def check_fits(model: ModelConfig, cluster: ClusterConfig) -> None:
     optimizer states of some stage plus one token of activations: no micro-batch could run."""
     if cluster.device_memory is None:
         return
-    need = static_bytes(model, cluster) + (kept_bytes_per_token(model, cluster).reshape(
-        cluster.virtual_stages, cluster.pp).sum(axis=0) + transient_bytes_per_token(model, cluster))
+    dev = placement(cluster.schedule, cluster.pp, cluster.virtual_stages)
+    kept = np.bincount(dev, weights=kept_bytes_per_token(model, cluster), minlength=cluster.pp)
+    need = static_bytes(model, cluster) + kept + transient_bytes_per_token(model, cluster)
     worst = int(np.argmax(need))
     if need[worst] > cluster.device_memory:
         raise ConfigError(f"cluster.device_memory: {cluster.device_memory / GB:.1f} GB cannot hold one "

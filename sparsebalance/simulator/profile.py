@@ -9,6 +9,10 @@ A profile is a directory ``NAME/`` holding
     The (seq_len, budget) points of each attention op must form a full rectilinear grid.
   - ``layer_fwd``, ``layer_bwd``: the dense part of one decoder layer (norms, QKV/O projections,
     MLP); ``seq_len`` = tokens in the micro-batch, ``budget`` = 0.
+  - ``layer_bwd_input``, ``layer_bwd_weight`` (format 2, required there): the two parts of
+    ``layer_bwd`` that zero-bubble schedules run apart: the gradient with respect to the layer's
+    input (I) and with respect to its weights (W). Attention's backward is all input gradient.
+  - ``head_bwd_input``, ``head_bwd_weight``: the same split of ``head_bwd``. Optional.
   - ``embed_fwd``, ``embed_bwd``, ``head_fwd``, ``head_bwd``: embedding lookup; final norm + LM head
     + loss; ``seq_len`` = tokens, ``budget`` = 0. Optional (absent = no cost, with a warning).
   - ``optim``: one AdamW step; ``seq_len`` = number of parameters, ``budget`` = 0. Optional.
@@ -32,10 +36,17 @@ import pandas as pd
 
 from sparsebalance.errors import ConfigError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""Written by this version. 2 added the split backward (``*_bwd_input``, ``*_bwd_weight``)."""
+READ_VERSIONS = (1, 2)
+"""Read by this version: a format-1 profile loads; the latency model derives its split backward
+(I = W = half of the whole, B = I + W) and says so once."""
 COLUMNS = ("op", "seq_len", "budget", "latency_s")
 ATTENTION_OPS = ("attn_fwd", "attn_bwd")
-DENSE_OPS = ("layer_fwd", "layer_bwd", "embed_fwd", "embed_bwd", "head_fwd", "head_bwd")
+DENSE_OPS = ("layer_fwd", "layer_bwd", "embed_fwd", "embed_bwd", "head_fwd", "head_bwd",
+             "layer_bwd_input", "layer_bwd_weight", "head_bwd_input", "head_bwd_weight")
+SPLIT_OPS = ("layer_bwd_input", "layer_bwd_weight")
+"""Required in a format-2 profile."""
 OPS = ATTENTION_OPS + DENSE_OPS + ("optim",)
 REQUIRED_OPS = ("attn_fwd", "attn_bwd", "layer_fwd", "layer_bwd")
 #: Sidecar key -> the JSON type it must have.
@@ -63,6 +74,7 @@ class Profile:
     def __post_init__(self) -> None:
         self.table = validate_table(self.table, self.source)
         validate_meta(self.meta, self.source)
+        check_split_ops(self.table, self.meta, self.source)
 
     @property
     def ops(self) -> tuple[str, ...]:
@@ -138,6 +150,7 @@ def write_profile(table: pd.DataFrame, meta: dict[str, Any], directory: str | Pa
     out = Path(directory)
     table = validate_table(table, str(out / "profile.csv"))
     validate_meta(meta, str(out / "profile.json"))
+    check_split_ops(table, meta, str(out / "profile.csv"))
     out.mkdir(parents=True, exist_ok=True)
     # repr-precision floats so that a reload gives back exactly the same numbers
     table.to_csv(out / "profile.csv", index=False, float_format="%.17g")
@@ -157,9 +170,9 @@ def validate_meta(meta: dict[str, Any], where: str) -> None:
         if bad_bool or not isinstance(value, tp):
             raise ConfigError(f"profile: {where}: sidecar key {key!r} must be {_TYPE_WORDS[tp]}, "
                               f"got {value!r}")
-    if meta["format_version"] != FORMAT_VERSION:
+    if meta["format_version"] not in READ_VERSIONS:
         raise ConfigError(f"profile: {where}: format_version {meta['format_version']} is not supported "
-                          f"(this version reads {FORMAT_VERSION})")
+                          f"(this version reads {', '.join(map(str, READ_VERSIONS))})")
     for key in ("block_size", "tp"):
         if meta[key] <= 0:
             raise ConfigError(f"profile: {where}: sidecar key {key!r} must be > 0, got {meta[key]}")
@@ -172,6 +185,22 @@ def validate_meta(meta: dict[str, Any], where: str) -> None:
                            or not math.isfinite(bw) or bw <= 0):
         raise ConfigError(f"profile: {where}: memory_bandwidth must be a positive number of bytes/s, "
                           f"got {bw!r}")
+
+
+def check_split_ops(table: pd.DataFrame, meta: dict[str, Any], where: str) -> None:
+    """A format-2 profile has ``layer_bwd_input`` and ``layer_bwd_weight``; the two ops of a split
+    come as a pair in any format."""
+    present = set(table["op"])
+    if meta.get("format_version", FORMAT_VERSION) >= 2:
+        absent = [op for op in SPLIT_OPS if op not in present]
+        if absent:
+            raise ConfigError(f"profile: {where}: format 2 needs op(s) {', '.join(absent)} (the split "
+                              "backward); measure them, or write format_version 1 to have them derived")
+    for name in ("layer", "head"):
+        pair = [f"{name}_bwd_input", f"{name}_bwd_weight"]
+        if sum(op in present for op in pair) == 1:
+            raise ConfigError(f"profile: {where}: ops {pair[0]} and {pair[1]} come together; only one "
+                              "has rows")
 
 
 def validate_table(table: pd.DataFrame, where: str) -> pd.DataFrame:

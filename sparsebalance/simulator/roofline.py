@@ -1,23 +1,31 @@
-"""ANALYTICAL roofline profiles (no measurement): H200 SXM and H20, MoBA attention + dense layers.
+"""ANALYTICAL profiles (no measurement): H100 SXM, H200 SXM and H20; our MoBA kernel + dense layers.
 
-Every op's time is ``max(FLOPs / (peak x efficiency), bytes / (bandwidth x memory_efficiency))
-+ kernels x launch_overhead`` (+ the TP all-reduces of a Megatron-style layer). The numbers are a
-model, not a measurement: the sidecar says ``analytical: true`` and ``how: "analytical roofline: ..."``.
+Attention ops price what ``kernels/moba/triton_impl.py`` executes (``simulator/kernelcost.py``):
+executed tile pairs, the PyTorch gate and index building of a sparse sequence, the LSE-merge traffic
+of partial outputs, FlashAttention-2's five backward matmuls, and every launch. Each kernel's time is
+``max(FLOPs / (peak x efficiency), bytes / (HBM bandwidth x memory efficiency))``, PyTorch phases
+add ``(ops + syncs) x launch_overhead``. Dense layer parts: ``max(FLOPs / (peak x gemm_efficiency),
+bytes / (bandwidth x memory_efficiency)) + launches`` (+ the TP all-reduces of a Megatron layer).
 
-FLOP counts (per GPU, one TP rank, heads and weights split over ``tp``):
+Every constant states its source below and in docs/costmodel.md (data sheets, published figures,
+measurements with their commands); ``launch_overhead`` only partly (a measured floor, docs/costmodel.md
+section 7). The sidecar says ``analytical: true``.
 
-* MoBA attention forward: the exact number of attended (query, key) pairs under MoBA semantics
-  (a query in block c sees its own block causally plus min(k-1, c) earlier full blocks, see
-  :func:`moba_pairs`) x 4 x head_dim x heads / tp (QK^T and PV, 2 FLOPs per multiply-add), plus gate
-  scoring (each query against the mean key of every earlier block: 2 x head_dim FLOPs per head).
-* MoBA attention backward: 2.5 x the forward matmul FLOPs, the FlashAttention-2 count (recompute
-  QK^T, then dV, dP, dQ, dK: 5 matmuls against 2); the top-k gate has no gradient.
+FLOP counts (per GPU, one TP rank, heads split over ``tp``; kv heads replicated when fewer than tp):
+
+* MoBA forward: 4 x head_dim per executed (query, key) pair (QK^T and PV); backward: 10 x head_dim
+  (S, dP, dV, dK, dQ); plus the gate's score GEMM (2 x head_dim per row, head and past block).
 * Dense part of a layer: 2 x tokens x params_per_layer / tp forward, twice that backward.
 * LM head: 2 x tokens x hidden x vocab / tp forward, twice that backward; plus fp32 logits traffic.
+* Split backward (``layer_bwd_input`` / ``layer_bwd_weight``, ``head_bwd_input`` /
+  ``head_bwd_weight``; see :func:`dense_split_time`): each part is one of the backward's two GEMM
+  passes (dX = dY W^T and dW = X^T dY have the forward's FLOPs each), so each part is priced as the
+  forward's FLOPs and bytes with half the backward's launches; the TP all-reduces of a Megatron
+  layer's backward carry input gradients and go to the input part. I + W = B exactly.
 
 An analytical profile is computed for one model's dims, TP degree and block size;
 ``sparsebalance.simulator.latency`` re-derives it for another model from the hardware parameters in
-the sidecar's ``roofline`` entry instead of rescaling numbers (exact, and cheap: ~10 ms).
+the sidecar's ``roofline`` entry instead of rescaling numbers.
 
 Regenerate the shipped profiles with ``python -m sparsebalance.simulator.roofline --out
 sparsebalance/data/profiles``.
@@ -34,58 +42,81 @@ import numpy as np
 import pandas as pd
 
 from sparsebalance.errors import check, check_positive
+from sparsebalance.simulator import kernelcost as kc
 from sparsebalance.simulator.config import ModelConfig, qwen25_3b
 from sparsebalance.simulator.profile import MODEL_DIMS, Profile, write_profile
 
 COMMAND = "python -m sparsebalance.simulator.roofline --out sparsebalance/data/profiles"
 
+# FlashAttention-3 paper (Shah et al., arXiv 2407.08608), Figs. 5-6, H100 80GB SXM5, BF16, head dim
+# 128, sequence length 16K (batch x length = 16K, hidden 2048): forward without causal mask, Triton
+# 395 TFLOP/s; backward, FlashAttention-2 322 TFLOP/s. Our kernels are Triton FA-2-style kernels, and
+# the model counts executed (not attended) pairs, so the non-causal figures are the efficiencies.
+FA3_TRITON_FWD_TFLOPS = 395.0
+FA3_FA2_BWD_TFLOPS = 322.0
+H100_PEAK_TFLOPS = 989.0
+
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Hardware:
-    """Peak numbers of one GPU and the efficiency factors of the analytical roofline."""
+    """Peak numbers of one GPU and the efficiencies of the analytical model (sources: module docstring,
+    docs/costmodel.md)."""
 
     device: str
-    """Label written to the sidecar (``h200``, ``h20``)."""
+    """Label written to the sidecar (``h100``, ``h200``, ``h20``)."""
     peak_flops: float
     """Dense bf16 tensor-core FLOP/s (data-sheet figure without structured sparsity)."""
     memory_bandwidth: float
-    """HBM bandwidth in bytes/s."""
+    """HBM bandwidth in bytes/s (data sheet)."""
     tp_bandwidth: float = 450e9
-    """Bytes/s per direction between the TP ranks (NVLink 4: 900 GB/s bidirectional)."""
-    gemm_efficiency: float = 0.70
-    """Share of peak that the dense GEMMs of a layer and the LM head reach."""
-    attention_efficiency: float = 0.35
-    """Share of peak that the MoBA kernel reaches: gathers of selected key blocks and short tiles keep
-    it below dense FlashAttention (~0.5-0.6 on Hopper)."""
-    memory_efficiency: float = 0.80
-    """Share of the HBM bandwidth that streaming kernels reach."""
+    """Bytes/s per direction between the TP ranks (NVLink 4: 900 GB/s bidirectional, data sheets)."""
+    gemm_efficiency: float = 957.0 / 989.0
+    """Share of peak of the layers' GEMMs: cublasLt bf16/fp16 GEMM on H100 SXM measured at 957-966
+    TFLOP/s for M = 16-32K, N = 512-2048, K = 32K (https://189505.xyz/?p=618, benchmark code linked
+    there); the lowest of those figures. A best case: layer GEMMs with smaller K run lower."""
+    attention_fwd_efficiency: float = FA3_TRITON_FWD_TFLOPS / H100_PEAK_TFLOPS
+    """Share of peak of our forward kernels per executed pair: FA3 paper, Triton forward (FA-2 style)."""
+    attention_bwd_efficiency: float = FA3_FA2_BWD_TFLOPS / H100_PEAK_TFLOPS
+    """Share of peak of our backward kernels per executed pair: FA3 paper, FlashAttention-2 backward
+    (the same five matmuls with atomic dQ; the paper has no Triton backward figure)."""
+    memory_efficiency: float = 2.8 / 3.35
+    """Share of HBM bandwidth streaming kernels reach: coalesced loads measured at 2.8 TB/s of 3.35 on
+    H100 SXM5 with Nsight Compute (https://mikamirai.com/blog/gpu-memory-bandwidth/)."""
     launch_overhead: float = 4e-6
-    """Seconds of fixed cost per kernel launch."""
+    """Seconds of fixed cost per kernel launch, PyTorch op or host sync. Partly measured: the host
+    dispatch floor is 1.44 us (benchmarks/bench_dispatch.py, this project's VM); the CUDA launch
+    latency on top is not measured, so the previous 4 us is kept until gpu-check measures real
+    launches (docs/costmodel.md, section 7)."""
     source: str = ""
     """Where the peak numbers come from."""
 
     def __post_init__(self) -> None:
         for f in ("peak_flops", "memory_bandwidth", "tp_bandwidth", "gemm_efficiency",
-                  "attention_efficiency", "memory_efficiency"):
+                  "attention_fwd_efficiency", "attention_bwd_efficiency", "memory_efficiency"):
             check_positive(getattr(self, f), f)
-        for f in ("gemm_efficiency", "attention_efficiency", "memory_efficiency"):
+        for f in ("gemm_efficiency", "attention_fwd_efficiency", "attention_bwd_efficiency", "memory_efficiency"):
             check(getattr(self, f) <= 1, f, f"must be <= 1, got {getattr(self, f)}")
         check_positive(self.launch_overhead, "launch_overhead", allow_zero=True)
 
 
-# NVIDIA H200 Tensor Core GPU data sheet (nvidia.com/en-us/data-center/h200): H200 SXM BF16 Tensor
-# Core 1,979 TFLOPS *with sparsity* -> 989 TFLOP/s dense; HBM3e 141 GB at 4.8 TB/s; NVLink 900 GB/s.
+# NVIDIA H100 Tensor Core GPU data sheet: H100 SXM BF16 Tensor Core 1,979 TFLOPS *with sparsity* ->
+# 989 TFLOP/s dense; 80 GB HBM3 at 3.35 TB/s; NVLink 900 GB/s.
+H100 = Hardware(device="h100", peak_flops=989e12, memory_bandwidth=3.35e12,
+                source="NVIDIA H100 data sheet (SXM 80 GB): 989 TFLOP/s dense bf16 (1,979 with sparsity), 3.35 TB/s HBM3")
+# NVIDIA H200 Tensor Core GPU data sheet: H200 SXM BF16 Tensor Core 1,979 TFLOPS *with sparsity* ->
+# 989 TFLOP/s dense; HBM3e 141 GB at 4.8 TB/s; NVLink 900 GB/s. Same GH100 compute as the H100, so the
+# H100-measured efficiencies carry over.
 H200 = Hardware(device="h200", peak_flops=989e12, memory_bandwidth=4.8e12,
                 source="NVIDIA H200 data sheet: 989 TFLOP/s dense bf16 (1,979 with sparsity), 4.8 TB/s HBM3e")
 # NVIDIA H20 (China-market Hopper, HGX H20 product brief): 148 TFLOP/s dense FP16/BF16, 96 GB HBM3 at
-# 4.0 TB/s, NVLink 900 GB/s.
+# 4.0 TB/s, NVLink 900 GB/s. No published attention or GEMM figures on H20 were found: the H100
+# efficiencies are applied (an assumption, stated in docs/costmodel.md).
 H20 = Hardware(device="h20", peak_flops=148e12, memory_bandwidth=4.0e12,
                source="NVIDIA HGX H20 product brief: 148 TFLOP/s dense bf16, 4.0 TB/s HBM3")
-HARDWARE = {"h200": H200, "h20": H20}
+HARDWARE = {"h100": H100, "h200": H200, "h20": H20}
 
-#: Kernel launches per op (gate means, gate GEMM, top-k, attention; norms, GEMMs, activations, ...).
-KERNELS = {"attn_fwd": 4, "attn_bwd": 3, "layer_fwd": 10, "layer_bwd": 20, "embed_fwd": 1,
-           "embed_bwd": 2, "head_fwd": 4, "head_bwd": 6}
+#: Kernel launches per dense op (norms, GEMMs, activations, ...; embedding; final norm, head, loss).
+KERNELS = {"layer_fwd": 10, "layer_bwd": 20, "embed_fwd": 1, "embed_bwd": 2, "head_fwd": 4, "head_bwd": 6}
 
 
 def default_seq_lens(lo: int = 16, hi: int = 131072) -> np.ndarray:
@@ -147,24 +178,44 @@ def _tp_allreduce(tokens, model: ModelConfig, tp: int, hw: Hardware, count: int)
     return count * 2 * (tp - 1) / tp * nbytes / hw.tp_bandwidth
 
 
+def attention_shape(model: ModelConfig, tp: int, block_size: int) -> kc.Shape:
+    """Attention dims on one TP rank: heads split over tp, kv heads replicated when fewer than tp."""
+    return kc.Shape(heads=math.ceil(model.heads / tp), kv_heads=math.ceil(model.kv_heads / tp),
+                    head_dim=model.head_dim, block=block_size, dtype_bytes=model.dtype_bytes)
+
+
+def attention_parts(seq_len, budget, model: ModelConfig, tp: int, block_size: int, hw: Hardware, *,
+                    backward: bool = False) -> dict:
+    """Seconds of each phase of one layer's MoBA attention for one sequence (numpy-broadcastable)."""
+    s = attention_shape(model, tp, block_size)
+    L = np.asarray(seq_len, dtype=np.int64)
+    k = np.asarray(budget, dtype=np.int64)
+    bw = hw.memory_bandwidth * hw.memory_efficiency
+    eff = hw.attention_bwd_efficiency if backward else hw.attention_fwd_efficiency
+    kern = kc.kernel_counts(L, k, s, backward=backward)
+    parts = {
+        "past": np.maximum(kern["flops_past"] / (hw.peak_flops * eff), kern["bytes_past"] / bw),
+        "own": np.maximum(kern["flops_own"] / (hw.peak_flops * eff), kern["bytes_own"] / bw),
+        "launch": kern["launches"] * hw.launch_overhead,
+    }
+    if backward:
+        gb = kc.BWD_GLUE_BYTES
+        glue = L * s.heads * s.head_dim * gb[0] + L * s.kv_heads * s.head_dim * gb[1] + L * s.heads * gb[2]
+        parts["glue"] = glue / bw + kc.BWD_GLUE_OPS * hw.launch_overhead
+    else:
+        g = kc.gate_counts(L, k, s)
+        parts["gate"] = (np.maximum(g["flops"] / (hw.peak_flops * hw.gemm_efficiency), g["bytes"] / bw)
+                         + (g["ops"] + g["syncs"]) * hw.launch_overhead)
+        ix = kc.index_counts(L, k, s)
+        parts["index"] = ix["bytes"] / bw + (ix["ops"] + ix["syncs"]) * hw.launch_overhead
+    return parts
+
+
 def attention_time(seq_len, budget, model: ModelConfig, tp: int, block_size: int, hw: Hardware, *,
                    backward: bool = False):
-    """Seconds of one layer's MoBA attention for one sequence (numpy-broadcastable)."""
-    L = np.asarray(seq_len, dtype=np.int64)
-    n = -(-L // block_size)
-    k = np.minimum(np.asarray(budget, dtype=np.int64), n)
-    heads = model.heads / tp
-    kvh = math.ceil(model.kv_heads / tp)  # KV heads are replicated when kv_heads < tp
-    d, db = model.head_dim, model.dtype_bytes
-    matmul = moba_pairs(L, block_size, k).astype(float) * 4 * d * heads
-    gate = gate_candidates(L, block_size).astype(float) * 2 * d * heads
-    # bytes: Q in, O out, K/V of every (query block, selected key block) pair, fp32 gate scores w+r
-    block_pairs = n * k - k * (k - 1) / 2  # sum_c min(k, c + 1) for k <= n
-    fwd_bytes = (2 * L * heads * d * db + block_pairs * 2 * block_size * kvh * d * db
-                 + 2 * 4 * gate_candidates(L, block_size) * heads)
-    if backward:
-        return _roof(2.5 * matmul, 2.5 * fwd_bytes, hw.attention_efficiency, hw, KERNELS["attn_bwd"])
-    return _roof(matmul + gate, fwd_bytes, hw.attention_efficiency, hw, KERNELS["attn_fwd"])
+    """Seconds of one layer's MoBA attention for one sequence (numpy-broadcastable): the sum of
+    :func:`attention_parts`."""
+    return sum(attention_parts(seq_len, budget, model, tp, block_size, hw, backward=backward).values())
 
 
 def dense_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: bool = False):
@@ -202,10 +253,53 @@ def head_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: bo
     return _roof(flops, weights + 3 * logits, hw.gemm_efficiency, hw, KERNELS["head_fwd"])
 
 
+# -- split backward (input gradient I / weight gradient W) of the dense ops -------------------------
+# Kept apart from the attention model above: zero-bubble schedules price I and W separately.
+
+def dense_split_time(tokens, model: ModelConfig, tp: int, hw: Hardware, part: str):
+    """Seconds of the ``part`` ("input" or "weight") of one layer's dense backward: one GEMM pass
+    (forward FLOPs and bytes, half of ``layer_bwd``'s launches); the input part also carries the
+    layer's two TP all-reduces. ``input + weight == dense_time(backward=True)``."""
+    T = np.asarray(tokens, dtype=float)
+    h, db = model.hidden, model.dtype_bytes
+    qkv = (model.heads + 2 * model.kv_heads) * model.head_dim / tp
+    flops = 2 * T * model.params_per_layer / tp
+    act = T * (14 * h + qkv + model.heads * model.head_dim / tp + 6 * model.ffn / tp) * db
+    nbytes = model.params_per_layer / tp * db + act
+    t = _roof(flops, nbytes, hw.gemm_efficiency, hw, KERNELS["layer_bwd"] // 2)
+    return t + _tp_allreduce(T, model, tp, hw, 2) if part == "input" else t
+
+
+def head_split_time(tokens, model: ModelConfig, tp: int, hw: Hardware, part: str):
+    """Seconds of the ``part`` of the LM head's backward: dX (with the loss gradient) or dW, each
+    the forward's GEMM FLOPs and half of ``head_bwd``'s bytes and launches."""
+    T = np.asarray(tokens, dtype=float)
+    flops = 2 * T * model.hidden * model.vocab / tp
+    logits = T * model.vocab / tp * 4
+    weights = model.hidden * model.vocab / tp * model.dtype_bytes
+    return _roof(flops, weights + logits, hw.gemm_efficiency, hw, KERNELS["head_bwd"] // 2)
+
+
+def split_backward_rows(tokens, model: ModelConfig, tp: int, hw: Hardware) -> list[pd.DataFrame]:
+    """Profile rows of the split backward ops at ``tokens``."""
+    out = []
+    for name, fn in (("layer", dense_split_time), ("head", head_split_time)):
+        for part in ("input", "weight"):
+            out.append(pd.DataFrame({"op": f"{name}_bwd_{part}", "seq_len": tokens, "budget": 0,
+                                     "latency_s": fn(tokens, model, tp, hw, part)}))
+    return out
+
+
 def build_table(hw: Hardware, model: ModelConfig, tp: int, block_size: int, *,
                 seq_lens: np.ndarray | None = None, budgets: np.ndarray | None = None,
                 tokens: np.ndarray | None = None) -> pd.DataFrame:
-    """The profile rows of one (hardware, model, tp, block size)."""
+    """The profile rows of one (hardware, model, tp, block size).
+
+    Attention rows are ``min(attention_time(L, k), attention_time(L, n))``: no budget is priced above
+    the dense path (n = block count). Our kernel can be slower at a budget just below n than dense
+    (gate, index and partial-output merge on almost every block; docs/costmodel.md, "Budget and the
+    dense path"), but latency models and DST's bisection need latency non-decreasing in the budget.
+    The price is optimistic for such budgets; :func:`attention_time` keeps the unclipped cost."""
     seq_lens = default_seq_lens() if seq_lens is None else np.asarray(seq_lens, dtype=np.int64)
     budgets = DEFAULT_BUDGETS if budgets is None else np.asarray(budgets, dtype=np.int64)
     tokens = default_seq_lens(16, 262144) if tokens is None else np.asarray(tokens, dtype=np.int64)
@@ -213,12 +307,15 @@ def build_table(hw: Hardware, model: ModelConfig, tp: int, block_size: int, *,
     frames = []
     for op, bwd in (("attn_fwd", False), ("attn_bwd", True)):
         lat = attention_time(S.ravel(), K.ravel(), model, tp, block_size, hw, backward=bwd)
+        dense = attention_time(S.ravel(), -(-S.ravel() // block_size), model, tp, block_size, hw, backward=bwd)
+        lat = np.minimum(lat, dense)
         frames.append(pd.DataFrame({"op": op, "seq_len": S.ravel(), "budget": K.ravel(), "latency_s": lat}))
     for name, fn in (("layer", dense_time), ("embed", embed_time), ("head", head_time)):
         for suffix, bwd in (("fwd", False), ("bwd", True)):
             lat = fn(tokens, model, tp, hw, backward=bwd)
             frames.append(pd.DataFrame({"op": f"{name}_{suffix}", "seq_len": tokens, "budget": 0,
                                         "latency_s": lat}))
+    frames += split_backward_rows(tokens, model, tp, hw)
     return pd.concat(frames, ignore_index=True)
 
 
@@ -236,13 +333,15 @@ def sidecar(hw: Hardware, model: ModelConfig, tp: int, block_size: int) -> dict:
     from sparsebalance import __version__
 
     return {
-        "format_version": 1, "device": hw.device, "dtype": "bf16", "analytical": True,
+        "format_version": 2, "device": hw.device, "dtype": "bf16", "analytical": True,
         "model": {"name": model.name} | {k: getattr(model, k) for k in MODEL_DIMS}
                  | {"dtype_bytes": model.dtype_bytes},
         "block_size": block_size, "tp": tp,
-        "how": ("analytical roofline: max(FLOPs / (peak x efficiency), bytes / (HBM bandwidth x "
-                "efficiency)) + launches x overhead; MoBA attention FLOPs from the exact attended-pair "
-                "count, backward 2.5x forward matmuls (FlashAttention-2); not measured"),
+        "how": ("analytical roofline of our MoBA kernel (simulator/kernelcost.py): executed tile pairs "
+                "(key-block-major gather, own block, dense path at full budget), gate and index "
+                "building, LSE-merge traffic, 5-matmul backward, launches; per kernel max(FLOPs / "
+                "(peak x efficiency), bytes / (HBM bandwidth x efficiency)); dense layers likewise; "
+                "constants and sources in docs/costmodel.md; not measured"),
         "command": COMMAND,
         "versions": {"sparsebalance": __version__, "numpy": numpy.__version__,
                      "pandas": pandas.__version__},
@@ -257,7 +356,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tp", type=int, default=2, help="tensor-parallel degree (the paper: 2)")
     args = ap.parse_args(argv)
     model = qwen25_3b()
-    for hw in (H200, H20):
+    for hw in (H100, H200, H20):
         prof = build_profile(hw, model, args.tp)
         path = write_profile(prof.table, prof.meta, Path(args.out) / f"analytical-{hw.device}")
         print(f"wrote {path} ({len(prof.table)} rows)")

@@ -1,10 +1,15 @@
-"""Per-stage action orders of the pipeline schedules (GPipe, 1F1B, interleaved 1F1B).
+"""Per-device action orders of the pipeline schedules, their stage placement and their rules.
 
-An *action* is ``(op, vstage, microbatch)`` with ``op`` in ``"F"``/``"B"`` and ``vstage`` the
-virtual-stage index ``chunk * pp + stage`` (the ``stage_index`` of torch.distributed.pipelining:
-chunk ``c`` of physical stage ``s`` holds the ``c * pp + s``-th slice of layers). Orders are the
-ones torch.distributed.pipelining executes; the idle slots (``None``) of its schedule IR are dropped,
-because the engine derives waiting from data dependencies.
+An *action* is ``(op, vstage, microbatch)`` with ``op`` in ``"F"``/``"B"`` (and ``"I"``/``"W"``
+for the split backward of the zero-bubble schedules, :mod:`.zerobubble`) and ``vstage`` the
+virtual-stage index (the ``stage_index`` of torch.distributed.pipelining: virtual stage ``vs`` holds
+the ``vs``-th slice of layers). **Placement** (:func:`placement`): under the loop placement of GPipe,
+1F1B, interleaved 1F1B and ZB-H1, vstage ``c * pp + s`` (chunk ``c``) lives on device ``s``; under
+the V placement of ZB-V and DualPipeV, device ``d`` holds vstages ``d`` and ``2 pp - 1 - d``, so the
+first and the last vstage share device 0 and the two middle ones share device pp - 1 (their
+transfer is local: no P2P). Orders are the ones torch.distributed.pipelining executes; the idle
+slots (``None``) of its schedule IR are dropped, because the engine derives waiting from data
+dependencies. ``orders[d]`` is the list of device ``d``.
 
 GPipe (``ScheduleGPipe``): every stage runs F0 .. F(m-1), then B0 .. B(m-1). Any m >= 1.
 
@@ -24,10 +29,38 @@ issue only B.
 from __future__ import annotations
 
 from sparsebalance.errors import ConfigError, check_choice, check_positive
-from sparsebalance.simulator.config import SCHEDULES
+from sparsebalance.simulator.config import SCHEDULES, SPLIT_SCHEDULES, V_SCHEDULES
+from sparsebalance.simulator.zerobubble import dualpipev_order, v_vstages, zb_h1_order, zbv_order
 
-#: One scheduled action: (op "F" or "B", virtual stage index, micro-batch index).
+#: One scheduled action: (op "F", "B", "I" or "W", virtual stage index, micro-batch index).
 Action = tuple[str, int, int]
+
+
+def splits_backward(schedule: str) -> bool:
+    """Whether ``schedule`` runs (some of) its backwards as I + W (zb-h1, zbv, dualpipev)."""
+    return schedule in SPLIT_SCHEDULES
+
+
+def placement(schedule: str, pp: int, virtual_stages: int = 1) -> tuple[int, ...]:
+    """The device of every virtual stage: ``placement(...)[vs]`` (loop or V, see module doc)."""
+    if schedule in V_SCHEDULES:
+        dev = [0] * (2 * pp)
+        for d in range(pp):
+            for vs in v_vstages(pp, d):
+                dev[vs] = d
+        return tuple(dev)
+    return tuple(vs % pp for vs in range(pp * virtual_stages))
+
+
+def fewest_microbatches(schedule: str, pp: int) -> int:
+    """Micro-batches per replica a packing policy aims for at least: pp (every stage busy in the
+    steady state), 2 pp for dualpipev (its minimum)."""
+    return 2 * pp if schedule == "dualpipev" else pp
+
+
+def device_vstages(schedule: str, pp: int, virtual_stages: int, device: int) -> tuple[int, ...]:
+    """The virtual stages that live on ``device``, in increasing order."""
+    return tuple(vs for vs, d in enumerate(placement(schedule, pp, virtual_stages)) if d == device)
 
 
 def validate_schedule(schedule: str, pp: int, m: int, virtual_stages: int = 1) -> None:
@@ -36,15 +69,24 @@ def validate_schedule(schedule: str, pp: int, m: int, virtual_stages: int = 1) -
     check_positive(pp, "pp")
     check_positive(m, "microbatches")
     check_positive(virtual_stages, "virtual_stages")
-    if schedule == "interleaved":
-        if virtual_stages < 2:
-            raise ConfigError(f"virtual_stages: the interleaved schedule needs >= 2, got {virtual_stages}")
+    if schedule in V_SCHEDULES:
+        if virtual_stages != 2:
+            raise ConfigError(f"virtual_stages: {schedule} places exactly 2 stages per device in a V "
+                              f"(2 x pp = {2 * pp} stages, an even count); got {virtual_stages}")
+        if schedule == "dualpipev" and m < 2 * pp:
+            raise ConfigError(f"microbatches: dualpipev needs at least 2 x pp = {2 * pp} micro-batches "
+                              f"per replica (torch's rule), got {m}")
+        return
+    if schedule in ("interleaved", "zb-h1"):
         rounds = max(1, m // pp)
         if m % rounds:
             raise ConfigError(
-                f"microbatches: interleaved 1F1B needs a multiple of rounds = max(1, m // pp) = {rounds} "
+                f"microbatches: {schedule} needs a multiple of rounds = max(1, m // pp) = {rounds} "
                 f"micro-batches (pp = {pp}), got {m}; use e.g. {rounds * (m // rounds)} or "
                 f"{rounds * (m // rounds + 1)}")
+    if schedule == "interleaved":
+        if virtual_stages < 2:
+            raise ConfigError(f"virtual_stages: the interleaved schedule needs >= 2, got {virtual_stages}")
     else:
         if virtual_stages != 1:
             raise ConfigError(f"virtual_stages: must be 1 for schedule {schedule!r}, got {virtual_stages} "
@@ -103,14 +145,14 @@ def interleaved_order(pp: int, m: int, stage: int, virtual_stages: int) -> list[
 
 
 def stage_orders(schedule: str, pp: int, m: int, virtual_stages: int = 1) -> list[list[Action]]:
-    """The action order of every physical stage: ``orders[s]`` is the list of stage ``s``.
+    """The action order of every device: ``orders[d]`` is the list of device ``d``.
 
-    Each list holds every (F, B) x (chunk of the stage) x (micro-batch) exactly once, and every F of a
-    (vstage, micro-batch) precedes its B on the same stage.
+    Each list holds, for every vstage of the device (:func:`placement`) and micro-batch, its F and
+    either its B or its I and W, exactly once; F precedes the backward, I precedes W.
     """
     validate_schedule(schedule, pp, m, virtual_stages)
-    if schedule == "gpipe":
-        return [gpipe_order(pp, m, s) for s in range(pp)]
-    if schedule == "1f1b":
-        return [one_f_one_b_order(pp, m, s) for s in range(pp)]
-    return [interleaved_order(pp, m, s, virtual_stages) for s in range(pp)]
+    make = {"gpipe": gpipe_order, "1f1b": one_f_one_b_order, "zb-h1": zb_h1_order,
+            "zbv": zbv_order, "dualpipev": dualpipev_order}.get(schedule)
+    if make is None:
+        return [interleaved_order(pp, m, s, virtual_stages) for s in range(pp)]
+    return [make(pp, m, s) for s in range(pp)]

@@ -104,7 +104,7 @@ def _time_scalar(graph, duration, lag, starts):
             t = end[p]
             for d, q in deps:
                 v = end[d] + lg[q]
-                if v > t:
+                if v > t:  # noqa: PLR1730 (hot loop: cheaper than max())
                     t = v
             st[i] = t
             end[i] = t + dur[i]
@@ -112,6 +112,53 @@ def _time_scalar(graph, duration, lag, starts):
         if starts:
             start_out[:, col] = st
     return start_out, end_out
+
+
+@functools.lru_cache(maxsize=64)
+def _level_pos(graph: ActionGraph) -> tuple[np.ndarray, np.ndarray]:
+    """Per node, the row where its level starts in the forward rows and where its level ends in
+    the backward rows (rows of :func:`_rows`)."""
+    sizes = np.array([len(x) for x in graph.levels])
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    level = np.empty(graph.n, dtype=np.int64)
+    for i, idx in enumerate(graph.levels):
+        level[idx] = i
+    fwd_start = starts[level]
+    bwd_start = graph.n - (starts + sizes)[level]  # backward rows run the levels in reverse
+    return fwd_start, bwd_start
+
+
+def retime_column(graph: ActionGraph, duration: np.ndarray, lag: np.ndarray, sink: np.ndarray,
+                  end: np.ndarray, to_sink: np.ndarray, first: int, last: int) -> None:
+    """Update one column's ``end`` and ``to_sink`` ([n + 1], sentinel last) in place after durations
+    changed only at descendants of node ``first`` that are ancestors of node ``last``: only nodes
+    at or after ``first``'s level can end later or earlier, only nodes at or before ``last``'s level
+    can see a different time to the end (same loops as the narrow path, fewer rows)."""
+    fwd, bwd = _rows(graph)
+    fs, bs = _level_pos(graph)
+    dur, lg, sk = duration.tolist(), lag.tolist(), np.asarray(sink, dtype=float).tolist()
+    e = end.tolist()
+    for i, p, deps in fwd[int(fs[first]):]:
+        t = e[p]
+        for d, q in deps:
+            v = e[d] + lg[q]
+            if v > t:  # noqa: PLR1730 (hot loop: cheaper than max())
+                t = v
+        e[i] = t + dur[i]
+    end[:] = e
+    out = to_sink.tolist()
+    through = [o + x for o, x in zip(out, dur + [0.0])]
+    for i, nx, succ, s in bwd[int(bs[last]):]:
+        t = through[nx]
+        if s >= 0 and sk[s] > t:
+            t = sk[s]
+        for y, q in succ:
+            v = lg[q] + through[y]
+            if v > t:  # noqa: PLR1730 (hot loop: cheaper than max())
+                t = v
+        out[i] = t
+        through[i] = t + dur[i]
+    to_sink[:] = out
 
 
 def stage_finish(graph: ActionGraph, duration: np.ndarray, lag: np.ndarray | None = None) -> np.ndarray:
@@ -129,6 +176,18 @@ def pack_durations(graph: ActionGraph, per_kind: dict[str, np.ndarray]) -> np.nd
     return np.concatenate(parts, axis=1).T.copy()
 
 
+def kind_durations(graph: ActionGraph, fwd, bwd, bwd_input=None, bwd_weight=None) -> dict[str, np.ndarray]:
+    """Per-kind seconds ``[C, V, m]`` of ``graph``'s nodes: F and B; for a split graph I and W
+    (``bwd_input``, ``bwd_weight``, required), where a fused node I takes the whole backward ``bwd``
+    and its placeholder W takes 0 s (see :mod:`.graph`)."""
+    if not graph.split:
+        return {"F": fwd, "B": bwd}
+    if bwd_input is None or bwd_weight is None:
+        raise ValueError("a split-backward schedule needs the input- and weight-gradient seconds")
+    fused = graph.fused
+    return {"F": fwd, "I": np.where(fused, bwd, bwd_input), "W": np.where(fused, 0.0, bwd_weight)}
+
+
 def pack_lags(graph: ActionGraph, p2p: np.ndarray, columns: int) -> np.ndarray:
     """P2P seconds broadcastable to ``[C, V - 1, m]`` -> the core's ``[(V - 1) m + 1, C]`` lag array."""
     out = np.zeros((graph.zero_lag + 1, columns))
@@ -138,11 +197,13 @@ def pack_lags(graph: ActionGraph, p2p: np.ndarray, columns: int) -> np.ndarray:
     return out
 
 
-def replica_finish(graph: ActionGraph, fwd: np.ndarray, bwd: np.ndarray, p2p) -> np.ndarray:
-    """[C, pp] end of each physical stage's last action for C replicas (or candidates) of an F/B
-    schedule; ``fwd``, ``bwd``: [C, V, m] seconds, ``p2p``: broadcastable to [C, V - 1, m]."""
+def replica_finish(graph: ActionGraph, fwd: np.ndarray, bwd: np.ndarray, p2p, bwd_input=None,
+                   bwd_weight=None) -> np.ndarray:
+    """[C, pp] end of each device's last action for C replicas (or candidates); ``fwd``, ``bwd``
+    (and for a split graph ``bwd_input``, ``bwd_weight``): [C, V, m] seconds, ``p2p``:
+    broadcastable to [C, V - 1, m]."""
     fwd = np.asarray(fwd, dtype=float)
-    dur = pack_durations(graph, {"F": fwd, "B": bwd})
+    dur = pack_durations(graph, kind_durations(graph, fwd, bwd, bwd_input, bwd_weight))
     return stage_finish(graph, dur, pack_lags(graph, p2p, fwd.shape[0])).T
 
 
@@ -190,7 +251,7 @@ def time_to_sink(graph: ActionGraph, duration: np.ndarray, lag: np.ndarray | Non
                     t = sk[s]
                 for y, q in succ:
                     v = lg[q] + through[y]
-                    if v > t:
+                    if v > t:  # noqa: PLR1730 (hot loop: cheaper than max())
                         t = v
                 out[i] = t
                 through[i] = t + dur[i]

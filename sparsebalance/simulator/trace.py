@@ -12,12 +12,13 @@ from typing import Any
 TRACE_COLUMNS = (
     "iteration", "dp_rank", "stage", "microbatch", "op", "start_s", "end_s", "tokens", "budget",
 )
-#: Allowed values of the ``op`` column.
-TRACE_OPS = ("F", "B", "P2P", "ALLREDUCE", "OPTIM")
+#: Allowed values of the ``op`` column: forward, backward (whole, or split into its input-gradient
+#: part I and weight-gradient part W by the zero-bubble schedules), transfers, all-reduce, optimizer.
+TRACE_OPS = ("F", "B", "I", "W", "P2P", "ALLREDUCE", "OPTIM")
 
 #: Chrome trace colour names (catapult's reserved palette) per op, so F and B differ at a glance.
-_CHROME_COLOURS = {"F": "thread_state_running", "B": "rail_animation", "P2P": "grey",
-                   "ALLREDUCE": "rail_load", "OPTIM": "yellow"}
+_CHROME_COLOURS = {"F": "thread_state_running", "B": "rail_animation", "I": "rail_animation",
+                   "W": "rail_idle", "P2P": "grey", "ALLREDUCE": "rail_load", "OPTIM": "yellow"}
 
 
 def check_trace(df) -> None:
@@ -30,7 +31,9 @@ def check_trace(df) -> None:
         raise ValueError(f"trace.op: {sorted(bad)} not allowed; choose from {', '.join(TRACE_OPS)}")
 
 
-COMPUTE_OPS = ("F", "B", "ALLREDUCE", "OPTIM")
+WORK_OPS = ("F", "B", "I", "W")
+"""Ops that are a stage's compute on one micro-batch (busy time, micro-batch latency)."""
+COMPUTE_OPS = ("F", "B", "I", "W", "ALLREDUCE", "OPTIM")
 """Ops drawn on a stage's own track (tid = stage); P2P gets tracks of its own (see to_chrome_trace)."""
 P2P_TID_BASE = 1000
 """tid of stage s's first P2P track: 1000 + 10 s (+ lane); further compute lanes (never needed for
@@ -70,7 +73,7 @@ def to_chrome_trace(df) -> dict[str, Any]:
         end = row.end_s + offset[row.iteration]
         tid = _lane(lanes, tracks, pid, stage, op == "P2P", start, end)
         events.append({
-            "name": f"{op}{mb}" if op in ("F", "B") else op,
+            "name": f"{op}{mb}" if op in ("F", "B", "I", "W") else op,
             "cat": op, "ph": "X", "pid": pid, "tid": tid,
             "ts": start * 1e6, "dur": (end - start) * 1e6,
             "cname": _CHROME_COLOURS[op],

@@ -7,10 +7,24 @@ directories are not packages here.
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+
+# Triton kernels run compiled where CUDA is present and under the interpreter only where it is not.
+# The choice must be made before triton is first imported (pytest loads this file first).
+try:
+    import torch as _torch
+
+    _CUDA = _torch.cuda.is_available()
+except ImportError:
+    _CUDA = False
+if _CUDA:
+    os.environ["TRITON_INTERPRET"] = "0"
+else:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 #: Ragged lengths: not multiples of the block (16), one shorter than a block, one exactly two blocks.
 RAGGED = (37, 70, 5, 32, 131)

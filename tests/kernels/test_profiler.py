@@ -31,7 +31,7 @@ def test_concurrent_copies_write_one_profile(tmp_path):
                   "--concurrency", "2", "--no-progress")
     assert profile_cmd.run(args) == 0
     prof = load_profile(str(tmp_path / "c"))
-    assert len(prof.table) == 2 * 2 * 2 + 3 * 2 * 2 + 2
+    assert len(prof.table) == 2 * 2 * 2 + (3 * 2 + 2 * 2) * 2 + 2  # attn; dense ops + split; optim
     assert prof.meta["concurrency"] == 2 and "2 concurrent copies" in prof.meta["how"] and "mean of 1 after 1" in prof.meta["how"]
     assert (prof.table.latency_s > 0).all()
 
@@ -58,7 +58,9 @@ def test_command_writes_a_loadable_profile(tmp_path):
     assert profile_cmd.run(args) == 0
     prof = load_profile(str(tmp_path / "p"))
     assert set(prof.ops) == {"attn_fwd", "attn_bwd", "layer_fwd", "layer_bwd", "embed_fwd", "embed_bwd",
-                             "head_fwd", "head_bwd", "optim"}
+                             "head_fwd", "head_bwd", "optim", "layer_bwd_input", "layer_bwd_weight",
+                             "head_bwd_input", "head_bwd_weight"}
+    assert prof.meta["format_version"] == 2
     attn = prof.rows("attn_fwd")
     assert sorted(zip(attn.seq_len, attn.budget)) == [(64, 1), (64, 3), (160, 1), (160, 3)]
     assert (prof.table.latency_s > 0).all()
@@ -72,8 +74,20 @@ def test_bad_grid_names_the_field(field, value):
         ProfileGrid(**{field: value})
 
 
-def test_command_rejects_tp_above_one(tmp_path):
-    args = argparse.Namespace(model="tiny", tp=2, block_size=None)
-    with pytest.raises(ConfigError, match="^--tp:"):
-        profile_cmd.run(args)
+def test_tp_profile_measures_one_shard(tmp_path):
+    """--tp 2 times one rank's shard of the layer (half the heads and MLP width), records tp 2 and
+    that the TP all-reduces are not in it; a tp that does not divide the heads is refused."""
+    from sparsebalance.commands.profile import tp_shard
+
+    shard = tp_shard(tiny(), 2)
+    assert (shard.heads, shard.kv_heads, shard.ffn, shard.hidden, shard.head_dim) == (2, 1, 64, 64, 16)
+    args = _parse("--out", str(tmp_path / "t"), "--tp", "2", "--seq-lens", "64,160", "--budgets", "1,3",
+                  "--tokens", "32,96", "--params", "500,5000", "--repeats", "1", "--warmup", "1",
+                  "--no-progress")
+    assert profile_cmd.run(args) == 0
+    prof = load_profile(str(tmp_path / "t"))
+    assert prof.meta["tp"] == 2 and prof.meta["tp_comm_included"] is False
+    assert prof.meta["model"]["heads"] == 4 and "one rank's shard" in prof.meta["how"]
+    with pytest.raises(ConfigError, match="^--tp: must divide model.kv_heads"):
+        profile_cmd.run(argparse.Namespace(model="tiny", tp=4, block_size=None, config=None))
 

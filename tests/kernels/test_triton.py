@@ -1,8 +1,10 @@
-"""The MoBA Triton kernels under the Triton interpreter (CPU), checked against independent oracles.
+"""The MoBA Triton kernels checked against independent oracles: compiled on a CUDA machine, under the
+Triton interpreter on a CPU-only one (``tests/kernels/conftest.py`` sets TRITON_INTERPRET before
+triton is first imported, and never on a machine with CUDA).
 
 Oracles: the float64 mask-based reference (``naive.py``) and dense causal SDPA; gradients of the
-reference come from autograd in float64. Shapes are small so the whole module runs in well under a
-minute. TRITON_INTERPRET must be set before triton is first imported.
+reference come from autograd in float64. Shapes are small so the whole module runs in under a
+minute on the interpreter.
 """
 
 from __future__ import annotations
@@ -10,21 +12,22 @@ from __future__ import annotations
 import itertools
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
-if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
-    pytest.skip("triton imported without TRITON_INTERPRET=1 and no CUDA", allow_module_level=True)
+if torch.cuda.is_available():
+    assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "never interpret on a CUDA machine"
+elif os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("no CUDA and TRITON_INTERPRET is not 1", allow_module_level=True)
 
 from sparsebalance.errors import ConfigError
+from sparsebalance.kernels.moba import triton_impl
 from sparsebalance.kernels.moba.naive import moba_attention_naive, naive_selection
 from sparsebalance.kernels.moba.triton_impl import moba_attention_triton
 from sparsebalance.kernels.moba.triton_select import build_index
 
-DEV = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 B = 16
 D = 16
 # ragged: not multiples of the block, one shorter than a block, one exactly a block
@@ -78,6 +81,58 @@ def test_matches_float64_reference_fp32(case):
         assert _rel(a, r) <= 1e-4, f"{name}: rel err {_rel(a, r):.2e}"
 
 
+def test_forward_chunks_and_split_backward_items(monkeypatch):
+    """Chunked forward (partial buffer cap of ~2 blocks) and short backward programs: same result."""
+    partial_bytes, bwd_rows = 4000, 3
+    monkeypatch.setattr(triton_impl, "PARTIAL_BYTES", partial_bytes)
+    monkeypatch.setattr(triton_impl, "BWD_ROWS", bwd_rows)
+    q, k, v, do, cu = _inputs(21, 2, 1, lens=[70, 9, 53])
+    topk = torch.tensor([3, 1, 2])
+    idx = build_index(q, k, cu, B, topk, 8, bwd_rows=bwd_rows, partial_bytes=partial_bytes)
+    assert len(idx.chunks) >= 3 and max(int((c.bwd_items[1] - c.bwd_items[0]).max()) for c in idx.chunks
+                                       if c.bwd_items.numel()) <= bwd_rows
+    got = _run(lambda a, b, c: moba_attention_triton(a, b, c, cu.to(DEV), B, topk, block_m=8, block_n=8),
+               q, k, v, do, torch.float32)
+    ref = _reference(q, k, v, do, cu, topk)
+    for name, a, r in zip(("out", "dq", "dk", "dv"), got, ref):
+        assert _rel(a, r) <= 1e-4, f"{name}: rel err {_rel(a, r):.2e}"
+
+
+def test_index_gathers_every_selection_once_by_key_block():
+    """codes hold each valid (row, head, slot) once, grouped by (global key block, kv head); the items
+    tile each group exactly."""
+    q, k, _, _, cu = _inputs(22, 4, 2)
+    topk = torch.tensor([3, 2, 1, 2, 4])
+    idx = build_index(q, k, cu, B, topk, 8, bwd_rows=5)
+    (ch,) = idx.chunks
+    H, K1P = 4, idx.k1p
+    codes = ch.codes.long()
+    assert torch.equal(codes.sort().values, torch.nonzero(idx.sel.reshape(-1) >= 0).squeeze(1))
+    t, h, s = codes // (H * K1P), (codes // K1P) % H, codes % K1P
+    starts = [a for a, b in itertools.pairwise(cu.tolist())]
+    seq = torch.bucketize(t, torch.tensor(starts), right=True) - 1
+    key_row = torch.tensor(starts)[seq] + idx.sel[t, h, s].long() * B  # first row of the chosen block
+    bucket = key_row * 2 + h // 2
+    assert bool((bucket[1:] >= bucket[:-1]).all())
+    for items, per in ((ch.fwd_items, 8), (ch.bwd_items, 5)):
+        e0, e1, ks, kvh = items.long()
+        assert bool(((e1 - e0) <= per).all()) and int((e1 - e0).sum()) == codes.numel()
+        for a, b, key, g in zip(e0.tolist(), e1.tolist(), ks.tolist(), kvh.tolist()):
+            assert bool((bucket[a:b] == key * 2 + g).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_error_at_most_twice_the_pytorch_implementation(dtype):
+    """The rule of attention-kernel suites (kernels/moba/check.py), small case: packed ragged, GQA,
+    per-sequence budgets. On CUDA the larger cases run in test_triton_gpu.py."""
+    from sparsebalance.kernels.moba.check import Case, accuracy
+
+    case = Case(lens=(37, 70, 9, 53), heads=4, kv_heads=2, dim=16, block=16, topk=(3, 4, 1, 2), seed=3)
+    rows = accuracy(case, dtype, DEV)
+    bad = [r for r in rows if not r["ok"]]
+    assert not bad, bad
+
+
 @pytest.mark.parametrize("dtype,bound", [(torch.float16, 2e-3), (torch.bfloat16, 2e-2)], ids=["fp16", "bf16"])
 def test_half_precision(dtype, bound):
     q, k, v, do, cu = _inputs(7, 4, 2, lens=[37, 70])
@@ -119,14 +174,19 @@ def test_small_budget_differs_from_dense():
 
 
 def test_selection_matches_naive_selection():
+    """Sparse sequences select what the reference selects; dense ones (topk >= blocks: 2 and 3 here)
+    select nothing: they run dense causal attention."""
     q, k, _, _, cu = _inputs(13, 4, 2)
-    topk = torch.tensor([3, 2, 1, 2, 4])
-    idx = build_index(q, k, cu, B, topk, block_m=8, block_n=16)
+    topk = torch.tensor([2, 3, 1, 1, 3])  # blocks: 3, 5, 1, 1, 4
+    idx = build_index(q, k, cu, B, topk, 8)
     bounds = cu.tolist()
     for s, (a, b) in enumerate(itertools.pairwise(bounds)):
         want = naive_selection(q[a:b].double(), k[a:b].double(), B, int(topk[s]))  # [L, H, nb]
         sel = idx.sel[a:b].long()
         nb = want.shape[2]
+        if int(topk[s]) >= nb:
+            assert bool((sel == -1).all()), f"dense sequence {s} has a selection"
+            continue
         got = torch.zeros(*want.shape[:2], nb + 1, dtype=torch.bool)  # column nb absorbs the -1 padding
         got.scatter_(2, torch.where(sel >= 0, sel, nb), True)
         got = got[..., :nb]

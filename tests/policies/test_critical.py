@@ -145,3 +145,28 @@ def test_registry_and_bad_config():
         PolicyConfig(cp_raise_tol=1.5)
     with pytest.raises(ConfigError, match="dst-cp"):
         make_tuning(PolicyConfig(tuning="dst-cpx"))
+
+
+@pytest.mark.parametrize("schedule,v,pp,m", [("zb-h1", 1, 3, 3), ("zbv", 2, 2, 3), ("dualpipev", 2, 2, 4)])
+def test_split_schedules_prediction_equals_engine_and_never_worse_than_fixed(schedule, v, pp, m):
+    plan, ctx, ex = setting(2, pp, m, schedule=schedule, virtual_stages=v, seed=pp + m)
+    pol = CriticalPathDST(ctx.policy)
+    got = pol.budgets(plan, ctx)
+    t = sim_time(ex, plan, got)
+    assert t == pytest.approx(pol.stats["predicted_s"], rel=1e-9)
+    fixed = sim_time(ex, plan, Fixed(ctx.policy).budgets(plan, ctx))
+    assert pol.stats["predicted_fixed_s"] == pytest.approx(fixed, rel=1e-9)
+    assert t <= fixed * (1 + 1e-12)
+
+
+def test_split_stage_table_equals_stage_time_parts():
+    _, ctx, _ = setting(1, 2, 2, schedule="zb-h1")
+    lm, lengths = ctx.latency, (3 * BLOCK + 5, 7 * BLOCK)
+    pol = CriticalPathDST(ctx.policy)
+    _, _, inp = pol.stage_table(lm, lengths, 2, 9, 2, 2, split=True)
+    w = pol.weight_times(lm, lengths, 2, 2)
+    for vs in range(2):
+        assert w[vs] == lm.stage_time(lengths, 5, vs, backward=True, part="weight")
+        for k in range(2, 10):
+            assert inp[k - 2, vs] == pytest.approx(lm.stage_time(lengths, k, vs, backward=True, part="input"),
+                                                   rel=1e-12)

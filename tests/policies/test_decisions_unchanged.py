@@ -24,6 +24,7 @@ CASES = [  # dp, pp, m, schedule, virtual stages, seed, policy overrides
     (2, 3, 5, "gpipe", 1, 2, {"p": 0.3}),
     (2, 2, 4, "interleaved", 2, 3, {}),
     (1, 4, 30, "1f1b", 1, 4, {"cp_rounds": 8}),
+    (2, 4, 48, "1f1b", 1, 6, {"cp_rounds": 12, "p": 0.2}),
     (4, 2, 6, "1f1b", 1, 5, {"k0": 8, "k_max": 16, "p": 0.2}),
 ]
 
@@ -43,8 +44,12 @@ def context(dp, pp, m, schedule, v, seed, overrides, batching="sab"):
     return seqs, ctx
 
 
+@pytest.mark.parametrize("small_graph", [0, 10**9], ids=["window", "full"])
 @pytest.mark.parametrize("case", CASES)
-def test_dst_cp_budgets_unchanged(case):
+def test_dst_cp_budgets_unchanged(case, small_graph, monkeypatch):
+    from sparsebalance.simulator import perturb
+
+    monkeypatch.setattr(perturb, "SMALL_GRAPH", small_graph)  # both ways of pricing a move
     seqs, ctx = context(*case)
     dp, m = case[0], case[2]
     rng = np.random.default_rng(case[5])

@@ -29,7 +29,8 @@ BRUTE_FACTOR = 1.01
 
 def setting(dp: int, pp: int, m: int, schedule: str = "1f1b", seed: int = 0):
     """A skewed global batch of dp * m sequences, one per micro-batch (token cap = longest)."""
-    cluster = ClusterConfig(pp=pp, dp=dp, global_batch=dp * m, schedule=schedule)
+    v = 2 if schedule in ("zbv", "dualpipev") else 1
+    cluster = ClusterConfig(pp=pp, dp=dp, global_batch=dp * m, schedule=schedule, virtual_stages=v)
     lm = load_latency_model("analytical-h200", MODEL, cluster)
     pol = PolicyConfig(batching="sab-order", k0=4)
     rng = np.random.default_rng(seed)
@@ -51,7 +52,8 @@ def brute_best(ex: SimulatorExecutor, plan: Plan, k: int) -> float:
 
 
 CASES = [(1, 2, 3, "1f1b", 0), (1, 3, 4, "1f1b", 1), (2, 2, 3, "1f1b", 2), (1, 3, 3, "1f1b", 3),
-         (1, 2, 4, "gpipe", 4), (2, 3, 3, "1f1b", 5), (1, 3, 4, "1f1b", 6), (1, 2, 4, "1f1b", 7)]
+         (1, 2, 4, "gpipe", 4), (2, 3, 3, "1f1b", 5), (1, 3, 4, "1f1b", 6), (1, 2, 4, "1f1b", 7),
+         (1, 3, 4, "zb-h1", 8), (2, 2, 3, "zbv", 9), (1, 2, 4, "dualpipev", 10)]
 
 
 @pytest.mark.parametrize("dp,pp,m,schedule,seed", CASES)

@@ -136,3 +136,36 @@ def test_vectorised_stage_times_equal_stage_time_bitwise():
             for bw, arr in ((False, inp.forward), (True, inp.backward)):
                 assert arr[r, vs, j] == lm.stage_time(mb.lengths, budgets[r][j], vs % 4, backward=bw,
                                                       chunk=vs // 4)
+
+
+@pytest.mark.parametrize("schedule,pp,v,m", [("zb-h1", 4, 1, 4), ("zbv", 2, 2, 3), ("dualpipev", 2, 2, 4)])
+def test_split_schedules_price_input_and_weight_parts(schedule, pp, v, m):
+    """I and W of every (vstage, micro-batch): the vectorised pass equals stage_time's parts
+    bitwise, I + W = B (analytical profile), and the engine runs them (no B rows but DualPipeV's)."""
+    from dataclasses import replace as _replace
+
+    import numpy as _np
+
+    from sparsebalance.data.sequence import Sequence as _Seq
+    from sparsebalance.simulator.config import h200_4x8, qwen25_3b
+    from sparsebalance.simulator.executor import SimulatorExecutor as _Ex
+    from sparsebalance.simulator.latency import load_latency_model as _load
+    from sparsebalance.simulator.plan import Plan as _Plan
+
+    cl = _replace(h200_4x8(), pp=pp, dp=2, tp=2, global_batch=2 * m, schedule=schedule, virtual_stages=v)
+    lm = _load("analytical-h200", qwen25_3b(), cl)
+    rng = _np.random.default_rng(pp + m)
+    plan = _Plan.from_lists([[[_Seq(id=r * 100 + j * 10 + q, length=int(rng.integers(1000, 70000)))
+                               for q in range(int(rng.integers(1, 3)))] for j in range(m)] for r in range(2)])
+    budgets = tuple(tuple(int(rng.integers(1, 60)) for _ in range(m)) for _ in range(2))
+    ex = _Ex(lm, qwen25_3b(), cl)
+    inp = ex.build_input(0, plan, budgets)
+    for r, j, mb in plan.microbatches():
+        for vs in range(pp * v):
+            for part, arr in (("input", inp.backward_input), ("weight", inp.backward_weight)):
+                assert arr[r, vs, j] == lm.stage_time(mb.lengths, budgets[r][j], vs % pp, backward=True,
+                                                      chunk=vs // pp, part=part)
+    _np.testing.assert_allclose(inp.backward_input + inp.backward_weight, inp.backward, rtol=1e-12)
+    res = ex.execute(0, plan, budgets)
+    ops = set(res.trace.op)
+    assert {"I", "W"} <= ops and ("B" in ops) == (schedule == "dualpipev")

@@ -266,8 +266,11 @@ def test_analytical_profile_is_re_derived_for_another_model():
 
     model = load_latency_model("analytical-h200", MODEL, cluster(tp=1, device="h200"))
     assert "re-derived" in model.profile.source
-    assert model.attention(1024, 4) == pytest.approx(
-        float(attention_time(1024, 4, MODEL, 1, 32, H200)), rel=1e-12)
+    # tables price a budget at most at the dense path's cost (roofline.build_table; n = L / 32 blocks)
+    for L in (1024, 8192):
+        assert model.attention(L, 4) == pytest.approx(
+            min(float(attention_time(L, 4, MODEL, 1, 32, H200)), float(attention_time(L, L // 32, MODEL, 1, 32, H200))),
+            rel=1e-12)
     assert model.dense(4096, backward=True) == pytest.approx(
         float(dense_time(4096, MODEL, 1, H200, backward=True)), rel=1e-12)
 
@@ -323,3 +326,73 @@ def test_device_mismatch_warns():
     prof = Profile(table=table(), meta=meta(), source="x")
     with pytest.warns(UserWarning, match="device 'test' but cluster.device is 'h20'"):
         load_latency_model(prof, MODEL, cluster(device="h20"))
+
+
+# -- split backward (zero-bubble schedules) ---------------------------------------------------------
+def test_format_1_profile_derives_the_split_as_halves_and_says_so_once():
+    model = lm()  # the synthetic table has no split rows (format 1)
+    assert model.notes == []  # nothing derived is used yet: no note
+    with pytest.warns(RuntimeWarning, match="no split-backward rows: I = W = half of layer_bwd and head_bwd"):
+        i = model.dense(1024, backward=True, part="input")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        w = model.dense(1024, backward=True, part="weight")
+        assert i == w == g_dense(1024)  # half of layer_bwd = 2 g
+        assert model.head(32, backward=True, part="input") == pytest.approx(h_head(32), rel=1e-12)
+    assert len(model.notes) == 1
+
+
+def test_stage_time_parts_sum_to_the_backward_and_attention_is_all_input():
+    split_rows = [(f"{n}_bwd_{p}", t, 0, f(t)) for n, f in (("layer", g_dense), ("head", h_head))
+                  for p in ("input", "weight") for t in TOK]
+    tab = pd.concat([table(), pd.DataFrame(split_rows, columns=["op", "seq_len", "budget", "latency_s"])])
+    model = load_latency_model(Profile(table=tab, meta=meta(format_version=2), source="v2"), MODEL,
+                               cluster(pp=2))
+    lengths, k = (100, 300), 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a format-2 profile needs no note
+        for stage in (0, 1):
+            b = model.stage_time(lengths, k, stage, backward=True)
+            i = model.stage_time(lengths, k, stage, backward=True, part="input")
+            w = model.stage_time(lengths, k, stage, backward=True, part="weight")
+            assert i + w == pytest.approx(b, rel=1e-12)
+            attn = 3 * sum(2 * f_attn(L, k) for L in lengths)  # 3 layers per stage, all in I
+            dense_w = 3 * g_dense(400) + (2 * e_embed(400) if stage == 0 else h_head(400))
+            assert w == pytest.approx(dense_w, rel=1e-12)
+            assert i == pytest.approx(attn + 3 * g_dense(400) + (h_head(400) if stage == 1 else 0.0),
+                                      rel=1e-12)
+    assert model.notes == []
+    with pytest.raises(ConfigError, match="part must be one of input, weight"):
+        model.dense(10, part="input")
+
+
+def test_v_placement_puts_embedding_and_head_on_device_0():
+    tied = ModelConfig(hidden=64, layers=8, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=256,
+                       block_size=32, tie_embeddings=True)
+    model = load_latency_model(Profile(table=table(), meta=meta(), source="x"), tied,
+                               cluster(pp=2, dp=2, schedule="zbv", virtual_stages=2))
+    # vstages 0 and 3 (two layers each) on device 0, with the embedding, the final norm and the tied head
+    assert model.stage_params(0) == 4 * PARAMS_PER_LAYER + EMBED + 64
+    assert model.stage_params(1) == 4 * PARAMS_PER_LAYER
+
+
+def test_tp_allreduces_are_added_to_a_shard_profile_only():
+    """A measured profile at tp = 2 (one shard, no communication): each layer gets 2 all-reduces
+    forward and 2 in the backward's input part, ring cost by hand; an analytical one is as is."""
+    c = cluster(tp=2, tp_bandwidth=1e9, tp_latency=3e-6)
+    shard = load_latency_model(Profile(table=table(), meta=meta(tp=2), source="s"), MODEL, c)
+    ar = 3e-6 + 2 * 1 / 2 * 1024 * 64 * 2 / 1e9
+    assert shard.tp_allreduce_time(1024) == pytest.approx(ar, rel=1e-12)
+    assert shard.dense(1024) == pytest.approx(g_dense(1024) + 2 * ar, rel=1e-12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the derived split's note
+        assert shard.dense(1024, backward=True, part="input") == pytest.approx(g_dense(1024) + 2 * ar, rel=1e-12)
+        assert shard.dense(1024, backward=True, part="weight") == pytest.approx(g_dense(1024), rel=1e-12)
+    assert shard.dense(1024, backward=True) == pytest.approx(2 * g_dense(1024) + 2 * ar, rel=1e-12)
+    # micro-batch latency (fused fast path and vectorised) carries the same 4 all-reduces per layer
+    plain = load_latency_model(Profile(table=table(), meta=meta(tp=2, tp_comm_included=True), source="p"),
+                               MODEL, c)
+    lat = shard.microbatch_latency((200, 300), 4)
+    assert lat == pytest.approx(plain.microbatch_latency((200, 300), 4) + 6 * 4 * shard.tp_allreduce_time(500),
+                                rel=1e-12)
+    assert shard.microbatch_latencies([(200, 300)], 4)[0] == pytest.approx(lat, rel=1e-12)

@@ -10,8 +10,13 @@ import pytest
 from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.config import ClusterConfig, cluster_from_mapping, tiny
 from sparsebalance.simulator.graph import schedule_graph
-from sparsebalance.simulator.memory import (check_fits, compare_measured, memory_report, stage_params,
-                                            token_cap_for_memory)
+from sparsebalance.simulator.memory import (
+    check_fits,
+    compare_measured,
+    memory_report,
+    stage_params,
+    token_cap_for_memory,
+)
 
 TOKENS = [[100, 300, 200, 50], [10, 20, 30, 40]]
 
@@ -68,7 +73,8 @@ def test_stage_params_match_the_latency_model():
     from sparsebalance.simulator.latency import load_latency_model
 
     for cl in (ClusterConfig(pp=4, dp=2), ClusterConfig(pp=3, dp=1, schedule="interleaved", virtual_stages=2,
-                                                        global_batch=6)):
+                                                        global_batch=6),
+               ClusterConfig(pp=4, dp=1, schedule="zbv", virtual_stages=2, global_batch=8)):
         lm = load_latency_model("analytical-h200", qwen25_3b(), cl)
         assert [stage_params(qwen25_3b(), cl, s) for s in range(cl.pp)] == \
             [lm.stage_params(s) for s in range(cl.pp)]

@@ -122,7 +122,7 @@ def test_missing_sidecar_key(tmp_path, key):
 
 
 @pytest.mark.parametrize("over, pattern", [
-    ({"format_version": 2}, "format_version 2 is not supported"),
+    ({"format_version": 3}, "format_version 3 is not supported"),
     ({"analytical": "no"}, "'analytical' must be true or false"),
     ({"block_size": 0}, "'block_size' must be > 0"),
     ({"tp": True}, "'tp' must be an integer"),
@@ -150,4 +150,24 @@ def test_write_refuses_bad_input(tmp_path):
 
 def test_ops_constant_matches_the_contract():
     assert set(OPS) == {"attn_fwd", "attn_bwd", "layer_fwd", "layer_bwd", "embed_fwd", "embed_bwd",
-                        "head_fwd", "head_bwd", "optim"}
+                        "head_fwd", "head_bwd", "optim", "layer_bwd_input", "layer_bwd_weight",
+                        "head_bwd_input", "head_bwd_weight"}
+
+
+def _with_split(ops=("layer_bwd_input", "layer_bwd_weight")) -> pd.DataFrame:
+    rows = [(op, t, 0, 5e-8 * t) for op in ops for t in (256, 1024)]
+    return pd.concat([small_table(), pd.DataFrame(rows, columns=["op", "seq_len", "budget", "latency_s"])],
+                     ignore_index=True)
+
+
+def test_format_2_carries_the_split_backward_and_format_1_still_loads(tmp_path):
+    write_profile(_with_split(), small_meta(format_version=2), tmp_path / "v2")
+    assert {"layer_bwd_input", "layer_bwd_weight"} <= set(load_profile(str(tmp_path / "v2")).ops)
+    _write_raw(tmp_path / "v1", small_table(), small_meta(format_version=1))
+    assert "layer_bwd_input" not in load_profile(str(tmp_path / "v1")).ops
+    with pytest.raises(ConfigError, match="format 2 needs op.s. layer_bwd_input, layer_bwd_weight"):
+        write_profile(small_table(), small_meta(format_version=2), tmp_path / "bad")
+    _write_raw(tmp_path / "half", _with_split(("layer_bwd_input", "layer_bwd_weight", "head_bwd_input")),
+               small_meta(format_version=2))
+    with pytest.raises(ConfigError, match="head_bwd_input and head_bwd_weight come together"):
+        load_profile(str(tmp_path / "half"))

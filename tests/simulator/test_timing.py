@@ -125,7 +125,7 @@ def test_bad_orders():
 
 @pytest.mark.parametrize("schedule,pp,m,v", [("1f1b", 4, 40, 1), ("gpipe", 3, 25, 1), ("interleaved", 2, 24, 2)])
 def test_plain_loops_equal_numpy_levels_bitwise(schedule, pp, m, v, monkeypatch):
-    import sparsebalance.simulator.timing as timing
+    from sparsebalance.simulator import timing
 
     g = schedule_graph(schedule, pp, m, v)
     rng = np.random.default_rng(pp * m)

@@ -1,18 +1,28 @@
-"""MoBA block-sparse attention in Triton: forward, dq and dk/dv kernels behind a torch.autograd.Function.
+"""MoBA block-sparse attention in Triton, key-block-major: forward, backward, autograd.Function.
 
 Layout (FlashAttention varlen): q [T, H, D], k and v [T, H_kv, D], cu_seqlens int32 [N + 1], topk
-LongTensor [N] (one budget per sequence, own block included). Semantics: issue 4 / ``naive.py``.
+LongTensor [N] (one budget per sequence, own block included). Semantics: ``naive.py`` / README.
 
-Forward and dq run one program per (query tile, head). A tile (``BLOCK_M`` rows, a divisor of the
-block size B) first attends its own block causally -- every valid row then has a finite running max
--- and then loops over the sorted union of past blocks its rows selected; a row that did not select
-a block masks it to -inf. Online softmax in the exp2 domain with fp32 accumulators; the forward
-saves LSE (log2 units) [H, T]. dk/dv run one program per (key tile, kv head) and loop over the
-(query tile, query head) pairs of the inverse index, so GQA groups reduce inside the program.
+Why key-block-major: rows of one query tile choose different past blocks, so a query-tile kernel
+must visit the union of their choices (measured 3.5-4.3x the attended pairs at density 1/8,
+``benchmarks/bench_moba_work.py``). Here every program owns one *key block* and the (query, head)
+rows that chose it, gathered from the index (``triton_select.py``):
 
-Under ``TRITON_INTERPRET=1`` tiles are cast to fp32 before ``tl.dot`` (the interpreter multiplies
-bf16 bit patterns); on a GPU bf16/fp16 tiles go to ``tl.dot`` directly (wgmma on Hopper) and fp32
-inputs use ``input_precision="ieee"`` so fp32 stays exact rather than TF32.
+* forward, past blocks (``_fwd_past_kernel``): one program per ``BLOCK_M`` gathered rows of one
+  (key block, kv head) -- the rows' partial attention over that block, stored normalised with its
+  log-sum-exp (log2) in a partial buffer, one slot per (row, head, choice);
+* forward, own block + merge (``_fwd_own_merge_kernel``): one program per (query tile, head) --
+  causal attention inside the own block, then the row's partials merged by log-sum-exp in
+  registers; writes O and LSE [H, T] (log2);
+* backward (``_bwd_past_kernel``, ``_bwd_own_kernel``): one program per (key sub-tile of
+  ``BLOCK_N`` keys, run of gathered rows); FlashAttention-2's five matmuls per tile pair (S, dP,
+  dV, dK, dQ); dK/dV accumulate in registers over the run and are added once per program, dQ is
+  added per tile pair -- all into fp32 buffers with atomics, as FlashAttention-2 does for dQ.
+
+One causal test ``key <= query`` masks both kinds of tile: every key of a past block precedes the
+query. Under ``TRITON_INTERPRET=1`` tiles are cast to fp32 before ``tl.dot`` (the interpreter
+multiplies bf16 bit patterns); on a GPU bf16/fp16 tiles go to ``tl.dot`` directly (wgmma on
+Hopper) and fp32 inputs use ``input_precision="ieee"``.
 """
 
 from __future__ import annotations
@@ -35,202 +45,208 @@ def _interpreting() -> bool:
 
 
 @triton.jit
-def _tile_scores(q, k, ONE_DOT: tl.constexpr, PREC: tl.constexpr):
-    """q [M, D] @ k[N, D]^T in fp32 (fp32 tiles under the interpreter)."""
-    if ONE_DOT:
-        return tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision=PREC)
-    return tl.dot(q, tl.trans(k), input_precision=PREC)
+def _dot(a, b, F32_DOT: tl.constexpr, PREC: tl.constexpr):
+    """a @ b with fp32 accumulation (fp32 operands under the interpreter or for fp32 inputs)."""
+    if F32_DOT:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC)
+    return tl.dot(a, b.to(a.dtype), input_precision=PREC)
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, O, LSE, SEL, UNION, UCOUNT, QT_START, QT_S0, QT_S1,
-                sm_scale_log2, T, H, G, U,
-                D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                K1P: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr):
-    tile = tl.program_id(0)
-    h = tl.program_id(1)
-    kvh = h // G
-    q0 = tl.load(QT_START + tile)
-    s0 = tl.load(QT_S0 + tile)
-    s1 = tl.load(QT_S1 + tile)
-    rows = q0 + tl.arange(0, BLOCK_M)
-    row_ok = rows < s1
+def _fwd_past_kernel(Q, K, V, PO, PL, CODES, ITEMS, n_items, row0, sm_scale_log2, H, HKV,
+                     D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     K1P: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr):
+    it = tl.program_id(0)
+    e0 = tl.load(ITEMS + it)
+    e1 = tl.load(ITEMS + n_items + it)
+    kstart = tl.load(ITEMS + 2 * n_items + it)
+    kvh = tl.load(ITEMS + 3 * n_items + it)
+    e = e0 + tl.arange(0, BLOCK_M)
+    ok = e < e1
+    code = tl.load(CODES + e, mask=ok, other=0)
+    rh = (row0 * H + code // K1P).to(tl.int64)  # t * H + h of each gathered row
     dd = tl.arange(0, D)
-    q = tl.load(Q + (rows[:, None] * H + h) * D + dd[None, :], mask=row_ok[:, None], other=0.0)
-    sel = tl.load(SEL + (rows[:, None] * H + h) * K1P + tl.arange(0, K1P)[None, :],
-                  mask=row_ok[:, None], other=-1)
+    q = tl.load(Q + rh[:, None] * D + dd[None, :], mask=ok[:, None], other=0.0)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    own = (q0 - s0) // BLOCK
-    # own block, causal: key tiles from the block start up to the tile's last row
-    for kstart in range(s0 + own * BLOCK, q0 + BLOCK_M, BLOCK_N):
+    for i in range(BLOCK // BLOCK_N):  # a past block is full and wholly before every gathered row
+        cols = (kstart + i * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+        k = tl.load(K + (cols[:, None] * HKV + kvh) * D + dd[None, :])
+        v = tl.load(V + (cols[:, None] * HKV + kvh) * D + dd[None, :])
+        s = _dot(q, tl.trans(k), F32_DOT, PREC) * sm_scale_log2
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32_DOT, PREC)
+        m_i = m_new
+    acc = acc / l_i[:, None]
+    slot = code.to(tl.int64)
+    tl.store(PO + slot[:, None] * D + dd[None, :], acc.to(PO.dtype.element_ty), mask=ok[:, None])
+    tl.store(PL + slot, m_i + tl.math.log2(l_i), mask=ok)
+
+
+@triton.jit
+def _fwd_own_merge_kernel(Q, K, V, O, LSE, SEL, PO, PL, TILES, n_tiles, row0, sm_scale_log2, T, H, G,
+                          D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          K1P: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr):
+    tile = tl.program_id(0)
+    h = tl.program_id(1)
+    HKV = H // G
+    kvh = h // G
+    q0 = tl.load(TILES + tile)
+    kfirst = tl.load(TILES + n_tiles + tile)  # own block start, or sequence start when dense
+    bend = tl.load(TILES + 2 * n_tiles + tile)
+    n_slots = tl.load(TILES + 3 * n_tiles + tile)
+    rows = q0 + tl.arange(0, BLOCK_M)
+    row_ok = rows < bend
+    rows64 = rows.to(tl.int64)
+    dd = tl.arange(0, D)
+    q = tl.load(Q + (rows64[:, None] * H + h) * D + dd[None, :], mask=row_ok[:, None], other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    # own block (whole causal prefix when dense): key tiles up to the tile's last row; afterwards every
+    # valid row has a finite running max (its diagonal), so merging -inf partials is safe
+    for kstart in range(kfirst, q0 + BLOCK_M, BLOCK_N):
         cols = kstart + tl.arange(0, BLOCK_N)
-        col_ok = cols < s1
-        k = tl.load(K + (cols[:, None] * (H // G) + kvh) * D + dd[None, :], mask=col_ok[:, None], other=0.0)
-        v = tl.load(V + (cols[:, None] * (H // G) + kvh) * D + dd[None, :], mask=col_ok[:, None], other=0.0)
-        s = _tile_scores(q, k, F32_DOT, PREC) * sm_scale_log2
+        col_ok = cols < bend
+        cols64 = cols.to(tl.int64)
+        k = tl.load(K + (cols64[:, None] * HKV + kvh) * D + dd[None, :], mask=col_ok[:, None], other=0.0)
+        v = tl.load(V + (cols64[:, None] * HKV + kvh) * D + dd[None, :], mask=col_ok[:, None], other=0.0)
+        s = _dot(q, tl.trans(k), F32_DOT, PREC) * sm_scale_log2
         s = tl.where((cols[None, :] <= rows[:, None]) & col_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.math.exp2(s - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if F32_DOT:
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision=PREC)
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32_DOT, PREC)
         m_i = m_new
-    # past blocks: the union of the rows' selections; rows that did not pick block j mask it
-    base = (tile * H + h) * U
-    n = tl.load(UCOUNT + tile * H + h)
-    # one flat loop over (union entry, key sub-tile) so the pipeliner sees a single body
-    SUBS: tl.constexpr = BLOCK // BLOCK_N
-    for i in range(n * SUBS):
-        j = tl.load(UNION + base + i // SUBS)
-        hit = tl.sum((sel == j).to(tl.int32), 1) > 0
-        cols = s0 + j * BLOCK + (i % SUBS) * BLOCK_N + tl.arange(0, BLOCK_N)
-        k = tl.load(K + (cols[:, None] * (H // G) + kvh) * D + dd[None, :])
-        v = tl.load(V + (cols[:, None] * (H // G) + kvh) * D + dd[None, :])
-        s = _tile_scores(q, k, F32_DOT, PREC) * sm_scale_log2
-        s = tl.where(hit[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
+    # merge the partials of the chosen past blocks: (o_p normalised, lse_p) -> weight 2^(lse_p - m)
+    for s in range(n_slots):
+        j = tl.load(SEL + (rows64 * H + h) * K1P + s, mask=row_ok, other=-1)
+        have = j >= 0
+        slot = ((rows64 - row0) * H + h) * K1P + s
+        pl = tl.load(PL + slot, mask=have, other=float("-inf"))
+        po = tl.load(PO + slot[:, None] * D + dd[None, :], mask=have[:, None], other=0.0).to(tl.float32)
+        m_new = tl.maximum(m_i, pl)
         alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if F32_DOT:
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision=PREC)
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        beta = tl.math.exp2(pl - m_new)
+        l_i = l_i * alpha + beta
+        acc = acc * alpha[:, None] + po * beta[:, None]
         m_i = m_new
     acc = acc / l_i[:, None]
-    tl.store(O + (rows[:, None] * H + h) * D + dd[None, :], acc.to(O.dtype.element_ty), mask=row_ok[:, None])
-    tl.store(LSE + h * T + rows, m_i + tl.math.log2(l_i), mask=row_ok)
+    tl.store(O + (rows64[:, None] * H + h) * D + dd[None, :], acc.to(O.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(LSE + h * T + rows64, m_i + tl.math.log2(l_i), mask=row_ok)
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, SEL, UNION, UCOUNT, QT_START, QT_S0, QT_S1,
-                   sm_scale, sm_scale_log2, T, H, G, U,
-                   D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   K1P: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr):
-    tile = tl.program_id(0)
-    h = tl.program_id(1)
-    kvh = h // G
-    HKV = H // G
-    q0 = tl.load(QT_START + tile)
-    s0 = tl.load(QT_S0 + tile)
-    s1 = tl.load(QT_S1 + tile)
-    rows = q0 + tl.arange(0, BLOCK_M)
-    row_ok = rows < s1
+def _bwd_rows(Q, DO, DQ, LSE, DELTA, k, v, cols, col_ok, rh, row_ok, dk, dv, sm_scale, sm_scale_log2, T, H,
+              D: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr):
+    """One (key tile, gathered row tile) pair of the backward: five matmuls, transposed tiles
+    [BLOCK_N, BLOCK_M]; dQ goes out by atomic add, dK/dV come back accumulated."""
     dd = tl.arange(0, D)
-    q = tl.load(Q + (rows[:, None] * H + h) * D + dd[None, :], mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + (rows[:, None] * H + h) * D + dd[None, :], mask=row_ok[:, None], other=0.0)
-    lse = tl.load(LSE + h * T + rows, mask=row_ok, other=0.0)
-    delta = tl.load(DELTA + h * T + rows, mask=row_ok, other=0.0)
-    sel = tl.load(SEL + (rows[:, None] * H + h) * K1P + tl.arange(0, K1P)[None, :],
-                  mask=row_ok[:, None], other=-1)
-    dq = tl.zeros([BLOCK_M, D], tl.float32)
-    own = (q0 - s0) // BLOCK
-    for kstart in range(s0 + own * BLOCK, q0 + BLOCK_M, BLOCK_N):
-        cols = kstart + tl.arange(0, BLOCK_N)
-        col_ok = cols < s1
-        k = tl.load(K + (cols[:, None] * HKV + kvh) * D + dd[None, :], mask=col_ok[:, None], other=0.0)
-        v = tl.load(V + (cols[:, None] * HKV + kvh) * D + dd[None, :], mask=col_ok[:, None], other=0.0)
-        s = _tile_scores(q, k, F32_DOT, PREC) * sm_scale_log2
-        keep = (cols[None, :] <= rows[:, None]) & col_ok[None, :]
-        p = tl.where(keep, tl.math.exp2(s - lse[:, None]), 0.0)
-        dp = _tile_scores(do, v, F32_DOT, PREC)
-        ds = p * (dp - delta[:, None])
-        if F32_DOT:
-            dq += tl.dot(ds, k.to(tl.float32), input_precision=PREC)
-        else:
-            dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
-    base = (tile * H + h) * U
-    n = tl.load(UCOUNT + tile * H + h)
+    t = rh // H
+    h = rh % H
+    q = tl.load(Q + rh[:, None] * D + dd[None, :], mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + rh[:, None] * D + dd[None, :], mask=row_ok[:, None], other=0.0)
+    lse = tl.load(LSE + h * T + t, mask=row_ok, other=0.0)
+    delta = tl.load(DELTA + h * T + t, mask=row_ok, other=0.0)
+    keep = (cols[:, None] <= t[None, :]) & row_ok[None, :] & col_ok[:, None]
+    sT = _dot(k, tl.trans(q), F32_DOT, PREC) * sm_scale_log2
+    pT = tl.where(keep, tl.math.exp2(sT - lse[None, :]), 0.0)
+    dpT = _dot(v, tl.trans(do), F32_DOT, PREC)
+    dsT = pT * (dpT - delta[None, :])
+    dv += _dot(pT.to(do.dtype), do, F32_DOT, PREC)
+    dk += _dot(dsT.to(q.dtype), q, F32_DOT, PREC)
+    dq = _dot(tl.trans(dsT.to(k.dtype)), k, F32_DOT, PREC) * sm_scale
+    tl.atomic_add(DQ + rh[:, None] * D + dd[None, :], dq, mask=row_ok[:, None])
+    return dk, dv
+
+
+@triton.jit
+def _bwd_past_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, CODES, ITEMS, n_items, row0, sm_scale, sm_scale_log2,
+                     T, H, HKV, D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, K1P: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr):
+    # one flat grid, the key sub-tiles of an item adjacent: they run side by side and share the
+    # item's q / dO / dQ rows through L2
     SUBS: tl.constexpr = BLOCK // BLOCK_N
-    for i in range(n * SUBS):
-        j = tl.load(UNION + base + i // SUBS)
-        hit = tl.sum((sel == j).to(tl.int32), 1) > 0
-        cols = s0 + j * BLOCK + (i % SUBS) * BLOCK_N + tl.arange(0, BLOCK_N)
-        k = tl.load(K + (cols[:, None] * HKV + kvh) * D + dd[None, :])
-        v = tl.load(V + (cols[:, None] * HKV + kvh) * D + dd[None, :])
-        s = _tile_scores(q, k, F32_DOT, PREC) * sm_scale_log2
-        p = tl.where(hit[:, None], tl.math.exp2(s - lse[:, None]), 0.0)
-        dp = _tile_scores(do, v, F32_DOT, PREC)
-        ds = p * (dp - delta[:, None])
-        if F32_DOT:
-            dq += tl.dot(ds, k.to(tl.float32), input_precision=PREC)
-        else:
-            dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
-    dq = dq * sm_scale
-    tl.store(DQ + (rows[:, None] * H + h) * D + dd[None, :], dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
-
-
-@triton.jit
-def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, SEL, QT_START, QT_S0, QT_S1, QT_GB,
-                     KT_START, KT_GB, KT_S1, INV_PTR, INV_TILE, INV_HEAD,
-                     sm_scale, sm_scale_log2, T, H, G,
-                     D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     K1P: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr):
-    kt = tl.program_id(0)
-    kvh = tl.program_id(1)
-    HKV = H // G
-    k0 = tl.load(KT_START + kt)
-    gb = tl.load(KT_GB + kt)
-    ks1 = tl.load(KT_S1 + kt)
-    cols = k0 + tl.arange(0, BLOCK_N)
-    col_ok = cols < ks1
+    it = tl.program_id(0) // SUBS
+    sub = tl.program_id(0) % SUBS
+    e0 = tl.load(ITEMS + it)
+    e1 = tl.load(ITEMS + n_items + it)
+    kstart = tl.load(ITEMS + 2 * n_items + it)
+    kvh = tl.load(ITEMS + 3 * n_items + it)
     dd = tl.arange(0, D)
-    k = tl.load(K + (cols[:, None] * HKV + kvh) * D + dd[None, :], mask=col_ok[:, None], other=0.0)
-    v = tl.load(V + (cols[:, None] * HKV + kvh) * D + dd[None, :], mask=col_ok[:, None], other=0.0)
+    cols = kstart + sub * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols >= 0  # past blocks are full
+    kv = (cols.to(tl.int64)[:, None] * HKV + kvh) * D + dd[None, :]
+    k = tl.load(K + kv)
+    v = tl.load(V + kv)
     dk = tl.zeros([BLOCK_N, D], tl.float32)
     dv = tl.zeros([BLOCK_N, D], tl.float32)
-    e0 = tl.load(INV_PTR + gb * HKV + kvh)
-    e1 = tl.load(INV_PTR + gb * HKV + kvh + 1)
-    for e in range(e0, e1):
-        tile = tl.load(INV_TILE + e)
-        h = tl.load(INV_HEAD + e)
-        q0 = tl.load(QT_START + tile)
-        s0 = tl.load(QT_S0 + tile)
-        s1 = tl.load(QT_S1 + tile)
-        is_own = tl.load(QT_GB + tile) == gb
-        jloc = (k0 - s0) // BLOCK
-        rows = q0 + tl.arange(0, BLOCK_M)
-        row_ok = rows < s1
-        q = tl.load(Q + (rows[:, None] * H + h) * D + dd[None, :], mask=row_ok[:, None], other=0.0)
-        do = tl.load(DO + (rows[:, None] * H + h) * D + dd[None, :], mask=row_ok[:, None], other=0.0)
-        lse = tl.load(LSE + h * T + rows, mask=row_ok, other=0.0)
-        delta = tl.load(DELTA + h * T + rows, mask=row_ok, other=0.0)
-        sel = tl.load(SEL + (rows[:, None] * H + h) * K1P + tl.arange(0, K1P)[None, :],
-                      mask=row_ok[:, None], other=-1)
-        hit = (tl.sum((sel == jloc).to(tl.int32), 1) > 0) & row_ok
-        # transposed tiles [BLOCK_N, BLOCK_M]: keys on rows, queries on columns
-        keep = (is_own & (cols[:, None] <= rows[None, :]) & row_ok[None, :]) | (~is_own & hit[None, :])
-        keep = keep & col_ok[:, None]
-        sT = _tile_scores(k, q, F32_DOT, PREC) * sm_scale_log2
-        pT = tl.where(keep, tl.math.exp2(sT - lse[None, :]), 0.0)
-        dpT = _tile_scores(v, do, F32_DOT, PREC)
-        dsT = pT * (dpT - delta[None, :])
-        if F32_DOT:
-            dv += tl.dot(pT, do.to(tl.float32), input_precision=PREC)
-            dk += tl.dot(dsT, q.to(tl.float32), input_precision=PREC)
-        else:
-            dv += tl.dot(pT.to(do.dtype), do, input_precision=PREC)
-            dk += tl.dot(dsT.to(q.dtype), q, input_precision=PREC)
-    dk = dk * sm_scale
-    tl.store(DK + (cols[:, None] * HKV + kvh) * D + dd[None, :], dk.to(DK.dtype.element_ty), mask=col_ok[:, None])
-    tl.store(DV + (cols[:, None] * HKV + kvh) * D + dd[None, :], dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+    for r in range(e0, e1, BLOCK_M):
+        e = r + tl.arange(0, BLOCK_M)
+        ok = e < e1
+        code = tl.load(CODES + e, mask=ok, other=0)
+        rh = (row0 * H + code // K1P).to(tl.int64)
+        dk, dv = _bwd_rows(Q, DO, DQ, LSE, DELTA, k, v, cols, col_ok, rh, ok, dk, dv, sm_scale, sm_scale_log2,
+                           T, H, D, F32_DOT, PREC)
+    tl.atomic_add(DK + kv, dk * sm_scale)
+    tl.atomic_add(DV + kv, dv)
+
+
+@triton.jit
+def _bwd_own_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, ITEMS, n_items, sm_scale, sm_scale_log2, T, H, G,
+                    D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    F32_DOT: tl.constexpr, PREC: tl.constexpr):
+    SUBS: tl.constexpr = BLOCK // BLOCK_N
+    it = tl.program_id(0) // SUBS
+    sub = tl.program_id(0) % SUBS
+    bstart = tl.load(ITEMS + it)
+    blen = tl.load(ITEMS + n_items + it)
+    rend = tl.load(ITEMS + 2 * n_items + it)  # block end, or sequence end when dense
+    kvh = tl.load(ITEMS + 3 * n_items + it)
+    HKV = H // G
+    if sub * BLOCK_N < blen:  # the last block of a sequence may be short
+        dd = tl.arange(0, D)
+        cols = bstart + sub * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < bstart + blen
+        kv = (cols.to(tl.int64)[:, None] * HKV + kvh) * D + dd[None, :]
+        k = tl.load(K + kv, mask=col_ok[:, None], other=0.0)
+        v = tl.load(V + kv, mask=col_ok[:, None], other=0.0)
+        dk = tl.zeros([BLOCK_N, D], tl.float32)
+        dv = tl.zeros([BLOCK_N, D], tl.float32)
+        first = (sub * BLOCK_N // BLOCK_M) * BLOCK_M  # row tiles before the key tile see none of it
+        for g in range(G):
+            for r in range(first, rend - bstart, BLOCK_M):
+                rows = bstart + r + tl.arange(0, BLOCK_M)
+                ok = rows < rend
+                rh = rows.to(tl.int64) * H + kvh * G + g
+                dk, dv = _bwd_rows(Q, DO, DQ, LSE, DELTA, k, v, cols, col_ok, rh, ok, dk, dv, sm_scale,
+                                   sm_scale_log2, T, H, D, F32_DOT, PREC)
+        tl.atomic_add(DK + kv, dk * sm_scale, mask=col_ok[:, None])
+        tl.atomic_add(DV + kv, dv, mask=col_ok[:, None])
+
+
+#: Bytes of partial outputs (one D-vector per chosen block) held at once; larger calls run the forward
+#: in chunks of whole key blocks (same result, a few more launches).
+PARTIAL_BYTES = 1 << 30
+#: Gathered rows per backward program at most (splits the long row lists of popular key blocks).
+BWD_ROWS = 1024
 
 
 def launch_config(block_size: int, head_dim: int, dtype: torch.dtype) -> dict:
     """Tile sizes and launch options: BLOCK_M/BLOCK_N (divisors of the block), warps, stages.
 
-    Picked with ``benchmarks/inspect_triton_sm90.py`` (sm_90a, bf16, D = 128, block 128): 64 x 64 tiles
-    on 8 warps are the only candidate with no spills in all three kernels, and every tl.dot lowers to
-    wgmma (table in README.md, "Triton kernel"); not yet tuned by GPU timings.
+    Picked with ``benchmarks/inspect_triton_sm90.py`` (sm_90a, bf16, block 128; table in README.md,
+    "Triton kernel"): 64 x 64 tiles on 8 warps compile without spills at D = 64 and with the fewest
+    spills at D = 128, every tl.dot lowering to wgmma; 4 warps spill in every kernel. Not yet tuned
+    by GPU timings.
     """
-    if head_dim >= 128:
-        return {"BLOCK_M": min(64, block_size), "BLOCK_N": min(64, block_size), "num_warps": 8, "num_stages": 2}
-    return {"BLOCK_M": min(64, block_size), "BLOCK_N": min(64, block_size), "num_warps": 4, "num_stages": 2}
+    del head_dim, dtype  # one configuration for now; kept in the signature for tuning on a GPU
+    return {"BLOCK_M": min(64, block_size), "BLOCK_N": min(64, block_size), "num_warps": 8, "num_stages": 2}
 
 
 def _dot_mode(dtype: torch.dtype) -> tuple[bool, str]:
@@ -240,23 +256,64 @@ def _dot_mode(dtype: torch.dtype) -> tuple[bool, str]:
     return dtype == torch.float32, "ieee" if dtype == torch.float32 else "tf32"
 
 
+def _launch_opts(block_size: int, bm: int, bn: int, q: torch.Tensor) -> dict:
+    cfg = launch_config(block_size, q.shape[2], q.dtype)
+    f32, prec = _dot_mode(q.dtype)
+    return {"D": q.shape[2], "BLOCK_M": bm, "BLOCK_N": bn, "F32_DOT": f32, "PREC": prec,
+            "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+
+
+def moba_forward(q, k, v, idx: MobaIndex, block_size: int, bm: int, bn: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Output [T, H, D] and LSE [H, T] (log2) for the selection in ``idx``."""
+    T, H, D = q.shape
+    HKV = k.shape[1]
+    opts = _launch_opts(block_size, bm, bn, q)
+    scale_log2 = LOG2E / math.sqrt(D)
+    o = torch.empty_like(q)
+    lse = torch.empty((H, T), dtype=torch.float32, device=q.device)
+    for ch in idx.chunks:
+        slots = (ch.row1 - ch.row0) * H * idx.k1p if ch.codes.numel() else 1
+        po = torch.empty((slots, D), dtype=q.dtype, device=q.device)
+        pl = torch.empty(slots, dtype=torch.float32, device=q.device)
+        n_f = ch.fwd_items.shape[1]
+        if n_f:
+            _fwd_past_kernel[(n_f,)](q, k, v, po, pl, ch.codes, ch.fwd_items, n_f, ch.row0, scale_log2, H, HKV,
+                                     BLOCK=block_size, K1P=idx.k1p, **opts)
+        n_t = ch.q_tiles.shape[1]
+        _fwd_own_merge_kernel[(n_t, H)](q, k, v, o, lse, idx.sel, po, pl, ch.q_tiles, n_t, ch.row0, scale_log2,
+                                        T, H, H // HKV, K1P=idx.k1p, **opts)
+    return o, lse
+
+
+def moba_backward(q, k, v, o, lse, do, idx: MobaIndex, block_size: int, bm: int, bn: int):
+    """(dq, dk, dv) in the input dtype; accumulation in fp32 buffers by atomic adds."""
+    T, H, D = q.shape
+    HKV = k.shape[1]
+    opts = _launch_opts(block_size, bm, bn, q)
+    scale = 1.0 / math.sqrt(D)
+    delta = (do.float() * o.float()).sum(-1).transpose(0, 1).contiguous()  # [H, T]
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dk = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
+    dv = torch.zeros(v.shape, dtype=torch.float32, device=q.device)
+    subs = block_size // bn
+    for ch in idx.chunks:
+        n_b = ch.bwd_items.shape[1]
+        if n_b:
+            _bwd_past_kernel[(n_b * subs,)](q, k, v, do, dq, dk, dv, lse, delta, ch.codes, ch.bwd_items, n_b,
+                                            ch.row0, scale, scale * LOG2E, T, H, HKV, BLOCK=block_size,
+                                            K1P=idx.k1p, **opts)
+        n_o = ch.own_items.shape[1]
+        _bwd_own_kernel[(n_o * subs,)](q, k, v, do, dq, dk, dv, lse, delta, ch.own_items, n_o, scale,
+                                       scale * LOG2E, T, H, H // HKV, BLOCK=block_size, **opts)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
 class _MobaTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens, block_size, topk, block_m, block_n):
-        T, H, D = q.shape
-        G = H // k.shape[1]
-        idx: MobaIndex = build_index(q.detach(), k.detach(), cu_seqlens, block_size, topk, block_m, block_n)
-        cfg = launch_config(block_size, D, q.dtype)
-        f32, prec = _dot_mode(q.dtype)
-        o = torch.empty_like(q)
-        lse = torch.empty((H, T), dtype=torch.float32, device=q.device)
-        nq = idx.qt_start.numel()
-        U = idx.union.shape[-1]
-        scale = 1.0 / math.sqrt(D)
-        _fwd_kernel[(nq, H)](
-            q, k, v, o, lse, idx.sel, idx.union, idx.ucount, idx.qt_start, idx.qt_seq_start, idx.qt_seq_end,
-            scale * LOG2E, T, H, G, U, D=D, BLOCK=block_size, BLOCK_M=block_m, BLOCK_N=block_n, K1P=idx.k1p,
-            F32_DOT=f32, PREC=prec, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        idx = build_index(q.detach(), k.detach(), cu_seqlens, block_size, topk, block_m,
+                          bwd_rows=BWD_ROWS, partial_bytes=PARTIAL_BYTES)
+        o, lse = moba_forward(q, k, v, idx, block_size, block_m, block_n)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.idx, ctx.block_size, ctx.block_m, ctx.block_n = idx, block_size, block_m, block_n
         return o
@@ -264,34 +321,13 @@ class _MobaTriton(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        idx: MobaIndex = ctx.idx
-        B, bm, bn = ctx.block_size, ctx.block_m, ctx.block_n
-        T, H, D = q.shape
-        HKV = k.shape[1]
-        G = H // HKV
-        do = do.contiguous()
-        cfg = launch_config(B, D, q.dtype)
-        f32, prec = _dot_mode(q.dtype)
-        delta = (do.float() * o.float()).sum(-1).transpose(0, 1).contiguous()  # [H, T]
-        dq = torch.empty_like(q)
-        dk = torch.empty_like(k)
-        dv = torch.empty_like(v)
-        scale = 1.0 / math.sqrt(D)
-        nq = idx.qt_start.numel()
-        opts = {"D": D, "BLOCK": B, "BLOCK_M": bm, "BLOCK_N": bn, "K1P": idx.k1p, "F32_DOT": f32, "PREC": prec,
-                    "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
-        _bwd_dq_kernel[(nq, H)](
-            q, k, v, do, dq, lse, delta, idx.sel, idx.union, idx.ucount, idx.qt_start, idx.qt_seq_start,
-            idx.qt_seq_end, scale, scale * LOG2E, T, H, G, idx.union.shape[-1], **opts)
-        _bwd_dkdv_kernel[(idx.kt_start.numel(), HKV)](
-            q, k, v, do, dk, dv, lse, delta, idx.sel, idx.qt_start, idx.qt_seq_start, idx.qt_seq_end,
-            idx.qt_gblock, idx.kt_start, idx.kt_gblock, idx.kt_seq_end, idx.inv_ptr, idx.inv_tile,
-            idx.inv_head, scale, scale * LOG2E, T, H, G, **opts)
+        dq, dk, dv = moba_backward(q, k, v, o, lse, do.contiguous(), ctx.idx, ctx.block_size, ctx.block_m,
+                                   ctx.block_n)
         return dq, dk, dv, None, None, None, None, None
 
 
 def _validate(q, k, v, cu_seqlens, block_size, topk) -> torch.Tensor:
-    """Check the arguments (ConfigError naming the argument); return topk as a LongTensor [N] on q's device."""
+    """Check the arguments (ConfigError naming the argument); return topk as a LongTensor [N] on the CPU."""
     def need(cond, field, msg):
         if not cond:
             raise ConfigError(f"{field}: {msg}")

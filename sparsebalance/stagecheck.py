@@ -1,0 +1,172 @@
+"""Single-device stage validation: the stages of a PP plan run one after another in one process.
+
+For one global batch of a run config: the batching and tuning policies make the plan and its (DST)
+budgets; every micro-batch of DP rank 0 then runs forward through each stage's own layers (stage 0
+adds the embedding, the last stage the final norm, LM head and loss) and backward in reverse stage
+order, on one device. Each (stage, micro-batch) F and B is timed (CUDA events on a GPU,
+``perf_counter`` on the CPU), median over ``rounds``. Beside each measurement: the latency model's
+prediction with every profile given (e.g. the measured one and an analytical one). Finally the
+measured per-op times are composed through the simulator's schedule (``engine.simulate``, the
+model's P2P times, no all-reduce) and compared with the iteration the predictions give.
+
+Runs on the CPU with the chunked backend and the tiny model (tests), and on a GPU with the Triton
+kernel (``sparsebalance gpu-check``). It imports policies, kernels and the simulator, like runner.py.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sparsebalance.runconfig import RunConfig
+
+
+@dataclass(slots=True)
+class StageCheck:
+    """What :func:`run_stage_check` measured and predicted."""
+
+    ops: pd.DataFrame
+    """One row per (stage, microbatch, op in F/B): tokens, budget, measured_s, and pred_<profile>_s."""
+    iteration: pd.DataFrame
+    """One row per source (measured, each profile): iteration_time_s through the schedule."""
+
+
+def plan_one_batch(cfg: RunConfig, prepared: Any) -> tuple[Any, Any]:
+    """The plan and budgets the config's policies give its first global batch."""
+    from sparsebalance.loop import global_batches
+
+    batch = next(global_batches(prepared.sequences, cfg.cluster.global_batch, shuffle=cfg.data.shuffle,
+                                rng=np.random.default_rng(cfg.data.seed)))
+    plan = prepared.batching.plan(batch, prepared.ctx)
+    return plan, prepared.tuning.budgets(plan, prepared.ctx)
+
+
+class _Timer:
+    """Seconds of a callable: CUDA events on a GPU (after a synchronize), perf_counter on the CPU."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device.startswith("cuda")
+
+    def __call__(self, fn) -> tuple[Any, float]:
+        import torch
+
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            out = fn()
+            end.record()
+            torch.cuda.synchronize()
+            return out, start.elapsed_time(end) / 1e3
+        t0 = time.perf_counter()
+        out = fn()
+        return out, time.perf_counter() - t0
+
+
+def _tokens(seq, vocab: int, rng: np.random.Generator) -> np.ndarray:
+    """The sequence's tokens, or seeded random ones when the data source has none (a distribution)."""
+    if seq.tokens is not None:
+        return np.asarray(seq.tokens) % vocab
+    return rng.integers(0, vocab, size=seq.length)
+
+
+def measure_microbatch(net, stages: list[range], batch, moba, timer: _Timer) -> tuple[list[float], list[float]]:
+    """F and B seconds of each stage for one packed micro-batch (stage inputs detached, so each B
+    covers its own layers only, as on a real pipeline stage)."""
+    from sparsebalance.kernels.qwen2 import lm_loss_sum, run_layers
+
+    inner = net.model
+    fwd, outs, ins = [], [], []
+    h_in = None
+    for s, layers in enumerate(stages):
+        def f(s=s, layers=layers, h_in=h_in):
+            h = inner.embed_tokens(batch.input_ids) if s == 0 else h_in
+            h = run_layers(net, h, batch, moba, layers=[inner.layers[i] for i in layers])
+            if s == len(stages) - 1:
+                return lm_loss_sum(net.lm_head(inner.norm(h)), batch.labels)
+            return h
+        out, t = timer(f)
+        fwd.append(t)
+        outs.append(out)
+        if s < len(stages) - 1:
+            h_in = out.detach().requires_grad_()
+            ins.append(h_in)
+    bwd = [0.0] * len(stages)
+    grad = None
+    for s in reversed(range(len(stages))):
+        _, t = timer(lambda s=s, grad=grad: outs[s].backward(grad))
+        bwd[s] = t
+        grad = ins[s - 1].grad if s > 0 else None
+    return fwd, bwd
+
+
+def run_stage_check(cfg: RunConfig, profiles: dict[str, str], *, device: str = "cpu", dtype: str = "float32",
+                    backend: str = "auto", rounds: int = 3, seed: int = 0) -> StageCheck:
+    """Measure and predict one global batch of ``cfg`` (DP rank 0) stage by stage on ``device``.
+
+    ``profiles``: label -> profile name or path; each is loaded for ``cfg.model`` and ``cfg.cluster``
+    (analytical ones are re-derived for the model). The first one (``cfg.profile`` if none) drives the
+    policies.
+    """
+    import torch
+
+    from sparsebalance.kernels.qwen2 import MobaArgs, build_qwen2, pack
+    from sparsebalance.runner import prepare
+    from sparsebalance.simulator.engine import PipelineInput, simulate
+    from sparsebalance.simulator.latency import load_latency_model
+
+    prepared = prepare(cfg)
+    plan, budgets = plan_one_batch(cfg, prepared)
+    models = {name: load_latency_model(p, cfg.model, cfg.cluster, base_dir=cfg.base_dir, extrapolate="clamp",
+                                       allow_nonmonotone=True) for name, p in profiles.items()}
+    lm0 = prepared.latency
+    pp = cfg.cluster.pp
+    stages = [lm0.stage_layers(s) for s in range(pp)]
+    with torch.device(device):  # parameters made on the device: a 3B model initialises in seconds
+        net = build_qwen2(cfg.model, seed=seed, dtype=dtype)
+    rng = np.random.default_rng(seed)
+    timer = _Timer(device)
+    mbs = list(plan.ranks[0])
+    rows = []
+    fwd = np.zeros((pp, len(mbs)))
+    bwd = np.zeros((pp, len(mbs)))
+    for j, mb in enumerate(mbs):
+        budget = budgets[0][j]
+        batch = pack([_tokens(s, cfg.model.vocab, rng) for s in mb.sequences], device=device)
+        moba = MobaArgs(cu_seqlens=batch.cu_seqlens, topk=budget, block_size=cfg.model.block_size, backend=backend)
+        if j == 0:  # warm-up: kernel compilation and allocator
+            measure_microbatch(net, stages, batch, moba, timer)
+            net.zero_grad(set_to_none=True)
+        runs = [measure_microbatch(net, stages, batch, moba, timer) for _ in range(rounds)]
+        net.zero_grad(set_to_none=True)
+        for s in range(pp):
+            fwd[s, j] = statistics.median(r[0][s] for r in runs)
+            bwd[s, j] = statistics.median(r[1][s] for r in runs)
+            for op, meas, back in (("F", fwd[s, j], False), ("B", bwd[s, j], True)):
+                row = {"stage": s, "microbatch": j, "op": op, "tokens": int(sum(mb.lengths)),
+                       "sequences": len(mb.lengths), "budget": float(np.mean(budget)), "measured_s": meas}
+                for name, lm in models.items():
+                    row[f"pred_{name}_s"] = lm.stage_time(list(mb.lengths), budget, s, backward=back)
+                rows.append(row)
+    ops = pd.DataFrame(rows)
+    tokens = np.array([[sum(mb.lengths) for mb in mbs]])
+    p2p = np.array([[lm0.p2p_time(int(t)) for t in tokens[0]]] * max(pp - 1, 0)).reshape(1, max(pp - 1, 0), -1)
+
+    def iteration(f: np.ndarray, b: np.ndarray) -> float:
+        inp = PipelineInput(schedule=cfg.cluster.schedule, pp=pp, forward=f[None], backward=b[None], p2p=p2p,
+                            tokens=tokens)
+        return float(simulate(inp).iteration_time)
+
+    its = [{"source": "measured", "iteration_time_s": iteration(fwd, bwd)}]
+    for name in models:
+        f = ops[ops.op == "F"].pivot(index="stage", columns="microbatch", values=f"pred_{name}_s").to_numpy()
+        b = ops[ops.op == "B"].pivot(index="stage", columns="microbatch", values=f"pred_{name}_s").to_numpy()
+        its.append({"source": name, "iteration_time_s": iteration(f, b)})
+    it = pd.DataFrame(its)
+    it["error_vs_measured"] = it.iteration_time_s / it.iteration_time_s.iloc[0] - 1
+    return StageCheck(ops=ops, iteration=it)

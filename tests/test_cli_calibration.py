@@ -1,0 +1,105 @@
+"""``simulate`` / ``validate`` with a measured profile: probe, rescale, say so; --profile-as-is;
+fingerprints written by ``profile``. The probe is replaced by an exact fake (no timing in tests)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from sparsebalance.simulator.profile import SHIPPED_DIR
+
+SIM = """
+name = "cal"
+iterations = 2
+seed = 0
+profile = "{profile}"
+latency_extrapolate = "clamp"
+output_dir = "{out}"
+[model]
+preset = "tiny"
+[cluster]
+device = "cpu"
+pp = 1
+dp = 1
+global_batch = 4
+[data]
+source = "distribution"
+distribution = "chatqa2-like"
+num_sequences = 16
+max_length = 2048
+min_length = 64
+[policy]
+batching = "sequential"
+tuning = "fixed"
+k0 = 4
+"""
+
+
+@pytest.fixture
+def measured(tmp_path):
+    """A copy of cpu-tiny whose sidecar says it was measured on another CPU."""
+    d = tmp_path / "prof"
+    shutil.copytree(SHIPPED_DIR / "cpu-tiny", d)
+    meta = json.loads((d / "profile.json").read_text())
+    meta["machine"] = {"device_kind": "cpu", "cpu_model": "Some Other CPU", "cores": 64, "torch_threads": 1}
+    (d / "profile.json").write_text(json.dumps(meta))
+    return d
+
+
+def test_simulate_probes_rescales_and_says_so(tmp_path, run_cli, monkeypatch, measured, scaled_probe):
+    import sparsebalance.kernels.calibrate as K
+
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(SIM.format(profile=measured, out=tmp_path / "res"))
+    ops = ("attn_fwd", "attn_bwd", "layer_fwd", "layer_bwd", "embed_fwd", "embed_bwd", "head_fwd", "head_bwd")
+    monkeypatch.setattr(K, "probe", lambda prof, grid: scaled_probe(prof, grid, dict.fromkeys(ops, 2.0)))
+    r = run_cli("simulate", "--config", cfg, "--no-progress")
+    assert r.code == 0, r.err
+    lines = [x for x in r.out.splitlines() if x.startswith("calibration:")]
+    assert len(lines) == 1 and "attn_bwd x2.00" in lines[0] and "cpu_model: Some Other CPU ->" in lines[0]
+    rec = json.loads((tmp_path / "res" / "cal" / "calibration.json").read_text())
+    assert rec["status"] == "rescaled" and rec["scales"]["attn_fwd"] == pytest.approx(2.0)
+    assert rec["fingerprint_mismatch"]
+    scaled = pd.read_csv(tmp_path / "res" / "cal" / "metrics.csv")["iteration_time_s"]
+
+    def no_probe(*a, **k):
+        raise AssertionError("--profile-as-is must not probe")
+
+    monkeypatch.setattr(K, "probe", no_probe)
+    r = run_cli("simulate", "--config", cfg, "--no-progress", "--profile-as-is")
+    assert r.code == 0, r.err
+    assert "calibration: off (--profile-as-is)" in r.out and "fingerprint differs" in r.out
+    as_is = pd.read_csv(tmp_path / "res" / "cal" / "metrics.csv")["iteration_time_s"]
+    # PP 1 x DP 1: no communication, every op (optim too, by the median scale) doubled
+    pd.testing.assert_series_equal(scaled, 2 * as_is, rtol=1e-9)
+
+
+def test_analytical_profiles_are_never_probed(tmp_path, run_cli, monkeypatch):
+    import sparsebalance.kernels.calibrate as K
+
+    monkeypatch.setattr(K, "probe", lambda *a, **k: (_ for _ in ()).throw(AssertionError("probed")))
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(SIM.format(profile="analytical-h200", out=tmp_path / "res").replace('"cpu"', '"h200"'))
+    r = run_cli("simulate", "--config", cfg, "--no-progress")
+    assert r.code == 0, r.err
+    assert "calibration" not in r.out
+
+
+def test_profile_writes_the_machine_fingerprint(tmp_path, run_cli):
+    out = tmp_path / "p"
+    r = run_cli("profile", "--device", "cpu", "--model", "tiny", "--out", out, "--seq-lens", "64,128",
+                "--budgets", "1,2", "--tokens", "64,128", "--params", "100,1000", "--repeats", "1",
+                "--warmup", "0", "--threads", "1", "--no-progress")
+    assert r.code == 0, r.err
+    fp = json.loads((out / "profile.json").read_text())["machine"]
+    assert fp["device_kind"] == "cpu" and fp["torch_threads"] == 1 and fp["cores"] >= 1 and fp["cpu_model"]
+    from sparsebalance.kernels.calibrate import machine_fingerprint
+    from sparsebalance.simulator.calibration import fingerprint_mismatch
+
+    assert fingerprint_mismatch(fp, machine_fingerprint("cpu", threads=1)) == []

@@ -1,0 +1,59 @@
+"""``sparsebalance gpu-check``: the parts that run without a GPU (the no-CUDA exit, the summary table,
+the single-device stage validation on the CPU with the chunked backend and the tiny model)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+def test_without_cuda_exits_2_with_one_line(run_cli, tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    r = run_cli("gpu-check", "--out", tmp_path / "gc")
+    assert r.code == 2
+    assert len(r.err.strip().splitlines()) == 1 and "CUDA" in r.err and r.out == ""
+    assert not (tmp_path / "gc").exists()
+
+
+def test_summary_table_has_one_row_per_step(tmp_path):
+    from sparsebalance.commands.gpu_check import write_summary
+
+    rows = [{"step": "accuracy", "status": "ok", "figures": "24/24", "file": "accuracy.csv", "seconds": 12.4},
+            {"step": "validate", "status": "skipped", "figures": "one GPU", "file": "", "seconds": 0.0}]
+    text = write_summary(rows, {"device": "NVIDIA H100 80GB HBM3"}, tmp_path / "summary.md").read_text()
+    assert "- device: NVIDIA H100 80GB HBM3" in text
+    table = [ln for ln in text.splitlines() if ln.startswith("| ")]
+    assert table[0] == "| step | status | figures | file | seconds |"
+    assert table[1:] == ["| accuracy | ok | 24/24 | accuracy.csv | 12 |", "| validate | skipped | one GPU |  | 0 |"]
+
+
+def test_stage_check_runs_on_the_cpu():
+    """Tiny model, PP 2, 2 one-sequence micro-batches with SAB + DST budgets: every (stage, micro-batch)
+    F and B measured and predicted by both profiles; the iteration composed through the schedule."""
+    torch = pytest.importorskip("torch")
+    from sparsebalance.runconfig import load_run_config
+    from sparsebalance.simulator.engine import PipelineInput, simulate
+    from sparsebalance.simulator.latency import load_latency_model
+    from sparsebalance.stagecheck import run_stage_check
+
+    cfg = load_run_config("examples/cpu_pp2.toml", {"cluster.global_batch": 2, "data.max_length": 128})
+    torch.set_num_threads(1)
+    with pytest.warns(UserWarning):
+        res = run_stage_check(cfg, {"cpu": "cpu-tiny", "h100": "analytical-h100"}, rounds=1)
+    ops = res.ops
+    assert len(ops) == 2 * 2 * 2 and set(ops.op) == {"F", "B"}
+    assert (ops.measured_s > 0).all() and (ops.pred_cpu_s > 0).all() and (ops.pred_h100_s > 0).all()
+    with pytest.warns(UserWarning):
+        lm = load_latency_model("cpu-tiny", cfg.model, cfg.cluster, allow_nonmonotone=True, extrapolate="clamp")
+    r = ops.iloc[0]
+    assert r.pred_cpu_s == pytest.approx(lm.stage_time([int(r.tokens)], int(r.budget), int(r.stage), backward=False))
+    f = ops[ops.op == "F"].pivot(index="stage", columns="microbatch", values="measured_s").to_numpy()
+    b = ops[ops.op == "B"].pivot(index="stage", columns="microbatch", values="measured_s").to_numpy()
+    p2p = np.array([[lm.p2p_time(int(t)) for t in ops[(ops.op == "F") & (ops.stage == 0)].tokens]])[None]
+    want = simulate(PipelineInput(schedule="1f1b", pp=2, forward=f[None], backward=b[None], p2p=p2p)).iteration_time
+    it = res.iteration.set_index("source")
+    assert it.loc["measured", "iteration_time_s"] == pytest.approx(want)
+    assert (f + b).sum(axis=1).max() <= it.loc["measured", "iteration_time_s"] <= f.sum() + b.sum() + 2 * p2p.sum()
+    assert list(it.index) == ["measured", "cpu", "h100"]

@@ -39,7 +39,7 @@ POOL_STRIDE = 1_000_000
 class ExperimentConfig:
     """The accuracy experiment's knobs (``accuracy`` flags)."""
 
-    steps: int = 192
+    steps: int = 96
     """Continuation steps (global batches of ``global_batch`` examples), the same for every config."""
     seeds: tuple[int, ...] = (0, 1, 2)
     """Seeds: each draws its own pool of training examples and data order."""
@@ -58,7 +58,7 @@ class ExperimentConfig:
     examples seen before, as in a multi-epoch run)."""
     buckets: tuple[int, ...] = (64, 256, 1024)
     """Held-out lengths (tokens); accuracy is reported per bucket."""
-    heldout: int = 128
+    heldout: int = 64
     """Held-out examples per bucket."""
     coverage_agg: str = "tokens"
     """Micro-batch coverage of packed sequences (tokens or min), see docs/coverage.md."""

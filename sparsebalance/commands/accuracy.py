@@ -37,12 +37,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--quick", action="store_true", help="fixed and DST MEAN0.1, one seed, 24 steps")
     g.add_argument("--jobs", type=positive_int, default=1, help="configurations run in parallel (processes)")
     g.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
-    g.add_argument("--steps", type=positive_int, default=None, help="continuation steps (default 192)")
+    g.add_argument("--steps", type=positive_int, default=None, help="continuation steps (default 96)")
     g.add_argument("--anchors", default="mean,min,max", help="DST anchors (default mean,min,max)")
     g.add_argument("--ps", default="0.1,0.2,0.3", help="DST thresholds p (default 0.1,0.2,0.3)")
     g.add_argument("--k0", type=positive_int, default=None, help="default budget in blocks (default 8)")
     g.add_argument("--buckets", default=None, help="held-out lengths (default 64,256,1024)")
-    g.add_argument("--heldout", type=int, default=None, help="held-out examples per bucket (default 128)")
+    g.add_argument("--heldout", type=int, default=None, help="held-out examples per bucket (default 64)")
     g.add_argument("--coverage-agg", default=None, help="micro-batch coverage: tokens (default) or min")
     g.add_argument("--base", default="dense,fixed",
                    help="reference configurations run besides DST (default dense,fixed; fixed is the "
@@ -135,7 +135,7 @@ def run(args) -> int:
     jobs = grid(cfg, dense_k)
     out = resolve_out(args.out, "results/accuracy", force=args.force, verb="accuracy")
     t0 = time.time()
-    results = _run_all([(j, cfg, args.checkpoint) for j in jobs], args, run_job)
+    results = _run_all([(j, cfg, args.checkpoint) for j in jobs], args, run_job, out / "jobs.jsonl")
     import pandas as pd
 
     from sparsebalance.analysis import accuracy as A
@@ -161,13 +161,20 @@ def run(args) -> int:
     return 0
 
 
-def _run_all(jobs: list, args, fn) -> list[dict]:
-    """Run the jobs (in ``--jobs`` spawned processes), reporting each finished one on stderr."""
+def _run_all(jobs: list, args, fn, log: Path | None = None) -> list[dict]:
+    """Run the jobs (in ``--jobs`` spawned processes), reporting each finished one on stderr and
+    appending its whole result to ``log`` (JSON lines) as it finishes, so that an interrupted
+    experiment keeps the runs it finished."""
     quiet = args.json or args.progress is False  # one line per finished run, unless refused
     done = []
+    if log is not None:
+        log.write_text("")
 
     def report(r: dict) -> None:
         done.append(r)
+        if log is not None:
+            with log.open("a") as f:
+                f.write(json.dumps(r, default=str) + "\n")
         if not quiet:
             j = r["job"]
             print(f"accuracy: {len(done)}/{len(jobs)} {j['config']} seed {j['seed']}: "

@@ -144,6 +144,7 @@ def run(args) -> int:
     df.to_csv(out / "rows.csv", index=False)
     summary = A.summarize_rows(df)
     summary.to_csv(out / "summary.csv", index=False)
+    (out / "summary.md").write_text(A.markdown_table(summary) + "\n")
     A.plot_accuracy_vs_speedup(summary, out / "accuracy_vs_speedup")
     from dataclasses import asdict
 

@@ -4,12 +4,13 @@ Setting: the ablation's (Qwen2.5-3B, chatqa2-like, DP2 x PP4, global batch 16, a
 64K token cap), 20 simulated iterations per seed, seeds 0-3, all deterministic.
 
 Margins come from the measured seed-to-seed spread, not from the paper. Over seeds 0-29 (20
-iterations each; `benchmarks/policy_spread.py --iterations 20 --seeds 30`):
-SAB+DST's per-seed speedup over the baseline had mean 1.231, standard deviation 0.035, minimum
-1.136; DST's drop of the mean micro-batch imbalance (baseline - DST) had mean 0.094, standard
-deviation 0.050, minimum 0.003. Thresholds: every seed's speedup >= 1.10 (below the minimum seen and
-below mean - 3 sd = 1.127); the 4-seed mean drop >= 0.02 (mean - 3 sd / sqrt(4) = 0.019). A policy
-that stops helping (speedup 1.0, drop 0) fails both by several standard deviations.
+iterations each; `benchmarks/policy_spread.py --iterations 20 --seeds 30`, on the analytical profiles
+regenerated with the kernel cost model): SAB+DST's per-seed speedup over the baseline had mean 1.234,
+standard deviation 0.041, minimum 1.128; DST's drop of the mean micro-batch imbalance (baseline -
+DST) had mean 0.103, standard deviation 0.058, minimum -0.005 (one seed of 30 slightly negative).
+Thresholds: every seed's speedup >= 1.10 (below the minimum seen and below mean - 3 sd = 1.112); the
+4-seed mean drop >= 0.015 (mean - 3 sd / sqrt(4) = 0.016). A policy that stops helping (speedup 1.0,
+drop 0) fails both by several standard deviations.
 """
 
 import json
@@ -22,7 +23,7 @@ from sparsebalance.runner import run_simulation
 
 SEEDS = (0, 1, 2, 3)
 SPEEDUP_MIN = 1.10
-IMBALANCE_DROP_MIN = 0.02
+IMBALANCE_DROP_MIN = 0.015
 
 
 def _run(batching: str, tuning: str, seed: int):

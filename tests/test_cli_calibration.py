@@ -72,10 +72,11 @@ def test_simulate_probes_rescales_and_says_so(tmp_path, run_cli, monkeypatch, me
         raise AssertionError("--profile-as-is must not probe")
 
     monkeypatch.setattr(K, "probe", no_probe)
-    r = run_cli("simulate", "--config", cfg, "--no-progress", "--profile-as-is")
+    # its own --out: a second run into res/cal would go to a new timestamped directory, not overwrite
+    r = run_cli("simulate", "--config", cfg, "--no-progress", "--profile-as-is", "--out", tmp_path / "asis")
     assert r.code == 0, r.err
     assert "calibration: off (--profile-as-is)" in r.out and "fingerprint differs" in r.out
-    as_is = pd.read_csv(tmp_path / "res" / "cal" / "metrics.csv")["iteration_time_s"]
+    as_is = pd.read_csv(tmp_path / "asis" / "metrics.csv")["iteration_time_s"]
     # PP 1 x DP 1: no communication, every op (optim too, by the median scale) doubled
     pd.testing.assert_series_equal(scaled, 2 * as_is, rtol=1e-9)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import faultkit
 import pytest
 from faultkit import SWEEP_BASE
 
@@ -13,3 +14,14 @@ def sweep_base(tmp_path) -> Path:
     p = tmp_path / "base.toml"
     p.write_text(SWEEP_BASE)
     return p
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_running():
+    """A test that fails half-way (a timeout) must not leave its launcher and workers training."""
+    yield
+    while faultkit.STARTED:
+        p = faultkit.STARTED.pop()
+        if p.poll() is None:
+            faultkit.kill_all(faultkit.tree(p.pid))
+            p.wait()

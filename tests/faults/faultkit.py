@@ -3,7 +3,9 @@ tree in /proc, and wait (bounded) until processes are gone. Bounds are hang guar
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -12,6 +14,8 @@ from pathlib import Path
 from sparsebalance.procutil import descendants, pid_alive
 
 ROOT = Path(__file__).resolve().parents[2]
+STARTED: list[subprocess.Popen] = []
+"""Every process :func:`sparsebalance` started; conftest kills what a failed test left running."""
 
 SWEEP_BASE = """
 name = "f"
@@ -35,8 +39,23 @@ def sparsebalance(*argv, **kw) -> subprocess.Popen:
     """``python -m sparsebalance ARGV`` as a child with SIGINT at its default (a background job of
     a non-interactive shell would inherit SIG_IGN) and OMP_NUM_THREADS=1."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    return subprocess.Popen([sys.executable, "-m", "sparsebalance", *map(str, argv)], cwd=kw.pop("cwd", None),
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    # A Ctrl-C'd user's process has SIGINT at its default; under `make test &` pytest inherits
+    # SIG_IGN and so would the child. exec resets a handled signal to its default, an ignored one not.
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "sparsebalance", *map(str, argv)], cwd=kw.pop("cwd", None),
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    finally:
+        signal.signal(signal.SIGINT, old)
+    STARTED.append(p)
+    return p
+
+
+def kill_all(pids) -> None:
+    """SIGKILL whatever of ``pids`` still lives (clean-up after a failed test, so nothing lingers)."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def tree(pid: int) -> list[int]:

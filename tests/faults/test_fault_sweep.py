@@ -40,6 +40,18 @@ def _integrity(out) -> str:
         db.close()
 
 
+def _stored(out) -> int:
+    """Runs stored so far, read as a second process would (read-only; 0 before the store exists)."""
+    try:
+        db = sqlite3.connect(f"file:{out / 'runs.sqlite'}?mode=ro", uri=True, timeout=5)
+        try:
+            return db.execute("SELECT count(*) FROM runs").fetchone()[0]
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return 0
+
+
 def _check_tables(out, stored: set[str]) -> None:
     """results.csv, when present, is whole: every run in it is stored and has every metric."""
     path = out / "results.csv"
@@ -69,7 +81,12 @@ def test_kill9_at_random_points_loses_no_finished_run(tmp_path, sweep_base):
         jobs = 1 + attempt % 2
         p = sparsebalance("sweep", "--config", sweep_base, *GRID, "--out", out, "--jobs", jobs,
                           "--no-progress")
-        time.sleep(rng.uniform(0.3, duration))
+        # the kill point is drawn relative to the sweep's progress, not to a wall time measured
+        # under another load: after 0-2 more stored runs, then a random part of one run's time
+        target = len(seen) + rng.randint(0, 2)
+        wait_for(lambda p=p, target=target: p.poll() is not None or _stored(out) >= target,
+                 timeout=300, step=0.02)
+        time.sleep(rng.uniform(0.0, duration / N_RUNS))
         pids = tree(p.pid)
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)

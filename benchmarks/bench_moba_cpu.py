@@ -1,10 +1,14 @@
-"""MoBA attention on this CPU: the chunked PyTorch implementation vs dense causal SDPA.
+"""MoBA on this CPU: the PyTorch path (kernels/moba/chunked.py) vs dense causal SDPA.
 
-    .venv/bin/python benchmarks/bench_moba_cpu.py [--lengths 4096 8192 16384] [--topks 4 8]
+    .venv/bin/python benchmarks/bench_moba_cpu.py [--lengths 1024 4096 16384] [--topks 4 8] [--quarter]
+    .venv/bin/python benchmarks/bench_moba_cpu.py --model [--lengths ...] [--quarter]
 
-One thread (as realrun runs), float32, tiny-preset head shapes (H=4, H_kv=2, D=16, block 32), one
-sequence; median of --repeats after one warm-up; seconds for forward and backward, and the speedup
-of forward + backward over dense.
+Attention op (default): one thread (as realrun runs), float32, tiny-preset head shapes (H=4,
+H_kv=2, D=16, block 32), one sequence; median of --repeats after one warm-up; seconds for forward
+and backward, and the speedup of forward + backward over dense. ``--quarter`` adds top-k = a quarter
+of the sequence's blocks at each length (the hardest budget the acceptance names).
+``--model``: a whole training step (forward + backward of the summed LM loss) of the tiny Qwen2
+preset (4 layers), MoBA vs the same model with Hugging Face's SDPA attention.
 """
 
 from __future__ import annotations
@@ -43,7 +47,11 @@ def main() -> None:
     ap.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384])
     ap.add_argument("--topks", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quarter", action="store_true", help="also top-k = blocks / 4 at each length")
+    ap.add_argument("--model", action="store_true", help="time a tiny-model training step instead")
     args = ap.parse_args()
+    if args.model:
+        return model_steps(args)
 
     import torch
     import torch.nn.functional as F
@@ -61,14 +69,14 @@ def main() -> None:
         cu = torch.tensor([0, L], dtype=torch.int32)
         do = torch.randn(L, H, D, generator=g)
 
-        def dense_fwd():
+        def dense_fwd(q=q, k=k, v=v):
             qq, kk, vv = (x.transpose(0, 1)[None] for x in (q, k, v))
             kk, vv = (x.repeat_interleave(H // HKV, dim=1) for x in (kk, vv))
             return F.scaled_dot_product_attention(qq, kk, vv, is_causal=True)[0].transpose(0, 1)
 
-        def cases():
+        def cases(L=L, q=q, k=k, v=v, cu=cu, dense_fwd=dense_fwd):
             yield "dense SDPA", dense_fwd
-            for topk in args.topks:
+            for topk in _topks(args, L, B):
                 yield f"MoBA top-{topk}", lambda t=topk: moba_attention(q, k, v, cu, block_size=B, topk=t,
                                                                        backend="torch")
 
@@ -80,6 +88,45 @@ def main() -> None:
     dense = df[df.impl == "dense SDPA"].set_index("seq_len").fwd_bwd_s
     df["speedup_vs_dense"] = dense.loc[df.seq_len].to_numpy() / df.fwd_bwd_s
     print(df.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+
+
+def _topks(args, L: int, B: int) -> list[int]:
+    ks = list(args.topks)
+    if args.quarter:
+        ks.append(max(1, -(-L // B) // 4))
+    return sorted(set(ks))
+
+
+def model_steps(args) -> None:
+    import torch
+
+    from sparsebalance.kernels.qwen2 import MobaArgs, build_qwen2, full_forward_loss, pack
+    from sparsebalance.simulator.config import tiny
+
+    torch.set_num_threads(1)
+    m = tiny()
+    net = build_qwen2(m, seed=0)
+    rows = []
+    for L in args.lengths:
+        tokens = torch.randint(0, m.vocab, (L,), generator=torch.Generator().manual_seed(0)).numpy()
+        batch = pack([tokens])
+
+        def step(topk, impl, batch=batch):
+            net.set_attn_implementation(impl)
+            net.zero_grad(set_to_none=True)
+            moba = MobaArgs(cu_seqlens=batch.cu_seqlens, topk=topk, block_size=m.block_size)
+            full_forward_loss(net, batch, moba).backward()
+
+        dense = _time(lambda: step(1, "sdpa"), args.repeats)
+        rows.append({"seq_len": L, "impl": "dense SDPA", "step_s": dense, "speedup_vs_dense": 1.0})
+        full = _time(lambda L=L: step(L, "moba"), args.repeats)
+        rows.append({"seq_len": L, "impl": "MoBA full budget (dense path)", "step_s": full,
+                     "speedup_vs_dense": dense / full})
+        for topk in _topks(args, L, m.block_size):
+            t = _time(lambda k=topk: step(k, "moba"), args.repeats)
+            rows.append({"seq_len": L, "impl": f"MoBA top-{topk}", "step_s": t, "speedup_vs_dense": dense / t})
+    net.set_attn_implementation("moba")
+    print(pd.DataFrame(rows).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
 
 
 if __name__ == "__main__":

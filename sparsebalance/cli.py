@@ -34,6 +34,8 @@ VERBS = {
     "profile": ("profile", "measure attention and dense-layer latency curves (needs torch)"),
     "validate": ("validate", "run realrun and the simulator on one config; predicted vs measured"),
     "train": ("train", "run the real executor alone under torchrun (needs torch)"),
+    "accuracy": ("accuracy", "recall accuracy of dense / fixed / SAB + DST training on a tiny model "
+                             "(CPU; `accuracy pretrain` makes its base model)"),
     "gpu-check": ("gpu_check", "on a CUDA GPU: kernel accuracy and speed, profiles, stage validation"),
 }
 

@@ -4,7 +4,9 @@
    TP2 on H200, SAB + DST;
 2. the paper's Table I ablation, simulated, beside the paper's numbers;
 3. a small anchor x p sweep;
-4. a short predicted-vs-measured validation on this CPU (real torch.distributed run, gloo, PP 2).
+4. a short predicted-vs-measured validation on this CPU (real torch.distributed run, gloo, PP 2);
+5. the accuracy experiment, quick: fixed k0 vs SAB + DST MEAN0.1 continuing the shipped pretrained
+   recall model (one seed, 24 steps) on this CPU.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def _step(title: str, argv: list[str]) -> None:
 
 
 def main() -> None:
+    t0 = time.perf_counter()
     os.environ.setdefault("MPLBACKEND", "Agg")
     demo_cfg = resources.files("sparsebalance.data") / "presets" / "demo.toml"
     _step("1. simulate the default cluster (Qwen2.5-3B, DP4 x PP4 x TP2, H200, SAB + DST)",
@@ -41,9 +44,12 @@ def main() -> None:
            "--jobs", "2", "--out", "results/sweep-anchor-p", "--no-progress"])
     _step("4. predicted vs measured on this CPU (real torchrun, gloo, PP 2: baseline and SAB + DST)",
           ["validate", "--config", str(ROOT / "examples" / "cpu_pp2.toml"), "--no-progress"])
-    print("\nDone. Results are under results/: demo/ (simulation: metrics.csv, trace.csv, trace.json for "
-          "Perfetto, timeline.png), ablation/ (ablation.csv, ablation.png, anchors), sweep-anchor-p/ "
-          "(results.csv), validate-cpu_pp2/ (iterations.csv, stages.csv, validate.png)")
+    _step("5. does DST keep accuracy? (tiny recall model on this CPU, quick: fixed k0 vs MEAN0.1)",
+          ["accuracy", "--quick", "--out", "results/accuracy-quick", "--force", "--no-progress"])
+    print(f"\nDone in {time.perf_counter() - t0:.0f} s. Results are under results/: demo/ (simulation: "
+          "metrics.csv, trace.csv, trace.json for Perfetto, timeline.png), ablation/ (ablation.csv, "
+          "ablation.png, anchors), sweep-anchor-p/ (results.csv), validate-cpu_pp2/ (iterations.csv, "
+          "stages.csv, validate.png), accuracy-quick/ (rows.csv, summary.csv, accuracy_vs_speedup.png)")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,10 @@ def test_json_rows(main, tmp_path, capsys):
     assert main(["ablation", "--json", "--iterations", "3", "--seeds", "0", "--out", str(tmp_path)]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["config"] for r in rows] == ["baseline", "+DST", "+SAB", "+SAB+DST", "+LBB", "+LBB+DST"]
-    assert all(set(r) == {"config", "imbalance", "iteration_time_s", "speedup", "overhead_ms"} for r in rows)
+    keys = {"config", "imbalance", "imbalance_ci_lo", "imbalance_ci_hi", "iteration_time_s", "speedup",
+            "speedup_ci_lo", "speedup_ci_hi", "overhead_ms"}
+    assert all(set(r) == keys for r in rows)
+    assert all(r["speedup_ci_lo"] is None for r in rows)  # one seed: no interval
     base = rows[0]["iteration_time_s"]
     for r in rows:
         assert r["speedup"] == pytest.approx(base / r["iteration_time_s"])
@@ -38,9 +41,25 @@ def test_anchor_study(main, tmp_path, capsys):
     assert (tmp_path / "anchors_pareto.png").is_file()
 
 
+def test_two_seeds_give_paired_speedups_and_intervals(main, tmp_path, capsys):
+    """Speedup is paired by seed (baseline of the same seed / the row's), then averaged; the interval
+    is the Student-t one over the per-seed values (closed form with n = 2: t = 12.706)."""
+    assert main(["ablation", "--json", "--iterations", "2", "--seeds", "0,1", "--out", str(tmp_path)]) == 0
+    rows = {r["config"]: r for r in json.loads(capsys.readouterr().out)}
+    seeds = pd.read_csv(tmp_path / "ablation_seeds.csv")
+    base = seeds[seeds.config == "baseline"].set_index("seed").iteration_time_s
+    for name in ("+DST", "+SAB+DST"):
+        s = seeds[seeds.config == name].set_index("seed")
+        per = base / s.iteration_time_s
+        assert rows[name]["speedup"] == pytest.approx(per.mean())
+        half = 12.706204736 * per.std(ddof=1) / 2 ** 0.5
+        assert rows[name]["speedup_ci_lo"] == pytest.approx(per.mean() - half)
+        assert rows[name]["imbalance_ci_hi"] >= rows[name]["imbalance"] >= rows[name]["imbalance_ci_lo"]
+
+
 @pytest.mark.slow
 def test_default_run_prints_every_row(main, tmp_path, capsys):
-    """The full default setting (3 seeds x 20 iterations); its run time is reported in the README,
+    """The full default setting (5 seeds x 20 iterations); its run time is reported in the README,
     not asserted here."""
     assert main(["ablation", "--out", str(tmp_path), "--no-progress"]) == 0
     out = capsys.readouterr().out

@@ -20,6 +20,7 @@ ALLOWED = {
     "kernels": {"simulator", "data"},
     "analysis": {"simulator", "data"},
     "realrun": {"kernels", "policies", "simulator", "data", "loop", "runconfig", "runner", "analysis"},
+    "accuracy": {"kernels", "policies", "simulator", "data", "loop"},
 }
 THIRD_PARTY_FORBIDDEN = {
     "data": {"torch", "triton"},

@@ -13,9 +13,14 @@ Beyond the paper: Table I mode adds ``+DST-CP`` and ``+SAB+DST-CP`` (critical-pa
 ``sparsebalance.policies.critical``) after the paper's rows, with mean coverage in the printed table
 (``--json`` stays the paper's six rows); the anchor study adds SAB + dst-cp at each p to
 ``anchors_cp.csv`` and to the Pareto plot (``anchors.csv`` keeps its ten rows).
-Outputs go to ``--out`` (default results/ablation): ``ablation.csv``, ``ablation.png``/``.svg``,
-``anchors.csv``, ``anchors_pareto.png``/``.svg``, and ``config.toml`` (the resolved base config);
-the wall-clock ``overhead_ms`` goes to ``timing.csv`` (``timing_cp.csv``), not the deterministic tables.
+Every number is the mean over seeds of per-seed values (speedup paired by seed: the baseline's
+iteration time of the same seed over the row's), with the per-seed spread and a 95 % confidence
+interval over seeds (``sparsebalance.analysis.stats``).
+Outputs go to ``--out`` (default results/ablation): ``ablation.csv`` (with ``*_ci_lo``/``*_ci_hi``,
+``*_min``/``*_max`` columns), ``ablation_seeds.csv`` (one row per config x seed),
+``ablation.png``/``.svg``, ``anchors.csv``, ``anchors_seeds.csv``, ``anchors_pareto.png``/``.svg``,
+and ``config.toml`` (the resolved base config); the wall-clock ``overhead_ms`` (and its interval)
+goes to ``timing.csv`` (``timing_cp.csv``), not the deterministic tables.
 """
 
 from __future__ import annotations
@@ -47,7 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     add_config(p, required=False, help="base run config (TOML) instead of the built-in Table I setting")
     p.add_argument("--iterations", type=positive_int, default=20, help="iterations per seed (default 20)")
-    p.add_argument("--seeds", default="0,1,2", help="comma-separated data seeds (default 0,1,2)")
+    p.add_argument("--seeds", default="0,1,2,3,4",
+                   help="comma-separated data seeds (default 0,1,2,3,4); >= 2 for a confidence interval")
     p.add_argument("--anchors", action="store_true", help="run the anchor x p study instead")
     p.add_argument("--schedules", default=None, metavar="LIST",
                    help="run the schedule study instead: SAB+DST and SAB+DST-CP under each of these "
@@ -82,19 +88,23 @@ def _configs(args, policy: dict[str, Any], seeds: list[int]):
     return out
 
 
-def _measure(cfgs) -> dict[str, float]:
+def _measure(cfgs, seeds: list[int]) -> list[dict[str, float]]:
+    """One row per seed: means over that seed's iterations."""
     from sparsebalance.commands._common import run_simulation
 
-    frames = [run_simulation(c, progress=False).metrics for c in cfgs]
-    m = pd.concat(frames, ignore_index=True)
-    floor = m["tuning_floor_share"].mean() if "tuning_floor_share" in m else 0.0
-    return {"imbalance": float(m["imbalance"].mean()),
-            "iteration_time_s": float(m["iteration_time_s"].mean()),
-            "overhead_ms": float(m["decision_ms"].mean()),
-            "mean_budget": float(m["mean_budget"].mean()),
-            "mean_coverage": float(m["mean_coverage"].mean()),
-            "floor_share": float(floor),
-            **_memory(m)}
+    rows = []
+    for seed, c in zip(seeds, cfgs, strict=True):
+        m = run_simulation(c, progress=False).metrics
+        floor = m["tuning_floor_share"].mean() if "tuning_floor_share" in m else 0.0
+        rows.append({"seed": seed,
+                     "imbalance": float(m["imbalance"].mean()),
+                     "iteration_time_s": float(m["iteration_time_s"].mean()),
+                     "overhead_ms": float(m["decision_ms"].mean()),
+                     "mean_budget": float(m["mean_budget"].mean()),
+                     "mean_coverage": float(m["mean_coverage"].mean()),
+                     "floor_share": float(floor),
+                     **_memory(m)})
+    return rows
 
 
 def _memory(m: pd.DataFrame) -> dict[str, float]:
@@ -121,11 +131,12 @@ def _print_memory(df: pd.DataFrame) -> None:
 
 
 WALL_CLOCK = ("overhead_ms", "paper_overhead_ms")
-"""Columns measured by a wall clock: written to timing.csv, not to the deterministic tables."""
+"""Columns measured by a wall clock (and their intervals, ``overhead_ms_ci_lo``...): written to
+timing.csv, not to the deterministic tables."""
 
 
 def _split_timing(df: pd.DataFrame, table: Path, timing: Path) -> None:
-    wall = [c for c in WALL_CLOCK if c in df]
+    wall = [c for c in df.columns if c.startswith(WALL_CLOCK)]
     df.drop(columns=wall).to_csv(table, index=False)
     df[["config", *wall]].to_csv(timing, index=False)
 
@@ -161,9 +172,11 @@ def run(args) -> int:
     (out / "config.toml").write_text(dump_toml(cfgs["baseline"][0]))
     rows = []
     for name, _ in tqdm(jobs, desc="ablation", disable=args.json or not progress_enabled(args), file=sys.stderr):
-        rows.append({"config": name, **_measure(cfgs[name])})
-    df = pd.DataFrame(rows)
-    df["speedup"] = df.loc[df.config == "baseline", "iteration_time_s"].iloc[0] / df["iteration_time_s"]
+        rows += [{"config": name, **r} for r in _measure(cfgs[name], seeds)]
+    per_seed = A.paired_speedup(pd.DataFrame(rows))
+    _split_timing(per_seed, out / ("anchors_seeds.csv" if args.anchors else "ablation_seeds.csv"),
+                  out / ("timing_anchors_seeds.csv" if args.anchors else "timing_seeds.csv"))
+    df = A.summarize_seeds(per_seed)
     if args.anchors:
         df["anchor"] = [""] + [a for a in ANCHORS for _ in PS] + ["dst-cp"] * len(PS)
         df["p"] = [float("nan")] + [p for _ in ANCHORS for p in PS] + list(PS)
@@ -176,10 +189,11 @@ def run(args) -> int:
         plot_pareto(pd.concat([df[df.config != "baseline"], df_cp]), out / "anchors_pareto",
                     title="SAB + DST anchor x p and SAB + DST-CP\n(speedup vs sequential + fixed)")
         if args.json:
-            print(json.dumps(df.to_dict("records")))
+            print(json.dumps(A.json_safe(df.to_dict("records"))))
             return 0
-        cols = ["config", "speedup", "mean_coverage", "mean_budget", "floor_share", "imbalance",
-                "iteration_time_s", "overhead_ms"]
+        cols = ["config", "speedup", "speedup_ci_lo", "speedup_ci_hi", "mean_coverage", "mean_budget",
+                "floor_share", "imbalance", "imbalance_ci_lo", "imbalance_ci_hi", "iteration_time_s",
+                "overhead_ms"]
         print(pd.concat([df, df_cp])[cols].round(4).to_string(index=False))
         _print_memory(pd.concat([df, df_cp]))
         print(f"table: {out / 'anchors.csv'} (+ {out / 'anchors_cp.csv'})  "
@@ -189,10 +203,12 @@ def run(args) -> int:
     _split_timing(table, out / "ablation.csv", out / "timing.csv")
     A.plot_ablation(table, out / "ablation")
     if args.json:
-        print(json.dumps([{k: r[k] for k in A.JSON_KEYS} for r in table.to_dict("records")
-                          if r["config"] in A.CONFIGS]))
+        print(json.dumps(A.json_safe([{k: r[k] for k in A.JSON_KEYS} for r in table.to_dict("records")
+                                      if r["config"] in A.CONFIGS])))
         return 0
     print(A.format_table(table))
+    print(f"mean over {len(seeds)} seeds; [95 % CI over seeds, Student t]; per-seed values: "
+          f"{out / 'ablation_seeds.csv'}")
     _print_memory(df)
     print(f"table: {out / 'ablation.csv'}  figure: {out / 'ablation.png'}")
     return 0

@@ -193,8 +193,29 @@ def run(args) -> int:
         with pd.option_context("display.width", 160, "display.max_columns", 20):
             print(summary.drop(columns=["run_id"]).round(4).to_string(index=False))
     print(f"results: {out / 'results.csv'}  summary: {out / 'summary.csv'}  timing: {out / 'timing.csv'}")
+    if summary is not None:
+        _print_over_seeds(summary, out)
     if failures:
         print(f"sweep: {len(failures)} run(s) failed (not stored; the same command retries them)",
               file=sys.stderr)
         return 1
     return 0
+
+
+def _print_over_seeds(summary, out: Path) -> None:
+    """Speedup and imbalance per grid point over its seeds: mean, 95 % CI, per-seed min/max
+    (statistics in analysis/stats.py); written to summary_ci.csv."""
+    import pandas as pd
+
+    from sparsebalance.analysis.stats import over_seeds
+    from sparsebalance.analysis.sweep import METRICS
+    from sparsebalance.fsutil import atomic_to_csv
+
+    ci = over_seeds(summary, {"speedup", *METRICS})
+    if ci is None or ci["n_seeds"].max() < 2:
+        return
+    atomic_to_csv(ci, out / "summary_ci.csv")
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print("over seeds (mean, 95 % CI, per-seed min/max):")
+        print(ci.round(4).to_string(index=False))
+    print(f"per grid point: {out / 'summary_ci.csv'}")

@@ -1,30 +1,26 @@
-"""Routing coverage C(k): the share of gate-score mass a query keeps with MoBA top-k blocks.
+"""Routing coverage C(k) per sequence and per micro-batch, as the policies see it.
 
-Where a curve comes from, in order of preference:
+Definition (own block out, routed-query mean): ``docs/coverage.md``; code shared with the kernel's
+measurement: :mod:`sparsebalance.data.coverage`. Where a curve comes from, in order of preference:
 
 1. a curve measured by realrun from real gate scores and handed to :meth:`CoverageModel.observe`;
 2. the curve a :class:`~sparsebalance.data.sequence.Sequence` carries (``seq.coverage``);
-3. the parametric model below.
-
-**Parametric model.** A sequence of ``L`` tokens has ``n = ceil(L / B)`` key blocks (``B`` = the
-model's MoBA block size). A query in block ``i`` (0-based) may attend ``i + 1`` blocks (causal; its
-own block included). Its gate-score mass over those blocks, ranked, decays with rank ``r = 1..i+1``
-as ``w_r = r ** -a`` (``coverage_shape = "power"``) or ``w_r = exp(-a (r - 1))`` (``"geometric"``),
-where ``a = coverage_rate * sensitivity``. The own block is taken to be rank 1 (MoBA always selects
-it). Top-k keeps ``W(min(k, i + 1)) / W(i + 1)`` with ``W(m) = sum_{r <= m} w_r``: queries with at
-most ``k`` past blocks keep everything. C(k) is the mean over all ``L`` query tokens (each block
-holds ``B`` queries, the last one ``L - (n - 1) B``), as MoBA gates every query. Hence
-C(n) = 1 and C is non-decreasing in k. With ``S(k) = sum_{i >= k} q_i / W(i + 1)`` (a suffix sum)
-the curve is ``C(k) = (sum_{i < k} q_i + W(k) S(k)) / L``, O(n) per sequence; curves are cached per
-``(length, rate)``.
+3. the parametric model: a query in block ``i >= 1`` ranks its ``i`` past blocks, and the gate
+   probability of rank ``r`` is ``w_r / W(i)`` with ``w_r = r ** -a`` (``coverage_shape = "power"``)
+   or ``exp(-a (r - 1))`` (``"geometric"``), ``W(m) = sum_{r <= m} w_r``, ``a = coverage_rate *
+   sensitivity``. Budget ``k`` keeps the ``k - 1`` top ranks: share ``W(min(k - 1, i)) / W(i)``.
+   Those per-block shares go through the same :func:`~sparsebalance.data.coverage.aggregate` as
+   measured ones; curves are cached per ``(length, rate)``. :func:`fit_rate` fits ``a`` to
+   measured curves (least squares over every k).
 
 When a sequence has no ``sensitivity``, one is drawn from log-normal(0, 0.5) (the data loader's
 distribution) with a generator seeded by ``(seed, seq.id)``, so the draw does not depend on the
 order sequences are seen in.
 
 **Micro-batch coverage** of packed sequences at budget ``k`` (``coverage_agg``): ``"tokens"`` = the
-token-weighted mean of the sequences' C(k) (the share of all the micro-batch's gate mass that is
-kept), ``"min"`` = the worst sequence's C(k). A per-layer budget's coverage is the mean over layers.
+routed-query-weighted mean of the sequences' C(k) (the share of all the micro-batch's routed gate
+mass that is kept), ``"min"`` = the worst sequence's C(k). A per-layer budget's coverage is the
+mean over layers.
 """
 
 from __future__ import annotations
@@ -34,6 +30,7 @@ from collections.abc import Sequence as Seq
 
 import numpy as np
 
+from sparsebalance.data import coverage as cov
 from sparsebalance.data.sequence import Sequence
 from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.simulator.config import ModelConfig
@@ -43,23 +40,48 @@ SENSITIVITY_SIGMA = 0.5
 """Standard deviation of ln(sensitivity) for sequences that carry none (matches data/)."""
 
 
+def parametric_shares(n: int, rate: float, shape: str = "power") -> np.ndarray:
+    """Kept share ``[n - 1, n]``: row = query block ``i = 1..n-1``, column = budget ``k = 1..n``."""
+    r = np.arange(1, n, dtype=np.float64)
+    w = r ** -rate if shape == "power" else np.exp(-rate * (r - 1.0))
+    W = np.concatenate(([0.0], np.cumsum(w)))          # W[m] = W(m), m = 0..n-1
+    i = np.arange(1, n)[:, None]
+    m = np.arange(n)[None, :]                          # routed blocks k - 1
+    return W[np.minimum(m, i)] / W[i]
+
+
 def parametric_curve(length: int, block_size: int, rate: float, shape: str = "power") -> np.ndarray:
     """C(k) for k = 1..n_blocks of the parametric model (float64, shape [n_blocks])."""
-    n = -(-length // block_size)
-    r = np.arange(1, n + 1, dtype=np.float64)
-    w = r ** -rate if shape == "power" else np.exp(-rate * (r - 1.0))
-    W = np.cumsum(w)                                   # W[m-1] = W(m)
-    q = np.full(n, float(block_size))
-    q[-1] = length - (n - 1) * block_size             # queries per block
-    ratio = q / W                                      # q_i / W(i + 1), i = 0..n-1
-    S = np.cumsum(ratio[::-1])[::-1]                   # S[k] = sum_{i >= k} q_i / W(i+1)
-    Q = np.concatenate(([0.0], np.cumsum(q)))          # Q[k] = sum_{i < k} q_i
-    k = np.arange(1, n + 1)
-    tail = np.where(k < n, S[np.minimum(k, n - 1)], 0.0)
-    curve = (Q[k] + W[k - 1] * tail) / length
-    curve = np.minimum(np.maximum.accumulate(curve), 1.0)  # guard against rounding only
-    curve[-1] = 1.0
-    return curve
+    n = cov.n_blocks(length, block_size)
+    c = cov.aggregate(parametric_shares(n, rate, shape), length, block_size) if n > 1 else np.ones(1)
+    c = np.maximum.accumulate(c)                       # guards against rounding only
+    c[-1] = 1.0
+    return c
+
+
+def fit_rate(curves: Seq[tuple[int, Seq[float]]], block_size: int, shape: str = "power",
+             bounds: tuple[float, float] = (1e-3, 20.0)) -> tuple[float, float]:
+    """Rate ``a`` whose parametric curves best match measured ones (least squares over every
+    ``(sequence, k)``, sequences weighted by routed queries); returns ``(a, max abs error)``.
+    ``curves``: ``(length, C(1..n_blocks))`` pairs. Sequences of one block carry no information."""
+    from scipy.optimize import minimize_scalar
+
+    data = [(int(n), np.asarray(c, dtype=np.float64)) for n, c in curves
+            if cov.n_blocks(n, block_size) > 1]
+    if not data:
+        raise ValueError("fit_rate: no curve of a sequence with more than one block")
+    w = np.array([cov.routed_queries(n, block_size) for n, _ in data], dtype=np.float64)
+
+    def loss(log_a: float) -> float:
+        a = math.exp(log_a)
+        return sum(wi * float(np.sum((parametric_curve(n, block_size, a, shape) - c) ** 2))
+                   for wi, (n, c) in zip(w, data, strict=True))
+
+    lo, hi = (math.log(b) for b in bounds)
+    res = minimize_scalar(loss, bounds=(lo, hi), method="bounded", options={"xatol": 1e-4})
+    a = math.exp(res.x)
+    err = max(float(np.max(np.abs(parametric_curve(n, block_size, a, shape) - c))) for n, c in data)
+    return a, err
 
 
 class CoverageModel:
@@ -103,17 +125,16 @@ class CoverageModel:
 
     def microbatch_curve(self, mb: MicroBatch, k_hi: int) -> np.ndarray:
         """Micro-batch coverage at k = 1..k_hi (shape [k_hi]) under ``coverage_agg``."""
-        out = np.zeros(k_hi) if self.agg == "tokens" else np.ones(k_hi)
+        curves = []
         for s in mb.sequences:
             c = self.curve(s)
             padded = np.ones(k_hi)
             m = min(k_hi, len(c))
             padded[:m] = c[:m]
-            if self.agg == "tokens":
-                out += s.length * padded
-            else:
-                np.minimum(out, padded, out=out)
-        return out / mb.tokens if self.agg == "tokens" else out
+            curves.append(padded)
+        if self.agg == "min":
+            return np.min(curves, axis=0)
+        return cov.microbatch(curves, [s.length for s in mb.sequences], self.block_size)
 
     def microbatch_coverage(self, mb: MicroBatch, budget: Budget) -> float:
         ks = budget if isinstance(budget, tuple) else (budget,)

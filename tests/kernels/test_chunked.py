@@ -86,3 +86,35 @@ def test_gate_selection_matches_bruteforce_including_ties(make_packed):
         got.scatter_add_(2, idx, valid.long())  # unused slots add 0
         assert got.max() <= 1  # no block chosen twice
         assert torch.equal(got.bool(), naive_selection(p.q, k, B, topk)), topk
+
+
+def test_many_small_tiles_and_chunks_give_the_same_result(monkeypatch, make_packed, rel_err):
+    """Tiles of 4 rows (groups spread over several padded tiles) and one query block per chunk,
+    several sequences per micro-batch: the grouping must not change anything."""
+    from sparsebalance.kernels.moba import tiles
+
+    p = make_packed(lens=(300, 45, 97), heads=4, kv_heads=2)
+    t = torch.tensor([4, 2, 3])
+    ref = _grads(moba_attention_naive, p, torch.float64, t)
+    monkeypatch.setattr(tiles, "TILE_MIN", 4)
+    monkeypatch.setattr(tiles, "TILE_MAX", 4)
+    monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 1)
+    got = _grads(moba_attention_chunked, p, torch.float32, t)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref):
+        assert rel_err(a, b) <= 1e-4, name
+
+
+def test_select_mask_matches_bruteforce_including_ties(make_packed):
+    """tiles.select_mask (numpy partition + exact redo of tied rows) picks naive's blocks."""
+    from sparsebalance.kernels.moba.gate import block_means, gate_scores, past_mask
+    from sparsebalance.kernels.moba.tiles import select_mask
+
+    p = make_packed(lens=(150,), heads=4, kv_heads=2)
+    k = p.k.clone()
+    k[32:64] = k[0:32]  # blocks 2,3 duplicate blocks 0,1 -> exactly equal gate scores
+    means = block_means(k, B)
+    scores = gate_scores(p.q, means)
+    past = past_mask(0, 150, means.shape[0], B)
+    for topk in (2, 3, 5, 9):
+        got = select_mask(scores, past, topk - 1)
+        assert torch.equal(got, naive_selection(p.q, k, B, topk)), topk

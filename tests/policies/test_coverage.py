@@ -3,23 +3,27 @@ import pytest
 
 from sparsebalance.data.sequence import Sequence
 from sparsebalance.policies.config import PolicyConfig
-from sparsebalance.policies.coverage import make_coverage_model, parametric_curve
+from sparsebalance.policies.coverage import fit_rate, make_coverage_model, parametric_curve
 from sparsebalance.simulator.config import tiny
 from sparsebalance.simulator.plan import MicroBatch
 
 
 def brute_force(length, block, rate, shape):
-    """Token by token: each query ranks its causal blocks' weights, keeps the top k, averages."""
+    """Token by token: each query with past blocks ranks their weights and keeps the top k - 1
+    (the own block is attended anyway and is not gate mass); mean over those queries."""
     n = -(-length // block)
-    out = np.zeros(n)
+    out, count = np.zeros(n), 0
     for t in range(length):
-        avail = t // block + 1
-        r = np.arange(1, avail + 1, dtype=float)
+        past = t // block
+        if past == 0:
+            continue
+        r = np.arange(1, past + 1, dtype=float)
         w = r ** -rate if shape == "power" else np.exp(-rate * (r - 1))
         w = np.sort(w)[::-1]
         for k in range(1, n + 1):
-            out[k - 1] += w[:k].sum() / w.sum()
-    return out / length
+            out[k - 1] += w[:k - 1].sum() / w.sum()
+        count += 1
+    return out / count if count else np.ones(n)
 
 
 @pytest.mark.parametrize("length,block,rate,shape", [
@@ -36,7 +40,8 @@ def test_curve_properties(length, rate):
     c = parametric_curve(length, 256, rate)
     assert len(c) == -(-length // 256)
     assert c[-1] == 1.0
-    assert np.all(np.diff(c) >= 0) and np.all(c > 0)
+    assert np.all(np.diff(c) >= 0)
+    assert c[0] == (1.0 if len(c) == 1 else 0.0)  # k = 1 routes nothing (own block only)
 
 
 def test_sensitivity_draw_is_deterministic_and_order_free():
@@ -70,6 +75,17 @@ def test_microbatch_coverage_aggregates():
     mb = MicroBatch(seqs)
     tok = make_coverage_model(tiny(), PolicyConfig(coverage_agg="tokens"), seed=0)
     mn = make_coverage_model(tiny(), PolicyConfig(coverage_agg="min"), seed=0)
-    assert tok.microbatch_coverage(mb, 1) == pytest.approx((32 * 1.0 + 96 * 0.5) / 128)
+    # tiny: block 32. Weights = routed queries (length - block): 0 for the one-block sequence.
+    assert tok.microbatch_coverage(mb, 1) == pytest.approx(0.5)
     assert mn.microbatch_coverage(mb, 2) == pytest.approx(0.8)
-    assert tok.microbatch_coverage(mb, (1, 2)) == pytest.approx(((32 + 48) / 128 + (32 + 96 * 0.8) / 128) / 2)
+    assert tok.microbatch_coverage(mb, (1, 2)) == pytest.approx((0.5 + 0.8) / 2)
+    three = MicroBatch(seqs + (Sequence(id=3, length=64, coverage=(0.0, 1.0)),))
+    assert tok.microbatch_coverage(three, 1) == pytest.approx((64 * 0.5 + 32 * 0.0) / 96)
+
+
+@pytest.mark.parametrize("rate,shape", [(0.4, "power"), (1.5, "power"), (0.7, "geometric")])
+def test_fit_rate_recovers_the_rate_of_model_curves(rate, shape):
+    curves = [(n, parametric_curve(n, 32, rate, shape)) for n in (100, 333, 1024, 40)]
+    got, err = fit_rate(curves, 32, shape)
+    assert got == pytest.approx(rate, rel=1e-3)
+    assert err < 1e-4

@@ -10,9 +10,13 @@ from sparsebalance.simulator.plan import Plan
 
 
 def brute_floor(ctx, mb, p, k0, k_min=1):
-    """Smallest k with token-weighted coverage >= 1 - p, clamped to [k_min, k0] (scan, no search)."""
+    """Smallest k with token-weighted coverage >= 1 - p, clamped to [k_min, k0] (scan, no search).
+    Weights are routed queries, max(0, length - block) (docs/coverage.md)."""
+    B = ctx.model.block_size
+    w = [max(0, s.length - B) for s in mb.sequences]
     for k in range(1, k0 + 1):
-        c = sum(s.length * ctx.coverage.coverage(s, k) for s in mb.sequences) / mb.tokens
+        c = (sum(wi * ctx.coverage.coverage(s, k) for wi, s in zip(w, mb.sequences)) / sum(w)
+             if sum(w) else 1.0)
         if c >= 1 - p - 1e-12:
             return max(k, k_min)
     return k0

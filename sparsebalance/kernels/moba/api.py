@@ -119,9 +119,8 @@ def moba_attention(q: Any, k: Any, v: Any, cu_seqlens: Any, block_size: int = 64
 
 
 def moba_coverage(q: Any, k: Any, cu_seqlens: Any, block_size: int, topks: Any) -> Any:
-    """Gate coverage ``[N, len(topks)]`` float64: per sequence and budget, the mean (over query tokens
-    with past blocks, and heads) share of softmax(gate scores / sqrt(D)) over past blocks held by the
-    chosen ``k - 1`` blocks. 1.0 when nothing is dropped (also for sequences without past blocks)."""
+    """Routing coverage C(k) ``[N, len(topks)]`` float64 of each sequence at each budget, measured
+    from the gate scores of ``q``/``k`` (definition: ``docs/coverage.md``)."""
     _check_qk(q, k)
     _check_cu_seqlens(cu_seqlens, q.shape[0], q.device)
     _check_block_size(block_size)

@@ -1,33 +1,39 @@
-"""Gate coverage: how much of the gate's softmax mass over past blocks a budget keeps.
+"""Routing coverage measured from real gate scores (definition: ``docs/coverage.md``,
+code: :mod:`sparsebalance.data.coverage`).
 
-For query ``t`` (block ``c >= 1``) and head ``h``: ``p = softmax(s(t, j) / sqrt(D))`` over past blocks
-``j < c``; the chosen ``k - 1`` blocks are the largest entries of ``p`` (ties do not change the sum), so
-their share is the sum of the ``min(k - 1, c)`` largest probabilities. Coverage of a sequence at ``k``
-is the mean share over all (token with past blocks, head) pairs; 1.0 for a sequence without past
-blocks. This is the C(k) curve the DST policy and the coverage model consume.
+Per query token with past blocks and per head, the gate probabilities are ``softmax(s(t, j) /
+sqrt(D))`` over its past blocks ``j < c`` (``gate.py``'s scores); the share a budget ``k`` keeps is
+the sum of the ``k - 1`` largest (the routed blocks; the own block is attended whatever the gate
+says and is not part of the mass). Shares are averaged per query block (its tokens and heads) and
+reduced to C(k) by :func:`sparsebalance.data.coverage.aggregate`, the same reduction the policy
+model uses.
 """
 
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 from typing import Any
 
+import numpy as np
+
+from sparsebalance.data.coverage import aggregate
 from sparsebalance.kernels.moba.gate import block_means, gate_scores, past_mask
 
 #: Rows of [rows, H, n_blocks] processed at once (bounds memory for long sequences).
 ROW_CHUNK = 4096
 
 
-def sequence_coverage(q: Any, k: Any, block_size: int, topks: list[int]) -> Any:
-    """Coverage of one sequence (``q`` ``[L, H, D]``, ``k`` ``[L, H_kv, D]``): float64 ``[len(topks)]``."""
+def block_shares(q: Any, k: Any, block_size: int, topks: list[int]) -> Any:
+    """Mean kept share per query block ``1..n-1`` of one sequence (``q`` ``[L, H, D]``, ``k``
+    ``[L, H_kv, D]``): float64 ``[n - 1, len(topks)]``."""
     import torch
 
     L, H, D = q.shape
     means = block_means(k.double(), block_size)
     nb = means.shape[0]
     ks = torch.tensor(topks, dtype=torch.int64)
-    total = torch.zeros(len(topks), dtype=torch.float64)
-    count = 0
+    total = torch.zeros(nb, len(topks), dtype=torch.float64)
     for r0 in range(block_size, L, ROW_CHUNK):  # rows of block 0 have no past blocks
         r1 = min(r0 + ROW_CHUNK, L)
         s = gate_scores(q[r0:r1].double(), means) / math.sqrt(D)           # [R, H, nb]
@@ -40,11 +46,17 @@ def sequence_coverage(q: Any, k: Any, block_size: int, topks: list[int]) -> Any:
         share = torch.gather(cum0, 2, take[:, None, :].expand(-1, H, -1))  # [R, H, K]
         # A full budget keeps everything: write 1 exactly rather than a rounded cumulative sum.
         share = torch.where((take == c[:, None])[:, None, :], 1.0, share)
-        total += share.sum(dim=(0, 1))
-        count += (r1 - r0) * H
-    if count == 0:
-        return torch.ones(len(topks), dtype=torch.float64)
-    return total / count
+        blk = torch.arange(r0, r1) // block_size
+        total.index_add_(0, blk, share.sum(dim=1))
+    per_block = torch.full((nb,), float(block_size * H), dtype=torch.float64)
+    per_block[-1] = (L - (nb - 1) * block_size) * H
+    return (total / per_block[:, None])[1:]
+
+
+def sequence_coverage(q: Any, k: Any, block_size: int, topks: list[int]) -> np.ndarray:
+    """C(k) of one sequence at each budget of ``topks``: float64 ``[len(topks)]``."""
+    shares = block_shares(q, k, block_size, topks).numpy()
+    return aggregate(shares, q.shape[0], block_size)
 
 
 def coverage(q: Any, k: Any, cu_seqlens: Any, block_size: int, topks: list[int]) -> Any:
@@ -53,5 +65,5 @@ def coverage(q: Any, k: Any, cu_seqlens: Any, block_size: int, topks: list[int])
 
     cu = [int(x) for x in cu_seqlens.tolist()]
     rows = [sequence_coverage(q[a:b].detach().cpu(), k[a:b].detach().cpu(), block_size, topks)
-            for a, b in zip(cu[:-1], cu[1:])]
-    return torch.stack(rows) if rows else torch.zeros(0, len(topks), dtype=torch.float64)
+            for a, b in pairwise(cu)]
+    return torch.from_numpy(np.stack(rows)) if rows else torch.zeros(0, len(topks), dtype=torch.float64)

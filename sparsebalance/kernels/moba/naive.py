@@ -41,7 +41,7 @@ def naive_selection(q: Any, k: Any, block_size: int, topk: int) -> Any:
     """
     import torch
 
-    L, H, D = q.shape
+    L, H, _ = q.shape
     group = H // k.shape[1]
     nb = -(-L // block_size)
     gd = _gate_dtype(q.dtype)
@@ -106,15 +106,12 @@ def moba_attention_naive(q: Any, k: Any, v: Any, cu_seqlens: Any, block_size: in
 
 
 def moba_coverage_naive(q: Any, k: Any, cu_seqlens: Any, block_size: int, topks: Any) -> Any:
-    """Brute-force coverage ``[N, len(topks)]`` (float64) by Python loops over tokens and heads.
-
-    For each query token with past blocks and each head: p = softmax(s(t, ·) / sqrt(D)) over the past
-    blocks, the share is the sum of the (k - 1) largest entries (all of them when k - 1 >= c); the
-    result is the mean share over those (token, head) pairs. A sequence without past blocks gets 1.0.
-    """
+    """Brute-force coverage ``[N, len(topks)]`` (float64) by Python loops over tokens and heads: the
+    test oracle of ``docs/coverage.md``'s definition, written independently of ``data/coverage.py``
+    (mean over routed (token, head) pairs of the ``k - 1`` largest past-block probabilities)."""
     import torch
 
-    T, H, D = q.shape
+    _, H, D = q.shape
     group = H // k.shape[1]
     bounds = [int(x) for x in cu_seqlens.tolist()]
     ks = [int(x) for x in topks]

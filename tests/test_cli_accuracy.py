@@ -117,3 +117,30 @@ def test_gradient_accumulation_over_microbatches_equals_one_packed_step(ckpt):
         assert set(res.coverage) == {1, 2} and len(res.coverage[2]) == 7
         params.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     np.testing.assert_allclose(params[0].numpy(), params[1].numpy(), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("text,field", [
+    ("stepz = 3\n", "stepz"),                 # unknown key: the allowed ones are named
+    ('steps = "many"\n', "steps"),
+    ("seeds = []\n", "seeds"),
+    ('ps = ["a"]\n', "ps"),
+    ("ps = [1.5]\n", "p"),                    # read, then checked by ExperimentConfig
+])
+def test_bad_config_file(text, field, ckpt, tmp_path, capsys):
+    cfg = tmp_path / "exp.toml"
+    cfg.write_text(text)
+    _bad(["--checkpoint", str(ckpt), "--config", str(cfg), "--out", str(tmp_path / "o")], capsys, field)
+
+
+def test_config_file_then_flags_override():
+    import tempfile
+    from pathlib import Path
+
+    from sparsebalance.commands.accuracy import _experiment
+
+    with tempfile.TemporaryDirectory() as d:
+        cfg = Path(d) / "exp.toml"
+        cfg.write_text("steps = 4\nseeds = [3, 4]\nps = [0.2]\nlr = 2e-3\n")
+        args = cli.build_parser("accuracy").parse_args(["accuracy", "--config", str(cfg), "--ps", "0.3"])
+        exp = _experiment(args)
+    assert (exp.steps, exp.seeds, exp.ps, exp.lr) == (4, (3, 4), (0.3,), 2e-3)

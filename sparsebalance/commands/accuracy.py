@@ -30,21 +30,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", metavar="DIR", default=None,
                    help="checkpoint directory (run: default the shipped one; pretrain: where to write, "
                         "default results/accuracy/checkpoint)")
+    p.add_argument("--config", metavar="FILE", default=None,
+                   help="experiment settings (TOML): any of steps, seeds, anchors, ps, base, k0, lr, pool, "
+                        "buckets, heldout, coverage_agg, global_batch, scale, token_cap; flags given on "
+                        "the command line override it")
     add_out(p, "results/accuracy")
     p.add_argument("--json", action="store_true", help="print the result rows as JSON (stdout) only")
     add_output_flags(p)
     g = p.add_argument_group("run")
     g.add_argument("--quick", action="store_true", help="fixed and DST MEAN0.1, one seed, 24 steps")
     g.add_argument("--jobs", type=positive_int, default=1, help="configurations run in parallel (processes)")
-    g.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
+    g.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2)")
     g.add_argument("--steps", type=positive_int, default=None, help="continuation steps (default 96)")
-    g.add_argument("--anchors", default="mean,min,max", help="DST anchors (default mean,min,max)")
-    g.add_argument("--ps", default="0.1,0.2,0.3", help="DST thresholds p (default 0.1,0.2,0.3)")
+    g.add_argument("--anchors", default=None, help="DST anchors (default mean,min,max)")
+    g.add_argument("--ps", default=None, help="DST thresholds p (default 0.1,0.2,0.3)")
     g.add_argument("--k0", type=positive_int, default=None, help="default budget in blocks (default 8)")
     g.add_argument("--buckets", default=None, help="held-out lengths (default 64,256,1024)")
     g.add_argument("--heldout", type=int, default=None, help="held-out examples per bucket (default 64)")
     g.add_argument("--coverage-agg", default=None, help="micro-batch coverage: tokens (default) or min")
-    g.add_argument("--base", default="dense,fixed",
+    g.add_argument("--base", default=None,
                    help="reference configurations run besides DST (default dense,fixed; fixed is the "
                         "speedup reference)")
     g = p.add_argument_group("pretrain")
@@ -67,12 +71,48 @@ def _list(text: str, name: str, conv=str) -> tuple:
     return vals
 
 
+def _config_file(path: str) -> dict:
+    """ExperimentConfig fields from a TOML file, checked: unknown keys and bad types are one line."""
+    import dataclasses
+    import tomllib
+
+    from sparsebalance.accuracy.experiment import ExperimentConfig
+    from sparsebalance.errors import ConfigError
+
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except OSError as e:
+        raise ConfigError(f"--config: cannot read {path}: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"--config: {path} is not valid TOML: {e}") from None
+    fields = {f.name: f for f in dataclasses.fields(ExperimentConfig)}
+    out = {}
+    for key, val in raw.items():
+        if key not in fields:
+            raise ConfigError(f"--config: unknown key {key!r}; allowed: {', '.join(sorted(fields))}")
+        want = fields[key].default
+        if isinstance(want, tuple):
+            if not isinstance(val, list) or not val:
+                raise ConfigError(f"--config: {key} must be a non-empty list, got {val!r}")
+            val = tuple(val)
+            kind = type(want[0])
+            if not all(isinstance(v, kind) or (kind is float and isinstance(v, int)) for v in val):
+                raise ConfigError(f"--config: {key} must be a list of {kind.__name__}, got {list(val)!r}")
+        elif isinstance(val, bool) or not isinstance(val, (float, int) if isinstance(want, float)
+                                                     else type(want)):
+            raise ConfigError(f"--config: {key} must be {type(want).__name__}, got {val!r}")
+        out[key] = val
+    return out
+
+
 def _experiment(args):
 
     from sparsebalance.accuracy.experiment import ExperimentConfig, quick
 
-    over = {"seeds": _list(args.seeds, "seeds", int), "anchors": _list(args.anchors, "anchors"),
-            "ps": _list(args.ps, "ps", float), "base": _list(args.base, "base")}
+    over = _config_file(args.config) if args.config else {}
+    for flag, conv in (("seeds", int), ("anchors", str), ("ps", float), ("base", str)):
+        if getattr(args, flag) is not None:
+            over[flag] = _list(getattr(args, flag), flag, conv)
     for flag, key in (("steps", "steps"), ("k0", "k0"), ("heldout", "heldout"),
                       ("coverage_agg", "coverage_agg")):
         if getattr(args, flag) is not None:

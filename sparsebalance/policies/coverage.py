@@ -175,46 +175,19 @@ class CoverageModel:
 
     def microbatch_curves(self, mbs: Seq[MicroBatch], k_his: Seq[int]) -> list[np.ndarray]:
         """:meth:`microbatch_curve` of many micro-batches (``mbs[i]`` at k = 1..k_his[i]), bitwise
-        the same (views of :meth:`microbatch_matrix`)."""
-        if not mbs:
-            return []
-        out = self.microbatch_matrix(mbs, max(k_his))
-        return [out[i, :k] for i, k in enumerate(k_his)]
+        the same (the sequences' curves computed together first, then each micro-batch at its own
+        width: a weighted sum over a wider matrix may round differently)."""
+        self.curves([s for mb in mbs for s in mb.sequences])
+        return [self.microbatch_curve(mb, k) for mb, k in zip(mbs, k_his, strict=True)]
 
     def microbatch_matrix(self, mbs: Seq[MicroBatch], width: int) -> np.ndarray:
-        """[len(mbs), width]: row i = :meth:`microbatch_curve` of ``mbs[i]`` at k = 1..width,
-        bitwise: the same sums over each micro-batch's sequences, left to right, as numpy rows.
-        Parametric curves are computed only up to ``width`` (:func:`parametric_matrix`; not
-        cached: fresh data every iteration), measured ones read as :meth:`curve`."""
+        """[len(mbs), width]: row i = :meth:`microbatch_curve` of ``mbs[i]`` at k = 1..width (the
+        same computation, so bitwise equal; the sequences' curves come through :meth:`curves`,
+        computed once each and cached)."""
         if not mbs:
             return np.zeros((0, width))
-        counts = [len(mb.sequences) for mb in mbs]
-        flat = [s for mb in mbs for s in mb.sequences]
-        lengths = np.array([s.length for s in flat], dtype=np.int64)
-        measured = self._measured
-        given = [i for i, s in enumerate(flat) if s.coverage is not None or s.id in measured]
-        rate = self.rate
-        rates = np.array([rate * (float(s.sensitivity) if s.sensitivity is not None else self.sensitivity(s))
-                          for s in flat])
-        rows = parametric_matrix(lengths, self.block_size, rates, width, self.shape)
-        for i in given:  # measured or carried curves, padded with 1.0 as microbatch_curve does
-            c = self.curve(flat[i])[:width]
-            rows[i] = 1.0
-            rows[i, :len(c)] = c
-        starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
-        cnt = np.array(counts)
-        tokens = self.agg == "tokens"
-        out = np.zeros((len(mbs), width)) if tokens else np.ones((len(mbs), width))
-        for p in range(int(cnt.max())):  # the p-th sequence of every micro-batch that has one
-            has = np.flatnonzero(cnt > p)
-            at = starts[has] + p
-            if tokens:
-                out[has] = out[has] + lengths[at][:, None] * rows[at]
-            else:
-                out[has] = np.minimum(out[has], rows[at])
-        if tokens:
-            out = out / np.array([mb.tokens for mb in mbs], dtype=np.int64)[:, None]
-        return out
+        self.curves([s for mb in mbs for s in mb.sequences])
+        return np.array([self.microbatch_curve(mb, width) for mb in mbs]).reshape(len(mbs), width)
 
 
 def _as_curve(values: Seq[float]) -> np.ndarray:
@@ -231,61 +204,25 @@ def make_coverage_model(model: ModelConfig, policy: PolicyConfig, seed: int = 0)
     return CoverageModel(model, policy, seed)
 
 
-def _parametric_groups(lengths: np.ndarray, block_size: int, rates: np.ndarray, shape: str,
-                       width: int | None):
-    """Yield (row indices, block counts, curves [rows, columns]) of :func:`parametric_curve`,
-    sequences grouped by similar block counts and padded to the group's longest; only the first
-    ``width`` columns (all when None). Padding sits after a row's blocks, where cumulative sums
-    and maxima never read it and reversed sums add exact zeros first, so values are bitwise the
-    per-sequence ones; columns past a row's blocks are garbage (callers mask them)."""
-    n = -(-lengths // block_size)
-    order = np.argsort(n, kind="stable")
-    group = np.floor(np.log(np.maximum(n[order], 1)) / np.log(1.25)).astype(np.int64)
-    cuts = np.flatnonzero(np.diff(group)) + 1
-    for idx in np.split(order, cuts):
-        nn, L, a = n[idx], lengths[idx], rates[idx][:, None]
-        full = int(nn.max())
-        cols = full if width is None else min(full, width)
-        r = np.arange(1, full + 1, dtype=np.float64)
-        w = r[None, :] ** -a if shape == "power" else np.exp(-a * (r[None, :] - 1.0))
-        W = np.cumsum(w, axis=1)
-        col = np.arange(full)[None, :]
-        inside = col < nn[:, None]
-        q = np.where(inside, float(block_size), 0.0)
-        q[np.arange(len(idx)), nn - 1] = L - (nn - 1) * block_size
-        ratio = q / W
-        S = np.cumsum(ratio[:, ::-1], axis=1)[:, ::-1]  # read below at columns < nn only
-        Q = np.cumsum(q[:, :cols], axis=1)
-        k = np.arange(1, cols + 1)[None, :]
-        tail = np.where(k < nn[:, None], np.take_along_axis(S, np.minimum(k, nn[:, None] - 1), axis=1), 0.0)
-        curve = (Q + W[:, :cols] * tail) / L[:, None]
-        curve = np.minimum(np.maximum.accumulate(curve, axis=1), 1.0)
-        last = nn - 1 < cols
-        curve[np.flatnonzero(last), (nn - 1)[last]] = 1.0
-        yield idx, nn, curve
-
-
 def parametric_curves(lengths: Seq[int], block_size: int, rates: Seq[float],
                       shape: str = "power") -> list[np.ndarray]:
-    """:func:`parametric_curve` of many sequences, bitwise the same values (one numpy pass per
-    group of similar block counts instead of one per sequence)."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    out: list = [None] * len(lengths)
-    for idx, nn, curve in _parametric_groups(lengths, block_size, np.asarray(rates, dtype=np.float64),
-                                             shape, None):
-        for t, (i, k) in enumerate(zip(idx.tolist(), nn.tolist())):
-            out[i] = curve[t, :k]  # views of one block per group
+    """:func:`parametric_curve` of many sequences (each distinct (length, rate) computed once)."""
+    done: dict[tuple[int, float], np.ndarray] = {}
+    out = []
+    for L, a in zip((int(x) for x in lengths), (float(x) for x in rates), strict=True):
+        c = done.get((L, a))
+        if c is None:
+            c = done[(L, a)] = parametric_curve(L, block_size, a, shape)
+        out.append(c)
     return out
 
 
 def parametric_matrix(lengths: np.ndarray, block_size: int, rates: np.ndarray, width: int,
                       shape: str = "power") -> np.ndarray:
-    """[len(lengths), width]: row i = :func:`parametric_curve` of sequence i at k = 1..width,
-    bitwise, and 1.0 past its block count (as :meth:`CoverageModel.microbatch_curve` pads)."""
-    lengths = np.asarray(lengths, dtype=np.int64)
+    """[len(lengths), width]: row i = :func:`parametric_curve` of sequence i at k = 1..width, and
+    1.0 past its block count (as :meth:`CoverageModel.microbatch_curve` pads)."""
     out = np.ones((len(lengths), width))
-    for idx, nn, curve in _parametric_groups(lengths, block_size, np.asarray(rates, dtype=np.float64),
-                                             shape, width):
-        cols = curve.shape[1]
-        out[idx, :cols] = np.where(np.arange(cols)[None, :] < nn[:, None], curve, 1.0)
+    for i, c in enumerate(parametric_curves(lengths, block_size, rates, shape)):
+        m = min(width, len(c))
+        out[i, :m] = c[:m]
     return out

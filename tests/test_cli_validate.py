@@ -175,7 +175,7 @@ def test_end_to_end_replays_the_runs_own_plans(tmp_path, run_cli):
     assert runs["foreign_cores"].notna().all() and (runs["own_cpu_s"] > 0).all()
     tr = pd.read_csv(out / "runs" / "baseline" / "round0" / "measured_trace.csv")
     fb = tr[tr["op"].isin(["F", "B"])]
-    assert fb["cpu_s"].notna().all() and (fb["cpu_s"] <= (fb["end_s"] - fb["start_s"]) * 1.05 + 1e-3).all()
+    assert fb["cpu_s"].notna().all() and (fb["cpu_s"] <= (fb["end_s"] - fb["start_s"]) * 1.10 + 5e-3).all()
     assert summary["warmup_excluded"] is True and summary["rounds"] == 2
     for f in ("config.toml", "iterations.csv", "stages.csv", "ops.csv", "op_summary.csv",
               "actions.csv", "speedup.csv", "runs.csv", "summary.json", "validate.png", "validate.svg"):

@@ -123,7 +123,7 @@ def _check(tmp: Path, *, pp: int, dp: int, tp: int, ops: tuple[str, ...]) -> pd.
     assert (tr.end_s >= tr.start_s).all()
     check_trace(tr)  # the simulator's schema
     work = tr[tr.op.isin(ops)]
-    assert work.cpu_s.notna().all() and (work.cpu_s > 0).all()  # CPU columns on every compute row
+    assert work.cpu_s.notna().all() and (work.cpu_s >= 0).all()  # a tiny W may read 0 ticks  # CPU columns on every compute row
     return tr
 
 

@@ -148,7 +148,7 @@ class CoverageModel:
 
     def curves(self, seqs: Seq[Sequence]) -> list[np.ndarray]:
         """:meth:`curve` of many sequences (same arrays, same cache): the parametric curves not
-        cached yet are computed together (:func:`parametric_curves`)."""
+        cached yet are computed once per distinct (length, rate) (:func:`parametric_curves`)."""
         out: list = [None] * len(seqs)
         todo: dict[tuple[int, float], list[int]] = {}
         measured, cache, rate = self._measured, self._cache, self.rate
@@ -216,13 +216,3 @@ def parametric_curves(lengths: Seq[int], block_size: int, rates: Seq[float],
         out.append(c)
     return out
 
-
-def parametric_matrix(lengths: np.ndarray, block_size: int, rates: np.ndarray, width: int,
-                      shape: str = "power") -> np.ndarray:
-    """[len(lengths), width]: row i = :func:`parametric_curve` of sequence i at k = 1..width, and
-    1.0 past its block count (as :meth:`CoverageModel.microbatch_curve` pads)."""
-    out = np.ones((len(lengths), width))
-    for i, c in enumerate(parametric_curves(lengths, block_size, rates, shape)):
-        m = min(width, len(c))
-        out[i, :m] = c[:m]
-    return out

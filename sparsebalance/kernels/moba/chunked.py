@@ -80,24 +80,23 @@ class _Ctx:
         self.B = block_size
         self.scale = 1.0 / math.sqrt(self.D)
         self.lay = lay
-        self.NB = lay.n_blocks
-        if self.NB:
-            self.qo = self.blocks(self.q)                                    # [NB, H, B, D]
-            ko, vo = self.blocks(self.k), self.blocks(self.v)                # [NB, hk, B, D]
-            self.ko, self.vo = _expand(ko, self.g).contiguous(), _expand(vo, self.g).contiguous()
-            # block-major K/V for the tiles: row = kv head * NB + block
-            shape = (self.hk * self.NB, 1, self.B, self.D)
-            self.kb = ko.transpose(0, 1).reshape(shape).contiguous()
-            self.vb = vo.transpose(0, 1).reshape(shape).contiguous()
+        if lay.n_own:
+            self.qo = self.blocks(self.q)                                    # [NO, H, B, D]
+            self.ko = _expand(self.blocks(self.k), self.g).contiguous()      # [NO, H, B, D]
+            self.vo = _expand(self.blocks(self.v), self.g).contiguous()
+        if lay.n_keys:  # block-major K/V of the past blocks: row = kv head * NK + key block
+            shape = (self.hk * lay.n_keys, 1, self.B, self.D)
+            self.kb, self.vb = (x.index_select(0, lay.key_idx).view(lay.n_keys, self.B, self.hk, self.D)
+                                .permute(2, 0, 1, 3).reshape(shape) for x in (self.k, self.v))
 
     def blocks(self, x: Any) -> Any:
-        """[T, heads, E] -> [NB, heads, B, E] (rows of every block of the sparse sequences)."""
-        y = x.index_select(0, self.lay.blk_idx)
-        return y.view(self.NB, self.B, x.shape[1], x.shape[2]).transpose(1, 2).contiguous()
+        """[T, heads, E] -> [NO, heads, B, E] (rows of every own block)."""
+        y = x.index_select(0, self.lay.own_idx)
+        return y.view(self.lay.n_own, self.B, x.shape[1], x.shape[2]).transpose(1, 2).contiguous()
 
     def unblocks(self, y: Any) -> Any:
-        """Real tokens of [NB, heads, B, E] as [n, heads, E] (rows ``lay.own_rows``)."""
-        flat = y.transpose(1, 2).reshape(self.NB * self.B, y.shape[1], y.shape[3])
+        """Real tokens of [NO, heads, B, E] as [m, heads, E] (rows ``lay.own_rows``)."""
+        flat = y.transpose(1, 2).reshape(self.lay.n_own * self.B, y.shape[1], y.shape[3])
         return flat.index_select(0, self.lay.own_src)
 
     def seq(self, x: Any, a: int, b: int, expand: bool) -> Any:
@@ -105,9 +104,13 @@ class _Ctx:
         y = x[a:b].transpose(0, 1).unsqueeze(0)
         return (_expand(y, self.g) if expand else y).contiguous()
 
-    def gather(self, x: Any, t: Tiles) -> Any:
-        """Rows (row * H + head) of the tiles' lanes from [T*H, E] -> [nt, 1, TILE, E]."""
-        return x.index_select(0, t.rows).view(t.kv.shape[0], 1, -1, x.shape[-1])
+    def tile_kv(self, t: Tiles) -> tuple[Any, Any, Any]:
+        """(q, k, v) of the tiles: gathered query rows [nt, 1, TILE, D] and their key block."""
+        if t.kept is not None:
+            return t.kept
+        nt = t.kv.shape[0]
+        qt = self.q.view(-1, self.D).index_select(0, t.tab).view(nt, 1, -1, self.D)
+        return qt, self.kb.index_select(0, t.kv), self.vb.index_select(0, t.kv)
 
 
 def _forward(c: _Ctx) -> tuple[Any, Any, list[Tiles]]:
@@ -115,36 +118,39 @@ def _forward(c: _Ctx) -> tuple[Any, Any, list[Tiles]]:
 
     out = c.q.new_empty(c.T, c.H, c.D)
     lse = c.q.new_empty(c.T, c.H)
-    for a, b in c.lay.dense:
+    for a, b in c.lay.dense:  # dense sequences and the prefixes: causal attention
         o, l = _flash(c.seq(c.q, a, b, False), c.seq(c.k, a, b, True), c.seq(c.v, a, b, True),
                       True, c.scale)
         out[a:b], lse[a:b] = o[0].transpose(0, 1), l[0].transpose(0, 1)
     tiles: list[Tiles] = []
-    if not c.NB:
+    if not c.lay.n_own:
         return out, lse, tiles
     oo, lo = _flash(c.qo, c.ko, c.vo, True, c.scale)                       # own blocks
     out.index_copy_(0, c.lay.own_rows, c.unblocks(oo))
     lse.index_copy_(0, c.lay.own_rows, c.unblocks(lo.unsqueeze(-1)).squeeze(-1))
-    q_f, out_f, lse_f = c.q.view(-1, c.D), out.view(-1, c.D), lse.view(-1)
     for pieces in c.lay.chunks:
-        t = chunk_tiles(c.q, c.k, pieces, c.B, c.NB)
-        if t is None:
-            continue
+        t = chunk_tiles(c.q, c.k, pieces, c.B, c.lay.n_keys)
         tiles.append(t)
-        qt = c.gather(q_f, t)
+        qt, kt, vt = c.tile_kv(t)
         if qt.numel() <= KEEP_ELEMENTS:  # keep for the backward rather than gather again
-            t.q = qt
-        ot, lt = _flash(qt, c.kb.index_select(0, t.kv), c.vb.index_select(0, t.kv),
-                        False, c.scale)
-        # padded lanes get weight exp(-inf) = 0; rows of other chunks keep factor exp(0) = 1
-        l_e = lt.masked_fill(~t.lane, float("-inf")).view(-1)
-        m = lse_f.clone().scatter_reduce_(0, t.rows, l_e, "amax")
-        acc = torch.exp(lse_f - m).index_add_(0, t.rows, torch.exp(l_e - m.index_select(0, t.rows)))
-        new = m + torch.log(acc)
-        out_f.mul_(torch.exp(lse_f - new).unsqueeze(1))
-        w = torch.exp(l_e - new.index_select(0, t.rows)).unsqueeze(1)
-        out_f.index_add_(0, t.rows, ot.view(-1, c.D) * w)
-        lse_f.copy_(new)
+            t.kept = (qt, kt, vt)
+        ot, lt = _flash(qt, kt, vt, False, c.scale)
+        o_f, l_f = ot.view(-1, c.D), lt.view(-1)
+        for a, t0, t1, n, e0 in t.pieces:  # merge: each sparse row has exactly n tile entries
+            R = t1 - t0
+            pp = t.pos[e0:e0 + c.H * R * n]
+            le = l_f.index_select(0, pp).view(c.H, R, n)
+            lo_ = lse[a + t0:a + t1].t()                                   # [H, R] own block
+            m = torch.maximum(le.amax(-1), lo_)
+            w_own = torch.exp(lo_ - m)
+            w = torch.exp(le - m.unsqueeze(-1))
+            total = w_own + w.sum(-1)
+            inv = total.reciprocal()
+            o = torch.einsum("hrn,hrnd->hrd", w * inv.unsqueeze(-1),
+                             o_f.index_select(0, pp).view(c.H, R, n, c.D))
+            o += out[a + t0:a + t1].transpose(0, 1) * (w_own * inv).unsqueeze(-1)
+            out[a + t0:a + t1] = o.transpose(0, 1)
+            lse[a + t0:a + t1] = (m + torch.log(total)).t()
     return out, lse, tiles
 
 
@@ -158,29 +164,36 @@ def _backward(c: _Ctx, out: Any, lse: Any, do: Any, tiles: list[Tiles]) -> tuple
                                 c.seq(out, a, b, False), lse[a:b].t().unsqueeze(0), True, c.scale)
         dq[a:b] = gq[0].transpose(0, 1)
         dk[a:b], dv[a:b] = _fold(gk, c.g)[0].transpose(0, 1), _fold(gv, c.g)[0].transpose(0, 1)
-    if not c.NB:
+    lay = c.lay
+    if not lay.n_own:
         return dq, dk, dv
     # padded rows of a partial block: lse = +inf gives P = exp(S - lse) = 0 there, hence dS = 0
     # and P^T dO = 0 whatever their (finite, borrowed) dO: they add no gradient anywhere
-    real = torch.zeros(c.NB * c.B, dtype=torch.bool, device=c.q.device)
-    real[c.lay.own_src] = True
-    lo = c.blocks(lse.unsqueeze(-1)).squeeze(-1).masked_fill(~real.view(c.NB, 1, c.B), float("inf"))
+    real = torch.zeros(lay.n_own * c.B, dtype=torch.bool, device=c.q.device)
+    real[lay.own_src] = True
+    lo = c.blocks(lse.unsqueeze(-1)).squeeze(-1).masked_fill(~real.view(-1, 1, c.B), float("inf"))
     gq, gk, gv = _flash_bwd(c.blocks(do), c.qo, c.ko, c.vo, c.blocks(out), lo, True, c.scale)
-    dq.index_add_(0, c.lay.own_rows, c.unblocks(gq))
-    dkb = _fold(gk, c.g).transpose(0, 1).reshape(c.kb.shape).contiguous()   # [hk*NB, 1, B, D]
-    dvb = _fold(gv, c.g).transpose(0, 1).reshape(c.vb.shape).contiguous()
-    q_f, dq_f, out_f = c.q.view(-1, c.D), dq.view(-1, c.D), out.view(-1, c.D)
-    lse_f, do_f = lse.view(-1, 1), do.reshape(-1, c.D)
+    dq.index_add_(0, lay.own_rows, c.unblocks(gq))
+    dk.index_add_(0, lay.own_rows, c.unblocks(_fold(gk, c.g)))
+    dv.index_add_(0, lay.own_rows, c.unblocks(_fold(gv, c.g)))
+    if not tiles:
+        return dq, dk, dv
+    dkb, dvb = torch.zeros_like(c.kb), torch.zeros_like(c.vb)
+    out_f, lse_f, do_f = out.view(-1, c.D), lse.view(-1), do.view(-1, c.D)
     for t in tiles:
-        lt = c.gather(lse_f, t).squeeze(-1).masked_fill(~t.lane, float("inf"))  # padded lanes: P = 0
-        qt = t.q if t.q is not None else c.gather(q_f, t)
-        gq, gk, gv = _flash_bwd(c.gather(do_f, t), qt, c.kb.index_select(0, t.kv),
-                                c.vb.index_select(0, t.kv), c.gather(out_f, t), lt, False, c.scale)
-        dq_f.index_add_(0, t.rows, gq.view(-1, c.D))                      # padded lanes add 0
+        qt, kt, vt = c.tile_kv(t)
+        lt = lse_f.index_select(0, t.tab).view(t.lane.shape).masked_fill(~t.lane, float("inf"))
+        gq, gk, gv = _flash_bwd(do_f.index_select(0, t.tab).view(qt.shape), qt, kt, vt,
+                                out_f.index_select(0, t.tab).view(qt.shape), lt, False, c.scale)
         dkb.index_add_(0, t.kv, gk)
         dvb.index_add_(0, t.kv, gv)
-    dk.index_add_(0, c.lay.own_rows, c.unblocks(dkb.view(c.hk, c.NB, c.B, c.D).transpose(0, 1)))
-    dv.index_add_(0, c.lay.own_rows, c.unblocks(dvb.view(c.hk, c.NB, c.B, c.D).transpose(0, 1)))
+        g_f = gq.view(-1, c.D)
+        for a, t0, t1, n, e0 in t.pieces:  # dq of a sparse row: sum of its n tile lanes
+            pp = t.pos[e0:e0 + c.H * (t1 - t0) * n]
+            dq[a + t0:a + t1] += g_f.index_select(0, pp).view(c.H, t1 - t0, n, c.D).sum(2).transpose(0, 1)
+    nk = lay.n_keys
+    dk.index_add_(0, lay.key_idx, dkb.view(c.hk, nk * c.B, c.D).transpose(0, 1))
+    dv.index_add_(0, lay.key_idx, dvb.view(c.hk, nk * c.B, c.D).transpose(0, 1))
     return dq, dk, dv
 
 

@@ -1,19 +1,22 @@
-"""Layout of the CPU MoBA path (``chunked.py``): dense vs sparse sequences, block tables, the gate's
-selection as a mask, and the tiles that group (query row, head) pairs by the key block they chose.
+"""Layout of the CPU MoBA path (``chunked.py``): which rows are causal, the block tables, the gate's
+choice per sparse row, and the tiles that group (query row, head) pairs by the key block they chose.
 
-* :func:`layout` splits a packed micro-batch: sequences whose budget covers every block are dense
-  (causal attention of the whole sequence); the others get a block table (row of every token of every
-  block, for the own-block attention and the block-major K/V) and are cut into **chunks** of whole
-  query blocks whose gate scores and gathered tile rows stay under ``chunk_elements``.
-* :func:`select_mask` is the gate's top-``n`` choice among past blocks, as a boolean mask, with the
-  tie-break of ``gate.py`` (lower block index wins). The ``n``-th largest score comes from
-  ``numpy.partition`` (introselect: ~6x faster than ``torch.topk`` on rows of 32-128 blocks); rows
-  where that value is shared by a chosen and an unchosen block (exact ties) are redone by the exact
-  rule.
-* :func:`chunk_tiles` gates a chunk and groups its selections: the mask viewed as
-  ``[kv head, block, row, head in group]`` is read back by ``nonzero`` already grouped by
-  (kv head, block), a counting sort without a sort; each group is padded to whole tiles of
-  ``TILE`` rows.
+* :func:`layout` splits a packed micro-batch. Rows of a sequence's first ``topk`` blocks attend every
+  past block (a row of block ``c <= topk - 1`` has at most ``topk - 1`` of them), i.e. they are plain
+  causal attention: that **prefix** (the whole sequence when ``topk >= n_blocks``) runs as one causal
+  call, with no gate and no merge. Every later row (``c >= topk``, the **sparse rows**) has at least
+  ``topk`` past blocks, so it chooses exactly ``n = topk - 1`` of them: its entries fill a dense
+  ``[H, R, n]`` table, which is what makes the merge a gather instead of a scatter. Sparse rows are
+  cut into **chunks** of whole query blocks whose gate scores and gathered tile rows stay under
+  ``chunk_elements``.
+* :func:`select_mask` is the gate's top-``n`` choice among past blocks with the tie-break of
+  ``gate.py`` (lower block index wins). The ``n``-th largest score comes from ``numpy.partition``
+  (introselect: ~6x faster than ``torch.topk`` or ``argpartition`` on rows of 32-256 blocks); rows
+  where ``score >= n-th value`` does not hold for exactly ``n`` blocks (an exact tie at the ``n``-th
+  value, or -inf/NaN scores) are redone by a stable descending sort, which is the rule itself.
+* :func:`group` sorts a chunk's entries by (kv head, key block) -- a stable radix sort of 16-bit keys
+  (numpy) where they fit -- and pads each group to whole tiles of ``TILE`` rows. It also returns each
+  entry's lane (``pos``), by which the forward gathers the tile outputs back row by row.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sparsebalance.kernels.moba.gate import block_means, gate_scores, past_mask
+from sparsebalance.kernels.moba.gate import block_means
 
 #: Query rows per tile: a power of two near 1/8 of the mean group size, within these bounds. Larger
 #: tiles reload K/V less often in the fused kernel; smaller ones pad less (measured best on this CPU).
@@ -30,45 +33,57 @@ TILE_MIN, TILE_MAX = 32, 512
 
 @dataclass(slots=True)
 class Layout:
-    """Where the sparse sequences' blocks are, which sequences are dense, how blocks are chunked."""
+    """Which rows are causal, where the own and key blocks are, how the sparse rows are chunked."""
 
     dense: list[tuple[int, int]]
-    """(start, end) rows of sequences attended densely (topk >= their block count)."""
-    blk_idx: Any
-    """int64 [NB * B]: packed row of each token of every block of the sparse sequences (clamped)."""
+    """(start, end) rows attended causally: whole dense sequences and the prefix of sparse ones."""
+    own_idx: Any
+    """int64 [NO * B]: packed row of each token of every own block (blocks >= topk; clamped)."""
     own_src: Any
-    """int64 [n]: positions in ``blk_idx`` that hold a real token (the last block may be partial)."""
+    """int64 [m]: positions in ``own_idx`` that hold a real token (the last block may be partial)."""
     own_rows: Any
-    """int64 [n]: ``blk_idx[own_src]``, the packed rows of those tokens."""
-    n_blocks: int
-    """NB, blocks of all sparse sequences."""
-    chunks: list[list[tuple[int, int, int, int, int, int]]]
-    """Pieces per chunk: (sequence start, length, its first global block, n selected, c0, c1) =
-    query blocks [c0, c1) of one sequence."""
+    """int64 [m]: ``own_idx[own_src]``, the packed rows of those tokens."""
+    n_own: int
+    """NO, own blocks of sparse rows."""
+    key_idx: Any
+    """int64 [NK * B]: packed row of each token of every block that can be a past block."""
+    n_keys: int
+    """NK, blocks 0 .. n_blocks - 2 of every sequence with sparse rows and ``topk >= 2``."""
+    chunks: list[list[tuple[int, int, int, int, int]]]
+    """Pieces per chunk: (sequence start, first key block in ``key_idx``, n selected, t0, t1) = sparse
+    rows [t0, t1) of the sequence (whole blocks, relative to its start)."""
+
+
+def _rows(starts: list[int], ends: list[int], B: int, last: int, device: Any) -> tuple[Any, Any]:
+    """Rows of blocks starting at ``starts`` (clamped to ``last``) and which of them are real."""
+    import torch
+
+    idx = torch.tensor(starts, dtype=torch.int64, device=device)[:, None] + torch.arange(B, device=device)
+    valid = (idx < torch.tensor(ends, dtype=torch.int64, device=device)[:, None]).reshape(-1)
+    return idx.reshape(-1).clamp_(max=last), valid
 
 
 def layout(cu: list[int], B: int, topks: list[int], heads: int, dim: int, device: Any,
            chunk_elements: int) -> Layout:
-    import torch
-
-    dense, starts, ends, pieces = [], [], [], []
+    dense, own_s, own_e, key_s, pieces = [], [], [], [], []
     for i in range(len(cu) - 1):
         a, L = cu[i], cu[i + 1] - cu[i]
-        nb = -(-L // B)
-        if topks[i] >= nb:
+        nb, n = -(-L // B), topks[i] - 1
+        if n + 1 >= nb:
             dense.append((a, a + L))
             continue
-        gb = len(starts)
-        starts += [a + j * B for j in range(nb)]
-        ends += [a + L] * nb
-        n = topks[i] - 1
+        dense.append((a, a + (n + 1) * B))
+        own_s += [a + j * B for j in range(n + 1, nb)]
+        own_e += [a + L] * (nb - n - 1)
         if n == 0:
             continue
+        k0 = len(key_s)
+        key_s += [a + j * B for j in range(nb - 1)]
         # per query block: gate scores (B x heads x nb) and gathered tile rows (B x heads x n x dim)
         per_block = B * heads * max(nb, n * dim)
         step = max(1, chunk_elements // per_block)
-        pieces += [(a, L, gb, n, c0, min(c0 + step, nb), per_block * (min(c0 + step, nb) - c0))
-                   for c0 in range(1, nb, step)]  # block 0 has no past block
+        pieces += [(a, k0, n, c0 * B, min((c0 + step) * B, L), per_block * (min(c0 + step, nb) - c0))
+                   for c0 in range(n + 1, nb, step)]
     chunks: list[list] = []
     size = chunk_elements
     for *piece, cost in pieces:
@@ -77,90 +92,119 @@ def layout(cu: list[int], B: int, topks: list[int], heads: int, dim: int, device
             size = 0
         chunks[-1].append(tuple(piece))
         size += cost
-    idx = torch.tensor(starts, dtype=torch.int64, device=device)[:, None] + torch.arange(B, device=device)
-    valid = (idx < torch.tensor(ends, dtype=torch.int64, device=device)[:, None]).reshape(-1)
-    idx = idx.reshape(-1).clamp_(max=max(cu[-1] - 1, 0))
+    last = max(cu[-1] - 1, 0)
+    own_idx, valid = _rows(own_s, own_e, B, last, device)
     own_src = valid.nonzero().squeeze(1)
-    return Layout(dense=dense, blk_idx=idx, own_src=own_src, own_rows=idx.index_select(0, own_src),
-                  n_blocks=len(starts), chunks=chunks)
+    key_idx, _ = _rows(key_s, [cu[-1]] * len(key_s), B, last, device)
+    return Layout(dense=dense, own_idx=own_idx, own_src=own_src, own_rows=own_idx.index_select(0, own_src),
+                  n_own=len(own_s), key_idx=key_idx, n_keys=len(key_s), chunks=chunks)
+
+
+def choose(s: Any, n: int) -> Any:
+    """Top-``n`` mask of each row of ``s`` ``[rows, nb]`` (``n < nb``), ties to the lower index."""
+    import numpy as np
+    import torch
+
+    nb = s.shape[-1]
+    if s.device.type == "cpu":
+        kth = torch.from_numpy(np.partition(s.numpy(), nb - n, axis=-1)[:, nb - n:nb - n + 1])
+    else:
+        kth = torch.topk(s, n, dim=-1).values[:, -1:]
+    mask = s >= kth
+    bad = mask.sum(-1) != n                              # a tie at the n-th value, or -inf / NaN
+    if bool(bad.any()):
+        rows = bad.nonzero().squeeze(1)
+        # stable: among equal scores the lower block index comes first, i.e. wins
+        idx = torch.sort(s.index_select(0, rows), dim=-1, descending=True, stable=True).indices[:, :n]
+        mask[rows] = torch.zeros(rows.numel(), nb, dtype=torch.bool, device=s.device).scatter_(1, idx, True)
+    return mask
 
 
 def select_mask(scores: Any, past: Any, n: int) -> Any:
     """Gate choice ``[R, H, nb]`` bool: the ``n`` largest past scores per row (all past blocks when
     fewer), ties to the lower block index. ``scores`` ``[R, H, nb]``, ``past`` ``[R, nb]`` bool."""
-    import numpy as np
-    import torch
-
     R, H, nb = scores.shape
-    s = scores.masked_fill(~past[:, None, :], float("-inf")).contiguous()
     if n >= nb:
         return past[:, None, :].expand(R, H, nb).clone()
-    if s.device.type == "cpu":
-        kth = torch.from_numpy(np.partition(s.numpy(), nb - n, axis=-1)[..., nb - n:nb - n + 1])
-    else:
-        kth = torch.topk(s, n, dim=-1).values[..., -1:]
-    # rows with fewer than n past blocks have kth = -inf: every past block is chosen
-    mask = (s >= kth) & past[:, None, :]
-    ambiguous = mask.sum(-1) > n                                    # a tie at the n-th value
-    if bool(ambiguous.any()):
-        rows = ambiguous.nonzero(as_tuple=True)
-        sub, kv = s[rows], kth[rows]
-        above, equal = sub > kv, sub == kv
-        need = n - above.sum(-1, keepdim=True)
-        mask[rows] = above | (equal & (torch.cumsum(equal, dim=-1) <= need))
-    return mask
+    s = scores.masked_fill(~past[:, None, :], float("-inf")).contiguous()
+    # a row with fewer than n past blocks ties at -inf; the sort puts its past blocks (lower) first
+    return choose(s.view(R * H, nb), n).view(R, H, nb) & past[:, None, :]
 
 
 @dataclass(slots=True)
 class Tiles:
-    """One chunk's tiles: ``rows[t, i]`` = packed (row * H + head) of lane i of tile t."""
+    """One chunk's tiles: lane i of tile t holds packed (row * H + head) ``tab[t * TILE + i]``."""
 
-    rows: Any
-    """int64 [nt * TILE] (padded lanes repeat a real entry of their group)."""
+    tab: Any
+    """int64 [nt * TILE] (padded lanes hold 0: finite, never read back, no gradient)."""
     lane: Any
     """bool [nt, 1, TILE]: the lane holds a real (row, head, block) entry."""
     kv: Any
-    """int64 [nt]: kv head * NB + global block of the tile (row of the block-major K/V)."""
-    q: Any = None
-    """The gathered queries [nt, 1, tile, D] when the forward kept them for the backward."""
+    """int64 [nt]: kv head * NK + key block of the tile (row of the block-major K/V)."""
+    pos: Any
+    """int64 [E]: the lane of each entry, entries in the pieces' ``[H, R, n]`` order."""
+    pieces: list[tuple[int, int, int, int, int]]
+    """(sequence start, t0, t1, n, first entry) of each piece of the chunk."""
+    kept: Any = None
+    """(q, k, v) gathered into tiles, when the forward kept them for the backward."""
 
 
-def chunk_tiles(q: Any, k: Any, pieces, B: int, n_blocks: int) -> Tiles | None:
-    """Gate the chunk's query blocks and group the selected (row, head) pairs into tiles."""
+def group(keys: Any, rowheads: Any, n_groups: int) -> tuple[Any, Any, Any, Any]:
+    """Tile the entries: ``(tab, lane, kv, pos)`` of :class:`Tiles` from each entry's group key
+    (``< n_groups``) and packed (row * H + head)."""
+    import numpy as np
     import torch
 
-    H, hk = q.shape[1], k.shape[1]
-    g = H // hk
-    rows_l, kv_l = [], []
-    for a, L, gb, n, c0, c1 in pieces:
-        nb = -(-L // B)
-        means = block_means(k[a:a + L], B)                                 # [nb, hk, D]
-        t0, t1 = c0 * B, min(c1 * B, L)
-        s = gate_scores(q[a + t0:a + t1], means)                          # [R, H, nb]
-        sel = select_mask(s, past_mask(t0, t1 - t0, nb, B, q.device), n)
-        # [R, hk, g, nb] -> [hk, nb, R, g]: nonzero lists entries grouped by (kv head, block)
-        kh, j, r, h = sel.view(t1 - t0, hk, g, nb).permute(1, 3, 0, 2).nonzero().unbind(1)
-        rows_l.append((a + t0 + r) * H + kh * g + h)
-        kv_l.append(kh * n_blocks + gb + j)
-    rows, kv = torch.cat(rows_l), torch.cat(kv_l)
-    E = rows.numel()
-    if E == 0:
-        return None
-    change = torch.ones(E, dtype=torch.bool, device=q.device)
-    change[1:] = kv[1:] != kv[:-1]
-    starts = change.nonzero().squeeze(1)                                  # first entry of each group
-    counts = torch.diff(starts, append=starts.new_tensor([E]))
-    gid = torch.cumsum(change, 0) - 1
-    pos = torch.arange(E, device=q.device) - starts.index_select(0, gid)
-    TILE = min(TILE_MAX, max(TILE_MIN, 1 << max(0, (E // (8 * starts.numel())).bit_length() - 1)))
+    E, dev = keys.numel(), keys.device
+    if n_groups <= 1 << 16 and dev.type == "cpu":  # numpy's stable sort is a radix sort on 16 bits
+        perm = torch.from_numpy(np.argsort(keys.numpy().astype(np.uint16), kind="stable"))
+    else:
+        perm = torch.sort(keys, stable=True).indices
+    ks = keys.index_select(0, perm)
+    counts = torch.bincount(ks, minlength=n_groups)
+    used = int((counts > 0).sum())
+    TILE = min(TILE_MAX, max(TILE_MIN, 1 << max(0, (E // (8 * used)).bit_length() - 1)))
     per_group = (counts + TILE - 1) // TILE
+    first = torch.cumsum(counts, 0) - counts                              # first sorted entry
     tile0 = torch.cumsum(per_group, 0) - per_group
-    slot = (tile0.index_select(0, gid) + pos // TILE) * TILE + pos % TILE
+    rank = torch.arange(E, device=dev) - first.index_select(0, ks)
+    slot = (tile0.index_select(0, ks) + rank // TILE) * TILE + rank % TILE
     nt = int(per_group.sum())
-    lane = torch.zeros(nt * TILE, dtype=torch.bool, device=q.device)
+    lane = torch.zeros(nt * TILE, dtype=torch.bool, device=dev)
     lane[slot] = True
-    # padded lanes repeat their group's first entry (finite, weighted out); real lanes their own
-    table = rows.index_select(0, torch.repeat_interleave(starts, per_group)).repeat_interleave(TILE)
-    table[slot] = rows
-    return Tiles(rows=table, lane=lane.view(nt, 1, TILE),
-                 kv=torch.repeat_interleave(kv.index_select(0, starts), per_group))
+    tab = torch.zeros(nt * TILE, dtype=torch.int64, device=dev)
+    tab[slot] = rowheads.index_select(0, perm)
+    pos = torch.empty(E, dtype=torch.int64, device=dev)
+    pos[perm] = slot
+    kv = torch.repeat_interleave(torch.arange(n_groups, device=dev), per_group)
+    return tab, lane.view(nt, 1, TILE), kv, pos
+
+
+def chunk_tiles(q: Any, k: Any, pieces, B: int, n_keys: int) -> Tiles:
+    """Gate the chunk's sparse rows (gate-dtype ``q`` ``[T, H, D]``, ``k`` ``[T, H_kv, D]``) and tile
+    the chosen (row, head, block) entries."""
+    import torch
+
+    H, hk, D = q.shape[1], k.shape[1], q.shape[2]
+    g = H // hk
+    dev = q.device
+    keys_l, rh_l, meta, e0 = [], [], [], 0
+    for a, k0, n, t0, t1 in pieces:
+        R, nbp = t1 - t0, (t1 - 1) // B                   # nbp: blocks before the last row's block
+        means = block_means(k[a:a + nbp * B], B)          # [nbp, hk, D], full blocks only
+        # scores [hk, g * R, nbp] = [H, R, nbp] (head h = kv head * g + group member)
+        qh = q[a + t0:a + t1].view(R, hk, g, D).permute(1, 2, 0, 3).reshape(hk, g * R, D)
+        s = torch.bmm(qh, means.permute(1, 2, 0)).view(H, R, nbp)
+        c = torch.arange(t0, t1, device=dev) // B
+        s.masked_fill_(torch.arange(nbp, device=dev)[None, :] >= c[:, None], float("-inf"))
+        sel = choose(s.view(H * R, nbp), n).view(-1, nbp).nonzero()[:, 1].view(H, R, n)  # ascending
+        kvh = torch.arange(H, device=dev) // g
+        keys_l.append((sel + (kvh * n_keys + k0)[:, None, None]).view(-1))
+        rows = torch.arange(a + t0, a + t1, device=dev) * H
+        rh_l.append((rows[None, :] + torch.arange(H, device=dev)[:, None])[:, :, None].expand(H, R, n).reshape(-1))
+        meta.append((a, t0, t1, n, e0))
+        e0 += H * R * n
+    keys = keys_l[0] if len(keys_l) == 1 else torch.cat(keys_l)
+    rowheads = rh_l[0] if len(rh_l) == 1 else torch.cat(rh_l)
+    tab, lane, kv, pos = group(keys, rowheads, hk * n_keys)
+    return Tiles(tab=tab, lane=lane, kv=kv, pos=pos, pieces=meta)

@@ -129,7 +129,7 @@ def _forward(c: _Ctx) -> tuple[Any, Any, list[Tiles]]:
     out.index_copy_(0, c.lay.own_rows, c.unblocks(oo))
     lse.index_copy_(0, c.lay.own_rows, c.unblocks(lo.unsqueeze(-1)).squeeze(-1))
     for pieces in c.lay.chunks:
-        t = chunk_tiles(c.q, c.k, pieces, c.B, c.lay.n_keys)
+        t = chunk_tiles(c.q, c.k, pieces, c.B, c.lay.n_keys, c.lay.memo)
         tiles.append(t)
         qt, kt, vt = c.tile_kv(t)
         if qt.numel() <= KEEP_ELEMENTS:  # keep for the backward rather than gather again
@@ -146,8 +146,10 @@ def _forward(c: _Ctx) -> tuple[Any, Any, list[Tiles]]:
             w = torch.exp(le - m.unsqueeze(-1))
             total = w_own + w.sum(-1)
             inv = total.reciprocal()
-            o = torch.einsum("hrn,hrnd->hrd", w * inv.unsqueeze(-1),
-                             o_f.index_select(0, pp).view(c.H, R, n, c.D))
+            og = o_f.index_select(0, pp).view(c.H, R, n, c.D)
+            w = w * inv.unsqueeze(-1)
+            # few entries: one fused multiply-sum; many: bmm, without the [H, R, n, D] product
+            o = (w.unsqueeze(-1) * og).sum(2) if n <= 8 else torch.einsum("hrn,hrnd->hrd", w, og)
             o += out[a + t0:a + t1].transpose(0, 1) * (w_own * inv).unsqueeze(-1)
             out[a + t0:a + t1] = o.transpose(0, 1)
             lse[a + t0:a + t1] = (m + torch.log(total)).t()
@@ -169,9 +171,11 @@ def _backward(c: _Ctx, out: Any, lse: Any, do: Any, tiles: list[Tiles]) -> tuple
         return dq, dk, dv
     # padded rows of a partial block: lse = +inf gives P = exp(S - lse) = 0 there, hence dS = 0
     # and P^T dO = 0 whatever their (finite, borrowed) dO: they add no gradient anywhere
-    real = torch.zeros(lay.n_own * c.B, dtype=torch.bool, device=c.q.device)
-    real[lay.own_src] = True
-    lo = c.blocks(lse.unsqueeze(-1)).squeeze(-1).masked_fill(~real.view(-1, 1, c.B), float("inf"))
+    if "pad" not in lay.memo:
+        real = torch.zeros(lay.n_own * c.B, dtype=torch.bool, device=c.q.device)
+        real[lay.own_src] = True
+        lay.memo["pad"] = ~real.view(-1, 1, c.B)
+    lo = c.blocks(lse.unsqueeze(-1)).squeeze(-1).masked_fill(lay.memo["pad"], float("inf"))
     gq, gk, gv = _flash_bwd(c.blocks(do), c.qo, c.ko, c.vo, c.blocks(out), lo, True, c.scale)
     dq.index_add_(0, lay.own_rows, c.unblocks(gq))
     dk.index_add_(0, lay.own_rows, c.unblocks(_fold(gk, c.g)))
@@ -197,13 +201,28 @@ def _backward(c: _Ctx, out: Any, lse: Any, do: Any, tiles: list[Tiles]) -> tuple
     return dq, dk, dv
 
 
+#: Recent layouts: every layer of a training step (and a repeated batch) packs the same sequences.
+_LAYOUTS: dict = {}
+
+
+def _layout(cu: list[int], B: int, topks: list[int], heads: int, kv_heads: int, dim: int,
+            device: Any) -> Layout:
+    # the memo's index tensors depend on the kv heads too (key offsets)
+    key = (tuple(cu), B, tuple(topks), heads, kv_heads, dim, str(device), CHUNK_ELEMENTS)
+    if key not in _LAYOUTS:
+        if len(_LAYOUTS) >= 4:
+            _LAYOUTS.pop(next(iter(_LAYOUTS)))
+        _LAYOUTS[key] = layout(cu, B, topks, heads, dim, device, CHUNK_ELEMENTS)
+    return _LAYOUTS[key]
+
+
 def _function() -> Any:
     import torch
 
     class MobaChunked(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, q: Any, k: Any, v: Any, cu: list[int], block_size: int, topks: list[int]):
-            lay = layout(cu, block_size, topks, q.shape[1], q.shape[2], q.device, CHUNK_ELEMENTS)
+            lay = _layout(cu, block_size, topks, q.shape[1], k.shape[1], q.shape[2], q.device)
             c = _Ctx(q, k, v, lay, block_size)
             out, lse, tiles = _forward(c)
             ctx.c, ctx.tiles, ctx.dtypes = c, tiles, (q.dtype, k.dtype, v.dtype)

@@ -21,13 +21,16 @@ choice per sparse row, and the tiles that group (query row, head) pairs by the k
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sparsebalance.kernels.moba.gate import block_means
 
-#: Query rows per tile: a power of two near 1/8 of the mean group size, within these bounds. Larger
-#: tiles reload K/V less often in the fused kernel; smaller ones pad less (measured best on this CPU).
+#: Query rows per tile (powers of two) -> relative cost of one tile row in the fused CPU kernel,
+#: forward + backward against a 32-key block, per row (this VM, one thread, D = 16, 381K rows):
+#: small tiles pay the kernel's per-tile work, large ones are padded more. ``group`` picks the size
+#: that minimises rows-after-padding x cost; forcing TILE_MIN = TILE_MAX fixes it (tests).
+TILE_COST = {32: 1.5, 64: 1.2, 128: 1.17, 256: 1.01, 512: 1.0}
 TILE_MIN, TILE_MAX = 32, 512
 
 
@@ -52,6 +55,9 @@ class Layout:
     chunks: list[list[tuple[int, int, int, int, int]]]
     """Pieces per chunk: (sequence start, first key block in ``key_idx``, n selected, t0, t1) = sparse
     rows [t0, t1) of the sequence (whole blocks, relative to its start)."""
+    memo: dict = field(default_factory=dict)
+    """Index tensors that depend on the layout only (per piece: future-block mask, key offsets, packed
+    row-heads), built on first use: a layout is reused by every layer of a step (``chunked.py``)."""
 
 
 def _rows(starts: list[int], ends: list[int], B: int, last: int, device: Any) -> tuple[Any, Any]:
@@ -162,8 +168,8 @@ def group(keys: Any, rowheads: Any, n_groups: int) -> tuple[Any, Any, Any, Any]:
         perm = torch.sort(keys, stable=True).indices
     ks = keys.index_select(0, perm)
     counts = torch.bincount(ks, minlength=n_groups)
-    used = int((counts > 0).sum())
-    TILE = min(TILE_MAX, max(TILE_MIN, 1 << max(0, (E // (8 * used)).bit_length() - 1)))
+    sizes = [t for t in TILE_COST if TILE_MIN <= t <= TILE_MAX] or [TILE_MIN]
+    TILE = min(sizes, key=lambda t: int(((counts + t - 1) // t).sum()) * t * TILE_COST.get(t, 1.0))
     per_group = (counts + TILE - 1) // TILE
     first = torch.cumsum(counts, 0) - counts                              # first sorted entry
     tile0 = torch.cumsum(per_group, 0) - per_group
@@ -180,7 +186,23 @@ def group(keys: Any, rowheads: Any, n_groups: int) -> tuple[Any, Any, Any, Any]:
     return tab, lane.view(nt, 1, TILE), kv, pos
 
 
-def chunk_tiles(q: Any, k: Any, pieces, B: int, n_keys: int) -> Tiles:
+def _piece_consts(memo: dict, a: int, k0: int, n: int, t0: int, t1: int, B: int, H: int, g: int,
+                  n_keys: int, dev: Any) -> tuple[Any, Any, Any]:
+    """(future-block mask [R, nbp], key offset [H, 1, 1], packed row-heads [H * R * n]) of a piece."""
+    import torch
+
+    if (a, t0, n) not in memo:
+        R, nbp = t1 - t0, (t1 - 1) // B
+        c = torch.arange(t0, t1, device=dev) // B
+        future = torch.arange(nbp, device=dev)[None, :] >= c[:, None]
+        key_off = ((torch.arange(H, device=dev) // g) * n_keys + k0)[:, None, None]
+        rows = torch.arange(a + t0, a + t1, device=dev) * H
+        rowheads = (rows[None, :] + torch.arange(H, device=dev)[:, None])[:, :, None].expand(H, R, n)
+        memo[(a, t0, n)] = (future, key_off, rowheads.reshape(-1))
+    return memo[(a, t0, n)]
+
+
+def chunk_tiles(q: Any, k: Any, pieces, B: int, n_keys: int, memo: dict) -> Tiles:
     """Gate the chunk's sparse rows (gate-dtype ``q`` ``[T, H, D]``, ``k`` ``[T, H_kv, D]``) and tile
     the chosen (row, head, block) entries."""
     import torch
@@ -191,17 +213,14 @@ def chunk_tiles(q: Any, k: Any, pieces, B: int, n_keys: int) -> Tiles:
     keys_l, rh_l, meta, e0 = [], [], [], 0
     for a, k0, n, t0, t1 in pieces:
         R, nbp = t1 - t0, (t1 - 1) // B                   # nbp: blocks before the last row's block
+        future, key_off, rowheads = _piece_consts(memo, a, k0, n, t0, t1, B, H, g, n_keys, dev)
         means = block_means(k[a:a + nbp * B], B)          # [nbp, hk, D], full blocks only
         # scores [hk, g * R, nbp] = [H, R, nbp] (head h = kv head * g + group member)
         qh = q[a + t0:a + t1].view(R, hk, g, D).permute(1, 2, 0, 3).reshape(hk, g * R, D)
-        s = torch.bmm(qh, means.permute(1, 2, 0)).view(H, R, nbp)
-        c = torch.arange(t0, t1, device=dev) // B
-        s.masked_fill_(torch.arange(nbp, device=dev)[None, :] >= c[:, None], float("-inf"))
+        s = torch.bmm(qh, means.permute(1, 2, 0)).view(H, R, nbp).masked_fill_(future, float("-inf"))
         sel = choose(s.view(H * R, nbp), n).view(-1, nbp).nonzero()[:, 1].view(H, R, n)  # ascending
-        kvh = torch.arange(H, device=dev) // g
-        keys_l.append((sel + (kvh * n_keys + k0)[:, None, None]).view(-1))
-        rows = torch.arange(a + t0, a + t1, device=dev) * H
-        rh_l.append((rows[None, :] + torch.arange(H, device=dev)[:, None])[:, :, None].expand(H, R, n).reshape(-1))
+        keys_l.append((sel + key_off).view(-1))
+        rh_l.append(rowheads)
         meta.append((a, t0, t1, n, e0))
         e0 += H * R * n
     keys = keys_l[0] if len(keys_l) == 1 else torch.cat(keys_l)

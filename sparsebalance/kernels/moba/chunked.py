@@ -8,21 +8,24 @@ group into **tiles** of ``TILE`` query rows sharing one key block. Every attenti
 PyTorch's fused CPU flash-attention kernel (``aten._scaled_dot_product_flash_attention_for_cpu``,
 which returns the log-sum-exp), batched over all tiles of all packed sequences in one call:
 
-* **dense sequences** (``topk >= n_blocks``: every past block is selected): causal attention of the
-  whole sequence, one fused call each;
-* **own blocks**: one causal call over every query block of every sparse sequence (kv heads repeated
+* **causal prefix** (``tiles.layout``): rows of a sequence's first ``topk`` blocks select every past
+  block, so they are plain causal attention, one fused call per sequence (the whole sequence when
+  ``topk >= n_blocks``); no gate, no merge;
+* **own blocks** of the other (sparse) rows: one causal call over all of them (kv heads repeated
   for grouped-query attention, gradients summed back);
-* **past blocks**: the gate (``gate.py``) picks each row's ``n = topk - 1`` blocks; the selection,
-  written as a boolean ``[kv head, block, row, head in group]`` tensor, is read back by
-  ``nonzero`` already grouped by (kv head, block) - a counting sort without a sort - and each group
-  is padded to whole tiles. One non-causal call over all tiles gives ``(o_e, lse_e)`` per entry;
-* **merge**: ``lse = logsumexp(lse_own, lse_e...)`` per (row, head) by ``scatter_reduce`` /
-  ``index_add_``; ``o = e^(lse_own - lse) o_own + sum_e e^(lse_e - lse) o_e``.
+* **past blocks**: the gate picks each sparse row's ``n = topk - 1`` blocks (``tiles.choose``); the
+  entries, sorted by (kv head, block), are padded to whole tiles (``tiles.group``). One non-causal
+  call over all tiles gives ``(o_e, lse_e)`` per entry;
+* **merge**: a sparse row has exactly ``n`` entries, so they are *gathered* back as ``[H, R, n]``
+  (``pos``, no scatter): ``lse = logsumexp(lse_own, lse_e...)``,
+  ``o = e^(lse_own - lse) o_own + sum_e e^(lse_e - lse) o_e``.
 
 **Backward** (custom ``autograd.Function``) calls the fused backward of each part with the *merged*
 output and LSE (the ring-attention identity: ``P = exp(S - lse)`` and ``delta = rowsum(dO * O)`` are
-then the full softmax's), so each part's ``dq, dk, dv`` is its exact share; tile gradients are
-added back with ``index_add_``. Saved: q, k, v, out, lse and the tile tables (ints).
+then the full softmax's), so each part's ``dq, dk, dv`` is its exact share; a row's ``dq`` is the sum
+of its ``n`` tile lanes (gathered by ``pos``), key-block gradients are added per tile. Saved: q, k,
+v, out, lse, the tile tables (ints) and, when small, the gathered tile inputs. Layouts (and their
+index tensors) are cached: every layer of a step packs the same sequences.
 
 **Memory**: query blocks are processed in chunks whose gate scores and gathered tile rows stay under
 ``CHUNK_ELEMENTS`` elements; a chunk holds whole query blocks, so every entry of a row is in the

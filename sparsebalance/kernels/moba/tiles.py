@@ -174,7 +174,8 @@ def group(keys: Any, rowheads: Any, n_groups: int) -> tuple[Any, Any, Any, Any]:
     first = torch.cumsum(counts, 0) - counts                              # first sorted entry
     tile0 = torch.cumsum(per_group, 0) - per_group
     rank = torch.arange(E, device=dev) - first.index_select(0, ks)
-    slot = (tile0.index_select(0, ks) + rank // TILE) * TILE + rank % TILE
+    shift = TILE.bit_length() - 1                                          # TILE is a power of two
+    slot = ((tile0.index_select(0, ks) + (rank >> shift)) << shift) + (rank & (TILE - 1))
     nt = int(per_group.sum())
     lane = torch.zeros(nt * TILE, dtype=torch.bool, device=dev)
     lane[slot] = True

@@ -4,11 +4,15 @@
     .venv/bin/python benchmarks/bench_moba_cpu.py --model [--lengths ...] [--quarter]
 
 Attention op (default): one thread (as realrun runs), float32, tiny-preset head shapes (H=4,
-H_kv=2, D=16, block 32), one sequence; median of --repeats after one warm-up; seconds for forward
-and backward, and the speedup of forward + backward over dense. ``--quarter`` adds top-k = a quarter
+H_kv=2, D=16, block 32), one sequence; seconds for forward and backward (medians of --repeats after
+one warm-up) and the speedup of forward + backward over dense. ``--quarter`` adds top-k = a quarter
 of the sequence's blocks at each length (the hardest budget the acceptance names).
 ``--model``: a whole training step (forward + backward of the summed LM loss) of the tiny Qwen2
 preset (4 layers), MoBA vs the same model with Hugging Face's SDPA attention.
+
+The cases of one length run interleaved (repeat r of every case, then repeat r + 1), so the VM's
+drift over minutes hits dense and MoBA alike; the speedup is the median of the per-repeat ratios
+dense / MoBA, with their min and max (``lo``, ``hi``).
 """
 
 from __future__ import annotations
@@ -20,26 +24,29 @@ import time
 import pandas as pd
 
 
-def _time(fn, repeats: int) -> float:
-    fn()
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+def _interleaved(cases: dict, repeats: int) -> dict:
+    """{name: [(seconds...) per repeat]}: each case's fn returns a tuple of seconds; one warm-up each,
+    then repeat r of every case before repeat r + 1."""
+    for fn in cases.values():
         fn()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
-
-
-def _time_backward(fwd, do, repeats: int) -> float:
-    """Backward alone: the forward of each repeat runs outside the timed region."""
-    fwd().backward(do)
-    out = []
+    out: dict = {name: [] for name in cases}
     for _ in range(repeats):
-        y = fwd()
-        t0 = time.perf_counter()
-        y.backward(do)
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
+        for name, fn in cases.items():
+            out[name].append(fn())
+    return out
+
+
+def _fwd_bwd(fwd, do) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    y = fwd()
+    t1 = time.perf_counter()
+    y.backward(do)
+    return t1 - t0, time.perf_counter() - t1
+
+
+def _speedup(dense: list[float], other: list[float]) -> dict:
+    r = [d / o for d, o in zip(dense, other)]
+    return {"speedup_vs_dense": statistics.median(r), "lo": min(r), "hi": max(r)}
 
 
 def main() -> None:
@@ -74,20 +81,18 @@ def main() -> None:
             kk, vv = (x.repeat_interleave(H // HKV, dim=1) for x in (kk, vv))
             return F.scaled_dot_product_attention(qq, kk, vv, is_causal=True)[0].transpose(0, 1)
 
-        def cases(L=L, q=q, k=k, v=v, cu=cu, dense_fwd=dense_fwd):
-            yield "dense SDPA", dense_fwd
-            for topk in _topks(args, L, B):
-                yield f"MoBA top-{topk}", lambda t=topk: moba_attention(q, k, v, cu, block_size=B, topk=t,
-                                                                       backend="torch")
-
-        for name, fwd in cases():
-            f = _time(lambda: fwd().detach(), args.repeats)  # noqa: B023
-            b = _time_backward(fwd, do, args.repeats)
-            rows.append({"seq_len": L, "impl": name, "fwd_s": f, "bwd_s": b, "fwd_bwd_s": f + b})
-    df = pd.DataFrame(rows)
-    dense = df[df.impl == "dense SDPA"].set_index("seq_len").fwd_bwd_s
-    df["speedup_vs_dense"] = dense.loc[df.seq_len].to_numpy() / df.fwd_bwd_s
-    print(df.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+        cases = {"dense SDPA": lambda dense_fwd=dense_fwd, do=do: _fwd_bwd(dense_fwd, do)}
+        for topk in _topks(args, L, B):
+            cases[f"MoBA top-{topk}"] = lambda t=topk, q=q, k=k, v=v, cu=cu, do=do: _fwd_bwd(
+                lambda: moba_attention(q, k, v, cu, block_size=B, topk=t, backend="torch"), do)
+        res = _interleaved(cases, args.repeats)
+        dense_fb = [f + b for f, b in res["dense SDPA"]]
+        for name, runs in res.items():
+            fb = [f + b for f, b in runs]
+            rows.append({"seq_len": L, "impl": name, "fwd_s": statistics.median(f for f, _ in runs),
+                         "bwd_s": statistics.median(b for _, b in runs), "fwd_bwd_s": statistics.median(fb),
+                         **_speedup(dense_fb, fb)})
+    print(pd.DataFrame(rows).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
 
 
 def _topks(args, L: int, B: int) -> list[int]:
@@ -115,16 +120,18 @@ def model_steps(args) -> None:
             net.set_attn_implementation(impl)
             net.zero_grad(set_to_none=True)
             moba = MobaArgs(cu_seqlens=batch.cu_seqlens, topk=topk, block_size=m.block_size)
+            t0 = time.perf_counter()
             full_forward_loss(net, batch, moba).backward()
+            return time.perf_counter() - t0
 
-        dense = _time(lambda: step(1, "sdpa"), args.repeats)
-        rows.append({"seq_len": L, "impl": "dense SDPA", "step_s": dense, "speedup_vs_dense": 1.0})
-        full = _time(lambda L=L: step(L, "moba"), args.repeats)
-        rows.append({"seq_len": L, "impl": "MoBA full budget (dense path)", "step_s": full,
-                     "speedup_vs_dense": dense / full})
+        cases = {"dense SDPA": lambda: step(1, "sdpa"),
+                 "MoBA full budget (dense path)": lambda L=L: step(L, "moba")}
         for topk in _topks(args, L, m.block_size):
-            t = _time(lambda k=topk: step(k, "moba"), args.repeats)
-            rows.append({"seq_len": L, "impl": f"MoBA top-{topk}", "step_s": t, "speedup_vs_dense": dense / t})
+            cases[f"MoBA top-{topk}"] = lambda k=topk: step(k, "moba")
+        res = _interleaved(cases, args.repeats)
+        for name, runs in res.items():
+            rows.append({"seq_len": L, "impl": name, "step_s": statistics.median(runs),
+                         **_speedup(res["dense SDPA"], runs)})
     net.set_attn_implementation("moba")
     print(pd.DataFrame(rows).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
 

@@ -27,9 +27,10 @@ from typing import Any
 from sparsebalance.kernels.moba.gate import block_means
 
 #: Query rows per tile (powers of two) -> relative cost of one tile row in the fused CPU kernel,
-#: forward + backward against a 32-key block, per row (this VM, one thread, D = 16, 381K rows):
-#: small tiles pay the kernel's per-tile work, large ones are padded more. ``group`` picks the size
-#: that minimises rows-after-padding x cost; forcing TILE_MIN = TILE_MAX fixes it (tests).
+#: forward + backward against a 32-key block (this VM, one thread, D = 16, 381K rows;
+#: ``benchmarks/bench_moba_tiles.py``): small tiles pay the kernel's per-tile work, large ones are
+#: padded more. ``group`` picks the size that minimises padded rows x cost; forcing
+#: TILE_MIN = TILE_MAX (a power of two) fixes it (tests).
 TILE_COST = {32: 1.5, 64: 1.2, 128: 1.17, 256: 1.01, 512: 1.0}
 TILE_MIN, TILE_MAX = 32, 512
 

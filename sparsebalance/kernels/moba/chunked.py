@@ -270,12 +270,12 @@ def _keep_freed_memory() -> None:
         return
     try:
         libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-        libc.gnu_get_libc_version  # glibc only: the option numbers below are glibc's
-    except (OSError, AttributeError):
+    except OSError:
         return
-    mallopt(-3, 1 << 30)        # M_MMAP_THRESHOLD: blocks up to 1 GiB come from the heap
-    mallopt(-1, (1 << 31) - 1)  # M_TRIM_THRESHOLD: do not give the heap's free top back
+    if not (hasattr(libc, "mallopt") and hasattr(libc, "gnu_get_libc_version")):
+        return  # not glibc: the option numbers below are glibc's
+    libc.mallopt(-3, 1 << 30)        # M_MMAP_THRESHOLD: blocks up to 1 GiB come from the heap
+    libc.mallopt(-1, (1 << 31) - 1)  # M_TRIM_THRESHOLD: do not give the heap's free top back
 
 
 def moba_attention_chunked(q: Any, k: Any, v: Any, cu_seqlens: Any, block_size: int, topk: Any) -> Any:

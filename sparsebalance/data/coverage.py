@@ -56,7 +56,27 @@ def microbatch(curves: list[np.ndarray], lengths: list[int], block_size: int) ->
     """Token-weighted micro-batch coverage: sequences' curves (padded with 1 beyond their blocks,
     same length each) weighted by routed queries; 1 where nothing in the micro-batch routes."""
     w = np.array([routed_queries(n, block_size) for n in lengths], dtype=np.float64)
+    c = np.asarray(curves, dtype=np.float64).reshape(len(w), -1)
+    return microbatch_rows(c, w, np.zeros(len(w), dtype=np.int64), np.arange(len(w)), 1)[0]
+
+
+def microbatch_rows(curves: np.ndarray, weights: np.ndarray, group: np.ndarray, slot: np.ndarray,
+                    groups: int) -> np.ndarray:
+    """:func:`microbatch` of many micro-batches at once: row x of ``curves`` [N, K] (weight
+    ``weights[x]``) is sequence ``slot[x]`` of micro-batch ``group[x]``; returns [groups, K]. Summed
+    slot after slot (slot 0 first), so a micro-batch's values do not depend on the others."""
     c = np.asarray(curves, dtype=np.float64)
-    if w.sum() == 0:
-        return np.ones(c.shape[-1])
-    return w @ c / w.sum()
+    w = np.asarray(weights, dtype=np.float64)
+    group = np.asarray(group, dtype=np.int64)
+    order = np.argsort(slot, kind="stable")
+    edges = np.searchsorted(np.asarray(slot)[order], np.arange(int(np.max(slot, initial=-1)) + 2))
+    acc, total = np.zeros((groups, c.shape[1])), np.zeros(groups)
+    for a, b in zip(edges[:-1].tolist(), edges[1:].tolist()):
+        x = order[a:b]
+        g = group[x]  # distinct: one sequence per micro-batch and slot
+        acc[g] += w[x, None] * c[x]
+        total[g] += w[x]
+    out = np.ones((groups, c.shape[1]))
+    some = total > 0
+    out[some] = acc[some] / total[some, None]
+    return out

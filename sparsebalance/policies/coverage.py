@@ -10,8 +10,9 @@ measurement: :mod:`sparsebalance.data.coverage`. Where a curve comes from, in or
    or ``exp(-a (r - 1))`` (``"geometric"``), ``W(m) = sum_{r <= m} w_r``, ``a = coverage_rate *
    sensitivity``. Budget ``k`` keeps the ``k - 1`` top ranks: share ``W(min(k - 1, i)) / W(i)``.
    Those per-block shares go through the same :func:`~sparsebalance.data.coverage.aggregate` as
-   measured ones; curves are cached per ``(length, rate)``. :func:`fit_rate` fits ``a`` to
-   measured curves (least squares over every k).
+   measured ones, evaluated in closed form for all sequences at once (:mod:`.parametric`); curves
+   are cached per ``(length, rate)``. :func:`fit_rate` fits ``a`` to measured curves (least
+   squares over every k).
 
 When a sequence has no ``sensitivity``, one is drawn from log-normal(0, 0.5) (the data loader's
 distribution) with a generator seeded by ``(seed, seq.id)``, so the draw does not depend on the
@@ -20,7 +21,8 @@ order sequences are seen in.
 **Micro-batch coverage** of packed sequences at budget ``k`` (``coverage_agg``): ``"tokens"`` = the
 routed-query-weighted mean of the sequences' C(k) (the share of all the micro-batch's routed gate
 mass that is kept), ``"min"`` = the worst sequence's C(k). A per-layer budget's coverage is the
-mean over layers.
+mean over layers. dst-cp reads all micro-batches at once (:meth:`CoverageModel.microbatch_matrix`,
+bitwise each micro-batch's :meth:`~CoverageModel.microbatch_curve`).
 """
 
 from __future__ import annotations
@@ -33,55 +35,17 @@ import numpy as np
 from sparsebalance.data import coverage as cov
 from sparsebalance.data.sequence import Sequence
 from sparsebalance.policies.config import PolicyConfig
+from sparsebalance.policies.parametric import (  # noqa: F401 (re-exported: the model's public names)
+    fit_rate,
+    parametric_curve,
+    parametric_curves,
+    parametric_shares,
+)
 from sparsebalance.simulator.config import ModelConfig
 from sparsebalance.simulator.plan import Budget, MicroBatch
 
 SENSITIVITY_SIGMA = 0.5
 """Standard deviation of ln(sensitivity) for sequences that carry none (matches data/)."""
-
-
-def parametric_shares(n: int, rate: float, shape: str = "power") -> np.ndarray:
-    """Kept share ``[n - 1, n]``: row = query block ``i = 1..n-1``, column = budget ``k = 1..n``."""
-    r = np.arange(1, n, dtype=np.float64)
-    w = r ** -rate if shape == "power" else np.exp(-rate * (r - 1.0))
-    W = np.concatenate(([0.0], np.cumsum(w)))          # W[m] = W(m), m = 0..n-1
-    i = np.arange(1, n)[:, None]
-    m = np.arange(n)[None, :]                          # routed blocks k - 1
-    return W[np.minimum(m, i)] / W[i]
-
-
-def parametric_curve(length: int, block_size: int, rate: float, shape: str = "power") -> np.ndarray:
-    """C(k) for k = 1..n_blocks of the parametric model (float64, shape [n_blocks])."""
-    n = cov.n_blocks(length, block_size)
-    c = cov.aggregate(parametric_shares(n, rate, shape), length, block_size) if n > 1 else np.ones(1)
-    c = np.maximum.accumulate(c)                       # guards against rounding only
-    c[-1] = 1.0
-    return c
-
-
-def fit_rate(curves: Seq[tuple[int, Seq[float]]], block_size: int, shape: str = "power",
-             bounds: tuple[float, float] = (1e-3, 20.0)) -> tuple[float, float]:
-    """Rate ``a`` whose parametric curves best match measured ones (least squares over every
-    ``(sequence, k)``, sequences weighted by routed queries); returns ``(a, max abs error)``.
-    ``curves``: ``(length, C(1..n_blocks))`` pairs. Sequences of one block carry no information."""
-    from scipy.optimize import minimize_scalar
-
-    data = [(int(n), np.asarray(c, dtype=np.float64)) for n, c in curves
-            if cov.n_blocks(n, block_size) > 1]
-    if not data:
-        raise ValueError("fit_rate: no curve of a sequence with more than one block")
-    w = np.array([cov.routed_queries(n, block_size) for n, _ in data], dtype=np.float64)
-
-    def loss(log_a: float) -> float:
-        a = math.exp(log_a)
-        return sum(wi * float(np.sum((parametric_curve(n, block_size, a, shape) - c) ** 2))
-                   for wi, (n, c) in zip(w, data, strict=True))
-
-    lo, hi = (math.log(b) for b in bounds)
-    res = minimize_scalar(loss, bounds=(lo, hi), method="bounded", options={"xatol": 1e-4})
-    a = math.exp(res.x)
-    err = max(float(np.max(np.abs(parametric_curve(n, block_size, a, shape) - c))) for n, c in data)
-    return a, err
 
 
 class CoverageModel:
@@ -125,16 +89,7 @@ class CoverageModel:
 
     def microbatch_curve(self, mb: MicroBatch, k_hi: int) -> np.ndarray:
         """Micro-batch coverage at k = 1..k_hi (shape [k_hi]) under ``coverage_agg``."""
-        curves = []
-        for s in mb.sequences:
-            c = self.curve(s)
-            padded = np.ones(k_hi)
-            m = min(k_hi, len(c))
-            padded[:m] = c[:m]
-            curves.append(padded)
-        if self.agg == "min":
-            return np.min(curves, axis=0)
-        return cov.microbatch(curves, [s.length for s in mb.sequences], self.block_size)
+        return self.microbatch_matrix([mb], k_hi)[0]
 
     def microbatch_coverage(self, mb: MicroBatch, budget: Budget) -> float:
         ks = budget if isinstance(budget, tuple) else (budget,)
@@ -147,8 +102,8 @@ class CoverageModel:
         self._measured[seq_id] = _as_curve(curve)
 
     def curves(self, seqs: Seq[Sequence]) -> list[np.ndarray]:
-        """:meth:`curve` of many sequences (same arrays, same cache): the parametric curves not
-        cached yet are computed once per distinct (length, rate) (:func:`parametric_curves`)."""
+        """:meth:`curve` of many sequences (same values, same cache): the parametric curves not
+        cached yet are computed together (:func:`parametric_curves`), once per distinct (length, rate)."""
         out: list = [None] * len(seqs)
         todo: dict[tuple[int, float], list[int]] = {}
         measured, cache, rate = self._measured, self._cache, self.rate
@@ -168,26 +123,42 @@ class CoverageModel:
             got = parametric_curves([k[0] for k in keys], self.block_size, [k[1] for k in keys], self.shape)
             for key, c in zip(keys, got):
                 c.setflags(write=False)
-                self._cache[key] = c
+                cache[key] = c
                 for i in todo[key]:
                     out[i] = c
         return out
 
     def microbatch_curves(self, mbs: Seq[MicroBatch], k_his: Seq[int]) -> list[np.ndarray]:
-        """:meth:`microbatch_curve` of many micro-batches (``mbs[i]`` at k = 1..k_his[i]), bitwise
-        the same (the sequences' curves computed together first, then each micro-batch at its own
-        width: a weighted sum over a wider matrix may round differently)."""
-        self.curves([s for mb in mbs for s in mb.sequences])
-        return [self.microbatch_curve(mb, k) for mb, k in zip(mbs, k_his, strict=True)]
+        """:meth:`microbatch_curve` of many micro-batches (``mbs[i]`` at k = 1..k_his[i]), bitwise:
+        rows of one :meth:`microbatch_matrix` (its columns do not depend on its width)."""
+        k_his = [int(k) for k in k_his]
+        mat = self.microbatch_matrix(mbs, max(k_his, default=0))
+        return [mat[i, :k].copy() for i, k in enumerate(k_his)]
 
     def microbatch_matrix(self, mbs: Seq[MicroBatch], width: int) -> np.ndarray:
-        """[len(mbs), width]: row i = :meth:`microbatch_curve` of ``mbs[i]`` at k = 1..width (the
-        same computation, so bitwise equal; the sequences' curves come through :meth:`curves`,
-        computed once each and cached)."""
-        if not mbs:
-            return np.zeros((0, width))
-        self.curves([s for mb in mbs for s in mb.sequences])
-        return np.array([self.microbatch_curve(mb, width) for mb in mbs]).reshape(len(mbs), width)
+        """[len(mbs), width]: row i = micro-batch i's coverage at k = 1..width under
+        ``coverage_agg`` (:func:`~sparsebalance.data.coverage.microbatch_rows` over slots: the
+        sequences' curves padded with 1 past their blocks). :meth:`microbatch_curve` is this with
+        one micro-batch; values do not depend on the other micro-batches or on ``width``."""
+        sizes = np.array([len(mb.sequences) for mb in mbs], dtype=np.int64)
+        seqs = [s for mb in mbs for s in mb.sequences]
+        if not seqs or width <= 0:
+            return np.ones((len(mbs), max(width, 0)))
+        curves = self.curves(seqs)
+        keep = np.minimum(np.fromiter(map(len, curves), dtype=np.int64, count=len(curves)), width)
+        starts = np.cumsum([0] + [len(c) for c in curves[:-1]])
+        row = np.repeat(np.arange(len(seqs)), keep)
+        col = np.arange(int(keep.sum())) - np.repeat(np.cumsum(keep) - keep, keep)
+        padded = np.ones((len(seqs), width))  # curves padded with 1 past their blocks
+        padded[row, col] = np.concatenate(curves)[np.repeat(starts, keep) + col]
+        group = np.repeat(np.arange(len(mbs)), sizes)  # micro-batch and slot of every sequence
+        if self.agg == "min":
+            out = np.ones((len(mbs), width))
+            np.minimum.at(out, group, padded)
+            return out
+        slot = np.arange(len(seqs)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        routed = np.maximum(np.array([s.length for s in seqs]) - self.block_size, 0)
+        return cov.microbatch_rows(padded, routed, group, slot, len(mbs))
 
 
 def _as_curve(values: Seq[float]) -> np.ndarray:
@@ -202,17 +173,3 @@ def _as_curve(values: Seq[float]) -> np.ndarray:
 def make_coverage_model(model: ModelConfig, policy: PolicyConfig, seed: int = 0) -> CoverageModel:
     """The coverage model a run uses (one per run; it caches curves)."""
     return CoverageModel(model, policy, seed)
-
-
-def parametric_curves(lengths: Seq[int], block_size: int, rates: Seq[float],
-                      shape: str = "power") -> list[np.ndarray]:
-    """:func:`parametric_curve` of many sequences (each distinct (length, rate) computed once)."""
-    done: dict[tuple[int, float], np.ndarray] = {}
-    out = []
-    for L, a in zip((int(x) for x in lengths), (float(x) for x in rates), strict=True):
-        c = done.get((L, a))
-        if c is None:
-            c = done[(L, a)] = parametric_curve(L, block_size, a, shape)
-        out.append(c)
-    return out
-

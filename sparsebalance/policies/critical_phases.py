@@ -134,10 +134,10 @@ def raise_into_bubbles(st: State, times: ReplicaTimes, R: np.ndarray, T_a: float
             if r not in limits:
                 limits[r] = _raise_limits(st, times, r, float(R[r]), bound)
             k_now = int(flat[i])
-            sure, maybe = limits[r][0][j], limits[r][1][j]
-            if maybe <= k_now:
+            sure, maybe, odd = limits[r]
+            if maybe[j] <= k_now:
                 continue
-            k = _largest_within(st, times, r, j, max(sure, k_now), maybe, bound)
+            k = _largest_within(st, times, r, j, max(sure[j], k_now), maybe[j], bound, odd.get(j))
             if k > k_now:
                 st.K[r, j] = k
                 times.apply(r, j, st.tab.rows([i], [k])[0])
@@ -159,13 +159,15 @@ def _others(R: np.ndarray) -> list[float]:
     return [second if r == top[0] else first for r in range(len(R))]
 
 
-def _raise_limits(st, times, r: int, R_r: float, bound: float) -> tuple[list, list]:
+def _raise_limits(st, times, r: int, R_r: float, bound: float) -> tuple[list, list, dict]:
     """Per micro-batch j of replica r: the largest k surely within ``bound`` and the largest k
     possibly within it (above it: surely not). Raising j's actions by d_a can lengthen any path at
     most by the sum of d_a (upper bound), and lengthens the longest path through each action a by
     at least d_a (lower bound); both grow with k where the table does. Micro-batches whose next
     budget already breaks the lower bound (those on the critical path) are settled first, on
-    one row each; where a table is not monotone in k every k is priced."""
+    one row each. Where a table is not monotone in k, an action's path can also lose the other
+    actions' decreases: the lower bound counts them, and the third value maps such micro-batches
+    j to their (k, lower bound within, upper bound within) for :func:`_largest_within`."""
     m, tab = st.m, st.tab
     i_all = r * m + np.arange(m)
     K = st.K[r]
@@ -180,30 +182,52 @@ def _raise_limits(st, times, r: int, R_r: float, bound: float) -> tuple[list, li
         keep |= ~tab.monotone[i_all[js]]
         js, through, now = js[keep], through[keep], now[keep]
     if not js.size:
-        return sure.tolist(), maybe.tolist()
+        return sure.tolist(), maybe.tolist(), {}
     i = i_all[js]
     span = st.hi[i] - K[js]
     which = np.repeat(np.arange(len(js)), span)
     k = K[js][which] + 1 + (np.arange(int(span.sum())) - np.repeat(np.cumsum(span) - span, span))
     d = tab.rows(i[which], k) - now[which]
     through = through[which]
-    low = np.maximum(R_r, (through + d).max(axis=1))
-    high = np.maximum(R_r, through.max(axis=1) + np.maximum(d, 0.0).sum(axis=1))
+    up = np.maximum(d, 0.0)
+    # a path through action a grows by d_a plus the other actions' changes, at least their
+    # decreases (rows not monotone in k can shrink with k): 0 where rows grow with k
+    down = np.minimum(d, 0.0).sum(axis=1)
+    low = np.maximum(R_r, (through + up).max(axis=1)) + down
+    high = np.maximum(R_r, through.max(axis=1) + up.sum(axis=1))
     starts = np.cumsum(span) - span  # each micro-batch's k's are one run of rows
-    for out, ok in ((sure, high <= bound - margin), (maybe, low <= bound + margin)):
+    low_ok, high_ok = low <= bound + margin, high <= bound - margin
+    for out, ok in ((sure, high_ok), (maybe, low_ok)):
         best = np.maximum.reduceat(np.where(ok, k, 0), starts)  # largest k that passes, 0: none
         out[js] = np.maximum(out[js], best)
-    odd = js[~tab.monotone[i]]  # bisection needs monotone rows: price every k of these
-    sure[odd], maybe[odd] = K[odd], st.hi[r * m + odd]
-    return sure.tolist(), maybe.tolist()
+    # bisection needs monotone rows: these are priced k by k (sure stays k_now), from the
+    # largest k the lower bound allows (maybe) down to the first that the upper bound settles
+    bad = np.flatnonzero(~tab.monotone[i])
+    odd = {}
+    for x in bad.tolist():
+        a, b = int(starts[x]), int(starts[x] + span[x])
+        odd[int(js[x])] = (k[a:b], low_ok[a:b], high_ok[a:b])
+    sure[js[bad]] = K[js[bad]]
+    return sure.tolist(), maybe.tolist(), odd
 
 
-def _largest_within(st, times, r: int, j: int, lo: int, hi: int, bound: float) -> int:
+def _largest_within(st, times, r: int, j: int, lo: int, hi: int, bound: float, odd=None) -> int:
     """Largest k in [lo, hi] with replica r's exact finish within ``bound`` when j runs at k,
-    given that lo is (the current budget or) within it: bisection, the finish grows with k."""
+    given that lo is (the current budget or) within it: bisection, the finish grows with k.
+    Rows not monotone in k: the largest k within among those whose lower bound allows it (``odd``
+    from :func:`_raise_limits`: k, lower bound within, upper bound within), priced down to the
+    largest k that the upper bound settles; the same k as pricing every k."""
     i = r * st.m + j
-    if not st.tab.monotone[i]:  # price every k, keep the largest within (as without bisection)
-        ks = np.arange(lo + 1, hi + 1)
+    if not st.tab.monotone[i]:
+        if odd is None:  # no bounds: price every k
+            ks = np.arange(lo + 1, hi + 1)
+        else:
+            ks, low_ok, high_ok = odd
+            keep = (ks > lo) & (ks <= hi) & low_ok
+            ks, settled = ks[keep], np.flatnonzero(high_ok[keep])
+            top = int(settled[-1]) if settled.size else -1
+            if top >= 0:
+                lo, ks = int(ks[top]), ks[top + 1:]
         if not ks.size:
             return lo
         fin = times.finish_if(np.full(len(ks), r), np.full(len(ks), j), st.tab.rows(np.full(len(ks), i), ks))

@@ -8,6 +8,7 @@ the project's exclusive CPU lock (a quiet machine) and say so:
 
     flock -x /work/locks/cpu.lock .venv/bin/python benchmarks/bench_validate_cpu.py --calls 3
     python benchmarks/bench_validate_cpu.py --calls 1 -- --rounds 6 --profile-as-is
+    python benchmarks/validate_probe_refit.py results/bench-validate-cpu/call1   # the same runs, calibrated 4 ways
 
 Arguments after ``--`` go to every validate call. Each call writes ``<out>/call<i>/``; the table
 is also written to ``<out>/calls.csv``.

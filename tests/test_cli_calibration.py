@@ -104,3 +104,59 @@ def test_profile_writes_the_machine_fingerprint(tmp_path, run_cli):
     from sparsebalance.simulator.calibration import fingerprint_mismatch
 
     assert fingerprint_mismatch(fp, machine_fingerprint("cpu", threads=1)) == []
+
+
+def test_probes_between_rounds_enter_one_fit(tmp_path, measured, scaled_probe):
+    """validate's per-round probes: the machine ran 1x the profile at one probe and 2x at the next
+    (drift); the scale is their geometric mean, sqrt(2), for every op, and the spread says so."""
+    import math
+
+    from sparsebalance.commands._calibrate import CALIBRATED_DIR, Prober
+    from sparsebalance.runconfig import load_run_config
+    from sparsebalance.simulator.profile import load_profile
+
+    cfg_path = tmp_path / "run.toml"
+    cfg_path.write_text(SIM.format(profile=measured, out=tmp_path / "res"))
+    cfg = load_run_config(str(cfg_path))
+    ops = ("attn_fwd", "attn_bwd", "layer_fwd", "layer_bwd", "embed_fwd", "embed_bwd", "head_fwd", "head_bwd")
+    factors = iter([1.0, 2.0])
+
+    def drifting(prof, grid):
+        return scaled_probe(prof, grid, dict.fromkeys(ops, next(factors)))
+
+    lines: list[str] = []
+    prober = Prober(cfg, tmp_path / "out", as_is=False, measure=drifting, emit=lines.append)
+    prober.probe()
+    prober.probe()
+    new_cfg, rec = prober.finish()
+    assert rec["status"] == "rescaled" and rec["probes"] == 2
+    for op in ops:
+        assert rec["scales"][op] == pytest.approx(math.sqrt(2), rel=1e-12)
+        # half the points at log 0, half at log 2: sample sd of n points is ln2/2 * sqrt(n/(n-1))
+        n = int((pd.read_csv(tmp_path / "out" / "calibration.csv")["op"] == op).sum())
+        assert rec["spreads"][op] == pytest.approx(math.log(2) / 2 * math.sqrt(n / (n - 1)), rel=1e-9)
+    assert len(lines) == 1 and "(2 probes, one per round)" in lines[0]
+    base = load_profile(str(measured), ".").table
+    out = load_profile(str(tmp_path / "out" / CALIBRATED_DIR), ".").table
+    attn = (base["op"] == "attn_fwd").to_numpy()
+    assert (out["latency_s"].to_numpy()[attn] / base["latency_s"].to_numpy()[attn]) == pytest.approx(math.sqrt(2))
+    assert new_cfg.profile == str((tmp_path / "out" / CALIBRATED_DIR).resolve())
+
+
+def test_prober_as_is_never_probes(tmp_path, measured):
+    from sparsebalance.commands._calibrate import Prober
+    from sparsebalance.runconfig import load_run_config
+
+    cfg_path = tmp_path / "run.toml"
+    cfg_path.write_text(SIM.format(profile=measured, out=tmp_path / "res"))
+    cfg = load_run_config(str(cfg_path))
+
+    def no_probe(*a, **k):
+        raise AssertionError("--profile-as-is must not probe")
+
+    lines: list[str] = []
+    prober = Prober(cfg, tmp_path / "out", as_is=True, measure=no_probe, emit=lines.append)
+    for _ in range(3):
+        prober.probe()
+    new_cfg, rec = prober.finish()
+    assert rec["status"] == "as-is" and new_cfg is cfg and len(lines) == 1

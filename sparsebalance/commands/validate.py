@@ -3,8 +3,8 @@ each run's exact plans and budgets through the simulator, and compare predicted 
 
 Steps: (1) validate both configs (the config's policy and the baseline ``sequential`` + ``fixed``,
 the ablation's baseline) before any process starts; (1b) a measured profile is probed at a few
-points on this machine and rescaled per op for the replays (``commands/_calibrate.py``;
-``--profile-as-is`` skips it); (2) run each under torchrun with the same seed and
+points on this machine before every round (seconds each) and rescaled per op by all probes
+together for the replays (``commands/_calibrate.py``; ``--profile-as-is`` skips it); (2) run each under torchrun with the same seed and
 data order, ``--rounds`` times, interleaved ABBA (baseline, policy, policy, baseline, ...) so that a
 drift of the shared machine's speed during the call falls on both policies alike
 (``<out>/runs/<policy>/round<r>/``); (3) read each run's ``plans.json`` back and execute it with
@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     from sparsebalance.analysis import validate as V
     from sparsebalance.analysis.compare import speedup_table
     from sparsebalance.commands._args import resolve_out, take_positional_config
-    from sparsebalance.commands._calibrate import calibrate_run
+    from sparsebalance.commands._calibrate import Prober
     from sparsebalance.commands.train import validate_for_launch
     from sparsebalance.errors import ConfigError
     from sparsebalance.realrun.config import world_size
@@ -185,16 +185,18 @@ def run(args: argparse.Namespace) -> int:
     out = resolve_out(args.out, Path(cfg.output_dir) / f"validate-{cfg.name}", force=args.force,
                       verb="validate")
     (out / "config.toml").write_text(dump_toml(cfg))
-    # A measured profile is checked on this machine first and the replays use the result. The
+    # A measured profile is probed on this machine once per round, between the real runs, and the
+    # replays use all probes together: the machine's speed drifts over minutes, and probes spread
+    # over the call see the speed its runs saw, where one probe before them sees one moment. The
     # runs' policies keep the configured profile: their plans stay the same from call to call, so
     # calls differ only in measurement, not in what was measured.
     emit = (lambda line: print(line, file=sys.stderr)) if args.json else print
-    calibrated, calibration = calibrate_run(cfg, out, as_is=args.profile_as_is, emit=emit)
-    replay_profile = calibrated.profile
+    prober = Prober(cfg, out, as_is=args.profile_as_is, emit=emit)
     warmup_excluded = cfg.iterations > 1
     pair = ((base_label, base_cfg, base_sets), (label, cfg, sets))
-    sides, loads = [], []
+    done, loads = [], []
     for r in range(args.rounds):
+        prober.probe()
         # ABBA: linear drift of a shared machine over the call cancels in the pooled means
         for name, c, s in (pair if r % 2 == 0 else pair[::-1]):
             run_dir = out / "runs" / name.replace("+", "_") / f"round{r}"
@@ -202,10 +204,14 @@ def run(args: argparse.Namespace) -> int:
             if rc != 0:
                 return rc
             loads.append({"policy": name, "round": r, **load})
-            pm, pt = replay(dataclasses.replace(c, profile=replay_profile), run_dir)
-            sides.append(V.Side(policy=name, round=r, predicted_metrics=pm,
-                                measured_metrics=pd.read_csv(run_dir / "metrics.csv"), predicted_trace=pt,
-                                measured_trace=pd.read_csv(run_dir / "measured_trace.csv")))
+            done.append((name, r, c, run_dir))
+    calibrated, calibration = prober.finish()
+    sides = []
+    for name, r, c, run_dir in done:
+        pm, pt = replay(dataclasses.replace(c, profile=calibrated.profile), run_dir)
+        sides.append(V.Side(policy=name, round=r, predicted_metrics=pm,
+                            measured_metrics=pd.read_csv(run_dir / "metrics.csv"), predicted_trace=pt,
+                            measured_trace=pd.read_csv(run_dir / "measured_trace.csv")))
     sides.sort(key=lambda sd: (sd.policy != base_label, sd.round))
     kw = {"warmup_excluded": warmup_excluded}
     tables = {

@@ -1,0 +1,74 @@
+"""One validate call's runs, predicted again with the profile calibrated four ways: as measured, by
+the first probe only (one probe before the runs), by the last probe only, by all of the call's
+probes (the default, one per round). The runs and the probe points are the call's own
+(``runs/``, ``calibration.csv``), so the four errors differ only in the calibration.
+
+    .venv/bin/python benchmarks/validate_probe_refit.py results/bench-validate-cpu/call1 [call2 ...]
+
+Prints, per call directory, the mean absolute iteration-time error (round means, warm-up iteration
+excluded, as ``validate`` computes it) of each prediction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import tempfile
+import warnings
+from pathlib import Path
+
+import pandas as pd
+
+from sparsebalance.analysis import validate as V
+from sparsebalance.commands.train import validate_for_launch
+from sparsebalance.commands.validate import BASELINE, _policy_label, replay
+from sparsebalance.simulator.calibration import fit, rescale
+from sparsebalance.simulator.profile import load_profile, write_profile
+
+
+def call_error(call: Path, profile: str | None) -> float:
+    """Mean absolute iteration-time error of ``call``'s runs replayed with ``profile`` (None: the
+    configured one)."""
+    base_sets = [f'policy.{k}="{v}"' for k, v in BASELINE.items()]
+    cfg = validate_for_launch(str(call / "config.toml"), [])
+    sides = []
+    for label, sets in (("baseline", base_sets), (_policy_label(cfg.policy), [])):
+        c = validate_for_launch(str(call / "config.toml"), sets)
+        c = dataclasses.replace(c, profile=profile) if profile else c
+        for r, run_dir in enumerate(sorted((call / "runs" / label.replace("+", "_")).glob("round*"))):
+            pm, pt = replay(c, run_dir)
+            sides.append(V.Side(policy=label, round=r, predicted_metrics=pm,
+                                measured_metrics=pd.read_csv(run_dir / "metrics.csv"), predicted_trace=pt,
+                                measured_trace=pd.read_csv(run_dir / "measured_trace.csv")))
+    its = pd.concat([V.iteration_table(s, warmup_excluded=cfg.iterations > 1) for s in sides])
+    its = its[~its["warmup"]]
+    means = its.groupby(["policy", "iteration"])[["predicted", "measured"]].mean()
+    return float(((means["predicted"] - means["measured"]).abs() / means["measured"]).mean() * 100)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("calls", nargs="+", type=Path, help="validate results directories (probed, not --profile-as-is)")
+    args = p.parse_args()
+    warnings.simplefilter("ignore")
+    for call in args.calls:
+        summary = json.loads((call / "summary.json").read_text())
+        probes = int(summary["calibration"].get("probes", 1))
+        cfg = validate_for_launch(str(call / "config.toml"), [])
+        prof = load_profile(cfg.profile, cfg.base_dir)
+        pts = pd.read_csv(call / "calibration.csv").rename(columns={"probe_s": "latency_s"})
+        n = len(pts) // probes
+        errors = {"as measured": call_error(call, None)}
+        subsets = {"first probe": pts.iloc[:n], "last probe": pts.iloc[-n:], f"all {probes} probes": pts}
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, sub in subsets.items():
+                scaled = rescale(prof, fit(prof, sub[["op", "seq_len", "budget", "latency_s"]]))
+                target = Path(tmp) / name.replace(" ", "-")
+                write_profile(scaled.table, scaled.meta, target)
+                errors[name] = call_error(call, str(target))
+        print(f"{call}: " + ", ".join(f"{k} {v:.1f} %" for k, v in errors.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()

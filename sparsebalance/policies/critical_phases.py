@@ -27,6 +27,7 @@ class State:
         self.hi = np.asarray(hi, dtype=np.int64)
         self.K = np.full((dp, m), cfg.k0, dtype=np.int64)
         self.cov = cov  # [dp m, width]: C(k) of micro-batch i at column k - 1 (k <= hi[i])
+        self.floor = FloorCache(dp * m, 2 * tab.nv)
 
     def coverage(self, i, k):
         return self.cov[i, np.asarray(k) - 1]
@@ -179,7 +180,14 @@ def _raise_limits(st, times, r: int, R_r: float, bound: float) -> tuple[list, li
         now = times.own_durations(r, js)
         d1 = tab.rows(i_all[js], K[js] + 1) - now
         keep = np.maximum(R_r, (through + d1).max(axis=1)) <= bound + margin
-        keep |= ~tab.monotone[i_all[js]]
+        # rows not monotone in k: the lower bound at every k is at least the one built from the
+        # smallest rise of each action and the largest fall over k (kept per micro-batch until its
+        # budget moves; fl(+), max are monotone, so bitwise a bound on each k's): where it exceeds
+        # the bound, no k is possible (maybe = sure = k_now) and the rows of all k are not read
+        nm = np.flatnonzero(~tab.monotone[i_all[js]])
+        if nm.size:
+            up, down = st.floor.get(st, times, r, js[nm])
+            keep[nm] = np.maximum(R_r, (through[nm] + up).max(axis=1)) + down <= bound + margin
         js, through, now = js[keep], through[keep], now[keep]
     if not js.size:
         return sure.tolist(), maybe.tolist(), {}
@@ -209,6 +217,34 @@ def _raise_limits(st, times, r: int, R_r: float, bound: float) -> tuple[list, li
         odd[int(js[x])] = (k[a:b], low_ok[a:b], high_ok[a:b])
     sure[js[bad]] = K[js[bad]]
     return sure.tolist(), maybe.tolist(), odd
+
+
+class FloorCache:
+    """Per micro-batch i of a not-monotone table, at its current budget K: over k = K+1..k_hi[i],
+    the smallest rise max(d, 0) of each action ([2 V]) and the smallest sum of falls min(d, 0)
+    (d = row(k) - row(K)), computed as :func:`_raise_limits` computes them. Only a raised
+    micro-batch's entry is recomputed, where every call re-derived them all."""
+
+    def __init__(self, n: int, width: int) -> None:
+        self.at = np.full(n, -1, dtype=np.int64)  # the budget each entry was computed at
+        self.up = np.zeros((n, width))
+        self.down = np.zeros(n)
+
+    def get(self, st, times, r: int, js: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        i = r * st.m + js
+        K = st.K[r, js]
+        stale = np.flatnonzero(self.at[i] != K)
+        if stale.size:
+            js_s, i_s, K_s = js[stale], i[stale], K[stale]
+            span = st.hi[i_s] - K_s
+            which = np.repeat(np.arange(len(js_s)), span)
+            starts = np.cumsum(span) - span
+            k = K_s[which] + 1 + (np.arange(int(span.sum())) - starts[which])
+            d = st.tab.rows(i_s[which], k) - times.own_durations(r, js_s)[which]
+            self.up[i_s] = np.minimum.reduceat(np.maximum(d, 0.0), starts, axis=0)
+            self.down[i_s] = np.minimum.reduceat(np.minimum(d, 0.0).sum(axis=1), starts)
+            self.at[i_s] = K_s
+        return self.up[i], self.down[i]
 
 
 def _largest_within(st, times, r: int, j: int, lo: int, hi: int, bound: float, odd=None) -> int:

@@ -126,14 +126,17 @@ def raise_into_bubbles(st: State, times: ReplicaTimes, R: np.ndarray, T_a: float
         flat = st.K.ravel()  # a view: follows st.K
         order = np.lexsort((np.arange(dp * m), st.coverage(np.arange(dp * m), flat)))
         todo = [i for i in order.tolist() if flat[i] < hi[i]]
+        todo_a = np.array(todo, dtype=np.int64)
         others = _others(R)
         limits: dict[int, tuple[list, list]] = {}  # per replica, valid until it changes
-        for i in todo:
+        for at, i in enumerate(todo):
             r, j = divmod(i, m)
             if others[r] > bound:
                 continue
-            if r not in limits:
-                limits[r] = _raise_limits(st, times, r, float(R[r]), bound)
+            if r not in limits:  # only for r's micro-batches still ahead in this pass: each
+                ahead = todo_a[at:]  # is visited once, and the limits of one do not read another's
+                need = np.sort(ahead[ahead // m == r] - r * m)
+                limits[r] = _raise_limits(st, times, r, float(R[r]), bound, need)
             k_now = int(flat[i])
             sure, maybe, odd = limits[r]
             if maybe[j] <= k_now:
@@ -160,8 +163,8 @@ def _others(R: np.ndarray) -> list[float]:
     return [second if r == top[0] else first for r in range(len(R))]
 
 
-def _raise_limits(st, times, r: int, R_r: float, bound: float) -> tuple[list, list, dict]:
-    """Per micro-batch j of replica r: the largest k surely within ``bound`` and the largest k
+def _raise_limits(st, times, r: int, R_r: float, bound: float, need=None) -> tuple[list, list, dict]:
+    """Per micro-batch j of replica r (those in ``need``, sorted, when given): the largest k surely within ``bound`` and the largest k
     possibly within it (above it: surely not). Raising j's actions by d_a can lengthen any path at
     most by the sum of d_a (upper bound), and lengthens the longest path through each action a by
     at least d_a (lower bound); both grow with k where the table does. Micro-batches whose next
@@ -174,7 +177,7 @@ def _raise_limits(st, times, r: int, R_r: float, bound: float) -> tuple[list, li
     K = st.K[r]
     sure, maybe = K.copy(), K.copy()
     margin = MARGIN * bound
-    js = np.flatnonzero(K < st.hi[i_all])
+    js = np.flatnonzero(K < st.hi[i_all]) if need is None else need[K[need] < st.hi[r * m + need]]
     if js.size:
         through = times.own_through(r, js)
         now = times.own_durations(r, js)

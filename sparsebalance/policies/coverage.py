@@ -39,6 +39,7 @@ from sparsebalance.policies.parametric import (  # noqa: F401 (re-exported: the 
     fit_rate,
     parametric_curve,
     parametric_curves,
+    parametric_flat,
     parametric_shares,
 )
 from sparsebalance.simulator.config import ModelConfig
@@ -120,10 +121,12 @@ class CoverageModel:
                 out[i] = c
         if todo:
             keys = list(todo)
-            got = parametric_curves([k[0] for k in keys], self.block_size, [k[1] for k in keys], self.shape)
-            for key, c in zip(keys, got):
-                c.setflags(write=False)
-                cache[key] = c
+            flat, start = parametric_flat([k[0] for k in keys], self.block_size, [k[1] for k in keys],
+                                          self.shape)
+            flat.setflags(write=False)  # views taken after this are read-only: no flag set per curve
+            bounds = start.tolist()
+            for key, a, b in zip(keys, bounds[:-1], bounds[1:]):
+                c = cache[key] = flat[a:b]
                 for i in todo[key]:
                     out[i] = c
         return out

@@ -92,12 +92,22 @@ def parametric_curves(lengths: Seq[int], block_size: int, rates: Seq[float],
                       shape: str = "power") -> list[np.ndarray]:
     """:func:`parametric_curve` of many sequences, bitwise (module docstring); the arrays are
     views of one buffer."""
+    out, start = parametric_flat(lengths, block_size, rates, shape)
+    return [out[start[x]:start[x + 1]] for x in range(len(start) - 1)]
+
+
+def parametric_flat(lengths: Seq[int], block_size: int, rates: Seq[float],
+                    shape: str = "power") -> tuple[np.ndarray, np.ndarray]:
+    """:func:`parametric_curves` as one buffer ``out`` and offsets ``start`` [N + 1]: curve x is
+    ``out[start[x]:start[x + 1]]`` (for callers that gather from all curves at once)."""
     L = np.asarray(lengths, dtype=np.int64).reshape(-1)
     a = np.asarray(rates, dtype=np.float64).reshape(-1)
     if len(L) != len(a):
         raise ValueError(f"parametric_curves: {len(L)} lengths but {len(a)} rates")
     if len(L) <= FEW:
-        return [parametric_curve(x, block_size, y, shape) for x, y in zip(L.tolist(), a.tolist())]
+        few = [parametric_curve(x, block_size, y, shape) for x, y in zip(L.tolist(), a.tolist())]
+        start = np.concatenate(([0], np.cumsum([len(c) for c in few], dtype=np.int64)))
+        return (np.concatenate(few) if few else np.zeros(0)), start
     B = int(block_size)
     n = np.maximum(-(-L // B), 1)
     order = np.argsort(-n, kind="stable")              # longest first
@@ -134,7 +144,7 @@ def parametric_curves(lengths: Seq[int], block_size: int, rates: Seq[float],
     out = np.empty(size)                               # back to one run of entries per sequence
     start = np.concatenate(([0], np.cumsum(n)))
     out[start[order][u] + p] = c
-    return [out[start[x]:start[x + 1]] for x in range(len(L))]
+    return out, start
 
 
 def fit_rate(curves: Seq[tuple[int, Seq[float]]], block_size: int, shape: str = "power",

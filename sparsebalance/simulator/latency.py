@@ -230,14 +230,21 @@ class LatencyModel:
         surf = self._surfaces["attn_bwd" if backward else "attn_fwd"]
         xs, ks, zs = np.asarray(surf.xs), np.asarray(surf.ks), np.asarray(surf.zs)
         x = L.astype(float)
-        kk = np.minimum(k, -(-L // self.block_size)).astype(float)
+        kn = np.minimum(k, -(-L // self.block_size))  # the effective budget, an int
+        kk = kn.astype(float)
         inside = (x >= xs[0]) & (x <= xs[-1]) & (kk >= ks[0]) & (kk <= ks[-1])
         i = np.clip(np.searchsorted(xs, x, side="right") - 1, 0, len(xs) - 2)
-        j = np.clip(np.searchsorted(ks, kk, side="right") - 1, 0, len(ks) - 2)
         t = (x - xs[i]) / (xs[i + 1] - xs[i])
-        u = (kk - ks[j]) / (ks[j + 1] - ks[j])
-        a = zs[i, j] + u * (zs[i, j + 1] - zs[i, j])
-        b = zs[i + 1, j] + u * (zs[i + 1, j + 1] - zs[i + 1, j])
+        # the budget's interpolation (j, u and the two rows a, b along it) depends only on the
+        # grid row i and the effective budget: computed once per (row, budget) pair, the same
+        # arithmetic, then gathered (many more (length, budget) points than distinct budgets)
+        kv = np.arange(int(kn.max()) + 1 if kn.size else 1)
+        kf = kv.astype(float)
+        j = np.clip(np.searchsorted(ks, kf, side="right") - 1, 0, len(ks) - 2)
+        u = (kf - ks[j]) / (ks[j + 1] - ks[j])
+        a = zs[:-1, j] + u * (zs[:-1, j + 1] - zs[:-1, j])  # [grid rows - 1, budgets]
+        b = zs[1:, j] + u * (zs[1:, j + 1] - zs[1:, j])
+        a, b = a[i, kn], b[i, kn]
         out = np.maximum(0.0, a + t * (b - a))
         for idx in zip(*np.nonzero(~inside)):
             out[idx] = self.attention(int(L[idx]), int(k[idx]), backward=backward)

@@ -181,13 +181,23 @@ class StageTable:
         pair_k = np.repeat(lo, n_k) + (np.arange(int(n_k.sum())) - np.repeat(off, n_k))
         first = np.cumsum(counts) - counts  # flat index of each micro-batch's position 0
         local = np.repeat(np.arange(len(mbs)), sizes)  # row -> index into mbs
+        # rows by falling sequence count: those with a position p are a prefix, so the sums run
+        # on contiguous slices; the pair read at each (row, p) is found once for both modes
+        per_row = counts[local]
+        by = np.argsort(-per_row, kind="stable")
+        top = int(counts.max()) if len(counts) else 0
+        n_at = np.searchsorted(-per_row[by], -np.arange(top), side="left")  # rows with > p sequences
+        f0, k0 = first[local[by]], k[by]
+        reads = []
+        for p, n in enumerate(n_at.tolist()):
+            f = f0[:n] + p
+            reads.append(off[f] + np.minimum(k0[:n], nb[f]) - lo[f])
         for half, bw in enumerate((False, True)):
             vals = lm.attention_many(pair_L, pair_k, backward=bw)
-            acc = out[half]
-            for p in range(int(counts.max()) if len(counts) else 0):
-                rows = np.flatnonzero(counts[local] > p)
-                f = first[local[rows]] + p
-                acc[rows] = acc[rows] + vals[off[f] + np.minimum(k[rows], nb[f]) - lo[f]]
+            acc = np.zeros(len(by))
+            for at in reads:  # left to right over positions, as stage_time sums them
+                acc[:len(at)] = acc[:len(at)] + vals[at]
+            out[half][by] = acc
         return out
 
     def _assemble(self, which: np.ndarray, acc: np.ndarray) -> np.ndarray:

@@ -269,13 +269,14 @@ def _largest_within(st, times, r: int, j: int, lo: int, hi: int, bound: float, o
                 lo, ks = int(ks[top]), ks[top + 1:]
         if not ks.size:
             return lo
-        fin = times.finish_if(np.full(len(ks), r), np.full(len(ks), j), st.tab.rows(np.full(len(ks), i), ks))
-        ok = np.flatnonzero(fin <= bound)
-        return int(ks[ok[-1]]) if ok.size else lo
+        rows = st.tab.rows(np.full(len(ks), i), ks)
+        for x in range(len(ks) - 1, -1, -1):  # the largest k within: from the top, first found
+            if times.finish_one(r, j, rows[x]) <= bound:
+                return int(ks[x])
+        return lo
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        fin = times.finish_if(np.array([r]), np.array([j]), st.tab.rows([i], [mid]))
-        if fin[0] <= bound:
+        if times.finish_one(r, j, st.tab.row(i, mid)) <= bound:
             lo = mid
         else:
             hi = mid - 1

@@ -231,6 +231,12 @@ class StageTable:
             self.extend(i[above])
         return self.cube[i, k - self.k_base]
 
+    def row(self, i: int, k: int) -> np.ndarray:
+        """[2V] :meth:`rows` of one micro-batch at one budget (a view when computed already)."""
+        if k > self.top[i]:
+            return self.rows([i], [k])[0]
+        return self.cube[i, k - self.k_base]
+
     def _check_monotone(self, mbs: np.ndarray, k_from: np.ndarray, k_to: np.ndarray) -> None:
         """Clear ``monotone[i]`` of micro-batches ``mbs`` whose rows k_from..k_to (computed) are
         not non-decreasing in k."""

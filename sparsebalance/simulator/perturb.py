@@ -163,6 +163,12 @@ class ReplicaTimes(Moves):
         return np.array([self._question(int(a), int(b), row)
                          for a, b, row in zip(r.tolist(), j.tolist(), new.tolist())], dtype=float)
 
+    def finish_one(self, r: int, j: int, new: np.ndarray) -> float:
+        """:meth:`finish_if` of one question (``new`` [2 V]), without the arrays of a batch."""
+        if self.cuts.n <= SMALL_GRAPH:
+            return float(self._finish_if_full(np.array([r]), np.array([j]), np.asarray(new, dtype=float)[None])[0])
+        return self._question(r, j, np.asarray(new, dtype=float).tolist())
+
     def _finish_if_full(self, r, j, new) -> np.ndarray:
         g, cx = self.graph, self.cuts
         c = len(r)

@@ -203,10 +203,11 @@ class StageTable:
     def _assemble(self, which: np.ndarray, acc: np.ndarray) -> np.ndarray:
         nv = self.nv
         table = np.empty((len(which), 2 * nv))
+        base = self.base[which]  # one gather of the rows, then column by column
         for half in range(2):
             for vs in range(nv):
                 c = half * nv + vs
-                table[:, c] = self.base[which, c] + acc[half] * self.n_layers[vs]
+                table[:, c] = base[:, c] + acc[half] * self.n_layers[vs]
         return table
 
     def extend(self, mbs: np.ndarray) -> None:
@@ -243,8 +244,11 @@ class StageTable:
         if not len(mbs):
             return
         a, b = int(k_from.min()) - self.k_base, int(k_to.max()) - self.k_base
-        step = np.diff(self.cube[mbs, a:b + 1], axis=1)  # [len(mbs), rows - 1, 2V]: row k+1 - row k
+        whole = len(mbs) == len(self.cube) and mbs[0] == 0 and mbs[-1] == len(mbs) - 1  # sorted, distinct
+        rows = self.cube[:, a:b + 1] if whole else self.cube[mbs, a:b + 1]  # a view when all of them
+        # row k+1 below row k ([len(mbs), rows - 1, 2V]): for finite floats, what row k+1 - row k < 0 says
+        falls = (rows[:, 1:] < rows[:, :-1]).any(axis=2)
         at = np.arange(a, b)[None, :] + self.k_base  # the k each step starts from
         inside = (at >= k_from[:, None]) & (at < k_to[:, None])
-        bad = ((step < 0).any(axis=2) & inside).any(axis=1)
+        bad = (falls & inside).any(axis=1)
         self.monotone[mbs[bad]] = False

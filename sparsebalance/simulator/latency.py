@@ -227,27 +227,37 @@ class LatencyModel:
         k = np.broadcast_to(np.asarray(budget, dtype=np.int64), L.shape)
         if L.size and (L.min() < 1 or k.min() < 1):
             raise ConfigError("latency: attention needs seq_len >= 1 and budget >= 1")
+        flat, k = L.reshape(-1), k.reshape(-1)
+        # runs of one length (a caller's sequence at many budgets): the length's part once per run
+        starts = np.flatnonzero(np.concatenate(([True], flat[1:] != flat[:-1]))) if flat.size else flat
+        counts = np.diff(np.append(starts, flat.size))
+        return self._attention_runs(flat[starts], counts, k, backward).reshape(L.shape)
+
+    def _attention_runs(self, L: np.ndarray, counts: np.ndarray, k: np.ndarray, backward: bool) -> np.ndarray:
+        """Length ``L[s]`` at the next ``counts[s]`` budgets of ``k``, for every s; bilinear in
+        the profile's grid as :class:`_Surface` computes it. The length's interpolation (row i,
+        weight t) is per sequence; the budget's (j, u, and the grid rows a, b along it) depends only
+        on the row and the effective budget: computed once per (row, budget), then gathered."""
         surf = self._surfaces["attn_bwd" if backward else "attn_fwd"]
         xs, ks, zs = np.asarray(surf.xs), np.asarray(surf.ks), np.asarray(surf.zs)
         x = L.astype(float)
-        kn = np.minimum(k, -(-L // self.block_size))  # the effective budget, an int
-        kk = kn.astype(float)
-        inside = (x >= xs[0]) & (x <= xs[-1]) & (kk >= ks[0]) & (kk <= ks[-1])
         i = np.clip(np.searchsorted(xs, x, side="right") - 1, 0, len(xs) - 2)
         t = (x - xs[i]) / (xs[i + 1] - xs[i])
-        # the budget's interpolation (j, u and the two rows a, b along it) depends only on the
-        # grid row i and the effective budget: computed once per (row, budget) pair, the same
-        # arithmetic, then gathered (many more (length, budget) points than distinct budgets)
-        kv = np.arange(int(kn.max()) + 1 if kn.size else 1)
-        kf = kv.astype(float)
+        kn = np.minimum(k, np.repeat(-(-L // self.block_size), counts))  # the effective budget, an int
+        kk = kn.astype(float)
+        inside = np.repeat((x >= xs[0]) & (x <= xs[-1]), counts) & (kk >= ks[0]) & (kk <= ks[-1])
+        kf = np.arange(int(kn.max()) + 1 if kn.size else 1).astype(float)
         j = np.clip(np.searchsorted(ks, kf, side="right") - 1, 0, len(ks) - 2)
         u = (kf - ks[j]) / (ks[j + 1] - ks[j])
         a = zs[:-1, j] + u * (zs[:-1, j + 1] - zs[:-1, j])  # [grid rows - 1, budgets]
         b = zs[1:, j] + u * (zs[1:, j + 1] - zs[1:, j])
-        a, b = a[i, kn], b[i, kn]
-        out = np.maximum(0.0, a + t * (b - a))
-        for idx in zip(*np.nonzero(~inside)):
-            out[idx] = self.attention(int(L[idx]), int(k[idx]), backward=backward)
+        row = np.repeat(i, counts)
+        a, b = a[row, kn], b[row, kn]
+        out = np.maximum(0.0, a + np.repeat(t, counts) * (b - a))
+        if not inside.all():
+            seq = np.repeat(np.arange(len(L)), counts)
+            for idx in np.flatnonzero(~inside).tolist():
+                out[idx] = self.attention(int(L[seq[idx]]), int(k[idx]), backward=backward)
         return out
 
     def _op(self, op: str, x: int) -> float:

@@ -118,7 +118,16 @@ def parametric_flat(lengths: Seq[int], block_size: int, rates: Seq[float],
     size = int(off[-1])
     p = np.repeat(np.arange(M), cnt)                   # entry e: position p of sorted sequence u
     u = np.arange(size) - np.repeat(off[:-1], cnt)
-    w, q = _terms(p, ns[u], L[order][u], a[order][u], B, shape)
+    # _terms in this layout: position 0 of every sequence is the first cnt[0] entries, its last
+    # block one entry per sequence (same values: w = exp(-a x) at p >= 1, q = B but at the last)
+    S = int(cnt[0])
+    x = _log_ranks(M)[p[S:]] if shape == "power" else (p[S:] - 1).astype(np.float64)
+    w = np.zeros(size)
+    w[S:] = np.exp(-a[order][u[S:]] * x)
+    q = np.full(size, float(B))
+    last = off[ns - 1] + np.arange(len(ns))            # entry of each sequence's last block
+    q[last] = (L[order] - (ns - 1) * B).astype(np.float64)
+    q[:S] = 0.0
     cnt_l, off_l = cnt.tolist(), off.tolist()
 
     def prefix(op, x):                                 # x[p] = op(x[p - 1], x[p]), p = 1..M-1
@@ -138,7 +147,6 @@ def parametric_flat(lengths: Seq[int], block_size: int, rates: Seq[float],
     for k in range(M - 1):
         c = cnt_l[k + 1]
         tail[off_l[k]:off_l[k] + c] = t[off_l[k + 1]:off_l[k + 1] + c]
-    last = off[ns - 1] + np.arange(len(ns))            # entry of each sequence's last block
     c = prefix(np.maximum, np.clip(_finish(head, W, tail, head[last][u]), 0.0, 1.0))
     c[last] = 1.0                                      # also C = 1 of one-block sequences
     out = np.empty(size)                               # back to one run of entries per sequence

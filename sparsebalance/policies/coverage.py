@@ -106,7 +106,8 @@ class CoverageModel:
         """:meth:`curve` of many sequences (same values, same cache): the parametric curves not
         cached yet are computed together (:func:`parametric_curves`), once per distinct (length, rate)."""
         out: list = [None] * len(seqs)
-        todo: dict[tuple[int, float], list[int]] = {}
+        todo: dict[tuple[int, float], int] = {}  # key -> its first sequence (no list per key)
+        again: list[int] = []  # later sequences of a key already in todo
         measured, cache, rate = self._measured, self._cache, self.rate
         for i, s in enumerate(seqs):
             if s.coverage is not None or s.id in measured:
@@ -115,10 +116,12 @@ class CoverageModel:
             sens = s.sensitivity
             key = (s.length, rate * (float(sens) if sens is not None else self.sensitivity(s)))
             c = cache.get(key)
-            if c is None:
-                todo.setdefault(key, []).append(i)
-            else:
+            if c is not None:
                 out[i] = c
+            elif key in todo:
+                again.append(i)
+            else:
+                todo[key] = i
         if todo:
             keys = list(todo)
             flat, start = parametric_flat([k[0] for k in keys], self.block_size, [k[1] for k in keys],
@@ -126,9 +129,11 @@ class CoverageModel:
             flat.setflags(write=False)  # views taken after this are read-only: no flag set per curve
             bounds = start.tolist()
             for key, a, b in zip(keys, bounds[:-1], bounds[1:]):
-                c = cache[key] = flat[a:b]
-                for i in todo[key]:
-                    out[i] = c
+                out[todo[key]] = cache[key] = flat[a:b]
+            for i in again:  # its key's curve is cached now
+                s = seqs[i]
+                sens = s.sensitivity
+                out[i] = cache[(s.length, rate * (float(sens) if sens is not None else self.sensitivity(s)))]
         return out
 
     def microbatch_curves(self, mbs: Seq[MicroBatch], k_his: Seq[int]) -> list[np.ndarray]:

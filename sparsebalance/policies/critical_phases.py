@@ -127,6 +127,7 @@ def raise_into_bubbles(st: State, times: ReplicaTimes, R: np.ndarray, T_a: float
         todo_a = np.array(todo, dtype=np.int64)
         others = _others(R)
         limits: dict[int, tuple[list, list]] = {}  # per replica, valid until it changes
+        dead: dict[int, np.ndarray] = {}  # per replica, settled while its actions only lengthen
         for at, i in enumerate(todo):
             r, j = divmod(i, m)
             if others[r] > bound:
@@ -134,7 +135,8 @@ def raise_into_bubbles(st: State, times: ReplicaTimes, R: np.ndarray, T_a: float
             if r not in limits:  # only for r's micro-batches still ahead in this pass: each
                 ahead = todo_a[at:]  # is visited once, and the limits of one do not read another's
                 need = np.sort(ahead[ahead // m == r] - r * m)
-                limits[r] = raise_limits(st, times, r, float(R[r]), bound, need)
+                gone = dead.setdefault(r, np.zeros(m, dtype=bool))
+                limits[r] = raise_limits(st, times, r, float(R[r]), bound, need[~gone[need]], gone)
             k_now = int(flat[i])
             sure, maybe, odd = limits[r]
             if maybe[j] <= k_now:
@@ -142,7 +144,10 @@ def raise_into_bubbles(st: State, times: ReplicaTimes, R: np.ndarray, T_a: float
             k = largest_within(st, times, r, j, max(sure[j], k_now), maybe[j], bound, odd.get(j))
             if k > k_now:
                 st.K[r, j] = k
-                times.apply(r, j, st.tab.rows([i], [k])[0])
+                new = st.tab.rows([i], [k])[0]
+                if not (new >= times.own_durations(r, np.array([j]))[0]).all():
+                    dead.pop(r, None)  # an action shortens: paths through the others may too
+                times.apply(r, j, new)
                 R = times.finish()
                 others = _others(R)
                 changed = raised = True

@@ -9,16 +9,25 @@ import numpy as np
 MARGIN = 1e-13
 """Relative slack (of the iteration time) added to every bound, far above rounding (~1e-15)."""
 
+FAR = 1e-9
+"""A micro-batch whose lower bound exceeds the bound by more than this share of it stays settled
+while the replica's raises only lengthen actions (:func:`raise_limits`): kept times drift from an
+exact re-timing by a few ulps per move, orders of magnitude below it."""
 
-def raise_limits(st, times, r: int, R_r: float, bound: float, need=None) -> tuple[list, list, dict]:
-    """Per micro-batch j of replica r (those in ``need``, sorted, when given): the largest k surely within ``bound`` and the largest k
-    possibly within it (above it: surely not). Raising j's actions by d_a can lengthen any path at
-    most by the sum of d_a (upper bound), and lengthens the longest path through each action a by
-    at least d_a (lower bound); both grow with k where the table does. Micro-batches whose next
-    budget already breaks the lower bound (those on the critical path) are settled first, on
-    one row each. Where a table is not monotone in k, an action's path can also lose the other
-    actions' decreases: the lower bound counts them, and the third value maps such micro-batches
-    j to their (k, lower bound within, upper bound within) for :func:`largest_within`."""
+
+def raise_limits(st, times, r: int, R_r: float, bound: float, need=None,
+                 dead=None) -> tuple[list, list, dict]:
+    """Per micro-batch j of replica r (those in ``need``, sorted, when given): the largest k
+    surely within ``bound`` and the largest k possibly within it (above it: surely not). Raising
+    j's actions by d_a can lengthen any path at most by the sum of d_a (upper bound), and
+    lengthens the longest path through each action a by at least d_a (lower bound); both grow
+    with k where the table does. Micro-batches whose next budget already breaks the lower bound
+    (those on the critical path) are settled first, on one row each. Where a table is not
+    monotone in k, an action's path can also lose the other actions' decreases: the lower bound
+    counts them, and the third value maps such micro-batches j to their (k, lower bound within,
+    upper bound within) for :func:`largest_within`. ``dead`` ([m] bool, optional) gets the
+    micro-batches settled with room to spare (:data:`FAR`): paths only grow while every action
+    of the replica only lengthens, so their bounds stay broken and the caller may leave them out."""
     m, tab = st.m, st.tab
     i_all = r * m + np.arange(m)
     K = st.K[r]
@@ -29,7 +38,7 @@ def raise_limits(st, times, r: int, R_r: float, bound: float, need=None) -> tupl
         through = times.own_through(r, js)
         now = times.own_durations(r, js)
         d1 = tab.rows(i_all[js], K[js] + 1) - now
-        keep = np.maximum(R_r, (through + d1).max(axis=1)) <= bound + margin
+        low = np.maximum(R_r, (through + d1).max(axis=1))
         # rows not monotone in k: the lower bound at every k is at least the one built from the
         # smallest rise of each action and the largest fall over k (kept per micro-batch until its
         # budget moves; fl(+), max are monotone, so bitwise a bound on each k's): where it exceeds
@@ -37,7 +46,10 @@ def raise_limits(st, times, r: int, R_r: float, bound: float, need=None) -> tupl
         nm = np.flatnonzero(~tab.monotone[i_all[js]])
         if nm.size:
             up, down = st.floor.get(st, times, r, js[nm])
-            keep[nm] = np.maximum(R_r, (through[nm] + up).max(axis=1)) + down <= bound + margin
+            low[nm] = np.maximum(R_r, (through[nm] + up).max(axis=1)) + down
+        keep = low <= bound + margin
+        if dead is not None:
+            dead[js[low > bound * (1.0 + FAR)]] = True
         js, through, now = js[keep], through[keep], now[keep]
     if not js.size:
         return sure.tolist(), maybe.tolist(), {}

@@ -101,10 +101,6 @@ class Moves:
         hi = max(cx.succ_hi[lb], r1)
         s_before = self.S[r_lo:hi, r].tolist()
         d_new = self.D[r_lo:hi, r].tolist()
-        d_old = list(d_new)
-        for x, v in old.items():
-            d_old[x - r_lo] = v
-        thr_before = [s + d for s, d in zip(s_before, d_old)]
         s_vals = list(s_before)
         thr = [s + d for s, d in zip(s_before, d_new)]
         lg, sk = self._lag_l[r], self._sink_l
@@ -130,7 +126,7 @@ class Moves:
                 return True
             if c > la:
                 continue
-            shift = self._settled_backward(c, thr, thr_before, r_lo, r1, tol)
+            shift = self._settled_backward(c, thr, s_before, d_new, old, r_lo, r1, tol)
             if shift is not None:
                 cut = ls[c]
                 self.S[cut:r1, r] = s_vals[cut - r_lo:r1 - r_lo]
@@ -140,14 +136,19 @@ class Moves:
             if c <= bottom:
                 return False
 
-    def _settled_backward(self, c, thr, thr_before, r_lo, r1, tol):
+    def _settled_backward(self, c, thr, s_before, d_new, old, r_lo, r1, tol):
         """The common move of (duration + time to the end) of the targets of the edges out of rows
-        before cut ``c``, or None (a sink edge across the cut pins it to 0)."""
+        before cut ``c``, or None (a sink edge across the cut pins it to 0). Their values before
+        the move (time to the end + old duration) are formed here, for the few targets read."""
         cx, n = self.cuts, self.cuts.n
         a, b = cx.cut_ptr[c], cx.cut_ptr[c + 1]
         shift = None
         for y in cx.cut_dst[a:b]:
-            dy = 0.0 if y == n or y >= r1 else thr_before[y - r_lo] - thr[y - r_lo]
+            if y == n or y >= r1:
+                dy = 0.0
+            else:
+                before = s_before[y - r_lo] + old.get(y, d_new[y - r_lo])
+                dy = before - thr[y - r_lo]
             if shift is None:
                 shift = dy
             elif abs(dy - shift) > tol:

@@ -1,6 +1,7 @@
 """The two phases of ``dst-cp`` (:mod:`.critical`): lowering critical micro-batches and raising
 budgets into bubbles, on one decision's :class:`State` and the kept times of its replicas
-(:class:`~sparsebalance.simulator.perturb.ReplicaTimes`). See :mod:`.critical` for the rules."""
+(:class:`~sparsebalance.simulator.perturb.ReplicaTimes`). See :mod:`.critical` for the rules; the
+raise phase's bounds and exact pricing are in :mod:`.critical_raise`."""
 
 from __future__ import annotations
 

@@ -79,6 +79,12 @@ def dense_causal_fixture() -> Any:
     return dense_causal
 
 
+@pytest.fixture(name="forward_backward")
+def forward_backward_fixture() -> Any:
+    """The :func:`forward_backward` runner (output and dq, dk, dv of one attention call)."""
+    return forward_backward
+
+
 @pytest.fixture(name="rel_err")
 def rel_err_fixture() -> Any:
     """The :func:`rel_err` metric."""
@@ -98,6 +104,19 @@ def dense_causal(q: Any, k: Any, v: Any, cu: Any) -> Any:
         outs.append(torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
                     .transpose(0, 1))
     return torch.cat(outs)
+
+
+def forward_backward(fn: Any, p: Packed, dtype: Any, block_size: int, topk: Any, seed: int = 1) -> tuple:
+    """``fn(q, k, v, cu, block_size, topk)`` on ``p`` cast to ``dtype``, then backward of a seeded
+    random upstream gradient (float64 draw, cast, so every dtype sees the same one). Returns
+    (out, dq, dk, dv)."""
+    import torch
+
+    q, k, v = p.cast(dtype, grad=True)
+    out = fn(q, k, v, p.cu, block_size, topk)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    out.backward(dout.to(dtype))
+    return out, q.grad, k.grad, v.grad
 
 
 def rel_err(a: Any, b: Any) -> float:

@@ -22,32 +22,24 @@ def _topk(spec, n):
     return torch.tensor([2, 3, 1, 4, 5][:n]) if spec == "per-seq" else spec
 
 
-def _grads(fn, p, dtype, topk, seed=1):
-    q, k, v = p.cast(dtype, grad=True)
-    out = fn(q, k, v, p.cu, B, topk)
-    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    out.backward(dout.to(dtype))
-    return out, q.grad, k.grad, v.grad
-
-
 @pytest.mark.parametrize("heads,kv_heads,topk", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_fp32_matches_float64_reference(heads, kv_heads, topk, make_packed, rel_err):
+def test_fp32_matches_float64_reference(heads, kv_heads, topk, make_packed, rel_err, forward_backward):
     p = make_packed(heads=heads, kv_heads=kv_heads)
     t = _topk(topk, len(p.lens))
-    ref = _grads(moba_attention_naive, p, torch.float64, t)
-    got = _grads(moba_attention_chunked, p, torch.float32, t)
+    ref = forward_backward(moba_attention_naive, p, torch.float64, B, t)
+    got = forward_backward(moba_attention_chunked, p, torch.float32, B, t)
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref):
         assert a.dtype == torch.float32
         assert rel_err(a, b) <= 1e-4, name
 
 
-def test_bf16_matches_reference_within_bf16_rounding(make_packed, rel_err):
+def test_bf16_matches_reference_within_bf16_rounding(make_packed, rel_err, forward_backward):
     p = make_packed()
     # Reference on the bf16-rounded inputs, so only the kernel's own rounding is measured.
     pr = make_packed()
     pr.q, pr.k, pr.v = (x.to(torch.bfloat16).double() for x in (p.q, p.k, p.v))
-    ref = _grads(moba_attention_naive, pr, torch.float64, 3)
-    got = _grads(moba_attention_chunked, pr, torch.bfloat16, 3)
+    ref = forward_backward(moba_attention_naive, pr, torch.float64, B, 3)
+    got = forward_backward(moba_attention_chunked, pr, torch.bfloat16, B, 3)
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref):
         assert a.dtype == torch.bfloat16
         assert rel_err(a, b) <= 1e-2, name  # bf16 keeps 8 mantissa bits: ~4e-3 per rounding
@@ -60,12 +52,12 @@ def test_full_budget_equals_dense_sdpa_and_small_budget_does_not(packed, dense_c
     assert (moba_attention_chunked(q, k, v, packed.cu, B, 2) - dense).abs().max() > 1e-2
 
 
-def test_small_chunks_give_the_same_result(monkeypatch, make_packed, rel_err):
+def test_small_chunks_give_the_same_result(monkeypatch, make_packed, rel_err, forward_backward):
     """Many chunks per sequence (the long-sequence path) must not change anything."""
     p = make_packed(lens=(300, 45))
-    ref = _grads(moba_attention_naive, p, torch.float64, 3)
+    ref = forward_backward(moba_attention_naive, p, torch.float64, B, 3)
     monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 1)  # one query block per chunk
-    got = _grads(moba_attention_chunked, p, torch.float32, 3)
+    got = forward_backward(moba_attention_chunked, p, torch.float32, B, 3)
     for a, b in zip(got, ref):
         assert rel_err(a, b) <= 1e-4
 
@@ -88,18 +80,18 @@ def test_gate_selection_matches_bruteforce_including_ties(make_packed):
         assert torch.equal(got.bool(), naive_selection(p.q, k, B, topk)), topk
 
 
-def test_many_small_tiles_and_chunks_give_the_same_result(monkeypatch, make_packed, rel_err):
+def test_many_small_tiles_and_chunks_give_the_same_result(monkeypatch, make_packed, rel_err, forward_backward):
     """Tiles of 4 rows (groups spread over several padded tiles) and one query block per chunk,
     several sequences per micro-batch: the grouping must not change anything."""
     from sparsebalance.kernels.moba import tiles
 
     p = make_packed(lens=(300, 45, 97), heads=4, kv_heads=2)
     t = torch.tensor([4, 2, 3])
-    ref = _grads(moba_attention_naive, p, torch.float64, t)
+    ref = forward_backward(moba_attention_naive, p, torch.float64, B, t)
     monkeypatch.setattr(tiles, "TILE_MIN", 4)
     monkeypatch.setattr(tiles, "TILE_MAX", 4)
     monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 1)
-    got = _grads(moba_attention_chunked, p, torch.float32, t)
+    got = forward_backward(moba_attention_chunked, p, torch.float32, B, t)
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref):
         assert rel_err(a, b) <= 1e-4, name
 

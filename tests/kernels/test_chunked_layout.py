@@ -14,14 +14,6 @@ from sparsebalance.kernels.moba.naive import moba_attention_naive, naive_selecti
 B = 16
 
 
-def _grads(fn, p, dtype, topk, seed=3):
-    q, k, v = p.cast(dtype, grad=True)
-    out = fn(q, k, v, p.cu, B, topk)
-    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    out.backward(dout.to(dtype))
-    return out, q.grad, k.grad, v.grad
-
-
 def _entries(p, topk, tile=None):
     """Every (row, head, block) the tiles hold, checked lane by lane against ``pos``/``tab``/``kv``."""
     q, k, _ = p.cast(torch.float32)
@@ -77,23 +69,23 @@ def test_tiles_hold_exactly_the_gate_choice_of_the_sparse_rows(make_packed, head
     assert got == want
 
 
-def test_many_selected_blocks_merge_path_matches_reference(make_packed, rel_err):
+def test_many_selected_blocks_merge_path_matches_reference(make_packed, rel_err, forward_backward):
     """topk - 1 > 8 past blocks per row takes the bmm merge (fewer take the fused multiply-sum)."""
     p = make_packed(lens=(300, 211), heads=4, kv_heads=2, seed=5)
-    ref = _grads(moba_attention_naive, p, torch.float64, 12)
-    got = _grads(moba_attention_chunked, p, torch.float32, 12)
+    ref = forward_backward(moba_attention_naive, p, torch.float64, B, 12, seed=3)
+    got = forward_backward(moba_attention_chunked, p, torch.float32, B, 12, seed=3)
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref):
         assert rel_err(a, b) <= 1e-4, name
 
 
-def test_cached_layout_is_reused_and_stays_exact(make_packed, rel_err):
+def test_cached_layout_is_reused_and_stays_exact(make_packed, rel_err, forward_backward):
     """The same packing with other data, then with other kv heads: the cached layout (and its memo)
     must serve the first and not the second."""
     chunked._LAYOUTS.clear()
     for seed, kv_heads in ((1, 2), (2, 2), (3, 4)):
         p = make_packed(lens=(130, 64), heads=4, kv_heads=kv_heads, seed=seed)
-        ref = _grads(moba_attention_naive, p, torch.float64, 3)
-        got = _grads(moba_attention_chunked, p, torch.float32, 3)
+        ref = forward_backward(moba_attention_naive, p, torch.float64, B, 3, seed=3)
+        got = forward_backward(moba_attention_chunked, p, torch.float32, B, 3, seed=3)
         for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref):
             assert rel_err(a, b) <= 1e-4, (seed, name)
     assert len(chunked._LAYOUTS) == 2

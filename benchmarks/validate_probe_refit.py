@@ -32,8 +32,8 @@ def call_error(call: Path, profile: str | None) -> float:
     configured one)."""
     base_sets = [f'policy.{k}="{v}"' for k, v in BASELINE.items()]
     cfg = validate_for_launch(str(call / "config.toml"), [])
-    sides = []
-    for label, sets in (("baseline", base_sets), (_policy_label(cfg.policy), [])):
+    sides, labels = [], ("baseline", _policy_label(cfg.policy))
+    for label, sets in zip(labels, (base_sets, [])):
         c = validate_for_launch(str(call / "config.toml"), sets)
         c = dataclasses.replace(c, profile=profile) if profile else c
         for r, run_dir in enumerate(sorted((call / "runs" / label.replace("+", "_")).glob("round*"))):
@@ -41,10 +41,9 @@ def call_error(call: Path, profile: str | None) -> float:
             sides.append(V.Side(policy=label, round=r, predicted_metrics=pm,
                                 measured_metrics=pd.read_csv(run_dir / "metrics.csv"), predicted_trace=pt,
                                 measured_trace=pd.read_csv(run_dir / "measured_trace.csv")))
-    its = pd.concat([V.iteration_table(s, warmup_excluded=cfg.iterations > 1) for s in sides])
-    its = its[~its["warmup"]]
-    means = its.groupby(["policy", "iteration"])[["predicted", "measured"]].mean()
-    return float(((means["predicted"] - means["measured"]).abs() / means["measured"]).mean() * 100)
+    kw = {"warmup_excluded": cfg.iterations > 1}
+    its = pd.concat([V.iteration_table(s, **kw) for s in sides], ignore_index=True)
+    return 100 * V.headline(its, "baseline", labels[1], **kw)["mean_abs_error"]
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ import pandas as pd
 
 from sparsebalance.analysis import validate as V
 from sparsebalance.commands.train import validate_for_launch
-from sparsebalance.commands.validate import BASELINE, _policy_label, replay
+from sparsebalance.commands.validate import BASELINE, _policy_label, replay_side
 from sparsebalance.simulator.calibration import fit, rescale
 from sparsebalance.simulator.profile import load_profile, write_profile
 
@@ -37,10 +37,7 @@ def call_error(call: Path, profile: str | None) -> float:
         c = validate_for_launch(str(call / "config.toml"), sets)
         c = dataclasses.replace(c, profile=profile) if profile else c
         for r, run_dir in enumerate(sorted((call / "runs" / label.replace("+", "_")).glob("round*"))):
-            pm, pt = replay(c, run_dir)
-            sides.append(V.Side(policy=label, round=r, predicted_metrics=pm,
-                                measured_metrics=pd.read_csv(run_dir / "metrics.csv"), predicted_trace=pt,
-                                measured_trace=pd.read_csv(run_dir / "measured_trace.csv")))
+            sides.append(replay_side(c, label, r, run_dir))
     kw = {"warmup_excluded": cfg.iterations > 1}
     its = pd.concat([V.iteration_table(s, **kw) for s in sides], ignore_index=True)
     return 100 * V.headline(its, "baseline", labels[1], **kw)["mean_abs_error"]

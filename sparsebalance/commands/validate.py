@@ -102,6 +102,18 @@ def replay(cfg, run_dir: Path):
     return pd.DataFrame(rows), pd.concat(traces, ignore_index=True)
 
 
+def replay_side(cfg, policy: str, round_: int, run_dir: Path):
+    """One real run beside its replay with ``cfg.profile``: an ``analysis.validate.Side``."""
+    import pandas as pd
+
+    from sparsebalance.analysis import validate as V
+
+    pm, pt = replay(cfg, run_dir)
+    return V.Side(policy=policy, round=round_, predicted_metrics=pm,
+                  measured_metrics=pd.read_csv(run_dir / "metrics.csv"), predicted_trace=pt,
+                  measured_trace=pd.read_csv(run_dir / "measured_trace.csv"))
+
+
 def _print_report(out: Path, tables: dict, summary: dict) -> None:
     from sparsebalance.analysis.validate import round_means
 
@@ -206,12 +218,8 @@ def run(args: argparse.Namespace) -> int:
             loads.append({"policy": name, "round": r, **load})
             done.append((name, r, c, run_dir))
     calibrated, calibration = prober.finish()
-    sides = []
-    for name, r, c, run_dir in done:
-        pm, pt = replay(dataclasses.replace(c, profile=calibrated.profile), run_dir)
-        sides.append(V.Side(policy=name, round=r, predicted_metrics=pm,
-                            measured_metrics=pd.read_csv(run_dir / "metrics.csv"), predicted_trace=pt,
-                            measured_trace=pd.read_csv(run_dir / "measured_trace.csv")))
+    sides = [replay_side(dataclasses.replace(c, profile=calibrated.profile), name, r, run_dir)
+             for name, r, c, run_dir in done]
     sides.sort(key=lambda sd: (sd.policy != base_label, sd.round))
     kw = {"warmup_excluded": warmup_excluded}
     tables = {

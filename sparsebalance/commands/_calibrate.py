@@ -81,7 +81,8 @@ class Prober:
 
     def finish(self) -> tuple[Any, dict]:
         """(config to run or replay with, a JSON-able record whose ``status`` is one of analytical,
-        no-torch, as-is, device-not-here, rescaled). Every probe's points enter one fit: an op's
+        no-torch, as-is, device-not-here, rescaled); an active prober needs at least one
+        :meth:`probe` first. Every probe's points enter one fit: an op's
         scale is the geometric mean over its points of all probes, its spread includes the drift
         between probes."""
         if not self.active:
@@ -91,8 +92,6 @@ class Prober:
         from sparsebalance.simulator.calibration import fit, rescale
         from sparsebalance.simulator.profile import write_profile
 
-        if not self.tables:
-            self.probe()
         table = pd.concat(self.tables, ignore_index=True)
         cal = fit(self.prof, table, fingerprint_here=self.here, seconds=self.seconds)
         scaled = rescale(self.prof, cal)

@@ -54,9 +54,7 @@ def raise_limits(st, times, r: int, R_r: float, bound: float, need=None,
     if not js.size:
         return sure.tolist(), maybe.tolist(), {}
     i = i_all[js]
-    span = st.hi[i] - K[js]
-    which = np.repeat(np.arange(len(js)), span)
-    k = K[js][which] + 1 + (np.arange(int(span.sum())) - np.repeat(np.cumsum(span) - span, span))
+    which, starts, k = _above(K[js], st.hi[i])
     d = tab.rows(i[which], k) - now[which]
     through = through[which]
     up = np.maximum(d, 0.0)
@@ -65,7 +63,6 @@ def raise_limits(st, times, r: int, R_r: float, bound: float, need=None,
     down = np.minimum(d, 0.0).sum(axis=1)
     low = np.maximum(R_r, (through + up).max(axis=1)) + down
     high = np.maximum(R_r, through.max(axis=1) + up.sum(axis=1))
-    starts = np.cumsum(span) - span  # each micro-batch's k's are one run of rows
     low_ok, high_ok = low <= bound + margin, high <= bound - margin
     for out, ok in ((sure, high_ok), (maybe, low_ok)):
         best = np.maximum.reduceat(np.where(ok, k, 0), starts)  # largest k that passes, 0: none
@@ -75,10 +72,20 @@ def raise_limits(st, times, r: int, R_r: float, bound: float, need=None,
     bad = np.flatnonzero(~tab.monotone[i])
     odd = {}
     for x in bad.tolist():
-        a, b = int(starts[x]), int(starts[x] + span[x])
+        a = int(starts[x])
+        b = int(starts[x + 1]) if x + 1 < len(starts) else len(k)
         odd[int(js[x])] = (k[a:b], low_ok[a:b], high_ok[a:b])
     sure[js[bad]] = K[js[bad]]
     return sure.tolist(), maybe.tolist(), odd
+
+
+def _above(K: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every budget above the current one up to the cap, micro-batch after micro-batch, as one
+    run of rows each: (owner index per row, first row of each run, k per row). Every K < hi."""
+    span = hi - K
+    which = np.repeat(np.arange(len(K)), span)
+    starts = np.cumsum(span) - span
+    return which, starts, K[which] + 1 + (np.arange(int(span.sum())) - starts[which])
 
 
 class FloorCache:
@@ -98,10 +105,7 @@ class FloorCache:
         stale = np.flatnonzero(self.at[i] != K)
         if stale.size:
             js_s, i_s, K_s = js[stale], i[stale], K[stale]
-            span = st.hi[i_s] - K_s
-            which = np.repeat(np.arange(len(js_s)), span)
-            starts = np.cumsum(span) - span
-            k = K_s[which] + 1 + (np.arange(int(span.sum())) - starts[which])
+            which, starts, k = _above(K_s, st.hi[i_s])
             d = st.tab.rows(i_s[which], k) - times.own_durations(r, js_s)[which]
             self.up[i_s] = np.minimum.reduceat(np.maximum(d, 0.0), starts, axis=0)
             self.down[i_s] = np.minimum.reduceat(np.minimum(d, 0.0).sum(axis=1), starts)

@@ -35,11 +35,10 @@ keep q's dtype.
 
 from __future__ import annotations
 
-import ctypes
 import math
-import os
 from typing import Any
 
+from sparsebalance.kernels.cpuclock import keep_freed_memory
 from sparsebalance.kernels.moba.gate import gate_dtype
 from sparsebalance.kernels.moba.tiles import Layout, Tiles, chunk_tiles, layout
 
@@ -246,36 +245,6 @@ def _function() -> Any:
 
 
 _FN: Any = None
-_MALLOC_SET = False
-
-
-def _keep_freed_memory() -> None:
-    """Ask glibc, once per process, to keep freed memory mapped for reuse.
-
-    Each call allocates tens of MB of temporaries (gathered tile rows, kernel outputs). With glibc's
-    defaults the large ones are unmapped or trimmed when freed and faulted in again page by page on
-    the next call; on the project's VM a fault costs ~3 us, which was a third of forward + backward at
-    8,192 tokens (top-64: 0.30 s system time of 1.08 s). Raising the mmap and trim thresholds keeps
-    them (the process keeps its peak memory, as a training process does anyway). Skipped off glibc,
-    when the user set ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_``, or with
-    ``SPARSEBALANCE_KEEP_FREED_MEMORY=0``.
-    """
-    global _MALLOC_SET
-    if _MALLOC_SET:
-        return
-    _MALLOC_SET = True
-    env = os.environ
-    if env.get("SPARSEBALANCE_KEEP_FREED_MEMORY") == "0" or any(
-            v in env for v in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")):
-        return
-    try:
-        libc = ctypes.CDLL(None)
-    except OSError:
-        return
-    if not (hasattr(libc, "mallopt") and hasattr(libc, "gnu_get_libc_version")):
-        return  # not glibc: the option numbers below are glibc's
-    libc.mallopt(-3, 1 << 30)        # M_MMAP_THRESHOLD: blocks up to 1 GiB come from the heap
-    libc.mallopt(-1, (1 << 31) - 1)  # M_TRIM_THRESHOLD: do not give the heap's free top back
 
 
 def moba_attention_chunked(q: Any, k: Any, v: Any, cu_seqlens: Any, block_size: int, topk: Any) -> Any:
@@ -290,7 +259,7 @@ def moba_attention_chunked(q: Any, k: Any, v: Any, cu_seqlens: Any, block_size: 
     if _FN is None:
         _FN = _function()
     if q.device.type == "cpu":
-        _keep_freed_memory()
+        keep_freed_memory()
     cu = [int(x) for x in cu_seqlens.tolist()]
     n = len(cu) - 1
     topks = ([int(x) for x in topk.reshape(-1).tolist()] if isinstance(topk, torch.Tensor)

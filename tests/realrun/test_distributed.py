@@ -91,7 +91,8 @@ def _check_against_reference(tmp: Path, pp: int, dp: int) -> None:
             if k in merged:
                 assert torch.equal(merged[k], v), f"DP replicas differ on {k} (rank {r})"
             merged[k] = v
-    assert_weights_match(merged, ref_state, lr=cfg.realrun["lr"], steps=len(plans))
+    assert_weights_match(merged, ref_state, lr=cfg.realrun["lr"], steps=len(plans),
+                         max_off=1e-2 if dp > 1 else 1e-3)
     # a trace row for every action
     tr = pd.read_csv(out / "measured_trace.csv")
     m = plans[0].num_microbatches

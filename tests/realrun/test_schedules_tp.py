@@ -90,12 +90,13 @@ def _check(tmp: Path, *, pp: int, dp: int, tp: int, ops: tuple[str, ...]) -> pd.
                 torch.testing.assert_close(merged[k], val, rtol=0, atol=0, msg=f"{k} differs (rank {r})")
             merged[k] = val
     # A key bias's exact gradient is zero (it shifts every score of a query, and every MoBA gate
-    # score, alike), so only AdamW's bound applies to it. Pipelining and DP keep every other tensor
-    # tight; TP also changes the order inside each layer's matmuls, so there a few near-zero
-    # gradients (7 of ~150,000 in one run) move by more than float tolerance.
+    # score, alike), so only AdamW's bound applies to it. Pipelining keeps every other tensor
+    # tight; TP changes the order inside each layer's matmuls and DP the order of the gradient sum,
+    # so there a few near-zero gradients (7 of ~150,000 in one TP run; 1 of 8,192 in one tensor of a
+    # DP 2 run) move by more than float tolerance (weightcheck.py).
     assert_weights_match(merged, ref_state, lr=cfg.realrun["lr"], steps=len(plans),
                          noise_only=lambda k: k.endswith("self_attn.k_proj.bias"),
-                         tight=lambda k: tp == 1)
+                         tight=lambda k: tp == 1 and dp == 1, max_off=1e-2 if dp > 1 else 1e-3)
     _check_coverage(cfg, out, plans, budgets, tokens)
     tr = pd.read_csv(out / "measured_trace.csv")
     m = plans[0].num_microbatches

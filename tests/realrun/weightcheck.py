@@ -4,7 +4,14 @@ allows.
 AdamW turns a near-zero gradient into a step of about lr whatever its rounding
 (|m_hat / sqrt(v_hat)| <= 1.01 in the first steps), so another summation order (pipelining, DP,
 TP) may move such an element anywhere within 2 lr per step of the reference. Every element must
-stay within that bound; all but 0.1 % of the elements of the checked tensors must also be tight.
+stay within that bound; all but ``max_off`` (0.1 % by default) of the elements of the checked
+tensors must also be tight.
+
+With DP the gradients are summed per replica and then across replicas (gloo's ring), another order
+than the reference's one running sum, and rounding that moves a MoBA gate score across a tie
+changes which block a query attends in the next step, which touches every weight that query's
+gradient reaches: a DP run gets ``max_off`` = 1 % (measured 0.29 % on the project's VM, PP 2 x DP 2,
+GPipe, 3 steps; how many elements move depends on the CPU's summation kernels, not only the code).
 """
 
 from __future__ import annotations
@@ -16,10 +23,10 @@ import torch
 
 def assert_weights_match(merged: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor], *,
                          lr: float, steps: int, noise_only: Callable[[str], bool] = lambda k: False,
-                         tight: Callable[[str], bool] = lambda k: False) -> None:
+                         tight: Callable[[str], bool] = lambda k: False, max_off: float = 1e-3) -> None:
     """``noise_only(name)``: a tensor whose exact gradient is zero (only the bound applies);
     ``tight(name)``: a tensor that must match elementwise (rtol 1e-4, atol 2e-6); every other
-    tensor: the bound, and at most 0.1 % of all their elements outside the tight tolerance."""
+    tensor: the bound, and at most ``max_off`` of all their elements outside the tight tolerance."""
     assert set(merged) == set(ref)
     bound = 2 * 1.01 * lr * steps
     off = total = 0
@@ -33,4 +40,4 @@ def assert_weights_match(merged: Mapping[str, torch.Tensor], ref: Mapping[str, t
             continue
         off += int((d > 2e-6 + 1e-4 * v.double().abs()).sum())
         total += d.numel()
-    assert off <= 1e-3 * total, (off, total)
+    assert off <= max_off * total, (off, total, max_off)

@@ -7,6 +7,11 @@ to the test dtype; PyTorch implementation = ``naive.py`` in the test dtype; kern
 ``moba_attention_triton`` in the test dtype. Errors are max |x - ref| over the tensor, for the output
 and each gradient. Used by the kernel tests (interpreter on CPU, compiled on CUDA) and by
 ``sparsebalance gpu-check``.
+
+Every path of the kernel is checked: the automatic dispatch sends most sparse cases to the masked
+dense path (the cost model prices it cheaper at these sizes), so the sparse key-block-major kernels
+(``_fwd_past_kernel``, ``_bwd_past_kernel``) would never run if only ``"auto"`` were checked;
+:data:`ACCURACY_PLAN` forces ``"sparse"`` and ``"masked"`` on every case beside ``"auto"``.
 """
 
 from __future__ import annotations
@@ -65,6 +70,13 @@ def make_inputs(case: Case) -> tuple[Any, ...]:
     return q, k, v, do, cu
 
 
+#: The kernel's paths (``moba_attention_triton``'s ``path``), each checked on every case.
+PATHS = ("auto", "sparse", "masked")
+#: (case, dtype) of gpu-check's accuracy step, in order, each on every path: bf16 on every case, then
+#: fp32 on one (fp32 runs the tiles in fp32 with ``input_precision="ieee"``).
+ACCURACY_PLAN = [(name, "bfloat16") for name in GPU_CASES] + [("3b-tp2-d128-b128", "float32")]
+
+
 def _run(fn, inputs, dtype, device):
 
     q, k, v, do = (x.to(device=device, dtype=dtype) for x in inputs)
@@ -74,8 +86,10 @@ def _run(fn, inputs, dtype, device):
     return [t.detach().double().cpu() for t in (out, *(x.grad for x in leaves))]
 
 
-def accuracy(case: Case, dtype: Any, device: str) -> list[dict]:
-    """One row per tensor (out, dq, dk, dv): kernel and PyTorch errors vs float64, bound, ok."""
+def accuracy(case: Case, dtype: Any, device: str, paths: tuple[str, ...] = ("auto",)) -> list[dict]:
+    """One row per (path, tensor in out, dq, dk, dv): kernel and PyTorch errors vs float64, bound, ok.
+    ``paths``: the kernel's paths to check (``moba_attention_triton``'s ``path``: auto, sparse,
+    masked); the float64 reference (on ``device``) and the PyTorch error are computed once for all."""
     import torch
 
     from sparsebalance.kernels.moba.naive import moba_attention_naive
@@ -83,19 +97,19 @@ def accuracy(case: Case, dtype: Any, device: str) -> list[dict]:
 
     q, k, v, do, cu = make_inputs(case)
     rounded = [x.to(dtype).double() for x in (q, k, v, do)]
-    topk = torch.tensor(case.topk, dtype=torch.long)
-    ref = _run(lambda a, b, c: moba_attention_naive(a, b, c, cu, case.block, topk), rounded, torch.float64, "cpu")
+    topk = torch.tensor(case.topk, dtype=torch.long, device=device)
     cu_d = cu.to(device)
-    pt = _run(lambda a, b, c: moba_attention_naive(a, b, c, cu_d, case.block, topk.to(device)),
-              rounded, dtype, device)
-    kern = _run(lambda a, b, c: moba_attention_triton(a, b, c, cu_d, case.block, topk.to(device)),
-                rounded, dtype, device)
+    ref = _run(lambda a, b, c: moba_attention_naive(a, b, c, cu_d, case.block, topk), rounded, torch.float64, device)
+    pt = _run(lambda a, b, c: moba_attention_naive(a, b, c, cu_d, case.block, topk), rounded, dtype, device)
     rows = []
-    for name, r, p, x in zip(("out", "dq", "dk", "dv"), ref, pt, kern):
-        scale = float(r.abs().max())
-        err_k, err_p = float((x - r).abs().max()), float((p - r).abs().max())
-        bound = 2 * err_p + FLOOR * scale
-        rows.append({"dtype": str(dtype).removeprefix("torch."), "tensor": name, "kernel_err": err_k,
-                     "torch_err": err_p, "bound": bound, "ratio": err_k / err_p if err_p else float("nan"),
-                     "ok": err_k <= bound})
+    for path in paths:
+        kern = _run(lambda a, b, c, path=path: moba_attention_triton(a, b, c, cu_d, case.block, topk, path=path),
+                    rounded, dtype, device)
+        for name, r, p, x in zip(("out", "dq", "dk", "dv"), ref, pt, kern):
+            scale = float(r.abs().max())
+            err_k, err_p = float((x - r).abs().max()), float((p - r).abs().max())
+            bound = 2 * err_p + FLOOR * scale
+            rows.append({"dtype": str(dtype).removeprefix("torch."), "path": path, "tensor": name,
+                         "kernel_err": err_k, "torch_err": err_p, "bound": bound,
+                         "ratio": err_k / err_p if err_p else float("nan"), "ok": err_k <= bound})
     return rows

@@ -1,7 +1,8 @@
 """Speed of the MoBA Triton kernel against dense causal attention on one CUDA GPU.
 
 One packed sequence of L tokens per point, budget k = max(1, round(density x n_blocks)). Times, with
-``triton.testing.do_bench`` (median), forward and forward + backward of ``moba_attention_triton``
+``triton.testing.do_bench(..., return_mode="median")`` (its default is the mean), forward and
+forward + backward of ``moba_attention_triton``
 (selection and index building included: what a training step pays) and of dense causal attention
 (``flash_attn_varlen_func`` when installed, else SDPA restricted to the flash backend, kv heads
 repeated for GQA). TFLOP/s count attended pairs (the causal convention): forward 4 D per pair and
@@ -64,19 +65,23 @@ def dense_fn(q, k, v, cu) -> tuple[Any, str]:
         return run, "sdpa-flash"
 
 
+#: What a time in the table is (the ``statistic`` column).
+STATISTIC = "median of triton.testing.do_bench (CUDA events; warmup 5 ms, rep 30 ms)"
+
+
 def _bench(fn, backward: bool) -> float:
     """Median milliseconds of fn (and its backward)."""
     import torch
     import triton
 
     if not backward:
-        return triton.testing.do_bench(fn, warmup=5, rep=30)
+        return triton.testing.do_bench(fn, warmup=5, rep=30, return_mode="median")
 
     def step():
         out = fn()
         out.backward(torch.ones_like(out))
 
-    return triton.testing.do_bench(step, warmup=5, rep=30)
+    return triton.testing.do_bench(step, warmup=5, rep=30, return_mode="median")
 
 
 def measure_point(L: int, density: float, shape: SpeedShape, *, dense_ms: dict | None = None) -> list[dict]:
@@ -116,7 +121,7 @@ def measure_point(L: int, density: float, shape: SpeedShape, *, dense_ms: dict |
         rows.append({"tokens": L, "density": density, "topk": topk, "mode": mode, "moba_ms": t_m, "dense_ms": t_d,
                      "moba_tflops": 4 * D * mult * pairs / t_m / 1e9,
                      "dense_tflops": 4 * D * mult * dense_pairs / t_d / 1e9,
-                     "speedup": t_d / t_m, "dense": name, "predicted_ms": pred})
+                     "speedup": t_d / t_m, "dense": name, "predicted_ms": pred, "statistic": STATISTIC})
     return rows
 
 

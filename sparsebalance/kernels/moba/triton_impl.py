@@ -19,6 +19,12 @@ rows that chose it, gathered from the index (``triton_select.py``):
   dV, dK, dQ); dK/dV accumulate in registers over the run and are added once per program, dQ is
   added per tile pair -- all into fp32 buffers with atomics, as FlashAttention-2 does for dQ.
 
+Integer arguments that change from call to call (item and tile counts, the chunk's first row, the
+token count, bit words per row) are marked ``do_not_specialize``: Triton would otherwise compile a
+variant for each combination of "is 1" / "divisible by 16" among them (up to 16 per kernel), each a
+JIT compilation of seconds on a cold cache; where they enter an address it is a per-row gather,
+never a vectorised access that alignment would speed up.
+
 One causal test ``key <= query`` masks both kinds of tile: every key of a past block precedes the
 query. Under ``TRITON_INTERPRET=1`` tiles are cast to fp32 before ``tl.dot`` (the interpreter
 multiplies bf16 bit patterns); on a GPU bf16/fp16 tiles go to ``tl.dot`` directly (wgmma on
@@ -52,7 +58,7 @@ def _dot(a, b, F32_DOT: tl.constexpr, PREC: tl.constexpr):
     return tl.dot(a, b.to(a.dtype), input_precision=PREC)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_items", "row0"])
 def _fwd_past_kernel(Q, K, V, PO, PL, CODES, ITEMS, n_items, row0, sm_scale_log2, H, HKV,
                      D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      K1P: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr):
@@ -96,7 +102,7 @@ def _picked(BITS, rh, row_ok, W, jb, mstart):
     return ((word >> (jb % 32)) & 1) != 0
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["W", "n_tiles", "row0", "T"])
 def _fwd_own_merge_kernel(Q, K, V, O, LSE, SEL, PO, PL, TILES, BITS, W, n_tiles, row0, sm_scale_log2, T, H, G,
                           D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           K1P: tl.constexpr, MASKED: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr):
@@ -186,7 +192,7 @@ def _bwd_rows(Q, DO, DQ, LSE, DELTA, k, v, cols, col_ok, rh, row_ok, dk, dv, sm_
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_items", "row0", "T"])
 def _bwd_past_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, CODES, ITEMS, n_items, row0, sm_scale, sm_scale_log2,
                      T, H, HKV, D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, K1P: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr):
@@ -218,7 +224,7 @@ def _bwd_past_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, CODES, ITEMS, n_items,
     tl.atomic_add(DV + kv, dv)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["W", "n_items", "T"])
 def _bwd_own_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, ITEMS, BITS, W, n_items, sm_scale, sm_scale_log2, T, H,
                     G, D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     MASKED: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr):
@@ -367,7 +373,6 @@ def plan_paths(cu_seqlens: torch.Tensor, topk: torch.Tensor, block_size: int, q:
     (``simulator.kernelcost.choose_path``, the rule the analytical profiles price) says that path is
     cheaper for forward + backward than the sparse key-block-major one; ``"sparse"`` / ``"masked"``
     force one path for every sequence with k < n. Dense sequences (k >= n) are dense either way."""
-    import numpy as np
 
     from sparsebalance.simulator import kernelcost as kc
 

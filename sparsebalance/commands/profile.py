@@ -9,7 +9,6 @@ directory is checked before measuring: an existing profile is refused unless ``-
 from __future__ import annotations
 
 import argparse
-import platform
 import shlex
 import sys
 
@@ -63,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from sparsebalance.commands._args import progress_enabled, resolve_out
     from sparsebalance.errors import ConfigError, check_choice
     from sparsebalance.simulator.config import MODEL_PRESETS
-    from sparsebalance.simulator.profile import FORMAT_VERSION, MODEL_DIMS, write_profile
+    from sparsebalance.simulator.profile import write_profile
 
     if args.model is not None or args.config is None:
         check_choice(args.model or "tiny", "--model", MODEL_PRESETS)
@@ -74,10 +73,12 @@ def run(args: argparse.Namespace) -> int:
         model = load_run_config(args.config).model
     if args.block_size is not None:
         model = replace(model, block_size=args.block_size)
-    shard = tp_shard(model, args.tp)
+    from sparsebalance.kernels.measure import tp_shard
+
+    tp_shard(model, args.tp)  # a --tp that does not divide the model is refused before any work
     import torch
 
-    from sparsebalance.kernels.profiler import ProfileGrid, run_profile
+    from sparsebalance.kernels.profiler import ProfileGrid
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device: cuda requested but torch sees no CUDA device")
@@ -94,36 +95,11 @@ def run(args: argparse.Namespace) -> int:
     # before measuring: a bad --out must not cost the measurement
     out_dir = resolve_out(args.out, args.out, force=args.force, verb="profile",
                           ours=lambda p: {c.name for c in p.iterdir()} <= {"profile.csv", "profile.json"})
-    table = run_profile(shard, grid, progress=progress_enabled(args), concurrency=args.concurrency)
-    import transformers
+    from sparsebalance.kernels.measure import measure_profile
 
-    dev_name = (torch.cuda.get_device_name() if args.device == "cuda"
-                else f"cpu {platform.processor() or platform.machine()}, {grid.threads} thread(s)")
-    from sparsebalance.kernels.calibrate import machine_fingerprint
-
-    meta = {
-        "machine": machine_fingerprint(args.device, threads=grid.threads),
-        "format_version": FORMAT_VERSION, "device": dev_name, "dtype": dtype, "analytical": False,
-        "model": {d: getattr(model, d) for d in MODEL_DIMS},
-        "block_size": model.block_size, "tp": args.tp, "concurrency": args.concurrency,
-        "tp_comm_included": False,
-        "how": (f"sparsebalance.kernels.profiler: {grid.statistic} of {grid.repeats} after {grid.warmup} "
-                "warm-up "
-                f"calls ({'CUDA events' if args.device == 'cuda' else 'perf_counter'}) in {grid.repeats} "
-                "interleaved rounds (every op timed once per round, seeded order), "
-                f"{args.concurrency} concurrent cop{'y' if args.concurrency == 1 else 'ies'} "
-                f"({grid.statistic} over copies, one core each, glibc allocator kept steady and "
-                "Python's collector run between rounds, as in realrun); "
-                "layer_* = one HF "
-                "Qwen2DecoderLayer with a zero-cost attention core; attn_* = moba_attention (auto backend)"
-                + (f"; tp {args.tp}: one rank's shard (heads, kv heads, MLP width / {args.tp}; embedding "
-                   "and head whole, as realrun replicates them), the layer under realrun's DTensor plan "
-                   "on a one-rank mesh (tp_plan), TP all-reduces not included"
-                   if args.tp > 1 else "")),
-        "command": "sparsebalance profile " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else []),
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "python": platform.python_version()},
-    }
+    command = "sparsebalance profile " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else [])
+    table, meta = measure_profile(model, grid, tp=args.tp, concurrency=args.concurrency, command=command,
+                                  progress=progress_enabled(args))
     out = write_profile(table, meta, out_dir)
     print(f"wrote {out}/profile.csv ({len(table)} rows) and profile.json")
     from sparsebalance.simulator.profile import load_profile, monotone_violations
@@ -135,19 +111,3 @@ def run(args: argparse.Namespace) -> int:
               "--allow-nonmonotone or a \"nonmonotone\" note in profile.json says why; re-measuring "
               "with more --repeats usually helps", file=sys.stderr)
     return 0
-
-
-def tp_shard(model, tp: int):
-    """The layer one TP rank computes: heads, kv heads and MLP width divided by ``tp`` (the same
-    hidden size, vocabulary and head dim). ConfigError (one line) when ``tp`` does not divide them."""
-    from dataclasses import replace
-
-    from sparsebalance.errors import ConfigError
-
-    for dim in ("heads", "kv_heads", "ffn"):
-        if getattr(model, dim) % tp:
-            raise ConfigError(f"--tp: must divide model.{dim} ({getattr(model, dim)}) to measure one "
-                              f"rank's shard, got {tp}")
-    if tp == 1:
-        return model
-    return replace(model, heads=model.heads // tp, kv_heads=model.kv_heads // tp, ffn=model.ffn // tp)

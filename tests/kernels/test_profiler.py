@@ -77,7 +77,7 @@ def test_bad_grid_names_the_field(field, value):
 def test_tp_profile_measures_one_shard(tmp_path):
     """--tp 2 times one rank's shard of the layer (half the heads and MLP width), records tp 2 and
     that the TP all-reduces are not in it; a tp that does not divide the heads is refused."""
-    from sparsebalance.commands.profile import tp_shard
+    from sparsebalance.kernels.measure import tp_shard
 
     shard = tp_shard(tiny(), 2)
     assert (shard.heads, shard.kv_heads, shard.ffn, shard.hidden, shard.head_dim) == (2, 1, 64, 64, 16)

@@ -1,0 +1,86 @@
+"""A whole measured profile, as the ``profile`` verb and ``gpu-check`` write it: the table of
+:func:`sparsebalance.kernels.profiler.run_profile` and its sidecar (``profile.json``, docs/formats.md),
+from one function, so that both producers record the same device, versions, method and command.
+"""
+
+from __future__ import annotations
+
+import platform
+from typing import Any
+
+from sparsebalance.kernels import profiler
+from sparsebalance.kernels.profiler import ProfileGrid
+from sparsebalance.simulator.config import ModelConfig
+
+
+def measure_profile(model: ModelConfig, grid: ProfileGrid, *, command: str, tp: int = 1, concurrency: int = 1,
+                    progress: bool = False) -> tuple[Any, dict]:
+    """Measure ``model`` (one TP rank's shard when ``tp`` > 1) on ``grid``; returns (table, sidecar).
+
+    ``command`` is recorded in the sidecar as what produced the profile."""
+    import torch
+    import transformers
+
+    from sparsebalance.kernels.calibrate import machine_fingerprint
+    from sparsebalance.simulator.profile import FORMAT_VERSION, MODEL_DIMS
+
+    table = profiler.run_profile(tp_shard(model, tp), grid, progress=progress, concurrency=concurrency)
+    dev_name = (torch.cuda.get_device_name() if grid.device == "cuda"
+                else f"cpu {platform.processor() or platform.machine()}, {grid.threads} thread(s)")
+    meta = {
+        "machine": machine_fingerprint(grid.device, threads=grid.threads),
+        "format_version": FORMAT_VERSION, "device": dev_name, "dtype": grid.dtype, "analytical": False,
+        "model": {d: getattr(model, d) for d in MODEL_DIMS},
+        "block_size": model.block_size, "tp": tp, "concurrency": concurrency,
+        "tp_comm_included": False,
+        "how": (f"sparsebalance.kernels.profiler: {grid.statistic} of {grid.repeats} after {grid.warmup} "
+                "warm-up "
+                f"calls ({'CUDA events' if grid.device == 'cuda' else 'perf_counter'}) in {grid.repeats} "
+                "interleaved rounds (every op timed once per round, seeded order), "
+                f"{concurrency} concurrent cop{'y' if concurrency == 1 else 'ies'} "
+                f"({grid.statistic} over copies, one core each, glibc allocator kept steady and "
+                "Python's collector run between rounds, as in realrun); "
+                "layer_* = one HF "
+                "Qwen2DecoderLayer with a zero-cost attention core; attn_* = moba_attention (auto backend)"
+                + (f"; tp {tp}: one rank's shard (heads, kv heads, MLP width / {tp}; embedding "
+                   "and head whole, as realrun replicates them), the layer under realrun's DTensor plan "
+                   "on a one-rank mesh (tp_plan), TP all-reduces not included"
+                   if tp > 1 else "")),
+        "command": command,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "python": platform.python_version()},
+    }
+    if grid.device == "cuda":
+        import triton
+
+        meta["versions"] |= {"triton": triton.__version__, "cuda": torch.version.cuda,
+                             "driver": _driver_version()}
+    return table, meta
+
+
+def _driver_version() -> str:
+    """The NVIDIA driver version as ``nvidia-smi`` reports it, or "unknown"."""
+    import subprocess
+
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else "unknown"
+
+
+def tp_shard(model, tp: int):
+    """The layer one TP rank computes: heads, kv heads and MLP width divided by ``tp`` (the same
+    hidden size, vocabulary and head dim). ConfigError (one line) when ``tp`` does not divide them."""
+    from dataclasses import replace
+
+    from sparsebalance.errors import ConfigError
+
+    for dim in ("heads", "kv_heads", "ffn"):
+        if getattr(model, dim) % tp:
+            raise ConfigError(f"--tp: must divide model.{dim} ({getattr(model, dim)}) to measure one "
+                              f"rank's shard, got {tp}")
+    if tp == 1:
+        return model
+    return replace(model, heads=model.heads // tp, kv_heads=model.kv_heads // tp, ffn=model.ffn // tp)

@@ -1,9 +1,9 @@
 """Single-device stage validation: the stages of a PP plan run one after another in one process.
 
 For one global batch of a run config: the batching and tuning policies make the plan and its (DST)
-budgets; every micro-batch of DP rank 0 then runs forward through each stage's own layers (stage 0
-adds the embedding, the last stage the final norm, LM head and loss) and backward in reverse stage
-order, on one device. Each (stage, micro-batch) F and B is timed (CUDA events on a GPU,
+budgets; every micro-batch of DP rank 0 then runs through each stage alone (stage 0 adds the
+embedding, the last stage the final norm, LM head and loss): forward, backward with a seeded upstream
+gradient, graph freed (:func:`measure_stage`), on one device. Each (stage, micro-batch) F and B is timed (CUDA events on a GPU,
 ``perf_counter`` on the CPU), median over ``rounds``. Beside each measurement: the latency model's
 prediction with every profile given (e.g. the measured one and an analytical one). Finally the
 measured per-op times are composed through the simulator's schedule (``engine.simulate``, the
@@ -75,34 +75,46 @@ def _tokens(seq, vocab: int, rng: np.random.Generator) -> np.ndarray:
     return rng.integers(0, vocab, size=seq.length)
 
 
-def measure_microbatch(net, stages: list[range], batch, moba, timer: _Timer) -> tuple[list[float], list[float]]:
-    """F and B seconds of each stage for one packed micro-batch (stage inputs detached, so each B
-    covers its own layers only, as on a real pipeline stage)."""
+def stage_budget(budget: Any, layers: range) -> Any:
+    """The budget of a stage's layers when they run on the first ``len(layers)`` layers built: a
+    per-layer budget (one int per global layer) re-indexed to them, a uniform one unchanged."""
+    if isinstance(budget, (tuple, list)):
+        return tuple(int(budget[i]) for i in layers)
+    return budget
+
+
+def measure_stage(net, s: int, n_stages: int, n_layers: int, batch, moba, timer: _Timer,
+                  gen: Any) -> tuple[float, float]:
+    """F and B seconds of stage ``s`` alone for one packed micro-batch, then its graph freed.
+
+    The stage runs the first ``n_layers`` layers built (every stage has the dims of every other).
+    Stage 0 starts from the tokens (embedding), a later stage from a seeded random hidden state
+    [1, T, hidden] that needs a gradient, as a received activation does; the last stage ends in the
+    LM head and summed loss, an earlier one in its output, whose backward gets a seeded random
+    upstream gradient. Only one stage's activations exist at a time, so a plan whose whole pipeline
+    would not fit one device still validates stage by stage.
+    """
+    import torch
+
     from sparsebalance.kernels.qwen2 import lm_loss_sum, run_layers
 
     inner = net.model
-    fwd, outs, ins = [], [], []
-    h_in = None
-    for s, layers in enumerate(stages):
-        def f(s=s, layers=layers, h_in=h_in):
-            h = inner.embed_tokens(batch.input_ids) if s == 0 else h_in
-            h = run_layers(net, h, batch, moba, layers=[inner.layers[i] for i in layers])
-            if s == len(stages) - 1:
-                return lm_loss_sum(net.lm_head(inner.norm(h)), batch.labels)
-            return h
-        out, t = timer(f)
-        fwd.append(t)
-        outs.append(out)
-        if s < len(stages) - 1:
-            h_in = out.detach().requires_grad_()
-            ins.append(h_in)
-    bwd = [0.0] * len(stages)
-    grad = None
-    for s in reversed(range(len(stages))):
-        _, t = timer(lambda s=s, grad=grad: outs[s].backward(grad))
-        bwd[s] = t
-        grad = ins[s - 1].grad if s > 0 else None
-    return fwd, bwd
+    T = int(batch.input_ids.shape[-1])
+    w = inner.layers[0].input_layernorm.weight
+    h_in = None if s == 0 else torch.randn(1, T, w.shape[0], generator=gen, device=w.device,
+                                           dtype=w.dtype).requires_grad_()
+    layers = [inner.layers[i] for i in range(n_layers)]
+
+    def fwd():
+        h = inner.embed_tokens(batch.input_ids) if s == 0 else h_in
+        h = run_layers(net, h, batch, moba, layers=layers)
+        return lm_loss_sum(net.lm_head(inner.norm(h)), batch.labels) if s == n_stages - 1 else h
+
+    out, t_f = timer(fwd)
+    grad = None if s == n_stages - 1 else torch.randn(out.shape, generator=gen, device=out.device, dtype=out.dtype)
+    _, t_b = timer(lambda: out.backward(grad))
+    net.zero_grad(set_to_none=True)
+    return t_f, t_b  # the graph, input and gradients go with this frame
 
 
 def run_stage_check(cfg: RunConfig, profiles: dict[str, str], *, device: str = "cpu", dtype: str = "float32",
@@ -115,7 +127,8 @@ def run_stage_check(cfg: RunConfig, profiles: dict[str, str], *, device: str = "
     """
     import torch
 
-    from sparsebalance.kernels.qwen2 import MobaArgs, build_qwen2, pack
+    from sparsebalance.kernels.qwen2 import MobaArgs, build_qwen2_pieces, pack
+    from sparsebalance.kernels.qwen2_init import pieces
     from sparsebalance.runner import prepare
     from sparsebalance.simulator.engine import PipelineInput, simulate
     from sparsebalance.simulator.latency import load_latency_model
@@ -127,8 +140,12 @@ def run_stage_check(cfg: RunConfig, profiles: dict[str, str], *, device: str = "
     lm0 = prepared.latency
     pp = cfg.cluster.pp
     stages = [lm0.stage_layers(s) for s in range(pp)]
-    with torch.device(device):  # parameters made on the device: a 3B model initialises in seconds
-        net = build_qwen2(cfg.model, seed=seed, dtype=dtype)
+    # the largest stage's layers, embedding and head: every stage runs on these (same dims), so a
+    # 36-layer model costs 9 layers of memory and initialisation
+    n_built = max(len(r) for r in stages)
+    net = build_qwen2_pieces(cfg.model, pieces(range(n_built), embed=True, head=True), seed=seed, dtype=dtype,
+                             device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
     rng = np.random.default_rng(seed)
     timer = _Timer(device)
     mbs = list(plan.ranks[0])
@@ -138,15 +155,14 @@ def run_stage_check(cfg: RunConfig, profiles: dict[str, str], *, device: str = "
     for j, mb in enumerate(mbs):
         budget = budgets[0][j]
         batch = pack([_tokens(s, cfg.model.vocab, rng) for s in mb.sequences], device=device)
-        moba = MobaArgs(cu_seqlens=batch.cu_seqlens, topk=budget, block_size=cfg.model.block_size, backend=backend)
-        if j == 0:  # warm-up: kernel compilation and allocator
-            measure_microbatch(net, stages, batch, moba, timer)
-            net.zero_grad(set_to_none=True)
-        runs = [measure_microbatch(net, stages, batch, moba, timer) for _ in range(rounds)]
-        net.zero_grad(set_to_none=True)
         for s in range(pp):
-            fwd[s, j] = statistics.median(r[0][s] for r in runs)
-            bwd[s, j] = statistics.median(r[1][s] for r in runs)
+            moba = MobaArgs(cu_seqlens=batch.cu_seqlens, topk=stage_budget(budget, stages[s]),
+                            block_size=cfg.model.block_size, backend=backend)
+            if j == 0:  # warm-up: kernel compilation and allocator
+                measure_stage(net, s, pp, len(stages[s]), batch, moba, timer, gen)
+            runs = [measure_stage(net, s, pp, len(stages[s]), batch, moba, timer, gen) for _ in range(rounds)]
+            fwd[s, j] = statistics.median(r[0] for r in runs)
+            bwd[s, j] = statistics.median(r[1] for r in runs)
             for op, meas, back in (("F", fwd[s, j], False), ("B", bwd[s, j], True)):
                 row = {"stage": s, "microbatch": j, "op": op, "tokens": int(sum(mb.lengths)),
                        "sequences": len(mb.lengths), "budget": float(np.mean(budget)), "measured_s": meas}

@@ -26,10 +26,11 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not gpu and not slow" -p no:cacheprovider
 
-# On a CUDA machine: kernel accuracy (compiled) and speed, CUDA profiles, single-GPU stage validation,
-# NCCL validate with 2+ GPUs; one results directory with summary.md. Exits 2 without CUDA.
-gpu-check: $(STAMP)
-	$(PY) -m sparsebalance gpu-check
+# On a CUDA machine (a lent one too: no .venv, no network, its own python3, torch and triton):
+# kernel accuracy (compiled) and speed, stage validation, CUDA profiles, GPU tests; flat results in
+# $$OUT (default results/gpu-check) with summary.md, 8 minutes at most. Exits 2 without CUDA.
+gpu-check:
+	bash scripts/gpu-check.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sparsebalance tests benchmarks

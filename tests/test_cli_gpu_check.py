@@ -1,5 +1,7 @@
 """``sparsebalance gpu-check``: the parts that run without a GPU (the no-CUDA exit, the summary table,
-the single-device stage validation on the CPU with the chunked backend and the tiny model)."""
+the single-device stage validation on the CPU with the chunked backend and the tiny model). The
+device path as a whole (offline script, import closure, the orchestrator on the CPU):
+tests/test_gpu_check_offline.py."""
 
 from __future__ import annotations
 
@@ -7,18 +9,28 @@ import numpy as np
 import pytest
 
 
-def test_without_cuda_exits_2_with_one_line(run_cli, tmp_path):
+def test_without_cuda_exits_2_with_one_line_and_the_environment_in_the_summary(run_cli, tmp_path):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     r = run_cli("gpu-check", "--out", tmp_path / "gc")
     assert r.code == 2
     assert len(r.err.strip().splitlines()) == 1 and "CUDA" in r.err and r.out == ""
-    assert not (tmp_path / "gc").exists()
+    summary = (tmp_path / "gc" / "summary.md").read_text()
+    assert f"- torch: {torch.__version__}" in summary and "- device: no CUDA device" in summary
+    assert "torch sees no CUDA device: no step was run" in summary
+
+
+def test_bad_steps_and_budget_are_one_line_before_any_work(run_cli, tmp_path):
+    r = run_cli("gpu-check", "--out", tmp_path / "a", "--steps", "accuracy,speeed")
+    assert r.code == 2 and "--steps" in r.err and "speeed" in r.err and "accuracy, speed" in r.err
+    r = run_cli("gpu-check", "--out", tmp_path / "b", "--budget-s", "0")
+    assert r.code == 2 and "--budget-s" in r.err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
 def test_summary_table_has_one_row_per_step(tmp_path):
-    from sparsebalance.commands.gpu_check import write_summary
+    from sparsebalance.gpucheck.report import write_summary
 
     rows = [{"step": "accuracy", "status": "ok", "figures": "24/24", "file": "accuracy.csv", "seconds": 12.4},
             {"step": "validate", "status": "skipped", "figures": "one GPU", "file": "", "seconds": 0.0}]

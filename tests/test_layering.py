@@ -21,6 +21,7 @@ ALLOWED = {
     "analysis": {"simulator", "data"},
     "realrun": {"kernels", "policies", "simulator", "data", "loop", "runconfig", "runner", "analysis"},
     "accuracy": {"kernels", "policies", "simulator", "data", "loop"},
+    "gpucheck": {"kernels", "simulator", "data", "runconfig", "stagecheck"},
 }
 THIRD_PARTY_FORBIDDEN = {
     "data": {"torch", "triton"},

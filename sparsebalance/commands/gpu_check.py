@@ -1,216 +1,190 @@
-"""``sparsebalance gpu-check [--out DIR] [--config FILE]``: everything this project can only check on a GPU, in one go.
+"""``sparsebalance gpu-check [--out DIR] [--budget-s S] [--steps ...]``: what can only be checked on a GPU.
 
-Steps (each timed and recorded; a failing step does not stop the others; the whole run aims at
-``--budget-s`` seconds, 570 by default, so it fits in 10 minutes):
-
-1. ``accuracy``: compiled Triton forward and every gradient vs the float64 reference at bf16 and
-   fp32 on packed variable-length input with GQA and per-sequence budgets, judged by the rule of
-   attention-kernel suites (kernels/moba/check.py) -> ``accuracy.csv``;
-2. ``gpu-tests``: the pytest tests marked ``gpu`` and the Triton kernel tests, compiled -> ``tests.log``;
-3. ``speed``: kernel vs dense causal attention at 8K-128K tokens and densities 1/4-1/32, forward and
-   forward + backward, beside the analytical model's prediction -> ``speed.csv``;
-4. ``profile``: ``sparsebalance profile --device cuda`` for qwen2.5-0.5b and qwen2.5-3b layer dims ->
-   ``profiles/<device>-<model>/``;
-5. ``stages``: single-GPU stage validation (sparsebalance/stagecheck.py) of a PP-4 plan with SAB +
-   DST budgets, predicted with the measured 3b profile and the analytical one -> ``stages_ops.csv``,
-   ``stages_iteration.csv``;
-6. ``validate``: with two or more GPUs, ``sparsebalance validate`` on NCCL for ``--validate-config``.
-
-``summary.md`` holds one line per step. Without CUDA the command exits 2 with one line.
+Steps, most valuable first (``gpucheck/steps.py``): ``accuracy`` (compiled kernels vs float64 on
+every path), ``speed`` (MoBA vs flash attention, 8K-128K), ``stages`` (single-GPU stage validation),
+``profile`` (CUDA profiles, 3B first, beside the analytical model), ``gpu-tests`` (the compiled
+kernel tests), ``validate`` (NCCL, two or more GPUs). Each runs in a process of its own under its own
+deadline: the time left is shared among the steps still to run (:data:`SHARE`), so an early step
+that finishes quickly gives its time to the later ones. ``summary.md`` is rewritten after every step;
+the results folder holds flat files only (``gpucheck/report.py``). Without CUDA it writes the
+environment into ``summary.md``, prints one line and exits 2. Run it on a lent machine through
+``scripts/gpu-check.sh`` (offline, system python3, hard deadline).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
+import os
+import signal
 import subprocess
 import sys
+import tempfile
 import time
-import traceback
 from pathlib import Path
 
 from sparsebalance.errors import ConfigError
 
-STEPS = ("accuracy", "gpu-tests", "speed", "profile", "stages", "validate")
-PROFILE_GRID = ["--seq-lens", "512,1024,2048,4096,8192,16384", "--budgets", "1,2,4,8,16,32,64",
-                "--tokens", "512,1024,2048,4096,8192,16384,32768", "--repeats", "5", "--warmup", "2",
-                "--no-progress"]
+#: Relative share of the time left that each step gets when its turn comes.
+SHARE = {"accuracy": 1.0, "speed": 1.2, "stages": 1.0, "profile": 1.0, "gpu-tests": 1.0, "validate": 0.6}
+#: A step with less than this many seconds is not started.
+MIN_STEP_S = 15.0
+#: Seconds past its deadline before a step's process group is killed (the step itself stops early).
+GRACE_S = 10.0
+#: Steps that need CUDA (``--device cpu`` skips them: it exists to test the plumbing).
+CUDA_ONLY = {"accuracy", "speed", "gpu-tests", "validate"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from sparsebalance.commands._args import add_config, add_out
+    from sparsebalance.gpucheck.steps import ORDER
 
     add_config(p, required=False, help="run config of the stage validation (default: the packaged preset "
                                        "gpu_check_stages.toml: qwen2.5-3b, PP 4, SAB + DST)")
     add_out(p, "results/gpu-check")
-    p.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated subset of {', '.join(STEPS)}")
-    p.add_argument("--budget-s", type=float, default=570.0, help="time to aim at for the whole run (s)")
+    p.add_argument("--steps", default=",".join(ORDER), help=f"comma-separated subset of {', '.join(ORDER)}")
+    p.add_argument("--budget-s", type=float, default=450.0,
+                   help="seconds the steps may take together (default 450; scripts/gpu-check.sh adds a "
+                        "hard deadline around the whole run)")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                   help="cuda (default); cpu runs only the steps that can (stages, profile), to test the "
+                        "plumbing on a machine without a GPU")
     p.add_argument("--validate-config", default=None, metavar="FILE",
                    help="run config for `validate` on NCCL (two or more GPUs)")
 
 
-def require_cuda() -> str:
-    """The CUDA device name, or ConfigError (one line) when there is none."""
+def cuda_device() -> str | None:
+    """The CUDA device name, or None when torch is missing or sees no CUDA device."""
     try:
         import torch
     except ImportError:
-        raise ConfigError("device: gpu-check needs torch (pip install -e '.[train]'); nothing was run") from None
-    if not torch.cuda.is_available():
-        raise ConfigError("device: gpu-check needs a CUDA GPU and torch sees none; nothing was run")
-    return torch.cuda.get_device_name()
+        return None
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
 
 
-def write_summary(rows: list[dict], env: dict, path: Path) -> Path:
-    """``summary.md``: the environment, then one table row per step (status, figures, file, seconds)."""
-    lines = ["# sparsebalance gpu-check", ""]
-    lines += [f"- {k}: {v}" for k, v in env.items()]
-    lines += ["", "| step | status | figures | file | seconds |", "|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['step']} | {r['status']} | {r.get('figures', '')} | {r.get('file', '')} | "
-                     f"{r.get('seconds', 0):.0f} |")
-    path.write_text("\n".join(lines) + "\n")
-    return path
+def _steps(text: str) -> list[str]:
+    from sparsebalance.gpucheck.steps import ORDER
+
+    steps = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in steps if s not in ORDER]
+    if bad or not steps:
+        raise ConfigError(f"--steps: unknown or none ({', '.join(bad) or text!r}); choose from {', '.join(ORDER)}")
+    return steps
 
 
-def _accuracy(out: Path) -> tuple[str, str, str]:
-    import pandas as pd
-    import torch
-
-    from sparsebalance.kernels.moba.check import GPU_CASES, accuracy
-
-    rows = [r | {"case": name} for name, case in GPU_CASES.items() for dt in (torch.bfloat16, torch.float32)
-            for r in accuracy(case, dt, "cuda")]
-    df = pd.DataFrame(rows)
-    df.to_csv(out / "accuracy.csv", index=False)
-    bad = int((~df.ok).sum())
-    worst = float(df.ratio.max())
-    figures = f"{len(df) - bad}/{len(df)} within 2x PyTorch error; worst ratio {worst:.2f}"
-    return ("ok" if bad == 0 else "FAIL", figures, "accuracy.csv")
+class Stopped(Exception):
+    """SIGTERM or SIGINT arrived (``timeout`` in scripts/gpu-check.sh, or Ctrl-C)."""
 
 
-def _gpu_tests(out: Path, timeout: float) -> tuple[str, str, str]:
+def _stop(signum, frame):
+    raise Stopped(signal.Signals(signum).name)
+
+
+def run_step(step: str, seconds: float, args: argparse.Namespace, out: Path, work: Path) -> dict:
+    """Run one step in its own process group under ``seconds`` (+ grace); its result row."""
     root = Path(__file__).resolve().parents[2]
-    tests = [str(root / "tests" / "kernels" / f) for f in
-             ("test_triton_gpu.py", "test_triton.py", "test_kernelcost_counts.py")]
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=root, check=False)
-    (out / "tests.log").write_text(r.stdout + r.stderr)
-    last = (r.stdout.strip().splitlines() or ["no output"])[-1]
-    return ("ok" if r.returncode == 0 else "FAIL", last, "tests.log")
-
-
-def _speed(out: Path, budget: float) -> tuple[str, str, str]:
-    from sparsebalance.kernels.moba.speed import SpeedShape, speed_table
-
-    df = speed_table([8192, 16384, 32768, 65536, 131072], [1 / 4, 1 / 8, 1 / 16, 1 / 32], SpeedShape(),
-                     budget_s=budget)
-    df.to_csv(out / "speed.csv", index=False)
-    fb = df[(df["mode"] == "fwd+bwd") & (df.tokens == 32768) & (df.density == 1 / 8)]
-    fig = f"{len(df)} rows"
-    if len(fb):
-        r = fb.iloc[0]
-        fig += f"; 32K at 1/8 fwd+bwd: {r.moba_ms:.2f} ms, {r.speedup:.2f}x dense"
-        if r.predicted_ms == r.predicted_ms and r.predicted_ms:
-            fig += f", model {r.predicted_ms:.2f} ms"
-    return ("ok" if len(df) else "FAIL", fig, "speed.csv")
-
-
-def _profiles(out: Path, device: str) -> tuple[str, str, str]:
-    from sparsebalance import cli
-
-    label = device.lower().replace(" ", "-")
-    done = []
-    for model in ("qwen2.5-0.5b", "qwen2.5-3b"):
-        path = out / "profiles" / f"{label}-{model}"
-        code = cli.main(["profile", "--device", "cuda", "--model", model, "--out", str(path), *PROFILE_GRID])
-        if code != 0:
-            return "FAIL", f"profile {model} exited {code}", str(path.relative_to(out))
-        done.append(str(path.relative_to(out)))
-    return "ok", "measured with CUDA events", ", ".join(done)
-
-
-def _stages(out: Path, device: str, config: str | None) -> tuple[str, str, str]:
-    from importlib import resources
-
-    from sparsebalance.kernels.moba.speed import hardware_for
-    from sparsebalance.runconfig import load_run_config
-    from sparsebalance.simulator.roofline import HARDWARE
-    from sparsebalance.stagecheck import run_stage_check
-
-    preset = resources.files("sparsebalance.data") / "presets" / "gpu_check_stages.toml"
-    cfg = load_run_config(config or str(preset))
-    hw = hardware_for(device) or HARDWARE["h100"]
-    profiles = {f"analytical-{hw.device}": f"analytical-{hw.device}"}
-    measured = out / "profiles" / f"{device.lower().replace(' ', '-')}-qwen2.5-3b"
-    if (measured / "profile.csv").exists():
-        profiles = {"measured": str(measured)} | profiles
-    from dataclasses import replace
-
-    cfg = replace(cfg, profile=next(iter(profiles.values())))
-    res = run_stage_check(cfg, profiles, device="cuda", dtype="bfloat16", backend="triton", rounds=3)
-    res.ops.to_csv(out / "stages_ops.csv", index=False)
-    res.iteration.to_csv(out / "stages_iteration.csv", index=False)
-    errs = "; ".join(f"{r.source} {r.error_vs_measured:+.1%}" for r in res.iteration.itertuples() if r.source != "measured")
-    return "ok", f"iteration {res.iteration.iteration_time_s.iloc[0]:.3f} s measured; predicted {errs}", \
-        "stages_ops.csv, stages_iteration.csv"
-
-
-def _validate(out: Path, config: str | None, timeout: float) -> tuple[str, str, str]:
-    import torch
-
-    if torch.cuda.device_count() < 2:
-        return "skipped", "one GPU: NCCL validation needs two or more", ""
-    if not config:
-        return "skipped", "no --validate-config given", ""
-    cmd = [sys.executable, "-m", "sparsebalance", "validate", "--config", config, "--out", str(out / "validate"),
-           "--rounds", "2", "--no-progress"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-    (out / "validate.log").write_text(r.stdout + r.stderr)
-    return ("ok" if r.returncode == 0 else "FAIL", f"exit {r.returncode}", "validate/, validate.log")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    cmd = [sys.executable, "-m", "sparsebalance.gpucheck", step, "--out", str(out), "--work", str(work),
+           "--seconds", f"{seconds:.1f}", "--device", args.device]
+    if args.config:
+        cmd += ["--config", str(Path(args.config).resolve())]
+    if args.validate_config:
+        cmd += ["--validate-config", str(Path(args.validate_config).resolve())]
+    log = work / "logs" / f"{step}.log"
+    t0 = time.monotonic()
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            proc.wait(timeout=seconds + GRACE_S)
+        except BaseException as e:  # the deadline, or Stopped: the step's group goes with it
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            if not isinstance(e, subprocess.TimeoutExpired):
+                raise
+            return {"step": step, "status": "timeout", "seconds": time.monotonic() - t0,
+                    "figures": f"killed at its deadline ({seconds:.0f} s); what it wrote so far is kept",
+                    "file": f"rest.tar.gz: logs/{step}.log"}
+    result = work / "results" / f"{step}.json"
+    if result.is_file():
+        row = json.loads(result.read_text())
+    else:  # died without a word (a segfault, an abort in the CUDA driver, the OOM killer)
+        tail = (log.read_text(errors="replace").strip().splitlines() or ["no output"])[-1][:200]
+        row = {"step": step, "status": "FAIL", "figures": f"exit {proc.returncode}: {tail}",
+               "file": f"rest.tar.gz: logs/{step}.log"}
+    return row | {"seconds": time.monotonic() - t0}
 
 
 def run(args: argparse.Namespace) -> int:
-    device = require_cuda()
-    steps = [s.strip() for s in args.steps.split(",") if s.strip()]
-    bad = [s for s in steps if s not in STEPS]
-    if bad:
-        raise ConfigError(f"--steps: unknown {', '.join(bad)}; choose from {', '.join(STEPS)}")
-    import torch
-    import triton
-
     from sparsebalance.commands._args import resolve_out
+    from sparsebalance.gpucheck.report import archive, environment, limit_problems, write_summary
 
-    out = resolve_out(args.out, "results/gpu-check", force=args.force, verb="gpu-check")
-    env = {"device": device, "gpus": torch.cuda.device_count(), "torch": torch.__version__,
-           "triton": triton.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-           "command": "sparsebalance gpu-check " + " ".join(sys.argv[2:])}
-    (out / "options.json").write_text(json.dumps(vars(args) | {"env": env}, indent=2, default=str))
+    steps = _steps(args.steps)
+    if not args.budget_s > 0 or args.budget_s == float("inf"):
+        raise ConfigError(f"--budget-s: must be a positive number of seconds, got {args.budget_s}")
+    out = resolve_out(args.out, "results/gpu-check", force=args.force, verb="gpu-check").resolve()
     t_start = time.monotonic()
-    share = {"accuracy": 0.08, "gpu-tests": 0.15, "speed": 0.3, "profile": 0.25, "stages": 0.15, "validate": 0.07}
-    rows = []
-    for step in steps:
-        t0 = time.monotonic()
-        left = max(30.0, args.budget_s - (t0 - t_start))
-        try:
-            if step == "accuracy":
-                status, fig, f = _accuracy(out)
-            elif step == "gpu-tests":
-                status, fig, f = _gpu_tests(out, left)
-            elif step == "speed":
-                status, fig, f = _speed(out, share["speed"] * args.budget_s)
-            elif step == "profile":
-                status, fig, f = _profiles(out, device)
-            elif step == "stages":
-                status, fig, f = _stages(out, device, args.config)
-            else:
-                status, fig, f = _validate(out, args.validate_config, left)
-        except Exception as e:  # noqa: BLE001 -- record and go on: one broken step must not hide the others
-            (out / f"{step}.error.txt").write_text(traceback.format_exc())
-            status, fig, f = "FAIL", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200], \
-                f"{step}.error.txt"
-        rows.append({"step": step, "status": status, "figures": fig, "file": f, "seconds": time.monotonic() - t0})
-        print(f"gpu-check {step}: {status} ({fig})", flush=True)
-        write_summary(rows, env, out / "summary.md")
-    print(f"wrote {out / 'summary.md'}")
-    return 0 if all(r["status"] in ("ok", "skipped") for r in rows) else 1
+    device = cuda_device()
+    env = {"device": device or "no CUDA device"} | environment()
+    env["command"] = "sparsebalance gpu-check " + " ".join(sys.argv[2:])
+    summary = out / "summary.md"
+    if args.device == "cuda" and device is None:
+        why = "torch sees no CUDA device" if env.get("torch") != "not installed" else "this python has no torch"
+        write_summary([], env, summary, [f"{why}: no step was run"])
+        raise ConfigError(f"device: gpu-check needs a CUDA GPU and torch sees none; nothing was run "
+                          f"(environment in {summary})")
+    work = Path(tempfile.mkdtemp(prefix="sparsebalance-gpu-check-"))
+    for sub in ("logs", "results"):
+        (work / sub).mkdir()
+    (work / "options.json").write_text(json.dumps(vars(args) | {"env": env}, indent=2, default=str))
+    notes = [(f"each step ran in its own process under its own deadline; the {args.budget_s:.0f} s were "
+              "shared among the steps still to run as each began"),
+             ("stages: every stage timed alone (seeded upstream gradient, its graph freed before the next), "
+              "so one device holds one stage's activations at a time; policies planned with the analytical "
+              "profile"),
+             "everything not listed as a file is in rest.tar.gz (logs, profiles, per-step results)"]
+    rows: list[dict] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _stop)
+    try:
+        _run_steps(steps, args, out, work, rows, env, notes, t_start)
+    except Stopped as e:
+        rows.append({"step": "(stopped)", "status": "stopped", "seconds": 0.0,
+                     "figures": f"{e} arrived; the step running then was killed, the rows above stand"})
+        write_summary(rows, env, summary, notes)
+        archive(work, out)
+        print(f"gpu-check: stopped by {e}; wrote {summary}", file=sys.stderr)
+        return 124
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+    bad = limit_problems(out)
+    if bad:
+        notes.append("results folder over the device limits: " + "; ".join(bad))
+        write_summary(rows, env, summary, notes)
+    import shutil
+
+    shutil.rmtree(work, ignore_errors=True)  # all of it is in rest.tar.gz
+    print(f"wrote {summary} ({time.monotonic() - t_start:.0f} s)")
+    return 0 if all(r["status"] in ("ok", "skipped", "partial") for r in rows) else 1
+
+
+def _run_steps(steps: list[str], args: argparse.Namespace, out: Path, work: Path, rows: list[dict], env: dict,
+               notes: list[str], t_start: float) -> None:
+    from sparsebalance.gpucheck.report import archive, write_summary
+
+    for i, step in enumerate(steps):
+        left = args.budget_s - (time.monotonic() - t_start)
+        share = SHARE[step] / sum(SHARE[s] for s in steps[i:])
+        seconds = min(left, left * share)
+        if args.device == "cpu" and step in CUDA_ONLY:
+            row = {"step": step, "status": "skipped", "figures": "needs CUDA (--device cpu)", "seconds": 0.0}
+        elif seconds < MIN_STEP_S:
+            row = {"step": step, "status": "skipped", "figures": f"{max(left, 0):.0f} s left of the budget",
+                   "seconds": 0.0}
+        else:
+            print(f"gpu-check: {step} (up to {seconds:.0f} s) ...", flush=True)
+            row = run_step(step, seconds, args, out, work)
+        rows.append(row)
+        print(f"gpu-check {step}: {row['status']} ({row.get('figures', '')})", flush=True)
+        write_summary(rows, env, out / "summary.md", notes)
+        archive(work, out)

@@ -14,7 +14,7 @@ import re
 import subprocess
 import tempfile
 
-CONSTEXPRS = ("D", "BLOCK", "BLOCK_M", "BLOCK_N", "K1P", "MASKED", "F32_DOT", "PREC")
+CONSTEXPRS = ("D", "BLOCK", "BLOCK_M", "BLOCK_N", "MASKED", "F32_DOT", "PREC")
 BF16_PTRS = {"Q", "K", "V", "O", "DO", "PO"}
 FP32_PTRS = {"LSE", "DELTA", "PL", "DQ", "DK", "DV"}  # gradients accumulate in fp32 buffers (atomics)
 INT_SCALARS = {"T", "H", "G", "HKV", "W"}
@@ -59,12 +59,12 @@ def _ptxas_usage(ptx: str) -> dict[str, int]:
 
 
 def inspect(fn, bm: int, bn: int, warps: int, stages: int, *, d: int = 128, block: int = 128,
-            k1p: int = 16, masked: bool = False) -> dict:
+            masked: bool = False) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    const = {"D": d, "BLOCK": block, "BLOCK_M": bm, "BLOCK_N": bn, "K1P": k1p, "MASKED": masked,
+    const = {"D": d, "BLOCK": block, "BLOCK_M": bm, "BLOCK_N": bn, "MASKED": masked,
              "F32_DOT": False, "PREC": "tf32"}
     const = {a: c for a, c in const.items() if a in fn.arg_names}
     src = ASTSource(fn, _signature(fn), const)

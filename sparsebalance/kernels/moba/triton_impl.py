@@ -58,10 +58,10 @@ def _dot(a, b, F32_DOT: tl.constexpr, PREC: tl.constexpr):
     return tl.dot(a, b.to(a.dtype), input_precision=PREC)
 
 
-@triton.jit(do_not_specialize=["n_items", "row0"])
-def _fwd_past_kernel(Q, K, V, PO, PL, CODES, ITEMS, n_items, row0, sm_scale_log2, H, HKV,
+@triton.jit(do_not_specialize=["n_items", "row0", "k1p_shift"])
+def _fwd_past_kernel(Q, K, V, PO, PL, CODES, ITEMS, n_items, row0, sm_scale_log2, H, HKV, k1p_shift,
                      D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     K1P: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr):
+                     F32_DOT: tl.constexpr, PREC: tl.constexpr):
     it = tl.program_id(0)
     e0 = tl.load(ITEMS + it)
     e1 = tl.load(ITEMS + n_items + it)
@@ -70,7 +70,7 @@ def _fwd_past_kernel(Q, K, V, PO, PL, CODES, ITEMS, n_items, row0, sm_scale_log2
     e = e0 + tl.arange(0, BLOCK_M)
     ok = e < e1
     code = tl.load(CODES + e, mask=ok, other=0)
-    rh = (row0 * H + code // K1P).to(tl.int64)  # t * H + h of each gathered row
+    rh = (row0 * H + (code >> k1p_shift)).to(tl.int64)  # t * H + h of each gathered row
     dd = tl.arange(0, D)
     q = tl.load(Q + rh[:, None] * D + dd[None, :], mask=ok[:, None], other=0.0)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -102,10 +102,10 @@ def _picked(BITS, rh, row_ok, W, jb, mstart):
     return ((word >> (jb % 32)) & 1) != 0
 
 
-@triton.jit(do_not_specialize=["W", "n_tiles", "row0", "T"])
+@triton.jit(do_not_specialize=["W", "n_tiles", "row0", "T", "k1p_shift"])
 def _fwd_own_merge_kernel(Q, K, V, O, LSE, SEL, PO, PL, TILES, BITS, W, n_tiles, row0, sm_scale_log2, T, H, G,
-                          D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          K1P: tl.constexpr, MASKED: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr):
+                          k1p_shift, D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, MASKED: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr):
     tile = tl.program_id(0)
     h = tl.program_id(1)
     HKV = H // G
@@ -148,9 +148,9 @@ def _fwd_own_merge_kernel(Q, K, V, O, LSE, SEL, PO, PL, TILES, BITS, W, n_tiles,
     if not MASKED:  # masked tiles merge nothing (their own launch: triton_impl.moba_forward)
         # merge the partials of the chosen past blocks: (o_p normalised, lse_p) -> weight 2^(lse_p - m)
         for s in range(n_slots):
-            j = tl.load(SEL + (rows64 * H + h) * K1P + s, mask=row_ok, other=-1)
+            j = tl.load(SEL + ((rows64 * H + h) << k1p_shift) + s, mask=row_ok, other=-1)
             have = j >= 0
-            slot = ((rows64 - row0) * H + h) * K1P + s
+            slot = (((rows64 - row0) * H + h) << k1p_shift) + s
             pl = tl.load(PL + slot, mask=have, other=float("-inf"))
             po = tl.load(PO + slot[:, None] * D + dd[None, :], mask=have[:, None], other=0.0).to(tl.float32)
             m_new = tl.maximum(m_i, pl)
@@ -192,10 +192,10 @@ def _bwd_rows(Q, DO, DQ, LSE, DELTA, k, v, cols, col_ok, rh, row_ok, dk, dv, sm_
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["n_items", "row0", "T"])
+@triton.jit(do_not_specialize=["n_items", "row0", "T", "k1p_shift"])
 def _bwd_past_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, CODES, ITEMS, n_items, row0, sm_scale, sm_scale_log2,
-                     T, H, HKV, D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, K1P: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr):
+                     T, H, HKV, k1p_shift, D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr):
     # one flat grid, the key sub-tiles of an item adjacent: they run side by side and share the
     # item's q / dO / dQ rows through L2
     SUBS: tl.constexpr = BLOCK // BLOCK_N
@@ -217,7 +217,7 @@ def _bwd_past_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, CODES, ITEMS, n_items,
         e = r + tl.arange(0, BLOCK_M)
         ok = e < e1
         code = tl.load(CODES + e, mask=ok, other=0)
-        rh = (row0 * H + code // K1P).to(tl.int64)
+        rh = (row0 * H + (code >> k1p_shift)).to(tl.int64)
         dk, dv = _bwd_rows(Q, DO, DQ, LSE, DELTA, k, v, cols, col_ok, rh, ok, dk, dv, sm_scale, sm_scale_log2,
                            T, H, CODES, 1, 0, -1, D, False, F32_DOT, PREC)
     tl.atomic_add(DK + kv, dk * sm_scale)
@@ -298,6 +298,14 @@ def _bits(idx: MobaIndex) -> torch.Tensor:
     return idx.sel if idx.bits is None else idx.bits
 
 
+def _k1p_shift(idx: MobaIndex) -> int:
+    """log2 of the index's slots per (token, head), a power of two: a runtime shift in the kernels, so
+    budgets of every size share one compiled variant (a constexpr compiled one per power of two)."""
+    shift = idx.k1p.bit_length() - 1
+    assert 1 << shift == idx.k1p, idx.k1p
+    return shift
+
+
 def moba_forward(q, k, v, idx: MobaIndex, block_size: int, bm: int, bn: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Output [T, H, D] and LSE [H, T] (log2) for the selection in ``idx``."""
     T, H, D = q.shape
@@ -307,6 +315,7 @@ def moba_forward(q, k, v, idx: MobaIndex, block_size: int, bm: int, bn: int) -> 
     o = torch.empty_like(q)
     lse = torch.empty((H, T), dtype=torch.float32, device=q.device)
     bits = _bits(idx)
+    shift = _k1p_shift(idx)
     for ch in idx.chunks:
         slots = (ch.row1 - ch.row0) * H * idx.k1p if ch.codes.numel() else 1
         po = torch.empty((slots, D), dtype=q.dtype, device=q.device)
@@ -314,13 +323,13 @@ def moba_forward(q, k, v, idx: MobaIndex, block_size: int, bm: int, bn: int) -> 
         n_f = ch.fwd_items.shape[1]
         if n_f:
             _fwd_past_kernel[(n_f,)](q, k, v, po, pl, ch.codes, ch.fwd_items, n_f, ch.row0, scale_log2, H, HKV,
-                                     BLOCK=block_size, K1P=idx.k1p, **opts)
+                                     shift, BLOCK=block_size, **opts)
         for tiles, mk in ((ch.q_tiles, False), (ch.q_tiles_masked, True)):
             n_t = tiles.shape[1]
             if n_t:
                 _fwd_own_merge_kernel[(n_t, H)](q, k, v, o, lse, idx.sel, po, pl, tiles, bits, idx.words, n_t,
-                                                ch.row0, scale_log2, T, H, H // HKV, BLOCK=block_size,
-                                                K1P=idx.k1p, MASKED=mk, **opts)
+                                                ch.row0, scale_log2, T, H, H // HKV, shift, BLOCK=block_size,
+                                                MASKED=mk, **opts)
     return o, lse
 
 
@@ -340,8 +349,8 @@ def moba_backward(q, k, v, o, lse, do, idx: MobaIndex, block_size: int, bm: int,
         n_b = ch.bwd_items.shape[1]
         if n_b:
             _bwd_past_kernel[(n_b * subs,)](q, k, v, do, dq, dk, dv, lse, delta, ch.codes, ch.bwd_items, n_b,
-                                            ch.row0, scale, scale * LOG2E, T, H, HKV, BLOCK=block_size,
-                                            K1P=idx.k1p, **opts)
+                                            ch.row0, scale, scale * LOG2E, T, H, HKV, _k1p_shift(idx),
+                                            BLOCK=block_size, **opts)
         for items, mk in ((ch.own_items, False), (ch.own_items_masked, True)):
             n_o = items.shape[1]
             if n_o:

@@ -140,7 +140,3 @@ def check_task_fits(ckpt: Checkpoint, buckets: list[int]) -> None:
     for b in buckets:
         check(b <= ckpt.net.max_positions, "buckets",
               f"bucket {b} is longer than the model's positions ({ckpt.net.max_positions})")
-
-
-def net_from_mapping(data: dict[str, Any]) -> NetConfig:
-    return from_mapping(NetConfig, data, "model")

@@ -18,7 +18,6 @@ Numbers are checked by argparse types (:func:`positive_int`, :func:`port`), so `
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -215,10 +214,3 @@ def _clear(path: Path) -> None:
             shutil.rmtree(child)
         else:
             child.unlink()
-
-
-def read_marker(path: Path) -> dict | None:
-    try:
-        return json.loads((Path(path) / MARKER).read_text())
-    except (OSError, ValueError):
-        return None

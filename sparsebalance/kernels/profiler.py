@@ -26,7 +26,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sparsebalance.errors import ConfigError, check, check_choice
@@ -93,8 +93,6 @@ class Timer:
     """Untimed calls first."""
     statistic: str = "mean"
     """mean or median of the timed calls."""
-    samples: list[float] = field(default_factory=list)
-    """Seconds of each timed call of the last :meth:`measure`."""
 
     def once(self, fn: Callable[[Any], Any], setup: Callable[[], Any] | None = None) -> float:
         """Seconds of one call ``fn(setup())`` (``setup`` untimed)."""
@@ -115,14 +113,6 @@ class Timer:
 
     def reduce(self, samples: list[float]) -> float:
         return (statistics.fmean if self.statistic == "mean" else statistics.median)(samples)
-
-    def measure(self, fn: Callable[[Any], Any], setup: Callable[[], Any] | None = None) -> float:
-        """Seconds of ``fn(setup())`` (``setup`` untimed, its result passed to ``fn``): the
-        ``statistic`` over ``repeats`` consecutive timed calls after ``warmup`` untimed ones."""
-        for _ in range(self.warmup):
-            self.once(fn, setup)
-        self.samples = [self.once(fn, setup) for _ in range(self.repeats)]
-        return self.reduce(self.samples)
 
 
 def _null_core_fn() -> Any:
@@ -178,26 +168,6 @@ class Bench:
     def _randn(self, *shape: int, grad: bool = False) -> Any:
         x = self.torch.randn(*shape, generator=self.gen, device=self.dev, dtype=self.dtype)
         return x.requires_grad_(grad)
-
-    def attention(self, seq_len: int, budget: int) -> tuple[float, float]:
-        """(forward, backward) seconds of MoBA attention on one sequence of ``seq_len`` tokens."""
-        return self._time(self.items("attn", seq_len, budget))
-
-    def layer_dense(self, tokens: int) -> tuple[float, float]:
-        """(forward, backward) seconds of one decoder layer without its attention core."""
-        return self._time(self.items("layer", tokens, 0))
-
-    def embed(self, tokens: int) -> tuple[float, float]:
-        return self._time(self.items("embed", tokens, 0))
-
-    def head(self, tokens: int) -> tuple[float, float]:
-        return self._time(self.items("head", tokens, 0))
-
-    def optim(self, params: int) -> float:
-        return self._time(self.items("optim", params, 0))[0]
-
-    def _time(self, items: list) -> tuple[float, ...]:
-        return tuple(self.timer.measure(fn, setup) for _, fn, setup in items)
 
     def items(self, op: str, n: int, k: int) -> list[tuple[tuple[str, int, int], Callable, Any]]:
         """Timed closures of one grid point: ``[((row op, n, k), fn, setup), ...]``; one timed call

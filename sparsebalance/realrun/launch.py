@@ -46,13 +46,6 @@ SECONDARY = re.compile(r"connection (closed|reset|refused)|closed by peer|broken
                        re.IGNORECASE)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on now (the OS picks it: bind to port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def check_port_free(port: int, host: str = "127.0.0.1") -> None:
     """ConfigError naming --master-port when something listens on ``port``."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

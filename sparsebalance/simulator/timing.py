@@ -128,39 +128,6 @@ def _level_pos(graph: ActionGraph) -> tuple[np.ndarray, np.ndarray]:
     return fwd_start, bwd_start
 
 
-def retime_column(graph: ActionGraph, duration: np.ndarray, lag: np.ndarray, sink: np.ndarray,
-                  end: np.ndarray, to_sink: np.ndarray, first: int, last: int) -> None:
-    """Update one column's ``end`` and ``to_sink`` ([n + 1], sentinel last) in place after durations
-    changed only at descendants of node ``first`` that are ancestors of node ``last``: only nodes
-    at or after ``first``'s level can end later or earlier, only nodes at or before ``last``'s level
-    can see a different time to the end (same loops as the narrow path, fewer rows)."""
-    fwd, bwd = _rows(graph)
-    fs, bs = _level_pos(graph)
-    dur, lg, sk = duration.tolist(), lag.tolist(), np.asarray(sink, dtype=float).tolist()
-    e = end.tolist()
-    for i, p, deps in fwd[int(fs[first]):]:
-        t = e[p]
-        for d, q in deps:
-            v = e[d] + lg[q]
-            if v > t:  # noqa: PLR1730 (hot loop: cheaper than max())
-                t = v
-        e[i] = t + dur[i]
-    end[:] = e
-    out = to_sink.tolist()
-    through = [o + x for o, x in zip(out, dur + [0.0])]
-    for i, nx, succ, s in bwd[int(bs[last]):]:
-        t = through[nx]
-        if s >= 0 and sk[s] > t:
-            t = sk[s]
-        for y, q in succ:
-            v = lg[q] + through[y]
-            if v > t:  # noqa: PLR1730 (hot loop: cheaper than max())
-                t = v
-        out[i] = t
-        through[i] = t + dur[i]
-    to_sink[:] = out
-
-
 def stage_finish(graph: ActionGraph, duration: np.ndarray, lag: np.ndarray | None = None) -> np.ndarray:
     """[pp, C] end of each physical stage's last action (the all-reduce may start after it)."""
     _, end = time_graph(graph, duration, lag, starts=False)

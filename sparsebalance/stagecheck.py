@@ -139,7 +139,7 @@ def run_stage_check(cfg: RunConfig, profiles: dict[str, str], *, device: str = "
                                        allow_nonmonotone=True) for name, p in profiles.items()}
     lm0 = prepared.latency
     pp = cfg.cluster.pp
-    stages = [lm0.stage_layers(s) for s in range(pp)]
+    stages = [lm0.layout.stage_layers(s) for s in range(pp)]
     # the largest stage's layers, embedding and head: every stage runs on these (same dims), so a
     # 36-layer model costs 9 layers of memory and initialisation
     n_built = max(len(r) for r in stages)

@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from sparsebalance.data.sequence import blocks
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from sparsebalance.commands._args import add_out, add_output_flags, positive_int
@@ -171,7 +173,7 @@ def run(args) -> int:
     check_buckets(cfg, ckpt.task, ckpt.net.max_positions)
     ckpt.load_model()  # weights that do not fit fail here, once, not in every worker
     B = ckpt.net.dims.block_size
-    dense_k = -(-max(ckpt.task.max_length, *cfg.buckets) // B)
+    dense_k = blocks(max(ckpt.task.max_length, *cfg.buckets), B)
     jobs = grid(cfg, dense_k)
     out = resolve_out(args.out, "results/accuracy", force=args.force, verb="accuracy")
     t0 = time.time()

@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def n_blocks(length: int, block_size: int) -> int:
-    return -(-int(length) // int(block_size))
+from sparsebalance.data.sequence import blocks
 
 
 def routed_per_block(length: int, block_size: int) -> np.ndarray:
     """Query tokens of blocks ``1..n-1`` (float64 [n - 1]): the queries that route (block 0 has no
     past block); the last block may be partial."""
-    n = n_blocks(length, block_size)
+    n = blocks(int(length), int(block_size))
     q = np.full(max(n - 1, 0), float(block_size))
     if n >= 2:
         q[-1] = length - (n - 1) * block_size

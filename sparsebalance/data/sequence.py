@@ -1,10 +1,17 @@
-"""The unit every part exchanges: one training sample."""
+"""The unit every part exchanges: one training sample, and the one count of its MoBA key blocks."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import numpy as np
+
+
+def blocks(length, block: int):
+    """MoBA key blocks of a sequence of ``length`` tokens in blocks of ``block`` (the last may be
+    short): the ceiling of length / block, for ints and numpy arrays alike. Here, in the lowest
+    layer, so that every part counts blocks with the same function."""
+    return -(-length // block)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from sparsebalance.data.sequence import blocks
 from sparsebalance.simulator.config import ModelConfig
 
 ATTN_NAME = "moba"
@@ -53,7 +54,7 @@ class MobaArgs:
         from sparsebalance.kernels import moba_coverage
 
         q, k, cu = self.captured
-        nbs = [-(-int(n) // self.block_size) for n in (cu[1:] - cu[:-1]).tolist()]
+        nbs = [blocks(int(n), self.block_size) for n in (cu[1:] - cu[:-1]).tolist()]
         cov = moba_coverage(q, k, cu, self.block_size, list(range(1, max(nbs) + 1)))
         cov = np.asarray(cov.cpu(), dtype=np.float64)
         return [cov[i, :nb].copy() for i, nb in enumerate(nbs)]

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sparsebalance.data.sequence import blocks
 from sparsebalance.errors import ConfigError
 from sparsebalance.policies.base import PolicyContext
 from sparsebalance.policies.config import PolicyConfig
@@ -108,7 +109,7 @@ class CriticalPathDST:
         mbs = [mb for _, _, mb in plan.microbatches()]  # flat index i = r * m + j
         lengths = [mb.lengths for mb in mbs]
         bs = ctx.model.block_size
-        hi = np.array([min(cfg.k_max, max(cfg.k0, -(-max(x) // bs))) for x in lengths], dtype=np.int64)
+        hi = np.array([min(cfg.k_max, max(cfg.k0, blocks(max(x), bs))) for x in lengths], dtype=np.int64)
         cov = _coverage_matrix(ctx.coverage, mbs, hi)  # [dp m, max k_hi]; row i read up to hi[i]
         # DST's floor (DynamicSparsity.floor) read off the same curves: its C(1..min(k_hi, k0))
         # are their first entries, computed alike; the smallest k reaching 1 - p, else k_top

@@ -67,7 +67,7 @@ class ScheduleAwareOrder(SparsityAware):
         sequence at its bucket's EMA budget (affine in attention, as in ``dst-cp``'s table)."""
         lm, cl = ctx.latency, ctx.cluster
         pp, nv = cl.pp, cl.pp * cl.virtual_stages
-        n_layers = np.array([len(lm.stage_layers(vs % pp, vs // pp)) for vs in range(nv)], float)
+        n_layers = lm.layout.layer_counts
         out = []
         for bw in (False, True):
             attn1 = attn = 0.0
@@ -89,8 +89,8 @@ class ScheduleAwareOrder(SparsityAware):
         arithmetic in the same order (sums over a micro-batch's sequences left to right), so the
         same values bit for bit, with the attention looked up in one vectorised call."""
         lm, cl = ctx.latency, ctx.cluster
-        pp, nv = cl.pp, cl.pp * cl.virtual_stages
-        n_layers = np.array([len(lm.stage_layers(vs % pp, vs // pp)) for vs in range(nv)], float)
+        nv = cl.pp * cl.virtual_stages
+        n_layers = lm.layout.layer_counts
         counts = [len(mb.lengths) for mb in mbs]
         L = np.fromiter((x for mb in mbs for x in mb.lengths), dtype=np.int64, count=sum(counts))
         k = np.maximum(1.0, np.array([self.expected_budget(int(x)) for x in L.tolist()], dtype=float))
@@ -119,7 +119,7 @@ class ScheduleAwareOrder(SparsityAware):
                 dense = np.array([lm.dense(t, backward=bw) for t in tokens])
             times = np.empty((nv, len(mbs)))
             for vs in range(nv):  # LatencyModel.stage_time at budget 1, term by term
-                nl = len(lm.stage_layers(vs % pp, vs // pp))
+                nl = len(lm.layout.vstage_ranges[vs])
                 st = 0.0 + nl * attn1
                 st = st + nl * dense
                 if vs == 0:

@@ -26,6 +26,7 @@ from collections.abc import Sequence as Seq
 import numpy as np
 
 from sparsebalance.data import coverage as cov
+from sparsebalance.data.sequence import blocks
 
 FEW = 4
 """With at most this many sequences, each is evaluated alone with 1-D accumulates (the same
@@ -71,7 +72,7 @@ def _finish(head, W, tail, Q):
 def parametric_curve(length: int, block_size: int, rate: float, shape: str = "power") -> np.ndarray:
     """C(k) for k = 1..n_blocks of the parametric model (float64, shape [n_blocks], C(n) = 1)."""
     B = int(block_size)
-    n = cov.n_blocks(length, B)
+    n = blocks(int(length), int(B))
     if n <= 1:
         return np.ones(max(n, 1))
     p = np.arange(n)
@@ -109,7 +110,7 @@ def parametric_flat(lengths: Seq[int], block_size: int, rates: Seq[float],
         start = np.concatenate(([0], np.cumsum([len(c) for c in few], dtype=np.int64)))
         return (np.concatenate(few) if few else np.zeros(0)), start
     B = int(block_size)
-    n = np.maximum(-(-L // B), 1)
+    n = np.maximum(blocks(L, B), 1)
     order = np.argsort(-n, kind="stable")              # longest first
     ns = n[order]
     M = int(ns[0])
@@ -163,7 +164,7 @@ def fit_rate(curves: Seq[tuple[int, Seq[float]]], block_size: int, shape: str = 
     from scipy.optimize import minimize_scalar
 
     data = [(int(n), np.asarray(c, dtype=np.float64)) for n, c in curves
-            if cov.n_blocks(n, block_size) > 1]
+            if blocks(int(n), int(block_size)) > 1]
     if not data:
         raise ValueError("fit_rate: no curve of a sequence with more than one block")
     w = np.array([cov.routed_queries(n, block_size) for n, _ in data], dtype=np.float64)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from sparsebalance.data.sequence import blocks
+
 
 def _ops(lm, op: str, scalar, tokens: np.ndarray, bw: bool, part: str | None = None) -> np.ndarray:
     """``scalar`` (``lm.dense`` / ``embed`` / ``head``) of every token count, bitwise (the latency
@@ -60,7 +62,7 @@ class StageTable:
     def __init__(self, lm, lengths: list, k_lo, k_top, k_hi, nv: int, pp: int,
                  fused: np.ndarray | None = None) -> None:
         self.lm, self.nv, self.pp = lm, nv, pp
-        self.n_layers = np.array([len(lm.stage_layers(vs % pp, vs // pp)) for vs in range(nv)], float)
+        self.n_layers = lm.layout.layer_counts
         self.lo = np.asarray(k_lo, dtype=np.int64)
         self.hi = np.asarray(k_hi, dtype=np.int64)
         self.top = np.minimum(np.asarray(k_top, dtype=np.int64), self.hi)
@@ -107,11 +109,11 @@ class StageTable:
     def _base(self, tokens: np.ndarray, a0: np.ndarray, bw: bool, part: str | None) -> np.ndarray:
         """[N, V] the budget-free seconds of each stage: ``stage_time`` at k_lo (attention ``a0``
         per layer) term by term, minus its attention."""
-        lm, nv, pp = self.lm, self.nv, self.pp
+        lm, nv = self.lm, self.nv
         out = np.empty((len(tokens), nv))
         dense = _ops(lm, "layer", lm.dense, tokens, bw, part)
         for vs in range(nv):
-            nl = len(lm.stage_layers(vs % pp, vs // pp))
+            nl = len(lm.layout.vstage_ranges[vs])
             st = 0.0 + nl * a0
             st = st + nl * dense
             if vs == 0:
@@ -124,11 +126,11 @@ class StageTable:
     def weight_times(self) -> np.ndarray:
         """[N, V] seconds of the weight-gradient part W of each stage's backward (no attention,
         so the same at every k): ``stage_time(..., part="weight")``'s terms, bitwise."""
-        lm, nv, pp = self.lm, self.nv, self.pp
+        lm, nv = self.lm, self.nv
         out = np.empty((len(self.tokens), nv))
         dense = _ops(lm, "layer", lm.dense, self.tokens, True, "weight")
         for vs in range(nv):
-            st = 0.0 + len(lm.stage_layers(vs % pp, vs // pp)) * dense
+            st = 0.0 + len(lm.layout.vstage_ranges[vs]) * dense
             if vs == 0:
                 st = st + _ops(lm, "embed", lm.embed, self.tokens, True, "weight")
             if vs == nv - 1:
@@ -172,7 +174,7 @@ class StageTable:
         x_of = np.repeat(np.arange(len(mbs)), counts)  # every (micro-batch, position): position p
         p_of = np.arange(len(x_of)) - np.repeat(np.cumsum(counts) - counts, counts)
         L = self.lens[mbs[x_of], p_of]
-        nb = -(-L // lm.block_size)
+        nb = blocks(L, lm.block_size)
         lo = np.minimum(k_lo[x_of], nb)
         hi = np.minimum(k_lo[x_of] + sizes[x_of] - 1, nb)
         n_k = hi - lo + 1

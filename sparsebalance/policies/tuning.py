@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sparsebalance.data.sequence import blocks
 from sparsebalance.policies.base import PolicyContext
 from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.policies.predict import Predictor
@@ -98,7 +99,7 @@ class DynamicSparsity:
         else:
             per_rank = {r: agg(lat0[rank == r]) for r in np.unique(rank).tolist()}
             anchors = np.array([per_rank[r] for r in rank.tolist()])
-        n_blocks = -(-np.array([max(x) for x in lengths], dtype=np.int64) // ctx.model.block_size)
+        n_blocks = blocks(np.array([max(x) for x in lengths], dtype=np.int64), ctx.model.block_size)
         k_hi = np.minimum(cfg.k_max, np.maximum(cfg.k0, n_blocks))
         kstar = P.largest_within_many(lengths, anchors, cfg.k_min, k_hi, start=cfg.k0,
                                       at_start=lat0)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from sparsebalance.configmap import from_mapping
 from sparsebalance.errors import ConfigError, check, check_choice, check_positive
+from sparsebalance.simulator.layout import mesh_coords, mesh_rank
 
 BACKENDS = ("gloo", "nccl")
 DEVICES = ("cpu", "cuda")
@@ -131,9 +132,9 @@ def world_size(cfg) -> int:
 def rank_layout(rank: int, pp: int, tp: int = 1) -> tuple[int, int, int]:
     """Global rank -> (dp_rank, stage, tp_rank). TP ranks of a stage are consecutive, then the stages
     of one replica, so TP (the most traffic) and P2P stay inside a node when ``pp x tp <=
-    gpus_per_node``, and only the DP all-reduce crosses nodes."""
-    return rank // (pp * tp), rank // tp % pp, rank % tp
+    gpus_per_node``, and only the DP all-reduce crosses nodes (``simulator/layout.py``'s mesh)."""
+    return mesh_coords(rank, (pp, tp))
 
 
 def global_rank(dp_rank: int, stage: int, pp: int, tp_rank: int = 0, tp: int = 1) -> int:
-    return (dp_rank * pp + stage) * tp + tp_rank
+    return mesh_rank((dp_rank, stage, tp_rank), (pp, tp))

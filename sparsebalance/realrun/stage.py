@@ -4,27 +4,14 @@ Each rank builds only its own stage (:func:`build_stage_module`): the model skel
 device, then the stage's pieces materialised, from the local checkpoint (HF safetensors/bin, read
 tensor by tensor) or from the run seed (weights seeded per parameter, so they equal the same layers
 of the full model built in one process). The first stage holds the embedding, the last the final
-norm + LM head + loss, every stage a contiguous slice of decoder layers (the latency model's split,
-so predicted and measured stages hold the same layers). Layers keep their global ``layer_idx``, so
+norm + LM head + loss, every stage a contiguous slice of decoder layers (``simulator/layout.py``'s split, the latency
+model's, so predicted and measured stages hold the same layers). Layers keep their global ``layer_idx``, so
 per-layer budgets and the coverage layer address the same layer whatever the split.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-
-def stage_layers(layers: int, pp: int, stage: int) -> range:
-    """Layers of ``stage``: contiguous, as even as possible, the first ``layers % pp`` stages one more.
-
-    The simulator's ``LatencyModel.stage_layers`` is used when it exists (one split everywhere);
-    this is the same rule, needed before a latency model is built and checked equal in the tests.
-    """
-    if not 0 <= stage < pp:
-        raise ValueError(f"stage: must lie in [0, {pp - 1}], got {stage}")
-    base, extra = divmod(layers, pp)
-    start = stage * base + min(stage, extra)
-    return range(start, start + base + (1 if stage < extra else 0))
 
 
 def build_stage_module(cfg: Any, rr: Any, stage: int, pp: int, device: Any):
@@ -34,8 +21,9 @@ def build_stage_module(cfg: Any, rr: Any, stage: int, pp: int, device: Any):
 
     from sparsebalance.kernels import qwen2_init as Q
     from sparsebalance.kernels.qwen2 import build_qwen2_pieces
+    from sparsebalance.simulator.layout import split_layers
 
-    layers = stage_layers(cfg.model.layers, pp, stage)
+    layers = split_layers(cfg.model.layers, pp)[stage]
     names = Q.pieces(layers, embed=stage == 0, head=stage == pp - 1)
     if rr.checkpoint:
         from sparsebalance.realrun.checkpoint import CheckpointReader, hf_config
@@ -67,7 +55,7 @@ class StageModule(_module_base()):  # type: ignore[misc]
     """The modules of one stage; ``forward`` returns hidden states [1, T, hidden] or, on the last
     stage, the summed LM loss (a scalar) of the micro-batch. With virtual stages (interleaved 1F1B)
     a device holds one StageModule per model chunk: ``stage`` / ``pp`` are then the virtual stage
-    and their count, and :func:`stage_layers` with them gives the chunk's layers."""
+    and their count, and ``simulator.layout.split_layers`` with them gives the chunk's layers."""
 
     def __init__(self, net: Any, stage: int, pp: int, layer_range: range) -> None:
         import torch

@@ -105,12 +105,12 @@ class SimulatorExecutor:
         virtual stage), the attention in one vectorised call."""
         lm, c = self.latency, self.cluster
         dp, m = plan.dp, plan.num_microbatches
-        pp, nv = c.pp, c.pp * c.virtual_stages
+        nv = c.pp * c.virtual_stages
         mbs = [mb for _, _, mb in plan.microbatches()]
         counts = np.array([len(mb.sequences) for mb in mbs])
         lengths = np.fromiter((L for mb in mbs for L in mb.lengths), dtype=np.int64, count=int(counts.sum()))
         starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        n_layers = [len(lm.stage_layers(vs % pp, vs // pp)) for vs in range(nv)]
+        n_layers = [len(r) for r in lm.layout.vstage_ranges]
         out = {}
         attn_of = {}
         for mode in modes:

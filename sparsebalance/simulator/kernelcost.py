@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sparsebalance.data.sequence import blocks
 from sparsebalance.errors import check
 
 DENSE, SPARSE, MASKED = 0, 1, 2
@@ -109,7 +110,7 @@ def own_pairs(L, k, block: int):
     (dense, k >= n): bm^2 t (t + 1) / 2 per segment of t tiles (bm == bn)."""
     L, k = np.asarray(L, dtype=np.int64), np.asarray(k, dtype=np.int64)
     bm, _ = _tiles(block)
-    n = -(-L // block)
+    n = blocks(L, block)
     r = L - (n - 1) * block                                   # tokens in the last block
     sparse = (n - 1) * _tri(block // bm) + _tri(-(-r // bm))
     return bm * bm * np.where(k >= n, _tri(-(-L // bm)), sparse)
@@ -118,7 +119,7 @@ def own_pairs(L, k, block: int):
 def past_attended(L, k, block: int):
     """Attended pairs per query head in chosen past blocks: block x sum over rows of min(k - 1, c)."""
     L, k = np.asarray(L, dtype=np.int64), np.asarray(k, dtype=np.int64)
-    n = -(-L // block)
+    n = blocks(L, block)
     r = L - (n - 1) * block
     a = np.maximum(k - 1, 0)
     m = n - 1                                                 # full blocks before the last
@@ -131,7 +132,7 @@ def past_attended(L, k, block: int):
 def forward_chunks(L, k, s: Shape):
     """Forward chunks: runs of whole blocks whose partial buffer stays under PARTIAL_BYTES."""
     L, k = np.asarray(L, dtype=np.int64), np.asarray(k, dtype=np.int64)
-    n = -(-L // s.block)
+    n = blocks(L, s.block)
     k1p = np.maximum(2, 2 ** np.ceil(np.log2(np.maximum(k - 1, 1))).astype(np.int64))
     per = np.maximum(1, PARTIAL_BYTES // (s.block * s.heads * k1p * s.head_dim * s.dtype_bytes))
     return np.where(k >= n, 1, -(-n // per)), per, k1p
@@ -148,7 +149,7 @@ def _bucket_chunks(n, chunks, per):
 def default_path(L, k, block: int):
     """The path without a choice: dense at k >= n, sparse below."""
     L, k = np.asarray(L, dtype=np.int64), np.asarray(k, dtype=np.int64)
-    return np.where(k >= -(-L // block), DENSE, SPARSE)
+    return np.where(k >= blocks(L, block), DENSE, SPARSE)
 
 
 def _path(L, k, block: int, path):
@@ -157,7 +158,7 @@ def _path(L, k, block: int, path):
     if path is None:
         return default_path(L, k, block)
     p = np.asarray(PATHS.index(path) if isinstance(path, str) else path, dtype=np.int64)
-    return np.where(np.asarray(k) >= -(-np.asarray(L) // block), DENSE, p)
+    return np.where(np.asarray(k) >= blocks(np.asarray(L), block), DENSE, p)
 
 
 def work(L, k, s: Shape, path=None) -> dict:
@@ -165,7 +166,7 @@ def work(L, k, s: Shape, path=None) -> dict:
     (see :func:`_path`)."""
     L, k = np.broadcast_arrays(np.asarray(L, dtype=np.int64), np.asarray(k, dtype=np.int64))
     bm, _ = _tiles(s.block)
-    n = -(-L // s.block)
+    n = blocks(L, s.block)
     path = _path(L, k, s.block, path)
     sparse = path == SPARSE
     chunks, per, k1p = forward_chunks(L, k, s)
@@ -184,7 +185,7 @@ def work(L, k, s: Shape, path=None) -> dict:
 
 
 def _attended_per_head(L, k, block: int):
-    n = -(-L // block)
+    n = blocks(L, block)
     r = L - (n - 1) * block
     own = (n - 1) * _tri(block) + _tri(r)
     return np.where(k >= n, _tri(L), own + past_attended(L, k, block))
@@ -194,7 +195,7 @@ def gate_counts(L, k, s: Shape) -> dict:
     """FLOPs, bytes, ops and syncs of selection (sparse sequences only), chunked as select_blocks does."""
     L, k = np.broadcast_arrays(np.asarray(L, dtype=np.int64), np.asarray(k, dtype=np.int64))
     B, H, D = s.block, s.heads, s.head_dim
-    n = -(-L // B)
+    n = blocks(L, B)
     sparse = (k < n) & (k > 1)
     rows = np.maximum(B, GATE_CHUNK_ELEMS // np.maximum(1, H * n))
     flops = np.zeros(L.shape)
@@ -309,4 +310,4 @@ def choose_path(L, k, s: Shape, hw) -> np.ndarray:
     because one choice serves both passes of a training step."""
     L, k = np.broadcast_arrays(np.asarray(L, dtype=np.int64), np.asarray(k, dtype=np.int64))
     cheaper = path_time(L, k, s, hw, MASKED) < path_time(L, k, s, hw, SPARSE)
-    return np.where(k >= -(-L // s.block), DENSE, np.where(cheaper, MASKED, SPARSE))
+    return np.where(k >= blocks(L, s.block), DENSE, np.where(cheaper, MASKED, SPARSE))

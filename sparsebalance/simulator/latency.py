@@ -49,10 +49,11 @@ from numbers import Integral
 
 import numpy as np
 
+from sparsebalance.data.sequence import blocks
 from sparsebalance.errors import ConfigError, check_choice
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
+from sparsebalance.simulator.layout import layout_of
 from sparsebalance.simulator.profile import Profile, load_profile, monotone_violations
-from sparsebalance.simulator.schedules import placement
 
 EXTRAPOLATE = ("warn", "error", "clamp")
 PARTS = ("input", "weight")
@@ -127,14 +128,9 @@ class LatencyModel:
         self._dense: dict[tuple[str, int], float] = {}
         self._mb: dict[tuple, float] = {}
         self._counts: dict[tuple[int, ...], tuple[tuple[int, int], ...]] = {}
-        chunks = cluster.pp * cluster.virtual_stages
-        if chunks > model.layers:
-            raise ConfigError(f"cluster: pp x virtual_stages = {chunks} exceeds model.layers = "
-                              f"{model.layers}; every (virtual) stage needs at least one layer")
-        base, extra = divmod(model.layers, chunks)
-        # the first `extra` virtual stages take one more layer: the last one already carries the LM head
-        starts = [v * base + min(v, extra) for v in range(chunks + 1)]
-        self._ranges = [range(starts[v], starts[v + 1]) for v in range(chunks)]
+        self.layout = layout_of(model, cluster)
+        """Where the layers and parameters live (``simulator/layout.py``): the one split."""
+        self._ranges = self.layout.vstage_ranges
         self._fast_attn, self._fast_dense = self._fused()
         for op in ("embed_fwd", "embed_bwd", "head_fwd", "head_bwd"):
             if op not in self._curves:
@@ -199,7 +195,7 @@ class LatencyModel:
 
     def effective_budget(self, seq_len: int, budget: int) -> int:
         """min(budget, number of blocks): a top-k at or beyond the block count is dense."""
-        return min(int(budget), -(-int(seq_len) // self.block_size))
+        return min(int(budget), blocks(int(seq_len), self.block_size))
 
     # -- per layer ------------------------------------------------------------------------------
     def attention(self, seq_len: int, budget: int, *, backward: bool = False) -> float:
@@ -243,7 +239,7 @@ class LatencyModel:
         x = L.astype(float)
         i = np.clip(np.searchsorted(xs, x, side="right") - 1, 0, len(xs) - 2)
         t = (x - xs[i]) / (xs[i + 1] - xs[i])
-        kn = np.minimum(k, np.repeat(-(-L // self.block_size), counts))  # the effective budget, an int
+        kn = np.minimum(k, np.repeat(blocks(L, self.block_size), counts))  # the effective budget, an int
         kk = kn.astype(float)
         inside = np.repeat((x >= xs[0]) & (x <= xs[-1]), counts) & (kk >= ks[0]) & (kk <= ks[-1])
         kf = np.arange(int(kn.max()) + 1 if kn.size else 1).astype(float)
@@ -348,17 +344,9 @@ class LatencyModel:
 
     # -- stages and micro-batches -----------------------------------------------------------------
     def stage_layers(self, stage: int, chunk: int = 0) -> range:
-        """Global layer indices of model chunk ``chunk`` on pipeline stage ``stage``.
-
-        Layers are split contiguously over pp x virtual_stages chunks; chunk c of stage s is virtual
-        stage c x pp + s (Megatron / torch.distributed.pipelining interleaving). When the split is
-        uneven the first virtual stages take one layer more each.
-        """
-        pp, vs = self.cluster.pp, self.cluster.virtual_stages
-        if not (0 <= stage < pp and 0 <= chunk < vs):
-            raise ConfigError(f"latency: stage must be in 0..{pp - 1} and chunk in 0..{vs - 1}, "
-                              f"got stage {stage}, chunk {chunk}")
-        return self._ranges[chunk * pp + stage]
+        """Global layer indices of model chunk ``chunk`` on pipeline stage ``stage``
+        (:meth:`Layout.stage_layers`)."""
+        return self.layout.stage_layers(stage, chunk)
 
     def _budget_counts(self, budget, layers: range | None = None) -> tuple[tuple[int, int], ...]:
         """((k, number of layers with budget k), ...) over ``layers`` (all layers when None)."""
@@ -400,7 +388,7 @@ class LatencyModel:
         hit = self._attn_fb.get((L, k))
         if hit is None:
             fast = self._fast_attn
-            ke = min(k, -(-L // self.block_size))
+            ke = min(k, blocks(L, self.block_size))
             if fast is not None and fast.xs[0] <= L <= fast.xs[-1] and fast.ks[0] <= ke <= fast.ks[-1]:
                 hit = fast(L, ke)
             else:
@@ -477,7 +465,7 @@ class LatencyModel:
     def _attention_fb_array(self, L: np.ndarray, k: np.ndarray) -> np.ndarray:
         fast = self._fast_attn
         out = np.empty(L.shape)
-        ke = np.minimum(k, -(-L // self.block_size))
+        ke = np.minimum(k, blocks(L, self.block_size))
         if fast is None:
             inside = np.zeros(L.shape, dtype=bool)
         else:
@@ -517,20 +505,8 @@ class LatencyModel:
         return c.p2p_latency + tokens * self.model.hidden * self.model.dtype_bytes / c.p2p_bandwidth
 
     def stage_params(self, stage: int) -> int:
-        """Parameters held by device ``stage`` (all its virtual stages under the schedule's
-        placement; before TP splitting). The embedding sits with virtual stage 0, final norm + LM
-        head with the last one (both on device 0 under a V placement); tied embeddings are counted
-        again on the head's device when that is another device (Megatron keeps a copy there)."""
-        m, c = self.model, self.cluster
-        dev = placement(c.schedule, c.pp, c.virtual_stages)
-        params = sum(len(r) for r, d in zip(self._ranges, dev) if d == stage) * m.params_per_layer
-        if stage == dev[0]:
-            params += m.embedding_params
-        if stage == dev[-1]:
-            params += m.hidden  # final RMSNorm
-            if not m.tie_embeddings or dev[0] != dev[-1]:
-                params += m.embedding_params
-        return params
+        """Parameters held by device ``stage`` before TP splitting (:meth:`Layout.device_params`)."""
+        return self.layout.device_params(stage)
 
     def allreduce_time(self, stage: int) -> float:
         """Seconds of the ring all-reduce of stage ``stage``'s gradients across the DP group:

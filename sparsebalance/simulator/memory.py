@@ -2,7 +2,7 @@
 micro-batches in flight under the schedule. Bytes throughout; no torch.
 
 **Static** (per device = one TP shard of one pipeline stage, all its chunks): ``P`` parameters of
-the stage (:func:`stage_params`, the same split and counting as the latency model) over ``tp``,
+the stage (``Layout.device_params``, the split and counting the latency model uses too) over ``tp``,
 times ``PARAM_BYTES`` (bf16 weights) + ``GRAD_BYTES`` (bf16 gradients) + ``MASTER_BYTES`` (fp32
 master copy) + ``ADAM_BYTES`` (fp32 first and second moments) = 16 bytes per parameter; with
 ``cluster.zero1`` the master copy and the moments are sharded over the DP group (ZeRO-1):
@@ -40,7 +40,7 @@ import numpy as np
 from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
 from sparsebalance.simulator.graph import ActionGraph
-from sparsebalance.simulator.schedules import placement
+from sparsebalance.simulator.layout import layout_of
 
 PARAM_BYTES = 2
 """bf16 weights."""
@@ -53,36 +53,11 @@ ADAM_BYTES = 8
 GB = 1e9
 
 
-def stage_layer_counts(model: ModelConfig, cluster: ClusterConfig) -> list[int]:
-    """Decoder layers of each virtual stage (vs = chunk x pp + stage): contiguous split, the first
-    virtual stages one layer more when uneven (as ``LatencyModel.stage_layers``)."""
-    chunks = cluster.pp * cluster.virtual_stages
-    if chunks > model.layers:
-        raise ConfigError(f"cluster: pp x virtual_stages = {chunks} exceeds model.layers = {model.layers}")
-    base, extra = divmod(model.layers, chunks)
-    return [base + (v < extra) for v in range(chunks)]
-
-
-def stage_params(model: ModelConfig, cluster: ClusterConfig, stage: int) -> int:
-    """Parameters of physical stage (device) ``stage`` before TP (as ``LatencyModel.stage_params``):
-    its vstages' layers under the schedule's placement, the embedding where vstage 0 lives, final
-    norm + LM head where the last vstage lives (a tied head counted again on another device)."""
-    counts = stage_layer_counts(model, cluster)
-    dev = placement(cluster.schedule, cluster.pp, cluster.virtual_stages)
-    params = sum(c for c, d in zip(counts, dev) if d == stage) * model.params_per_layer
-    if stage == dev[0]:
-        params += model.embedding_params
-    if stage == dev[-1]:
-        params += model.hidden
-        if not model.tie_embeddings or dev[0] != dev[-1]:
-            params += model.embedding_params
-    return params
-
-
 def static_bytes(model: ModelConfig, cluster: ClusterConfig) -> np.ndarray:
     """[pp] weights + gradients + optimizer states of one device of each stage."""
     per_param = PARAM_BYTES + GRAD_BYTES + (MASTER_BYTES + ADAM_BYTES) / (cluster.dp if cluster.zero1 else 1)
-    return np.array([stage_params(model, cluster, s) / cluster.tp * per_param for s in range(cluster.pp)])
+    lay = layout_of(model, cluster)
+    return np.array([lay.device_params(s) / cluster.tp * per_param for s in range(cluster.pp)])
 
 
 def layer_bytes_per_token(model: ModelConfig, tp: int = 1) -> float:
@@ -94,7 +69,7 @@ def layer_bytes_per_token(model: ModelConfig, tp: int = 1) -> float:
 def kept_bytes_per_token(model: ModelConfig, cluster: ClusterConfig) -> np.ndarray:
     """[V] bytes a micro-batch leaves on each virtual stage per token until its backward there."""
     per_layer = 2 * model.hidden / cluster.tp if cluster.recompute else layer_bytes_per_token(model, cluster.tp)
-    out = np.array(stage_layer_counts(model, cluster), dtype=float) * per_layer
+    out = layout_of(model, cluster).layer_counts * per_layer
     out[0] += 2 * model.hidden / cluster.tp  # embedding output
     return out
 
@@ -105,7 +80,7 @@ def transient_bytes_per_token(model: ModelConfig, cluster: ClusterConfig) -> np.
     out = np.zeros(cluster.pp)
     if cluster.recompute:
         out += layer_bytes_per_token(model, cluster.tp)
-    out[placement(cluster.schedule, cluster.pp, cluster.virtual_stages)[-1]] += 2 * model.vocab / cluster.tp
+    out[layout_of(model, cluster).devices[-1]] += 2 * model.vocab / cluster.tp
     return out
 
 
@@ -189,7 +164,7 @@ def check_fits(model: ModelConfig, cluster: ClusterConfig) -> None:
     optimizer states of some stage plus one token of activations: no micro-batch could run."""
     if cluster.device_memory is None:
         return
-    dev = placement(cluster.schedule, cluster.pp, cluster.virtual_stages)
+    dev = layout_of(model, cluster).devices
     kept = np.bincount(dev, weights=kept_bytes_per_token(model, cluster), minlength=cluster.pp)
     need = static_bytes(model, cluster) + kept + transient_bytes_per_token(model, cluster)
     worst = int(np.argmax(need))

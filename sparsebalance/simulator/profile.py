@@ -34,6 +34,7 @@ from typing import Any
 
 import pandas as pd
 
+from sparsebalance.data.sequence import blocks
 from sparsebalance.errors import ConfigError
 
 FORMAT_VERSION = 2
@@ -267,7 +268,7 @@ def monotone_violations(profile: Profile, block_size: int | None = None,
             for k, g in rows.groupby("budget"):
                 out += _drops(op, f"budget {k}", "seq_len", g["seq_len"], g["latency_s"], tolerance)
             for n, g in rows.groupby("seq_len"):
-                eff = [min(int(k), -(-int(n) // bs)) for k in g["budget"]]
+                eff = [min(int(k), blocks(int(n), bs)) for k in g["budget"]]
                 keep = [i for i in range(len(eff)) if i == 0 or eff[i] > eff[i - 1]]
                 out += _drops(op, f"seq_len {n}", "budget", g["budget"].iloc[keep],
                               g["latency_s"].iloc[keep], tolerance)

@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sparsebalance.data.sequence import blocks
 from sparsebalance.errors import check, check_positive
 from sparsebalance.simulator import kernelcost as kc
 from sparsebalance.simulator.config import ModelConfig, qwen25_3b
@@ -146,7 +147,7 @@ def moba_pairs(seq_len, block_size: int, budget):
     L = np.asarray(seq_len, dtype=np.int64)
     k = np.asarray(budget, dtype=np.int64)
     B = int(block_size)
-    n = -(-L // B)
+    n = blocks(L, B)
     r = L - (n - 1) * B  # tokens in the last block
     m = n - 1  # full blocks before the last one
     a = k - 1
@@ -160,7 +161,7 @@ def gate_candidates(seq_len, block_size: int):
     """Sum over queries of the earlier blocks each query scores: sum_c s_c x c."""
     L = np.asarray(seq_len, dtype=np.int64)
     B = int(block_size)
-    n = -(-L // B)
+    n = blocks(L, B)
     r = L - (n - 1) * B
     return B * (n - 1) * (n - 2) // 2 + r * (n - 1)
 

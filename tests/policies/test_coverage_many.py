@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from sparsebalance.data import coverage as cov
-from sparsebalance.data.sequence import Sequence
+from sparsebalance.data.sequence import Sequence, blocks
 from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.policies.coverage import (
     make_coverage_model,
@@ -35,7 +35,7 @@ def test_closed_form_equals_aggregated_shares(shape, block):
     """The O(n) closed form vs the definition: aggregate() of the [n - 1, n] share matrix."""
     lengths, rates = _cases(np.random.default_rng(block), block, 120)
     for L, a in zip(lengths.tolist(), rates.tolist()):
-        n = cov.n_blocks(L, block)
+        n = blocks(int(L), block)
         want = cov.aggregate(parametric_shares(n, a, shape), L, block) if n > 1 else np.ones(1)
         got = parametric_curve(L, block, a, shape)
         assert got.shape == (n,) and got[-1] == 1.0 and got[0] == (1.0 if n == 1 else 0.0)

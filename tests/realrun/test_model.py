@@ -10,8 +10,9 @@ pytest.importorskip("transformers")
 
 from sparsebalance.errors import ConfigError
 from sparsebalance.kernels.qwen2 import MobaArgs, build_qwen2, full_forward_loss, pack
-from sparsebalance.realrun.stage import build_stage, stage_layers
+from sparsebalance.realrun.stage import build_stage
 from sparsebalance.simulator.config import tiny
+from sparsebalance.simulator.layout import split_layers
 
 
 def _seqs(lengths, seed=0):
@@ -73,26 +74,6 @@ def test_per_layer_budget_tuple_selects_by_layer():
     assert run((2, 64, 64, 64)) != pytest.approx(run(64), rel=1e-9)
 
 
-@pytest.mark.parametrize("layers,pp", [(4, 2), (4, 3), (7, 4), (24, 8), (5, 5)])
-def test_stage_layers_contiguous_even(layers, pp):
-    ranges = [stage_layers(layers, pp, s) for s in range(pp)]
-    assert [i for r in ranges for i in r] == list(range(layers))
-    sizes = [len(r) for r in ranges]
-    assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
-
-
-def test_stage_layers_match_latency_model():
-    from dataclasses import replace
-
-    from sparsebalance.simulator.config import ClusterConfig
-    from sparsebalance.simulator.latency import load_latency_model
-
-    for layers, pp in [(4, 2), (4, 3), (7, 4)]:
-        model = replace(tiny(), layers=layers)
-        lm = load_latency_model("analytical-h200", model, ClusterConfig(pp=pp, global_batch=4))
-        assert [lm.stage_layers(s) for s in range(pp)] == [stage_layers(layers, pp, s) for s in range(pp)]
-
-
 @pytest.mark.parametrize("pp", [2, 3])
 def test_stages_chained_equal_full_model(pp):
     net = build_qwen2(tiny(), seed=6, dtype="float64")
@@ -101,11 +82,11 @@ def test_stages_chained_equal_full_model(pp):
     full = float(full_forward_loss(net, b, moba).detach())
     h = None
     for s in range(pp):
-        h = build_stage(net, s, pp, stage_layers(4, pp, s))(h, b, moba)
+        h = build_stage(net, s, pp, split_layers(4, pp)[s])(h, b, moba)
     assert float(h.detach()) == pytest.approx(full, rel=1e-12)
     names = set()
     for s in range(pp):
-        names |= set(build_stage(net, s, pp, stage_layers(4, pp, s)).global_state_dict())
+        names |= set(build_stage(net, s, pp, split_layers(4, pp)[s]).global_state_dict())
     assert names == set(net.state_dict())
 
 

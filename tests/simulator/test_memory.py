@@ -14,7 +14,6 @@ from sparsebalance.simulator.memory import (
     check_fits,
     compare_measured,
     memory_report,
-    stage_params,
     token_cap_for_memory,
 )
 
@@ -66,18 +65,6 @@ def test_in_flight_counts_from_the_orders(schedule, pp, m, v):
         np.testing.assert_allclose(counts, m)
     else:  # interleaved warms up over both chunks: stage 0 holds more than 1F1B's pp
         assert counts[0] > pp
-
-
-def test_stage_params_match_the_latency_model():
-    from sparsebalance.simulator.config import qwen25_3b
-    from sparsebalance.simulator.latency import load_latency_model
-
-    for cl in (ClusterConfig(pp=4, dp=2), ClusterConfig(pp=3, dp=1, schedule="interleaved", virtual_stages=2,
-                                                        global_batch=6),
-               ClusterConfig(pp=4, dp=1, schedule="zbv", virtual_stages=2, global_batch=8)):
-        lm = load_latency_model("analytical-h200", qwen25_3b(), cl)
-        assert [stage_params(qwen25_3b(), cl, s) for s in range(cl.pp)] == \
-            [lm.stage_params(s) for s in range(cl.pp)]
 
 
 def test_presets_carry_device_memory_and_bad_fields_are_config_errors():

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sparsebalance.data.sequence import blocks
+
 
 def gate_dtype(dtype: Any) -> Any:
     """dtype the gate is computed in: float32 for bf16/fp16 inputs, else the input dtype."""
@@ -30,7 +32,7 @@ def block_means(k: Any, block_size: int) -> Any:
     import torch
 
     L, hk, d = k.shape
-    nb = -(-L // block_size)
+    nb = blocks(L, block_size)
     kd = k.detach().to(gate_dtype(k.dtype))
     full = (L // block_size) * block_size
     means = kd[:full].reshape(-1, block_size, hk, d).mean(dim=1)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from sparsebalance.data.sequence import blocks
+
 
 def _gate_dtype(dtype: Any) -> Any:
     """Gate scores are computed in float32 for half-precision inputs, else in the input dtype."""
@@ -43,7 +45,7 @@ def naive_selection(q: Any, k: Any, block_size: int, topk: int) -> Any:
 
     L, H, _ = q.shape
     group = H // k.shape[1]
-    nb = -(-L // block_size)
+    nb = blocks(L, block_size)
     gd = _gate_dtype(q.dtype)
     means = torch.stack([k[j * block_size:min((j + 1) * block_size, L)].to(gd).mean(dim=0)
                          for j in range(nb)])                                 # [nb, H_kv, D]
@@ -119,7 +121,7 @@ def moba_coverage_naive(q: Any, k: Any, cu_seqlens: Any, block_size: int, topks:
     for i in range(len(bounds) - 1):
         a, b = bounds[i], bounds[i + 1]
         L = b - a
-        nb = -(-L // block_size)
+        nb = blocks(L, block_size)
         qs = q[a:b].detach().double()
         means = [k[a + j * block_size:a + min((j + 1) * block_size, L)].detach().double().mean(dim=0)
                  for j in range(nb)]

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from sparsebalance.data.sequence import blocks
+
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class SpeedShape:
@@ -97,7 +99,7 @@ def measure_point(L: int, density: float, shape: SpeedShape, *, dense_ms: dict |
     q, k, v = (torch.randn(L, n, D, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
                for n in (H, HKV, HKV))
     cu = torch.tensor([0, L], dtype=torch.int32, device="cuda")
-    nb = -(-L // B)
+    nb = blocks(L, B)
     topk = max(1, round(density * nb))
     pairs = _pairs(L, B, topk) * H
     dense_pairs = L * (L + 1) // 2 * H

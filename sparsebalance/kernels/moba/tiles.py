@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparsebalance.data.sequence import blocks
 from sparsebalance.kernels.moba.gate import block_means
 
 #: Query rows per tile (powers of two) -> relative cost of one tile row in the fused CPU kernel,
@@ -75,7 +76,7 @@ def layout(cu: list[int], B: int, topks: list[int], heads: int, dim: int, device
     dense, own_s, own_e, key_s, pieces = [], [], [], [], []
     for i in range(len(cu) - 1):
         a, L = cu[i], cu[i + 1] - cu[i]
-        nb, n = -(-L // B), topks[i] - 1
+        nb, n = blocks(L, B), topks[i] - 1
         if n + 1 >= nb:
             dense.append((a, a + L))
             continue

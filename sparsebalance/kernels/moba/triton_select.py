@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from sparsebalance.data.sequence import blocks
+
 
 @dataclass(kw_only=True, slots=True)
 class MobaChunk:
@@ -113,7 +115,7 @@ def select_blocks(q: torch.Tensor, k: torch.Tensor, bounds: list[int], block_siz
     sel = torch.full((T, H, k1p), -1, dtype=torch.int32, device=q.device)
     for s in range(len(bounds) - 1):
         s0, s1, kk = bounds[s], bounds[s + 1], topks[s] - 1
-        if kk <= 0 or kk + 1 >= -(-(s1 - s0) // block_size):  # no past block, or dense: no selection
+        if kk <= 0 or kk + 1 >= blocks(s1 - s0, block_size):  # no past block, or dense: no selection
             continue
         means = gate.block_means(k[s0:s1], block_size)  # [nb, H_kv, D]
         nb = means.shape[0]
@@ -135,7 +137,7 @@ def _blocks(bounds: list[int], block_size: int, topks: list[int], masked: list[b
     block 0, and the mask start (sequence start when masked, else -1)."""
     b = np.asarray(bounds, dtype=np.int64)
     s0, s1 = b[:-1], b[1:]
-    nb = -(-(s1 - s0) // block_size)
+    nb = blocks(s1 - s0, block_size)
     seq = np.repeat(np.arange(len(nb)), nb)
     base = np.cumsum(nb) - nb
     c = np.arange(int(nb.sum())) - base[seq]                      # block index within its sequence
@@ -230,7 +232,7 @@ def build_index(q: torch.Tensor, k: torch.Tensor, cu_seqlens: torch.Tensor, bloc
     bounds = [int(x) for x in cu_seqlens.cpu().tolist()]
     topks = [int(x) for x in topk.cpu().tolist()]
     lengths = [b - a for a, b in itertools.pairwise(bounds)]
-    nbs = [-(-L // block_size) for L in lengths]
+    nbs = [blocks(L, block_size) for L in lengths]
     masked = [bool(m) and k < n for m, k, n in zip(masked or [False] * len(lengths), topks, nbs)]
     # slots per row: the largest budget of a sequence that is not dense (dense ones have none)
     k1 = max([k - 1 for k, n in zip(topks, nbs) if k < n], default=0)
@@ -266,12 +268,12 @@ def build_index(q: torch.Tensor, k: torch.Tensor, cu_seqlens: torch.Tensor, bloc
         else:
             codes, fwd_items, bwd_items = _gather(sel, row0, row1, row_base, k1p, H, G, n_blocks, blk_start,
                                                   block_m, bwd_rows)
-        blocks = np.arange(b0, b1)
-        own = np.stack([np.repeat(start[blocks], HKV), np.repeat(length[blocks], HKV),
-                        np.repeat(rend[blocks], HKV), np.tile(np.arange(HKV), b1 - b0),
-                        np.repeat(mstart[blocks], HKV)])
-        per = -(-length[blocks] // block_m)                            # query tiles per block
-        tb = np.repeat(blocks, per)
+        ids = np.arange(b0, b1)
+        own = np.stack([np.repeat(start[ids], HKV), np.repeat(length[ids], HKV),
+                        np.repeat(rend[ids], HKV), np.tile(np.arange(HKV), b1 - b0),
+                        np.repeat(mstart[ids], HKV)])
+        per = -(-length[ids] // block_m)                            # query tiles per block
+        tb = np.repeat(ids, per)
         tile_row = start[tb] + block_m * (np.arange(int(per.sum())) - np.repeat(np.cumsum(per) - per, per))
         qt = np.stack([tile_row, kfirst[tb], start[tb] + length[tb], slots[tb], mstart[tb]])
         om, tm = own[4] >= 0, qt[4] >= 0

@@ -22,12 +22,14 @@ from typing import Any
 
 import numpy as np
 
+from sparsebalance.data.sequence import blocks
+
 
 def attended_pairs(lengths: list[int], block_size: int, topks: list[int], heads: int) -> int:
     """Exact attended (query, key) pairs summed over heads (closed form per sequence)."""
     total = 0
     for L, k in zip(lengths, topks):
-        nb = -(-L // block_size)
+        nb = blocks(L, block_size)
         for c in range(nb):
             s = min(block_size, L - c * block_size)
             total += s * (s + 1) // 2 + block_size * s * min(k - 1, c)

@@ -1,0 +1,132 @@
+"""Where the model lives on the cluster: the one home of the model's geometry.
+
+A :class:`Layout` answers, for one (model, cluster): which decoder layers each virtual stage holds
+(:func:`split_layers`, the one split rule), which device runs each virtual stage (the schedule's
+placement) and which chunk of that device it is, which virtual stages a device holds, and the
+parameters each device holds. The latency model, the memory model, the executor, the policies, the
+real run's stages and the stage check all ask it; none of them splits layers itself. The key
+blocks of a sequence are counted by ``data.sequence.blocks`` (in the lowest layer, so that data/
+and kernels/ count them with the same function).
+
+The mesh order is (dp, pp, tp) from the outside in: global rank = (d x pp + s) x tp + t, so TP
+ranks (the most traffic) are neighbours, then the stages of a replica, and only DP crosses nodes
+(:func:`mesh_rank`, :func:`mesh_coords`, for any number of dimensions; the real run's rank layout
+is these). A further dimension (a context-parallel degree) goes in as one more entry of
+:data:`MESH` and of the sizes, between pp and tp, with its share of the tokens in the per-device
+quantities; nothing here assumes there are three.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from sparsebalance.errors import ConfigError
+from sparsebalance.simulator.config import ClusterConfig, ModelConfig
+from sparsebalance.simulator.schedules import placement
+
+#: Mesh dimensions from the outside in (the order of :func:`mesh_rank`'s coordinates).
+MESH = ("dp", "pp", "tp")
+
+
+def mesh_rank(coords: tuple[int, ...], inner: tuple[int, ...]) -> int:
+    """Global rank of mesh coordinates (outermost first); ``inner`` = the sizes of every dimension
+    but the outermost (e.g. (pp, tp))."""
+    rank = coords[0]
+    for c, size in zip(coords[1:], inner):
+        rank = rank * size + c
+    return rank
+
+
+def mesh_coords(rank: int, inner: tuple[int, ...]) -> tuple[int, ...]:
+    """Mesh coordinates (outermost first) of a global rank: the inverse of :func:`mesh_rank`."""
+    out = []
+    for size in reversed(inner):
+        rank, c = divmod(rank, size)
+        out.append(c)
+    return (rank, *reversed(out))
+
+
+def split_layers(layers: int, chunks: int) -> tuple[range, ...]:
+    """``layers`` decoder layers in ``chunks`` contiguous ranges, as even as possible; when uneven
+    the first ranges take one layer more (the last one already carries the LM head)."""
+    if not 1 <= chunks <= layers:
+        raise ConfigError(f"cluster: pp x virtual_stages = {chunks} exceeds model.layers = {layers}; every "
+                          "(virtual) stage needs at least one layer")
+    base, extra = divmod(layers, chunks)
+    starts = [v * base + min(v, extra) for v in range(chunks + 1)]
+    return tuple(range(starts[v], starts[v + 1]) for v in range(chunks))
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The geometry of ``model`` on ``cluster`` (build it with :func:`layout_of`: cached)."""
+
+    model: ModelConfig
+    """The model whose layers are placed."""
+    cluster: ClusterConfig
+    """The parallel plan they are placed on."""
+    vstage_ranges: tuple[range, ...] = field(init=False)
+    """Global layer indices of each virtual stage, vs = 0 .. pp x virtual_stages - 1."""
+    devices: tuple[int, ...] = field(init=False)
+    """The pipeline device (stage) of each virtual stage: the schedule's placement."""
+
+    def __post_init__(self) -> None:
+        c = self.cluster
+        object.__setattr__(self, "vstage_ranges", split_layers(self.model.layers, c.pp * c.virtual_stages))
+        object.__setattr__(self, "devices", placement(c.schedule, c.pp, c.virtual_stages))
+
+    @property
+    def n_vstages(self) -> int:
+        return len(self.vstage_ranges)
+
+    @property
+    def layer_counts(self) -> np.ndarray:
+        """Decoder layers of each virtual stage, float [n_vstages] (a factor of the per-layer costs)."""
+        return np.array([len(r) for r in self.vstage_ranges], dtype=float)
+
+    def vstage_layers(self, vs: int) -> range:
+        return self.vstage_ranges[vs]
+
+    def stage_layers(self, stage: int, chunk: int = 0) -> range:
+        """Layers of model chunk ``chunk`` on pipeline stage ``stage``: virtual stage chunk x pp + stage
+        (the interleaved numbering of Megatron and torch.distributed.pipelining)."""
+        pp, v = self.cluster.pp, self.cluster.virtual_stages
+        if not (0 <= stage < pp and 0 <= chunk < v):
+            raise ConfigError(f"latency: stage must be in 0..{pp - 1} and chunk in 0..{v - 1}, "
+                              f"got stage {stage}, chunk {chunk}")
+        return self.vstage_ranges[chunk * pp + stage]
+
+    def vstages_of(self, device: int) -> tuple[int, ...]:
+        """The virtual stages device ``device`` runs, in model order."""
+        return tuple(vs for vs, d in enumerate(self.devices) if d == device)
+
+    def device_params(self, device: int) -> int:
+        """Parameters device ``device`` holds before TP splitting: its virtual stages' layers, the
+        embedding where virtual stage 0 lives, final norm + LM head where the last one lives (a tied
+        head counted again when that is another device: Megatron keeps a copy there)."""
+        m, dev = self.model, self.devices
+        params = sum(len(r) for r, d in zip(self.vstage_ranges, dev) if d == device) * m.params_per_layer
+        if device == dev[0]:
+            params += m.embedding_params
+        if device == dev[-1]:
+            params += m.hidden  # final RMSNorm
+            if not m.tie_embeddings or dev[0] != dev[-1]:
+                params += m.embedding_params
+        return params
+
+    def rank(self, d: int, s: int, t: int = 0) -> int:
+        """Global rank of (DP replica d, pipeline stage s, TP rank t)."""
+        return mesh_rank((d, s, t), (self.cluster.pp, self.cluster.tp))
+
+    def coords(self, rank: int) -> tuple[int, ...]:
+        """(DP replica, pipeline stage, TP rank) of a global rank (the inverse of :meth:`rank`)."""
+        return mesh_coords(rank, (self.cluster.pp, self.cluster.tp))
+
+
+@lru_cache(maxsize=64)
+def layout_of(model: ModelConfig, cluster: ClusterConfig) -> Layout:
+    """The (cached) :class:`Layout` of ``model`` on ``cluster``."""
+    return Layout(model, cluster)

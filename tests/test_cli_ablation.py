@@ -59,7 +59,7 @@ def test_two_seeds_give_paired_speedups_and_intervals(main, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_default_run_prints_every_row(main, tmp_path, capsys):
-    """The full default setting (5 seeds x 20 iterations); its run time is reported in the README,
+    """The full default setting (5 seeds x 20 iterations); its run time is reported in docs/results.md,
     not asserted here."""
     assert main(["ablation", "--out", str(tmp_path), "--no-progress"]) == 0
     out = capsys.readouterr().out

@@ -1,5 +1,5 @@
 """The accuracy experiment's summary: differences to ``fixed`` paired by seed and bucket, and the
-Markdown table the README is written from (oracles: hand-computed means and t intervals)."""
+Markdown table docs/results.md is written from (oracles: hand-computed means and t intervals)."""
 
 import math
 

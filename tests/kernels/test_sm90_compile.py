@@ -4,7 +4,7 @@ Before any GPU time is spent: every variant a bf16, head-dim-128 call launches (
 the own-block ones without and with ``MASKED``) at ``launch_config`` is compiled to PTX and
 assembled by the ptxas bundled with triton (``kernels/moba/sm90.py``). Each must use wgmma for its
 matrix products (never fall back to mma.sync), fit the register file and shared memory of one SM,
-and spill little more than the launch configuration was chosen with (README, "Triton kernel": the
+and spill little more than the launch configuration was chosen with (kernels/moba/README.md, "Hopper compile check": the
 worst, bwd_own with MASKED, 500 bytes stored and 544 loaded per thread). Runs in a subprocess: the kernel tests here load the kernels interpreted.
 """
 

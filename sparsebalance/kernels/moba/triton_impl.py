@@ -269,8 +269,8 @@ BWD_ROWS = 1024
 def launch_config(block_size: int, head_dim: int, dtype: torch.dtype) -> dict:
     """Tile sizes and launch options: BLOCK_M/BLOCK_N (divisors of the block), warps, stages.
 
-    Picked with ``benchmarks/inspect_triton_sm90.py`` (sm_90a, bf16, block 128; table in README.md,
-    "Triton kernel"): 64 x 64 tiles on 8 warps compile without spills at D = 64 and with the fewest
+    Picked with ``benchmarks/inspect_triton_sm90.py`` (sm_90a, bf16, block 128; table in
+    kernels/moba/README.md, "Hopper compile check"): 64 x 64 tiles on 8 warps compile without spills at D = 64 and with the fewest
     spills at D = 128, every tl.dot lowering to wgmma; 4 warps spill in every kernel. Not yet tuned
     by GPU timings.
     """

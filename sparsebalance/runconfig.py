@@ -29,6 +29,8 @@ from sparsebalance.data.config import DataConfig
 from sparsebalance.errors import ConfigError, check, check_choice, check_positive
 from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.simulator.config import (
+    DEFAULT_ENGINE,
+    ENGINE_NAMES,
     ClusterConfig,
     ModelConfig,
     check_tp,
@@ -58,6 +60,9 @@ class RunConfig:
     error, or clamp to the nearest profiled value."""
     output_dir: str = "results"
     """Where ``<name>/`` is written."""
+    engine: str = DEFAULT_ENGINE
+    """What times each simulated iteration: ``core`` (the exact timing core, the default and fast)
+    or ``simpy`` (the SimPy event model; the same times, for what needs events)."""
     model: ModelConfig = field(default_factory=qwen25_3b)
     cluster: ClusterConfig = field(default_factory=h200_4x8)
     data: DataConfig = field(default_factory=DataConfig)
@@ -78,6 +83,7 @@ class RunConfig:
             self.data = replace(self.data, seed=self.seed)
         check_tp(self.model, self.cluster)
         check_choice(self.latency_extrapolate, "latency_extrapolate", ("warn", "error", "clamp"))
+        check_choice(self.engine, "engine", ENGINE_NAMES)
         check(bool(self.name) and "/" not in self.name, "name",
               f"must be a non-empty label without '/', got {self.name!r}")
 

@@ -63,7 +63,7 @@ def run_simulation(cfg: RunConfig, *, progress: bool = True, prepared: Prepared 
     from sparsebalance.simulator.executor import SimulatorExecutor
 
     p = prepared or prepare(cfg)
-    executor = SimulatorExecutor(p.latency, cfg.model, cfg.cluster)
+    executor = SimulatorExecutor(p.latency, cfg.model, cfg.cluster, engine=cfg.engine)
     batches = global_batches(p.sequences, cfg.cluster.global_batch, shuffle=cfg.data.shuffle,
                              rng=np.random.default_rng(cfg.data.seed))
     result = run_loop(batches=batches, batching=p.batching, tuning=p.tuning, executor=executor,

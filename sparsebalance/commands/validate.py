@@ -91,7 +91,7 @@ def replay(cfg, run_dir: Path):
     latency = load_latency_model(cfg.profile, cfg.model, cfg.cluster, base_dir=cfg.base_dir,
                                  extrapolate=cfg.latency_extrapolate,
                                  allow_nonmonotone=cfg.allow_nonmonotone)
-    executor = SimulatorExecutor(latency, cfg.model, cfg.cluster)
+    executor = SimulatorExecutor(latency, cfg.model, cfg.cluster, engine=cfg.engine)
     plans, budgets = load_plans(run_dir / "plans.json")
     rows, traces = [], []
     for it, (plan, bud) in enumerate(zip(plans, budgets)):

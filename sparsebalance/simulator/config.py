@@ -17,6 +17,10 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev")
 SPLIT_SCHEDULES = ("zb-h1", "zbv", "dualpipev")
 """Schedules that split (some) backwards into an input-gradient I and a deferred weight-gradient W."""
 V_SCHEDULES = ("zbv", "dualpipev")
+#: The engines that time an iteration (``engine.ENGINES``, in this order) and the one runs use by
+#: default: the exact timing core; "simpy" is the SimPy event model (same times, for events).
+ENGINE_NAMES = ("core", "simpy")
+DEFAULT_ENGINE = "core"
 """Schedules with two virtual stages per device placed in a V (device d: vstages d, 2 pp - 1 - d)."""
 
 

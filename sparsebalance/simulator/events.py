@@ -1,4 +1,5 @@
-"""The SimPy model of one training iteration on a PP x DP cluster: the simulator's model of record.
+"""The SimPy model of one training iteration on a PP x DP cluster: the ``"simpy"`` engine
+(``engine.ENGINES``), the independent check of the timing core that runs by default.
 
 Each (replica, physical stage) is a :class:`StageEntity`: it owns its device and starts one SimPy
 process that walks the stage's actions in schedule order (an :class:`~.graph.ActionGraph`). An action
@@ -8,8 +9,9 @@ blocked). When every replica's copy of a physical stage has finished its last ac
 gradient all-reduce runs on all of them, then the optimizer step.
 
 Events are what this model is for: device contention, faults, stragglers and other what-if
-extensions hook in here. Without them its times equal the timing core's (:mod:`.timing`), which the
-simulator uses on its fast path; tests check the two agree on random cases of every schedule.
+extensions hook in here. Without them its times equal the timing core's (:mod:`.timing`), which
+every run uses unless its config says ``engine = "simpy"``; tests check the two agree on random
+cases and on whole runs of every schedule.
 
 Speed: one event per action when its inputs have already arrived (the wait and the compute are one
 timeout), more otherwise; state lives in flat lists indexed by ``replica * (n + 1) + node``.

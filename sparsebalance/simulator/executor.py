@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from sparsebalance.errors import ConfigError
-from sparsebalance.simulator.config import ClusterConfig, ModelConfig
+from sparsebalance.errors import ConfigError, check_choice
+from sparsebalance.simulator.config import DEFAULT_ENGINE, ENGINE_NAMES, ClusterConfig, ModelConfig
 from sparsebalance.simulator.engine import PipelineInput, PipelineResult, simulate
 from sparsebalance.simulator.iteration import IterationResult
 from sparsebalance.simulator.memory import GB, MemoryReport, check_fits, memory_report
@@ -33,7 +33,11 @@ class SimulatorExecutor:
 
     name = "simulator"
 
-    def __init__(self, latency: Any, model: ModelConfig, cluster: ClusterConfig) -> None:
+    def __init__(self, latency: Any, model: ModelConfig, cluster: ClusterConfig, *,
+                 engine: str = DEFAULT_ENGINE) -> None:
+        check_choice(engine, "engine", ENGINE_NAMES)
+        self.engine = engine
+        """The engine that times each iteration (``engine.ENGINES``)."""
         self.latency = latency
         self.model = model
         self.cluster = cluster
@@ -141,7 +145,7 @@ class SimulatorExecutor:
 
     def execute(self, iteration: int, plan: Plan, budgets: Budgets) -> IterationResult:
         inp = self.build_input(iteration, plan, budgets)
-        res = simulate(inp)
+        res = simulate(inp, method=self.engine)
         self.last = res
         mem = self.last_memory = memory_report(self.model, self.cluster, res.graph, inp.tokens)
         peak = mem.peak

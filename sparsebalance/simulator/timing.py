@@ -1,6 +1,6 @@
 """The exact timing core: start and end of every action of a schedule, vectorised over its levels.
 
-The model is the SimPy engine's (:mod:`.events`, the model of record, checked equal in tests): an
+The model is the SimPy engine's (:mod:`.events`, its independent check, equal in tests): an
 action starts when its device is free and its inputs have arrived, ``start = max(end of the
 device's previous action, end of each data predecessor + its P2P lag)``, ``end = start + duration``;
 then per physical stage the gradient all-reduce starts when every replica's copy of the stage has

@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     from sparsebalance.kernels.moba.speed import SpeedShape, speed_table
 
     shape = SpeedShape(heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, block=args.block)
-    df = speed_table(args.lengths, args.densities, shape, progress=lambda r: print(r, file=sys.stderr, flush=True))
+    df = speed_table(args.lengths, args.densities, shape, progress=lambda rows: print(rows[-1], file=sys.stderr,
+                                                                                flush=True))
     print(f"device: {torch.cuda.get_device_name()}  {shape}  bf16")
     print(df.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     if args.csv:

@@ -99,74 +99,38 @@ def test_script_offline_on_a_copy_with_a_bare_python_reaches_the_no_cuda_exit(tm
     assert "Downloading" not in log and "Looking in indexes" not in log
 
 
+def _source(mod: str) -> Path | None:
+    """The file of a sparsebalance module (a module file or a package's __init__), None if neither."""
+    base = PKG.parent / mod.replace(".", "/")
+    return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
+
+
+def _imported(path: Path) -> list[str]:
+    """Every name ``path`` imports (absolute imports, lazy ones included; ``from a import b`` gives
+    ``a`` and ``a.b``, since ``b`` may be a module)."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+    return names
+
+
 def _closure(roots: list[str]) -> set[str]:
     """Every sparsebalance module reachable from ``roots`` through any import, lazy ones included."""
     seen, todo = set(), list(roots)
     while todo:
         mod = todo.pop()
-        if mod in seen:
+        if mod in seen or _source(mod) is None:
             continue
-        path = PKG.parent / (mod.replace(".", "/") + ".py")
-        if not path.is_file():
-            path = PKG.parent / mod.replace(".", "/") / "__init__.py"
-            if not path.is_file():
-                continue
         seen.add(mod)
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            else:
-                continue
-            todo += [n for n in names if n.startswith("sparsebalance")]
+        todo += [n for n in _imported(_source(mod)) if n.startswith("sparsebalance")]
     return seen
 
 
-STEP_ROOTS = ["sparsebalance.__main__", "sparsebalance.cli", "sparsebalance.commands.gpu_check", "sparsebalance.gpucheck.__main__", "sparsebalance.gpucheck.steps",
-              "sparsebalance.gpucheck.report"]
-
-
-def _third_party(mod: str) -> set[str]:
-    path = PKG.parent / (mod.replace(".", "/") + ".py")
-    if not path.is_file():
-        path = PKG.parent / mod.replace(".", "/") / "__init__.py"
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module.split(".")[0])
-        elif isinstance(node, ast.Import):
-            out |= {a.name.split(".")[0] for a in node.names}
-    return out
-
-
-def test_import_closure_of_the_steps_needs_neither_simpy_nor_ray():
-    mods = _closure(STEP_ROOTS)
-    assert {"sparsebalance.stagecheck", "sparsebalance.kernels.moba.triton_impl", "sparsebalance.kernels.measure",
-            "sparsebalance.runner"} <= mods
-    named = {m: _third_party(m) & {"simpy", "ray"} for m in mods}
-    # the SimPy engine is reached only through engine.simulate(method="simpy"), which no step asks for
-    assert {m: n for m, n in named.items() if n} == {"sparsebalance.simulator.events": {"simpy"}}
-    callers = mods - {"sparsebalance.simulator.engine", "sparsebalance.simulator.events"}
-    asks = [m for m in callers if (PKG.parent / (m.replace(".", "/") + ".py")).is_file()
-            and 'method="simpy"' in (PKG.parent / (m.replace(".", "/") + ".py")).read_text()]
-    assert asks == []
-    mods.discard("sparsebalance.simulator.events")
-    mods.discard("sparsebalance.__main__")  # runs the CLI when imported; its imports are cli's
-    # and imported for real with both blocked (a module the walk missed would surface here)
-    blocker = ("import sys, importlib.abc\n"
-               "class B(importlib.abc.MetaPathFinder):\n"
-               "    def find_spec(self, name, path=None, target=None):\n"
-               "        if name.split('.')[0] in ('simpy', 'ray'):\n"
-               "            raise ImportError('blocked: ' + name)\n"
-               "sys.meta_path.insert(0, B())\n"
-               f"for m in {sorted(mods)!r}:\n"
-               "    __import__(m)\n"
-               "print('imported', len(sys.modules))\n")
-    r = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True, cwd=ROOT, timeout=300,
-                       check=False)
-    assert r.returncode == 0, r.stderr[-3000:]
-
+STEP_ROOTS = ["sparsebalance.__main__", "sparsebalance.cli", "sparsebalance.commands.gpu_check",
+              "sparsebalance.gpucheck.__main__", "sparsebalance.gpucheck.steps", "sparsebalance.gpucheck.report"]
 
 BLOCKER = """import importlib.abc, sys
 class _Blocked(importlib.abc.MetaPathFinder):
@@ -177,12 +141,36 @@ sys.meta_path.insert(0, _Blocked())
 """
 
 
+def _tiny_config(where: Path) -> Path:
+    """examples/cpu_pp2.toml cut to 2 micro-batches of at most 128 tokens (seconds on this CPU)."""
+    cfg = (ROOT / "examples" / "cpu_pp2.toml").read_text()
+    path = where / "tiny.toml"
+    path.write_text(cfg.replace("global_batch = 8", "global_batch = 2").replace("max_length = 2048", "max_length = 128"))
+    return path
+
+
+def test_import_closure_of_the_steps_needs_neither_simpy_nor_ray():
+    mods = _closure(STEP_ROOTS)
+    assert {"sparsebalance.stagecheck", "sparsebalance.kernels.moba.triton_impl", "sparsebalance.kernels.measure",
+            "sparsebalance.runner"} <= mods
+    named = {m: {n.split(".")[0] for n in _imported(_source(m))} & {"simpy", "ray"} for m in mods}
+    # the SimPy engine is reached only through engine.simulate(method="simpy"), which no step asks for
+    assert {m: n for m, n in named.items() if n} == {"sparsebalance.simulator.events": {"simpy"}}
+    callers = mods - {"sparsebalance.simulator.engine", "sparsebalance.simulator.events"}
+    assert [m for m in callers if 'method="simpy"' in _source(m).read_text()] == []
+    mods.discard("sparsebalance.simulator.events")
+    mods.discard("sparsebalance.__main__")  # runs the CLI when imported; its imports are cli's
+    # and imported for real with both blocked (a module the walk missed would surface here)
+    prog = BLOCKER + f"for m in {sorted(mods)!r}:\n    __import__(m)\n"
+    r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                       check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
 def test_cpu_run_with_a_relative_out_finds_its_profile_and_stays_within_the_limits(tmp_path):
     """Also with simpy and ray blocked in every process (a ``sitecustomize`` on the path)."""
     pytest.importorskip("torch")
-    cfg = (ROOT / "examples" / "cpu_pp2.toml").read_text()
-    cfg = cfg.replace("global_batch = 8", "global_batch = 2").replace("max_length = 2048", "max_length = 128")
-    (tmp_path / "tiny.toml").write_text(cfg)
+    _tiny_config(tmp_path)
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(BLOCKER)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), str(ROOT)]))
@@ -214,9 +202,7 @@ def test_sigterm_mid_step_kills_the_step_and_leaves_the_summary(tmp_path):
     import signal
     import time
 
-    cfg = (ROOT / "examples" / "cpu_pp2.toml").read_text()
-    (tmp_path / "tiny.toml").write_text(cfg.replace("global_batch = 8", "global_batch = 2")
-                                        .replace("max_length = 2048", "max_length = 128"))
+    _tiny_config(tmp_path)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "sparsebalance", "gpu-check", "--device", "cpu", "--steps",
                              "stages,profile", "--config", "tiny.toml", "--out", "gc", "--budget-s", "240"],

@@ -85,22 +85,14 @@ SPEED_DENSITIES = (1 / 8, 1 / 4, 1 / 16, 1 / 32)
 def speed(ctx: Step) -> tuple[str, str, str]:
     """MoBA vs dense (flash) attention, forward and forward + backward, median of do_bench."""
     import pandas as pd
-    import torch
 
     from sparsebalance.fsutil import atomic_to_csv
-    from sparsebalance.kernels.moba.speed import STATISTIC, SpeedShape, measure_point
+    from sparsebalance.kernels.moba.speed import STATISTIC, SpeedShape, speed_table
 
-    rows, cache, points = [], {}, 0
-    total = len(SPEED_LENGTHS) * len(SPEED_DENSITIES)
-    for L in SPEED_LENGTHS:
-        for d in SPEED_DENSITIES:
-            if points and ctx.left() < 25:
-                break
-            rows += measure_point(L, d, SpeedShape(), dense_ms=cache)
-            points += 1
-            torch.cuda.empty_cache()
-            atomic_to_csv(pd.DataFrame(rows), ctx.out / "speed.csv", index=False)
-    df = pd.DataFrame(rows)
+    # the table so far after every point: a step killed at its deadline keeps what it measured
+    df = speed_table(SPEED_LENGTHS, SPEED_DENSITIES, SpeedShape(), budget_s=max(ctx.left() - 25, 0.0),
+                     progress=lambda rows: atomic_to_csv(pd.DataFrame(rows), ctx.out / "speed.csv", index=False))
+    points, total = len(df) // 2, len(SPEED_LENGTHS) * len(SPEED_DENSITIES)  # two rows (fwd, fwd+bwd) a point
     fig = f"{points}/{total} points, {STATISTIC}"
     head = df[(df["mode"] == "fwd+bwd") & (df.tokens == 32768) & (df.density == 1 / 8)]
     if len(head):

@@ -53,21 +53,9 @@ def measure_profile(model: ModelConfig, grid: ProfileGrid, *, command: str, tp: 
     if grid.device == "cuda":
         import triton
 
-        meta["versions"] |= {"triton": triton.__version__, "cuda": torch.version.cuda,
-                             "driver": _driver_version()}
+        # the driver is in the machine fingerprint (``machine.gpu_driver``)
+        meta["versions"] |= {"triton": triton.__version__, "cuda": torch.version.cuda}
     return table, meta
-
-
-def _driver_version() -> str:
-    """The NVIDIA driver version as ``nvidia-smi`` reports it, or "unknown"."""
-    import subprocess
-
-    try:
-        r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                           capture_output=True, text=True, timeout=20, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else "unknown"
 
 
 def tp_shard(model, tp: int):

@@ -130,7 +130,6 @@ class LatencyModel:
         self._counts: dict[tuple[int, ...], tuple[tuple[int, int], ...]] = {}
         self.layout = layout_of(model, cluster)
         """Where the layers and parameters live (``simulator/layout.py``): the one split."""
-        self._ranges = self.layout.vstage_ranges
         self._fast_attn, self._fast_dense = self._fused()
         for op in ("embed_fwd", "embed_bwd", "head_fwd", "head_bwd"):
             if op not in self._curves:

@@ -11,8 +11,8 @@ and kernels/ count them with the same function).
 The mesh order is (dp, pp, tp) from the outside in: global rank = (d x pp + s) x tp + t, so TP
 ranks (the most traffic) are neighbours, then the stages of a replica, and only DP crosses nodes
 (:func:`mesh_rank`, :func:`mesh_coords`, for any number of dimensions; the real run's rank layout
-is these). A further dimension (a context-parallel degree) goes in as one more entry of
-:data:`MESH` and of the sizes, between pp and tp, with its share of the tokens in the per-device
+is these). A further dimension (a context-parallel degree) goes in as one more
+coordinate and one more size, between pp and tp, with its share of the tokens in the per-device
 quantities; nothing here assumes there are three.
 """
 
@@ -26,10 +26,6 @@ import numpy as np
 from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
 from sparsebalance.simulator.schedules import placement
-
-#: Mesh dimensions from the outside in (the order of :func:`mesh_rank`'s coordinates).
-MESH = ("dp", "pp", "tp")
-
 
 def mesh_rank(coords: tuple[int, ...], inner: tuple[int, ...]) -> int:
     """Global rank of mesh coordinates (outermost first); ``inner`` = the sizes of every dimension
@@ -79,16 +75,9 @@ class Layout:
         object.__setattr__(self, "devices", placement(c.schedule, c.pp, c.virtual_stages))
 
     @property
-    def n_vstages(self) -> int:
-        return len(self.vstage_ranges)
-
-    @property
     def layer_counts(self) -> np.ndarray:
-        """Decoder layers of each virtual stage, float [n_vstages] (a factor of the per-layer costs)."""
+        """Decoder layers of each virtual stage, float [pp x virtual_stages] (a factor of the per-layer costs)."""
         return np.array([len(r) for r in self.vstage_ranges], dtype=float)
-
-    def vstage_layers(self, vs: int) -> range:
-        return self.vstage_ranges[vs]
 
     def stage_layers(self, stage: int, chunk: int = 0) -> range:
         """Layers of model chunk ``chunk`` on pipeline stage ``stage``: virtual stage chunk x pp + stage
@@ -116,14 +105,6 @@ class Layout:
             if not m.tie_embeddings or dev[0] != dev[-1]:
                 params += m.embedding_params
         return params
-
-    def rank(self, d: int, s: int, t: int = 0) -> int:
-        """Global rank of (DP replica d, pipeline stage s, TP rank t)."""
-        return mesh_rank((d, s, t), (self.cluster.pp, self.cluster.tp))
-
-    def coords(self, rank: int) -> tuple[int, ...]:
-        """(DP replica, pipeline stage, TP rank) of a global rank (the inverse of :meth:`rank`)."""
-        return mesh_coords(rank, (self.cluster.pp, self.cluster.tp))
 
 
 @lru_cache(maxsize=64)

@@ -135,17 +135,18 @@ def _pairs(L: int, B: int, k: int) -> int:
 
 
 def speed_table(lengths, densities, shape: SpeedShape, *, budget_s: float | None = None, progress=None) -> Any:
-    """The grid as a DataFrame; stops early (rows so far) when ``budget_s`` seconds are spent."""
+    """The grid as a DataFrame, in the order given; after the first point, stops early (rows so far)
+    once ``budget_s`` seconds are spent. ``progress(rows)`` gets the rows so far after each point."""
     import pandas as pd
     import torch
 
     rows, cache, t0 = [], {}, time.monotonic()
     for L in lengths:
         for d in densities:
-            if budget_s is not None and time.monotonic() - t0 > budget_s:
+            if rows and budget_s is not None and time.monotonic() - t0 > budget_s:
                 return pd.DataFrame(rows)
             rows += measure_point(L, d, shape, dense_ms=cache)
             torch.cuda.empty_cache()
             if progress is not None:
-                progress(rows[-1])
+                progress(rows)
     return pd.DataFrame(rows)

@@ -28,6 +28,12 @@ from sparsebalance.kernels.moba.triton_impl import moba_attention_triton
 from sparsebalance.kernels.moba.triton_select import build_index
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
+# tiles of 8 rows (several per block) run under the interpreter; compiled, tl.dot needs 16
+LOW = triton_impl.min_tile(DEV)
+
+
+def _tiles(tiles):
+    return (None, None) if tiles is None else tuple(max(t, LOW) for t in tiles)
 B = 16
 D = 16
 # ragged: not multiples of the block, one shorter than a block, one exactly a block
@@ -75,7 +81,7 @@ def test_matches_float64_reference_fp32(case):
     tiny sizes; that path is tested in test_triton_masked.py)."""
     h, hkv, topk, tiles = CASES[case]
     q, k, v, do, cu = _inputs(list(CASES).index(case), h, hkv)
-    bm, bn = tiles or (None, None)
+    bm, bn = _tiles(tiles)
     got = _run(lambda a, b, c: moba_attention_triton(a, b, c, cu.to(DEV), B, topk, block_m=bm, block_n=bn,
                                                      path="sparse"), q, k, v, do, torch.float32)
     ref = _reference(q, k, v, do, cu, topk)
@@ -90,10 +96,11 @@ def test_forward_chunks_and_split_backward_items(monkeypatch):
     monkeypatch.setattr(triton_impl, "BWD_ROWS", bwd_rows)
     q, k, v, do, cu = _inputs(21, 2, 1, lens=[70, 9, 53])
     topk = torch.tensor([3, 1, 2])
-    idx = build_index(q, k, cu, B, topk, 8, bwd_rows=bwd_rows, partial_bytes=partial_bytes)
+    idx = build_index(q, k, cu, B, topk, max(8, LOW), bwd_rows=bwd_rows, partial_bytes=partial_bytes)
     assert len(idx.chunks) >= 3 and max(int((c.bwd_items[1] - c.bwd_items[0]).max()) for c in idx.chunks
                                        if c.bwd_items.numel()) <= bwd_rows
-    got = _run(lambda a, b, c: moba_attention_triton(a, b, c, cu.to(DEV), B, topk, block_m=8, block_n=8,
+    got = _run(lambda a, b, c: moba_attention_triton(a, b, c, cu.to(DEV), B, topk, block_m=max(8, LOW),
+                                                     block_n=max(8, LOW),
                                                      path="sparse"), q, k, v, do, torch.float32)
     ref = _reference(q, k, v, do, cu, topk)
     for name, a, r in zip(("out", "dq", "dk", "dv"), got, ref):
@@ -105,7 +112,7 @@ def test_index_gathers_every_selection_once_by_key_block():
     tile each group exactly."""
     q, k, _, _, cu = _inputs(22, 4, 2)
     topk = torch.tensor([3, 2, 1, 2, 4])
-    idx = build_index(q, k, cu, B, topk, 8, bwd_rows=5)
+    idx = build_index(q, k, cu, B, topk, max(8, LOW), bwd_rows=5)
     (ch,) = idx.chunks
     H, K1P = 4, idx.k1p
     codes = ch.codes.long()
@@ -214,3 +221,21 @@ def test_bad_input_names_the_argument(bad, field):
     cu = torch.tensor(bad.get("cu", [0, 40, 100]), dtype=torch.int32)
     with pytest.raises(ConfigError, match=f"^{field}:"):
         moba_attention_triton(q, k, v, cu, bad.get("block_size", 16), bad.get("topk", 2))
+
+
+def test_compiled_kernels_refuse_tiles_under_16_rows(monkeypatch):
+    """tl.dot compiled for a GPU needs 16-row tiles (an 8-row tile failed to compile on an H100): the
+    tile bound is 16 for CUDA unless interpreting, 1 otherwise, and a smaller tile is a named error."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert triton_impl.min_tile("cuda") == 16 and triton_impl.min_tile("cpu") == 1
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert triton_impl.min_tile("cuda") == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEV != "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
+                    reason="compiled kernels only")
+def test_gpu_tile_of_8_rows_is_a_named_error():
+    q, k, v, _, cu = _inputs(5, 2, 1)
+    with pytest.raises(ConfigError, match="^block_n: must be >= 16"):
+        moba_attention_triton(q.to(DEV), k.to(DEV), v.to(DEV), cu.to(DEV), B, 2, block_n=8)

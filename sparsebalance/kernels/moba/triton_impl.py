@@ -50,6 +50,13 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def min_tile(device: torch.device | str) -> int:
+    """Smallest query / key tile (rows) the kernels accept on ``device``: 16 where they are compiled
+    for a GPU (``tl.dot`` needs every dimension >= 16 there; seen on an H100, 2026-11-26), 1 under the
+    interpreter, which runs any tile and is how the tests cover several tiles per block at tiny sizes."""
+    return 1 if _interpreting() or torch.device(device).type != "cuda" else 16
+
+
 @triton.jit
 def _dot(a, b, F32_DOT: tl.constexpr, PREC: tl.constexpr):
     """a @ b with fp32 accumulation (fp32 operands under the interpreter or for fp32 inputs)."""
@@ -460,9 +467,13 @@ def moba_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
     cfg = launch_config(block_size, q.shape[2], q.dtype)
     bm = block_m or cfg["BLOCK_M"]
     bn = block_n or cfg["BLOCK_N"]
+    low = min_tile(q.device)
     for name, t in (("block_m", bm), ("block_n", bn)):
         if t < 1 or t & (t - 1) or block_size % t:
             raise ConfigError(f"{name}: must be a power of two dividing block_size={block_size}, got {t}")
+        if t < low:
+            raise ConfigError(f"{name}: must be >= {low} on {q.device.type} (tl.dot needs 16-row tiles "
+                              f"when compiled), got {t}")
     if path not in PATHS:
         raise ConfigError(f"path: must be one of {', '.join(PATHS)}, got {path!r}")
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()

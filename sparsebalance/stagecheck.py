@@ -130,13 +130,9 @@ def run_stage_check(cfg: RunConfig, profiles: dict[str, str], *, device: str = "
     from sparsebalance.kernels.qwen2 import MobaArgs, build_qwen2_pieces, pack
     from sparsebalance.kernels.qwen2_init import pieces
     from sparsebalance.runner import prepare
-    from sparsebalance.simulator.engine import PipelineInput, simulate
-    from sparsebalance.simulator.latency import load_latency_model
 
     prepared = prepare(cfg)
     plan, budgets = plan_one_batch(cfg, prepared)
-    models = {name: load_latency_model(p, cfg.model, cfg.cluster, base_dir=cfg.base_dir, extrapolate="clamp",
-                                       allow_nonmonotone=True) for name, p in profiles.items()}
     lm0 = prepared.latency
     pp = cfg.cluster.pp
     stages = [lm0.layout.stage_layers(s) for s in range(pp)]
@@ -148,11 +144,8 @@ def run_stage_check(cfg: RunConfig, profiles: dict[str, str], *, device: str = "
     gen = torch.Generator(device=device).manual_seed(seed)
     rng = np.random.default_rng(seed)
     timer = _Timer(device)
-    mbs = list(plan.ranks[0])
     rows = []
-    fwd = np.zeros((pp, len(mbs)))
-    bwd = np.zeros((pp, len(mbs)))
-    for j, mb in enumerate(mbs):
+    for j, mb in enumerate(plan.ranks[0]):
         budget = budgets[0][j]
         batch = pack([_tokens(s, cfg.model.vocab, rng) for s in mb.sequences], device=device)
         for s in range(pp):
@@ -161,28 +154,96 @@ def run_stage_check(cfg: RunConfig, profiles: dict[str, str], *, device: str = "
             if j == 0:  # warm-up: kernel compilation and allocator
                 measure_stage(net, s, pp, len(stages[s]), batch, moba, timer, gen)
             runs = [measure_stage(net, s, pp, len(stages[s]), batch, moba, timer, gen) for _ in range(rounds)]
-            fwd[s, j] = statistics.median(r[0] for r in runs)
-            bwd[s, j] = statistics.median(r[1] for r in runs)
-            for op, meas, back in (("F", fwd[s, j], False), ("B", bwd[s, j], True)):
-                row = {"stage": s, "microbatch": j, "op": op, "tokens": int(sum(mb.lengths)),
-                       "sequences": len(mb.lengths), "budget": float(np.mean(budget)), "measured_s": meas}
-                for name, lm in models.items():
-                    row[f"pred_{name}_s"] = lm.stage_time(list(mb.lengths), budget, s, backward=back)
-                rows.append(row)
-    ops = pd.DataFrame(rows)
+            for op, k in (("F", 0), ("B", 1)):
+                rows.append({"stage": s, "microbatch": j, "op": op, "tokens": int(sum(mb.lengths)),
+                             "sequences": len(mb.lengths), "budget": float(np.mean(budget)),
+                             "measured_s": statistics.median(r[k] for r in runs)})
+    return predict_stages(cfg, pd.DataFrame(rows), profiles, prepared=prepared)
+
+
+def predict_stages(cfg: RunConfig, ops: pd.DataFrame, profiles: dict[str, str], *,
+                   prepared: Any = None) -> StageCheck:
+    """Each profile's prediction beside the measured ops of a stage check, and the iterations.
+
+    ``ops``: the ``stage, microbatch, op, measured_s`` rows of a check of ``cfg`` (as
+    :func:`run_stage_check` writes them). The plan is made again from ``cfg`` (the policies are
+    deterministic for a seed), so a profile measured after the check -- or shipped later -- predicts
+    the same micro-batches at the same budgets. Adds (or replaces) a ``pred_<label>_s`` column per
+    profile; the iteration table has the measured source first.
+    """
+    from sparsebalance.runner import prepare
+    from sparsebalance.simulator.engine import PipelineInput, simulate
+    from sparsebalance.simulator.latency import load_latency_model
+
+    prepared = prepared or prepare(cfg)
+    plan, budgets = plan_one_batch(cfg, prepared)
+    mbs = list(plan.ranks[0])
+    pp = cfg.cluster.pp
+    ops = ops.sort_values(["microbatch", "stage", "op"], kind="stable").reset_index(drop=True)
+    if len(ops) != 2 * pp * len(mbs) or set(ops.microbatch) != set(range(len(mbs))):
+        raise ValueError(f"ops: {len(ops)} rows do not match the plan of {cfg.name!r} ({len(mbs)} micro-batches "
+                         f"x {pp} stages x F/B)")
+    for name, p in profiles.items():
+        lm = load_latency_model(p, cfg.model, cfg.cluster, base_dir=cfg.base_dir, extrapolate="clamp",
+                                allow_nonmonotone=True)
+        ops[f"pred_{name}_s"] = [lm.stage_time(list(mbs[r.microbatch].lengths), budgets[0][r.microbatch],
+                                               r.stage, backward=r.op == "B") for r in ops.itertuples()]
+    lm0 = prepared.latency
     tokens = np.array([[sum(mb.lengths) for mb in mbs]])
     p2p = np.array([[lm0.p2p_time(int(t)) for t in tokens[0]]] * max(pp - 1, 0)).reshape(1, max(pp - 1, 0), -1)
 
-    def iteration(f: np.ndarray, b: np.ndarray) -> float:
+    def iteration(column: str) -> float:
+        f, b = (ops[ops.op == op].pivot(index="stage", columns="microbatch", values=column).to_numpy()
+                for op in ("F", "B"))
         inp = PipelineInput(schedule=cfg.cluster.schedule, pp=pp, forward=f[None], backward=b[None], p2p=p2p,
                             tokens=tokens)
         return float(simulate(inp).iteration_time)
 
-    its = [{"source": "measured", "iteration_time_s": iteration(fwd, bwd)}]
-    for name in models:
-        f = ops[ops.op == "F"].pivot(index="stage", columns="microbatch", values=f"pred_{name}_s").to_numpy()
-        b = ops[ops.op == "B"].pivot(index="stage", columns="microbatch", values=f"pred_{name}_s").to_numpy()
-        its.append({"source": name, "iteration_time_s": iteration(f, b)})
-    it = pd.DataFrame(its)
+    preds = [c.removeprefix("pred_").removesuffix("_s") for c in ops.columns if c.startswith("pred_")]
+    it = pd.DataFrame([{"source": "measured", "iteration_time_s": iteration("measured_s")}]
+                      + [{"source": n, "iteration_time_s": iteration(f"pred_{n}_s")} for n in preds])
     it["error_vs_measured"] = it.iteration_time_s / it.iteration_time_s.iloc[0] - 1
-    return StageCheck(ops=ops, iteration=it)
+    return StageCheck(ops=ops.sort_values(["microbatch", "stage", "op"], key=_op_order).reset_index(drop=True),
+                      iteration=it)
+
+
+def _op_order(col: pd.Series) -> pd.Series:
+    return col.map({"F": 0, "B": 1}) if col.name == "op" else col
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sparsebalance.stagecheck STAGES_CSV --profile LABEL=PROFILE ...``: predict a stage
+    check measured before (e.g. gpu-check's stages.csv) with other profiles; prints the iterations."""
+    import argparse
+
+    from sparsebalance.errors import ConfigError
+    from sparsebalance.runconfig import load_run_config
+
+    ap = argparse.ArgumentParser(prog="python -m sparsebalance.stagecheck", description=main.__doc__)
+    ap.add_argument("stages", help="stages.csv of a stage check")
+    ap.add_argument("--config", default=None, help="its run config (default: gpu-check's preset)")
+    ap.add_argument("--profile", action="append", required=True, metavar="LABEL=PROFILE",
+                    help="a profile to predict with (shipped name or path), repeatable")
+    ap.add_argument("--out", default=None, help="write the ops with the new columns here (CSV)")
+    args = ap.parse_args(argv)
+    try:
+        profiles = dict(p.split("=", 1) for p in args.profile)
+    except ValueError:
+        ap.error("--profile: must be LABEL=PROFILE, e.g. measured=h100-measured-3b")
+    if args.config is None:
+        from importlib import resources
+
+        args.config = str(resources.files("sparsebalance.data") / "presets" / "gpu_check_stages.toml")
+    try:
+        res = predict_stages(load_run_config(args.config), pd.read_csv(args.stages), profiles)
+    except (ConfigError, ValueError, OSError) as e:
+        print(f"stagecheck: {e}")
+        return 2
+    if args.out:
+        res.ops.to_csv(args.out, index=False)
+    print(res.iteration.to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -6,6 +6,7 @@ tests/test_gpu_check_offline.py."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 
@@ -48,7 +49,7 @@ def test_stage_check_runs_on_the_cpu():
     from sparsebalance.runconfig import load_run_config
     from sparsebalance.simulator.engine import PipelineInput, simulate
     from sparsebalance.simulator.latency import load_latency_model
-    from sparsebalance.stagecheck import run_stage_check
+    from sparsebalance.stagecheck import predict_stages, run_stage_check
 
     cfg = load_run_config("examples/cpu_pp2.toml", {"cluster.global_batch": 2, "data.max_length": 128})
     torch.set_num_threads(1)
@@ -69,3 +70,14 @@ def test_stage_check_runs_on_the_cpu():
     assert it.loc["measured", "iteration_time_s"] == pytest.approx(want)
     assert (f + b).sum(axis=1).max() <= it.loc["measured", "iteration_time_s"] <= f.sum() + b.sum() + 2 * p2p.sum()
     assert list(it.index) == ["measured", "cpu", "h100"]
+    # predicted again from the measured rows alone (a profile shipped later): the same plan, budgets
+    # and figures, bitwise; a third profile adds its column and its iteration
+    with pytest.warns(UserWarning):
+        again = predict_stages(cfg, ops[["stage", "microbatch", "op", "tokens", "measured_s"]].sample(frac=1, random_state=0),
+                               {"cpu": "cpu-tiny", "h100": "analytical-h100", "h200": "analytical-h200"})
+    pd.testing.assert_frame_equal(again.ops[ops.columns.drop(["sequences", "budget"])],
+                                  ops[ops.columns.drop(["sequences", "budget"])])
+    assert again.iteration.iteration_time_s.iloc[:3].tolist() == res.iteration.iteration_time_s.tolist()
+    assert list(again.iteration.source) == ["measured", "cpu", "h100", "h200"]
+    with pytest.raises(ValueError, match="^ops: 7 rows do not match the plan"):
+        predict_stages(cfg, ops.iloc[:7], {"cpu": "cpu-tiny"})

@@ -168,14 +168,16 @@ def test_import_closure_of_the_steps_needs_neither_simpy_nor_ray():
 
 
 def test_cpu_run_with_a_relative_out_finds_its_profile_and_stays_within_the_limits(tmp_path):
-    """Also with simpy and ray blocked in every process (a ``sitecustomize`` on the path)."""
+    """Also with simpy and ray blocked in every process (a ``sitecustomize`` on the path). In the
+    default order (stages before profile), step profile predicts the stages again with the profile it
+    measured."""
     pytest.importorskip("torch")
     _tiny_config(tmp_path)
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(BLOCKER)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), str(ROOT)]))
     r = subprocess.run([sys.executable, "-m", "sparsebalance", "gpu-check", "--device", "cpu", "--steps",
-                        "profile,stages,accuracy", "--config", "tiny.toml", "--out", "gc", "--budget-s", "240"],
+                        "stages,profile,accuracy", "--config", "tiny.toml", "--out", "gc", "--budget-s", "240"],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
     out = tmp_path / "gc"
@@ -183,6 +185,7 @@ def test_cpu_run_with_a_relative_out_finds_its_profile_and_stays_within_the_limi
     rows = {ln.split("|")[1].strip(): ln.split("|")[2].strip() for ln in summary.splitlines()
             if ln.startswith("| ") and not ln.startswith("| step")}
     assert rows == {"profile": "ok", "stages": "ok", "accuracy": "skipped"}
+    assert "stages predicted again: " in summary
     import pandas as pd
 
     ops = pd.read_csv(out / "stages.csv")

@@ -103,44 +103,75 @@ def speed(ctx: Step) -> tuple[str, str, str]:
     return ("ok" if points == total else "partial"), fig, "speed.csv"
 
 
-def stages(ctx: Step) -> tuple[str, str, str]:
-    """Single-device stage validation of a PP plan (``stagecheck.py``), every stage in isolation."""
+def _stage_config(ctx: Step):
+    """The stage check's run config (policies driven by the device's analytical profile), its
+    analytical profile's name and the folder a profile of its model measured here lands in."""
     from dataclasses import replace
     from importlib import resources
 
-    from sparsebalance.fsutil import atomic_to_csv
     from sparsebalance.kernels.moba.speed import hardware_for
     from sparsebalance.runconfig import load_run_config
     from sparsebalance.simulator.roofline import HARDWARE
-    from sparsebalance.stagecheck import run_stage_check
 
     preset = resources.files("sparsebalance.data") / "presets" / "gpu_check_stages.toml"
     cfg = load_run_config(ctx.config or str(preset))
     name = _device_name(ctx)
     hw = hardware_for(name) or HARDWARE["h100"]
     analytical = f"analytical-{hw.device}"
-    # the policies are driven by the analytical profile (a plan that does not depend on this run's
-    # noise); a profile measured here before (step "profile") predicts beside it
-    profiles = {analytical: analytical}
     measured = (ctx.work / "profiles" / f"{label_of(name)}-{cfg.model.name}").resolve()
+    return replace(cfg, profile=analytical), analytical, measured
+
+
+def stages(ctx: Step) -> tuple[str, str, str]:
+    """Single-device stage validation of a PP plan (``stagecheck.py``), every stage in isolation."""
+    from sparsebalance.stagecheck import run_stage_check
+
+    # the policies are driven by the analytical profile (a plan that does not depend on this run's
+    # noise); a profile measured here before predicts beside it (else step "profile" adds it later)
+    cfg, analytical, measured = _stage_config(ctx)
+    profiles = {analytical: analytical}
     if (measured / "profile.csv").exists():
         profiles["measured-profile"] = str(measured)
-    cfg = replace(cfg, profile=analytical)
     dtype = "bfloat16" if ctx.device == "cuda" else "float32"
     backend = "triton" if ctx.device == "cuda" else "auto"
     peak = _reset_peak(ctx.device)
     res = run_stage_check(cfg, profiles, device=ctx.device, dtype=dtype, backend=backend,
                           rounds=3 if ctx.device == "cuda" else 1)
-    atomic_to_csv(res.ops, ctx.out / "stages.csv", index=False)
-    atomic_to_csv(res.iteration, ctx.work / "stages_iteration.csv", index=False)
-    it = res.iteration.set_index("source")
-    errs = "; ".join(f"{src} {r.error_vs_measured:+.1%}" for src, r in it.iterrows() if src != "measured")
+    _write_stages(ctx, res)
     fig = (f"{cfg.model.name} PP {cfg.cluster.pp}, {len(res.ops) // (2 * cfg.cluster.pp)} micro-batches, "
-           f"each stage alone (seeded upstream gradient, graph freed): iteration "
-           f"{it.loc['measured', 'iteration_time_s']:.3f} s measured; predicted {errs}")
+           f"each stage alone (seeded upstream gradient, graph freed): iteration {_iteration_figure(res)}")
     if peak is not None:
         fig += f"; peak {peak():.1f} GiB"
     return "ok", fig, "stages.csv"
+
+
+def _write_stages(ctx: Step, res) -> None:
+    from sparsebalance.fsutil import atomic_to_csv
+
+    atomic_to_csv(res.ops, ctx.out / "stages.csv", index=False)
+    atomic_to_csv(res.iteration, ctx.work / "stages_iteration.csv", index=False)
+
+
+def _iteration_figure(res) -> str:
+    it = res.iteration.set_index("source")
+    errs = "; ".join(f"{src} {r.error_vs_measured:+.1%}" for src, r in it.iterrows() if src != "measured")
+    return f"{it.loc['measured', 'iteration_time_s']:.3f} s measured; predicted {errs}"
+
+
+def restage(ctx: Step) -> str | None:
+    """After step "profile": the stage check measured earlier in this run, predicted again with the
+    profile just measured for its model (the figure), or None when either is missing."""
+    import pandas as pd
+
+    from sparsebalance.stagecheck import predict_stages
+
+    cfg, analytical, measured = _stage_config(ctx)
+    if not (ctx.out / "stages.csv").exists() or not (measured / "profile.csv").exists():
+        return None
+    res = predict_stages(cfg, pd.read_csv(ctx.out / "stages.csv"),
+                         {analytical: analytical, "measured-profile": str(measured)})
+    _write_stages(ctx, res)
+    return f"stages predicted again: {_iteration_figure(res)}"
 
 
 def _reset_peak(device: str):
@@ -190,7 +221,9 @@ def profile(ctx: Step) -> tuple[str, str, str]:
             figs.append(f"{preset}: measured/analytical median per op "
                         + ", ".join(f"{op} {r:.2f}" for op, r in off.items()))
     status = "ok" if len(done) == len(models) else "partial"
-    return status, "; ".join([f"{', '.join(done)} measured", *figs]), "rest.tar.gz: profiles/"
+    again = restage(ctx)
+    return status, "; ".join([f"{', '.join(done)} measured", *figs, *([again] if again else [])]), \
+        "rest.tar.gz: profiles/"
 
 
 def versus_analytical(table, model, device_name: str):

@@ -175,6 +175,8 @@ def predict_stages(cfg: RunConfig, ops: pd.DataFrame, profiles: dict[str, str], 
     from sparsebalance.simulator.engine import PipelineInput, simulate
     from sparsebalance.simulator.latency import load_latency_model
 
+    if "measured" in profiles:
+        raise ValueError("profiles: the label 'measured' names the measurement itself; choose another")
     prepared = prepared or prepare(cfg)
     plan, budgets = plan_one_batch(cfg, prepared)
     mbs = list(plan.ranks[0])

@@ -81,3 +81,5 @@ def test_stage_check_runs_on_the_cpu():
     assert list(again.iteration.source) == ["measured", "cpu", "h100", "h200"]
     with pytest.raises(ValueError, match="^ops: 7 rows do not match the plan"):
         predict_stages(cfg, ops.iloc[:7], {"cpu": "cpu-tiny"})
+    with pytest.raises(ValueError, match="^profiles: the label 'measured'"):
+        predict_stages(cfg, ops, {"measured": "cpu-tiny"})

@@ -6,6 +6,7 @@ from one function, so that both producers record the same device, versions, meth
 from __future__ import annotations
 
 import platform
+from datetime import UTC, datetime
 from typing import Any
 
 from sparsebalance.kernels import profiler
@@ -47,6 +48,7 @@ def measure_profile(model: ModelConfig, grid: ProfileGrid, *, command: str, tp: 
                    "on a one-rank mesh (tp_plan), TP all-reduces not included"
                    if tp > 1 else "")),
         "command": command,
+        "date": datetime.now(UTC).date().isoformat(),  # UTC day the measurement ended
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "python": platform.python_version()},
     }

@@ -261,7 +261,7 @@ def kernel_counts(L, k, s: Shape, *, backward: bool, path=None) -> dict:
                 "bytes_past": past_bytes, "bytes_own": merge_bytes + mask_bytes,
                 "launches": np.where(w["sparse"], 2, 1) * w["chunks"]}
     items = w["buckets"] + e / BWD_ROWS
-    own_items = w["n"] * s.kv_heads
+    own_items = w["n"] * s.heads  # a program per key block and query head (dK / dV atomics each)
     return {"flops_past": 10.0 * D * (w["bwd"] - w["own"]), "flops_own": 10.0 * D * w["own"],
             "bytes_past": e * 4 * (B // bn) + items * 16 * B * D, "bytes_own": own_items * 16 * B * D + mask_bytes,
             "launches": np.where(w["sparse"], 2, 1) * w["chunks"]}

@@ -235,9 +235,13 @@ def _bwd_past_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, CODES, ITEMS, n_items,
 def _bwd_own_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, ITEMS, BITS, W, n_items, sm_scale, sm_scale_log2, T, H,
                     G, D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     MASKED: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr):
+    # grid (items x key sub-tiles, query heads of the group): a program per head, not a loop over the
+    # group's heads, so a short varlen call or the masked dense path (one item per key block, all
+    # later rows) still fills the GPU (8x the programs at G = 8); dK / dV were atomics already
     SUBS: tl.constexpr = BLOCK // BLOCK_N
     it = tl.program_id(0) // SUBS
     sub = tl.program_id(0) % SUBS
+    g = tl.program_id(1)
     bstart = tl.load(ITEMS + it)
     blen = tl.load(ITEMS + n_items + it)
     rend = tl.load(ITEMS + 2 * n_items + it)  # block end, or sequence end when dense
@@ -255,13 +259,12 @@ def _bwd_own_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, ITEMS, BITS, W, n_items
         dk = tl.zeros([BLOCK_N, D], tl.float32)
         dv = tl.zeros([BLOCK_N, D], tl.float32)
         first = (sub * BLOCK_N // BLOCK_M) * BLOCK_M  # row tiles before the key tile see none of it
-        for g in range(G):
-            for r in range(first, rend - bstart, BLOCK_M):
-                rows = bstart + r + tl.arange(0, BLOCK_M)
-                ok = rows < rend
-                rh = rows.to(tl.int64) * H + kvh * G + g
-                dk, dv = _bwd_rows(Q, DO, DQ, LSE, DELTA, k, v, cols, col_ok, rh, ok, dk, dv, sm_scale,
-                                   sm_scale_log2, T, H, BITS, W, jb, mstart, D, MASKED, F32_DOT, PREC)
+        for r in range(first, rend - bstart, BLOCK_M):
+            rows = bstart + r + tl.arange(0, BLOCK_M)
+            ok = rows < rend
+            rh = rows.to(tl.int64) * H + kvh * G + g
+            dk, dv = _bwd_rows(Q, DO, DQ, LSE, DELTA, k, v, cols, col_ok, rh, ok, dk, dv, sm_scale,
+                               sm_scale_log2, T, H, BITS, W, jb, mstart, D, MASKED, F32_DOT, PREC)
         tl.atomic_add(DK + kv, dk * sm_scale, mask=col_ok[:, None])
         tl.atomic_add(DV + kv, dv, mask=col_ok[:, None])
 
@@ -361,7 +364,7 @@ def moba_backward(q, k, v, o, lse, do, idx: MobaIndex, block_size: int, bm: int,
         for items, mk in ((ch.own_items, False), (ch.own_items_masked, True)):
             n_o = items.shape[1]
             if n_o:
-                _bwd_own_kernel[(n_o * subs,)](q, k, v, do, dq, dk, dv, lse, delta, items, bits, idx.words, n_o,
+                _bwd_own_kernel[(n_o * subs, H // HKV)](q, k, v, do, dq, dk, dv, lse, delta, items, bits, idx.words, n_o,
                                                scale, scale * LOG2E, T, H, H // HKV, BLOCK=block_size, MASKED=mk,
                                                **opts)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

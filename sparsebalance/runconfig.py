@@ -84,8 +84,9 @@ class RunConfig:
         check_tp(self.model, self.cluster)
         check_choice(self.latency_extrapolate, "latency_extrapolate", ("warn", "error", "clamp"))
         check_choice(self.engine, "engine", ENGINE_NAMES)
-        check(bool(self.name) and "/" not in self.name, "name",
-              f"must be a non-empty label without '/', got {self.name!r}")
+        check(bool(self.name.strip()) and "/" not in self.name and "\\" not in self.name and "\0" not in self.name
+              and self.name.strip() not in (".", ".."), "name",
+              f"must be a label naming a directory of its own (not '.', '..', no '/'), got {self.name!r}")
 
     def resolve(self, path: str | None) -> Path | None:
         """A path from the config, relative to the config file's directory."""

@@ -4,8 +4,10 @@
 * ``--out DIR`` and ``--force``: where results go. A results directory is never silently overwritten:
   an explicit ``--out`` that already holds files is refused unless ``--force``; the default directory
   (``results/<name>``...) gets a new timestamped sibling instead. ``--force`` replaces only a
-  directory this tool wrote (it holds :data:`MARKER`), never someone else's files. The directory is
-  created and probed for writing before any work starts.
+  directory this tool wrote for that path (its :data:`MARKER` names it), never someone else's files,
+  and never one another sparsebalance process holds locked. ``--out`` is always a directory of its
+  own (never ``""``, ``.``, ``..``, the working directory, its parents, home or ``/``). The
+  directory is created, locked and probed for writing before any work starts.
 * ``--progress`` / ``--no-progress``: progress bars; by default only when stderr is a terminal.
 * ``-v`` / ``--verbose``: show warnings on non-terminal output too (see ``cli.py``).
 * Old spellings (``--output``, ``--output-dir``, positional configs) still work for one release and
@@ -147,21 +149,35 @@ def _isatty(stream) -> bool:
 # -- results directories --------------------------------------------------------------------------
 def resolve_out(requested: str | None, default: str | Path, *, force: bool, verb: str,
                 reuse=None, ours=None) -> Path:
-    """The directory a verb writes, created, probed for writing and marked; before any work.
+    """The directory a verb writes, created, probed for writing, locked and marked; before any work.
 
     ``requested`` is ``--out`` (None = ``default``). ``reuse(path) -> bool`` accepts an existing
     directory as is (a sweep resumes its own store); ``ours(path) -> bool`` recognises a directory
-    this tool wrote before the marker existed. Raises ConfigError naming ``--out``."""
+    this tool wrote before the marker existed. Raises ConfigError naming ``--out``.
+
+    A results directory is always a directory of its own: a path that is empty (an unset shell
+    variable), ends in ``.`` or ``..``, or resolves to the working directory, one of its parents,
+    the home directory or the root is refused. Before anything is cleared the directory is locked
+    (``flock`` on the directory itself, held until the process ends), so ``--force`` never clears a
+    directory another sparsebalance process is writing; and ``--force`` clears only a directory whose
+    marker was written for that very directory (a marker copied elsewhere does not count)."""
+    if requested is not None and not str(requested).strip():
+        raise ConfigError("--out: empty path (an unset shell variable?); name a directory of its own")
     path = Path(requested) if requested else Path(default)
+    _refuse_shared(path)
     _check_parents(path)
     clear = False
     if path.exists() and any(path.iterdir()):
         if reuse is not None and reuse(path) and not force:
-            pass
+            _lock(path)
         elif force:
-            if not ((path / MARKER).is_file() or (ours is not None and ours(path))):
-                raise ConfigError(f"--out: {path} holds files sparsebalance did not write; "
-                                  "refusing to replace them even with --force (choose another --out)")
+            _lock(path)
+            mine = _marker_for(path)
+            if mine is False or (mine is None and not (ours is not None and ours(path))):
+                why = ("its results marker was written for another directory" if mine is False
+                       else "it holds files sparsebalance did not write")
+                raise ConfigError(f"--out: {path}: {why}; refusing to replace them even with --force "
+                                  "(choose another --out)")
             clear = True
         elif requested:
             raise ConfigError(f"--out: {path} already holds results; pass --force to replace them, "
@@ -171,6 +187,7 @@ def resolve_out(requested: str | None, default: str | Path, *, force: bool, verb
             print(f"sparsebalance: {Path(default)} exists; writing to {path}", file=sys.stderr)
     try:
         path.mkdir(parents=True, exist_ok=True)
+        _lock(path)
         if clear:
             _clear(path)
         fd, probe = tempfile.mkstemp(prefix=".probe.", dir=path)
@@ -181,9 +198,72 @@ def resolve_out(requested: str | None, default: str | Path, *, force: bool, verb
     from sparsebalance import __version__
     from sparsebalance.fsutil import atomic_write_json
 
-    atomic_write_json(path / MARKER, {"verb": verb, "version": __version__,
+    atomic_write_json(path / MARKER, {"verb": verb, "version": __version__, "path": str(path.resolve()),
                                       "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
     return path
+
+
+def _refuse_shared(path: Path) -> None:
+    """A results directory is a child of its own, never a directory the user works in."""
+    if path.name in ("", ".", ".."):
+        raise ConfigError(f"--out: {str(path)!r} must name a directory of its own, not '.', '..' or '/'")
+    resolved, cwd = path.resolve(), Path.cwd().resolve()
+    shared = {cwd, *cwd.parents, Path(resolved.anchor)}
+    try:
+        shared.add(Path.home().resolve())
+    except RuntimeError:  # no home directory known
+        pass
+    if resolved in shared:
+        raise ConfigError(f"--out: {path} resolves to {resolved}, the working directory, one of its parents, "
+                          "the home directory or the root; results go into a directory of their own")
+
+
+#: Directories this process holds locked (resolved path -> open descriptor); a verb run twice in one
+#: process (the tests, the Python API) reuses its own lock.
+_LOCKS: dict[Path, int] = {}
+
+
+def _lock(path: Path) -> None:
+    """Lock ``path`` for this process (exclusive ``flock`` on the directory) or refuse in one line."""
+    import fcntl
+
+    key = path.resolve()
+    if key in _LOCKS:
+        return
+    fd = os.open(key, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        holder = _marker_verb(path) or "sparsebalance process"
+        raise ConfigError(f"--out: another {holder} is writing to {path}; wait for it or choose another "
+                          "--out") from None
+    _LOCKS[key] = fd
+
+
+def _read_marker(path: Path) -> dict | None:
+    import json
+
+    try:
+        data = json.loads((path / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _marker_verb(path: Path) -> str | None:
+    verb = (_read_marker(path) or {}).get("verb")
+    return verb if isinstance(verb, str) else None
+
+
+def _marker_for(path: Path) -> bool | None:
+    """True: a marker written for this directory (or, older, one that names none); False: a marker
+    naming another directory (copied or moved here); None: no readable marker."""
+    data = _read_marker(path)
+    if data is None:
+        return None
+    where = data.get("path")
+    return where is None or Path(str(where)) == path.resolve()
 
 
 def _check_parents(path: Path) -> None:

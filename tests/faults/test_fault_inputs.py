@@ -122,6 +122,12 @@ TABLE = [
     ("validate-rounds-0", ("validate", "--config", "{example}", "--rounds", "0"), "--rounds"),
     ("validate-without-config", ("validate",), "--config"),
     ("profile-repeats-0", ("profile", "--out", "{tmp}/p", "--repeats", "0"), "--repeats"),
+    # results paths that are not a directory of their own (tests/faults/test_fault_out_paths.py)
+    ("profile-out-empty", ("profile", "--out", ""), "--out: empty path"),
+    ("sweep-out-dot", SWEEP[:-1] + (".",), "must name a directory of its own"),
+    ("sweep-out-cwd-force", SWEEP[:-1] + (str(Path.cwd()), "--force"), "resolves to"),
+    ("ablation-out-parent", ("ablation", "--out", "..", "--force"), "must name a directory of its own"),
+    ("simulate-name-dotdot", SIM + ("--set", "name='..'"), "name: must be a label"),
 ]
 
 

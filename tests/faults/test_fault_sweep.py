@@ -173,6 +173,24 @@ def test_a_killed_worker_fails_its_run_only(tmp_path, sweep_base):
     assert len(_records(out)) == 1
 
 
+def test_force_into_a_running_sweep_clears_nothing(tmp_path, sweep_base):
+    """``sweep --force`` while another sweep writes the same --out: refused before anything is
+    cleared (the directory's lock comes first), the running sweep's store untouched."""
+    out = tmp_path / "out"
+    p = sparsebalance("sweep", "--grid", _slow_grid(tmp_path), "--out", out, "--no-progress")
+    try:
+        assert wait_for(lambda: (out / "runs.sqlite").exists(), timeout=120)
+        before = sorted(x.name for x in out.iterdir())
+        q = sparsebalance("sweep", "--grid", _slow_grid(tmp_path), "--out", out, "--force", "--no-progress")
+        _, err = q.communicate(timeout=120)
+        assert q.returncode == 2 and "another sweep is writing" in err, err
+        assert len(err.strip().splitlines()) == 1
+        assert (out / "runs.sqlite").exists() and set(before) <= {x.name for x in out.iterdir()}
+    finally:
+        p.kill()
+        p.wait()
+
+
 def test_second_sweep_into_the_same_out_is_refused(tmp_path, sweep_base):
     out = tmp_path / "out"
     p = sparsebalance("sweep", "--grid", _slow_grid(tmp_path), "--out", out, "--no-progress")

@@ -1,0 +1,145 @@
+"""Nothing of the user's is lost through a results path: ``--out`` and ``name`` that resolve to a
+directory the user works in are refused in one line; ``--force`` clears only a directory whose marker
+was written for it, and never one another sparsebalance process holds. Every case runs from a working
+directory of the user's files generated per run (random names and contents), which must survive."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from faultkit import sparsebalance, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = """
+name = "{name}"
+iterations = 1
+profile = "cpu-tiny"
+[model]
+preset = "tiny"
+[cluster]
+device = "cpu"
+pp = 2
+global_batch = 4
+[data]
+distribution = "chatqa2-like"
+num_sequences = 16
+max_length = 2048
+"""
+
+
+@pytest.fixture
+def user_dir(tmp_path):
+    """A working directory holding the user's files (and a sub-directory of them): name -> content."""
+    work = tmp_path / "work"
+    (work / "notes").mkdir(parents=True)
+    files = {}
+    for rel in ("thesis.tex", "data.csv", "notes/todo.txt"):
+        files[rel] = uuid.uuid4().hex
+        (work / rel).write_text(files[rel])
+    return work, files
+
+
+def _intact(work: Path, files: dict) -> None:
+    for rel, text in files.items():
+        assert (work / rel).read_text() == text, f"{rel} lost"
+
+
+def _run(work: Path, *argv, timeout: float = 240):
+    p = sparsebalance(*argv, cwd=work)
+    _, err = p.communicate(timeout=timeout)
+    return p.returncode, err
+
+
+def _one_line(code: int, err: str, needle: str) -> None:
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and needle in lines[0] and "Traceback" not in err, (code, err)
+
+
+@pytest.mark.parametrize("out", ["", ".", "..", "./", "{work}", "{parent}", "/", "~"])
+def test_out_naming_a_shared_directory_is_refused(user_dir, out):
+    work, files = user_dir
+    (work / "run.toml").write_text(TINY.format(name="tiny"))
+    files["run.toml"] = (work / "run.toml").read_text()
+    target = out.format(work=work, parent=work.parent)
+    if target == "~":
+        target = str(Path.home())
+    for force in ((), ("--force",)):
+        code, err = _run(work, "simulate", "--config", "run.toml", "--no-trace", "--out", target, *force)
+        _one_line(code, err, "--out")
+        _intact(work, files)
+        assert not (work / ".sparsebalance.json").exists()
+
+
+@pytest.mark.parametrize("name", ["..", ".", " ", "a/b", "..\\x"])
+def test_run_name_that_is_not_a_directory_of_its_own_is_refused(user_dir, name):
+    work, files = user_dir
+    (work / "run.toml").write_text(TINY.format(name=name.replace("\\", "\\\\")))
+    code, err = _run(work, "simulate", "--config", "run.toml", "--no-trace")
+    _one_line(code, err, "name")
+    _intact(work, files)
+
+
+def test_force_refuses_a_marker_written_for_another_directory(user_dir, tmp_path):
+    """A results marker copied (or a results folder's marker moved) into the user's folder does not
+    make that folder ours."""
+    work, files = user_dir
+    (work / "run.toml").write_text(TINY.format(name="tiny"))
+    code, err = _run(work, "simulate", "--config", "run.toml", "--no-trace", "--out", "res")
+    assert code == 0, err
+    mine = tmp_path / "mine"
+    (mine / "sub").mkdir(parents=True)
+    keep = {"a.txt": uuid.uuid4().hex, "sub/b.txt": uuid.uuid4().hex}
+    for rel, text in keep.items():
+        (mine / rel).write_text(text)
+    (mine / ".sparsebalance.json").write_bytes((work / "res" / ".sparsebalance.json").read_bytes())
+    code, err = _run(work, "simulate", "--config", "run.toml", "--no-trace", "--out", str(mine), "--force")
+    _one_line(code, err, "written for another directory")
+    _intact(mine, keep)
+    # its own results folder is still replaced by --force
+    code, err = _run(work, "simulate", "--config", "run.toml", "--no-trace", "--out", "res", "--force")
+    assert code == 0, err
+    _intact(work, files)
+
+
+def test_force_never_clears_a_directory_another_process_holds(user_dir):
+    """What a running sweep, simulate or train holds (the directory's lock): --force is refused
+    before anything is cleared, whatever the verb."""
+    work, files = user_dir
+    (work / "run.toml").write_text(TINY.format(name="tiny"))
+    code, err = _run(work, "simulate", "--config", "run.toml", "--no-trace", "--out", "res")
+    assert code == 0, err
+    before = sorted(p.name for p in (work / "res").iterdir())
+    holder = subprocess.Popen(
+        [sys.executable, "-c", ("import fcntl, os, sys, time\n"
+                                "fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)\n"
+                                "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('locked', flush=True)\ntime.sleep(120)\n"),
+         str(work / "res")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        code, err = _run(work, "simulate", "--config", "run.toml", "--no-trace", "--out", "res", "--force")
+        _one_line(code, err, "another simulate is writing to")
+        assert sorted(p.name for p in (work / "res").iterdir()) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    _intact(work, files)
+
+
+def test_lock_is_released_with_the_process(user_dir):
+    """A verb that ended (even by kill -9) leaves no lock behind: the next --force goes through."""
+    work, _ = user_dir
+    (work / "run.toml").write_text(TINY.format(name="tiny"))
+    p = sparsebalance("simulate", "--config", "run.toml", "--out", "res", "--iterations", "200", cwd=work)
+    try:
+        assert wait_for(lambda: (work / "res" / ".sparsebalance.json").exists(), timeout=60)
+    finally:
+        os.kill(p.pid, 9)
+        p.communicate(timeout=60)
+    code, err = _run(work, "simulate", "--config", "run.toml", "--no-trace", "--out", "res", "--force")
+    assert code == 0, err

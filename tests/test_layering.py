@@ -64,3 +64,23 @@ def test_shared_helpers_import_no_part():
     for name in SHARED:
         mods = _imports(PKG / f"{name}.py")
         assert not {m for m in mods if m.startswith("sparsebalance.") and m.split(".")[1] not in SHARED}
+
+
+LATENCY_NAMES = {"lm", "latency", "lm0"}
+
+
+def _probe_target(call: ast.Call) -> str | None:
+    """The probed object's last name of a ``getattr`` / ``hasattr`` call (``self.latency`` -> latency)."""
+    if not (isinstance(call.func, ast.Name) and call.func.id in ("getattr", "hasattr") and call.args):
+        return None
+    obj = call.args[0]
+    return obj.id if isinstance(obj, ast.Name) else obj.attr if isinstance(obj, ast.Attribute) else None
+
+
+def test_no_capability_probes_of_the_latency_model():
+    """Policies and the simulator hold a typed ``LatencyQuery`` (simulator/query.py) and call it: no
+    ``getattr``/``hasattr`` on a latency model anywhere in the package."""
+    bad = [f"{f.relative_to(PKG)}:{node.lineno}" for f in sorted(PKG.rglob("*.py"))
+           for node in ast.walk(ast.parse(f.read_text()))
+           if isinstance(node, ast.Call) and _probe_target(node) in LATENCY_NAMES]
+    assert not bad, bad

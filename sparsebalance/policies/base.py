@@ -16,17 +16,19 @@ from sparsebalance.data.sequence import Sequence
 from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
 from sparsebalance.simulator.plan import Budgets, Plan
+from sparsebalance.simulator.query import LatencyQuery
 
 
 @dataclass(slots=True)
 class PolicyContext:
-    """What policies may consult. ``latency`` is a ``sparsebalance.simulator.latency.LatencyModel``;
+    """What policies may consult. ``latency`` answers :class:`~sparsebalance.simulator.query.LatencyQuery`
+    (a ``LatencyModel`` in every run; SAB, LBB and DST ask only its micro-batch part);
     ``coverage`` a ``sparsebalance.policies.coverage.CoverageModel`` (C(k) per sequence)."""
 
     model: ModelConfig
     cluster: ClusterConfig
     policy: PolicyConfig
-    latency: Any
+    latency: LatencyQuery
     coverage: Any
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
 

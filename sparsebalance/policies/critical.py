@@ -43,7 +43,6 @@ from __future__ import annotations
 import numpy as np
 
 from sparsebalance.data.sequence import blocks
-from sparsebalance.errors import ConfigError
 from sparsebalance.policies.base import PolicyContext
 from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.policies.critical_phases import State, lower, raise_into_bubbles
@@ -96,9 +95,6 @@ class CriticalPathDST:
 
     def budgets(self, plan: Plan, ctx: PolicyContext) -> Budgets:
         cfg, lm, cl = self.cfg, ctx.latency, ctx.cluster
-        if not hasattr(lm, "stage_time"):
-            raise ConfigError("policy.tuning: dst-cp needs a latency model with stage_time "
-                              "(sparsebalance.simulator.latency.LatencyModel)")
         dp, m = plan.dp, plan.num_microbatches
         pp, nv = cl.pp, cl.pp * cl.virtual_stages
         g = graph_for(cl, m)
@@ -161,11 +157,4 @@ class CriticalPathDST:
 
 def _coverage_matrix(coverage, mbs, hi: np.ndarray) -> np.ndarray:
     """[len(mbs), max hi]: micro-batch i's coverage at k = 1..hi[i] (columns past hi[i] unread)."""
-    width = int(hi.max()) if len(mbs) else 0
-    many = getattr(coverage, "microbatch_matrix", None)
-    if many is not None:
-        return many(mbs, width)
-    out = np.ones((len(mbs), width))
-    for i, (mb, k) in enumerate(zip(mbs, hi.tolist())):
-        out[i, :k] = coverage.microbatch_curve(mb, k)
-    return out
+    return coverage.microbatch_matrix(mbs, int(hi.max()) if len(mbs) else 0)

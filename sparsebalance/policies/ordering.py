@@ -17,7 +17,7 @@ from sparsebalance.policies.base import PolicyContext
 from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.policies.critical import graph_for
 from sparsebalance.policies.sab import SparsityAware
-from sparsebalance.simulator.plan import MicroBatch, Plan
+from sparsebalance.simulator.plan import Plan
 from sparsebalance.simulator.schedules import splits_backward
 from sparsebalance.simulator.timing import replica_finish
 
@@ -48,8 +48,7 @@ class ScheduleAwareOrder(SparsityAware):
 
     A candidate replaces SAB's order only when predicted strictly shorter (relative 1e-12), so in
     prediction ``sab-order`` is never slower than ``sab``; ties keep the earlier candidate.
-    With one virtual stage (pp = 1, no interleaving) the order cannot matter and SAB's is kept; so
-    it is with a latency model without ``stage_time`` (e.g. a closed-form test double).
+    With one virtual stage (pp = 1, no interleaving) the order cannot matter and SAB's is kept.
     ``stats`` (last ``plan``): predicted seconds with SAB's order and after reordering (max over
     ranks), ranks reordered, candidate orders evaluated.
     """
@@ -62,34 +61,12 @@ class ScheduleAwareOrder(SparsityAware):
         """Candidate orders scored per DP rank at most (each costs O(2 V m) numpy row operations)."""
         self.stats: dict[str, float] = {}
 
-    def stage_times(self, mb: MicroBatch, ctx: PolicyContext) -> tuple[np.ndarray, np.ndarray]:
-        """Forward and backward seconds of ``mb`` on every virtual stage, two arrays [V], each
-        sequence at its bucket's EMA budget (affine in attention, as in ``dst-cp``'s table)."""
-        lm, cl = ctx.latency, ctx.cluster
-        pp, nv = cl.pp, cl.pp * cl.virtual_stages
-        n_layers = lm.layout.layer_counts
-        out = []
-        for bw in (False, True):
-            attn1 = attn = 0.0
-            for L in mb.lengths:
-                k = max(1.0, self.expected_budget(L))
-                lo = int(np.floor(k))
-                a = lm.attention(L, lo, backward=bw)
-                if k > lo:
-                    a += (k - lo) * (lm.attention(L, lo + 1, backward=bw) - a)
-                attn += a
-                attn1 += lm.attention(L, 1, backward=bw)
-            base = np.array([lm.stage_time(mb.lengths, 1, vs % pp, backward=bw, chunk=vs // pp)
-                             for vs in range(nv)]) - n_layers * attn1
-            out.append(base + n_layers * attn)
-        return out[0], out[1]
-
-    def stage_times_many(self, mbs, ctx: PolicyContext) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`stage_times` of many micro-batches at once, two arrays [V, len(mbs)]: the same
-        arithmetic in the same order (sums over a micro-batch's sequences left to right), so the
-        same values bit for bit, with the attention looked up in one vectorised call."""
-        lm, cl = ctx.latency, ctx.cluster
-        nv = cl.pp * cl.virtual_stages
+    def stage_times(self, mbs, ctx: PolicyContext) -> tuple[np.ndarray, np.ndarray]:
+        """Forward and backward seconds [V, len(mbs)] of micro-batches ``mbs`` on every virtual
+        stage, each sequence at its bucket's EMA budget (affine in attention, as in ``dst-cp``'s
+        table): the stage cost at budget 1 (``StageCost.compose``), its attention then swapped for
+        the attention at the estimated budgets (sums over a micro-batch's sequences left to right)."""
+        lm = ctx.latency
         n_layers = lm.layout.layer_counts
         counts = [len(mb.lengths) for mb in mbs]
         L = np.fromiter((x for mb in mbs for x in mb.lengths), dtype=np.int64, count=sum(counts))
@@ -97,7 +74,7 @@ class ScheduleAwareOrder(SparsityAware):
         lo = np.floor(k).astype(np.int64)
         frac = k > lo
         starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
-        tokens = [mb.tokens for mb in mbs]
+        tok = np.array([mb.tokens for mb in mbs], dtype=np.int64)
         out = []
         for bw in (False, True):
             a = lm.attention_many(L, lo, backward=bw)
@@ -111,25 +88,8 @@ class ScheduleAwareOrder(SparsityAware):
                 has = np.array([c > p for c in counts])
                 attn[has] = attn[has] + a[starts[has] + p]
                 attn1[has] = attn1[has] + a1[starts[has] + p]
-            per_token = getattr(lm, "per_token_many", None)  # bitwise dense/embed/head, vectorised
-            if per_token is not None:
-                tok = np.asarray(tokens, dtype=np.int64)
-                dense = per_token("layer", tok, backward=bw)
-            else:
-                dense = np.array([lm.dense(t, backward=bw) for t in tokens])
-            times = np.empty((nv, len(mbs)))
-            for vs in range(nv):  # LatencyModel.stage_time at budget 1, term by term
-                nl = len(lm.layout.vstage_ranges[vs])
-                st = 0.0 + nl * attn1
-                st = st + nl * dense
-                if vs == 0:
-                    st = st + (per_token("embed", tok, backward=bw) if per_token is not None
-                               else np.array([lm.embed(t, backward=bw) for t in tokens]))
-                if vs == nv - 1:
-                    st = st + (per_token("head", tok, backward=bw) if per_token is not None
-                               else np.array([lm.head(t, backward=bw) for t in tokens]))
-                times[vs] = (st - n_layers[vs] * attn1) + n_layers[vs] * attn
-            out.append(times)
+            st = lm.cost.compose(attn1, tok, backward=bw)  # [V, M] at budget 1
+            out.append((st - n_layers[:, None] * attn1) + n_layers[:, None] * attn)
         return out[0], out[1]
 
     def plan(self, batch: list[Sequence], ctx: PolicyContext) -> Plan:
@@ -138,18 +98,12 @@ class ScheduleAwareOrder(SparsityAware):
         nv = cl.pp * cl.virtual_stages
         m = base.num_microbatches
         self.stats = {"evaluations": 0.0, "reordered_ranks": 0.0}
-        if nv == 1 or m < 2 or not hasattr(lm, "stage_time"):
+        if nv == 1 or m < 2:
             return base
         tail = np.array([lm.allreduce_time(s) + lm.optimizer_time(s) for s in range(cl.pp)])
         ranks, before, after = [], [], []
-        many = hasattr(lm, "attention_many")
         for mbs in base.ranks:
-            if many:
-                fwd, bwd = self.stage_times_many(mbs, ctx)
-            else:
-                times = [self.stage_times(mb, ctx) for mb in mbs]
-                fwd = np.stack([t[0] for t in times], axis=1)  # [V, m]
-                bwd = np.stack([t[1] for t in times], axis=1)
+            fwd, bwd = self.stage_times(mbs, ctx)  # [V, m] each
             p2p = np.array([lm.p2p_time(mb.tokens) for mb in mbs], float)
             split = self.split_parts(mbs, ctx, bwd) if splits_backward(cl.schedule) else None
             order, t0, t1, n = self.best_order(fwd, bwd, p2p, tail, cl, split)

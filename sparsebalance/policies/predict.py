@@ -11,9 +11,11 @@ global batch of 4,096 sequences brings mostly lengths never seen before, so the 
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence as Seq
+from typing import Sequence as Seq
 
 import numpy as np
+
+from sparsebalance.simulator.query import MicrobatchLatency
 
 
 VECTOR_MIN = 64
@@ -25,11 +27,10 @@ class Predictor:
     """Memoised ``microbatch_latency`` (seconds). ``max_entries`` bounds the cache (cleared when
     full, which keeps memory flat over long runs at the cost of recomputation)."""
 
-    def __init__(self, latency: Any, max_entries: int = 1_000_000) -> None:
+    def __init__(self, latency: MicrobatchLatency, max_entries: int = 1_000_000) -> None:
         self.latency = latency
         self.max_entries = max_entries
         self._cache: dict[tuple[tuple[int, ...], int], float] = {}
-        self._vector = getattr(latency, "microbatch_latencies", None)
 
     def __call__(self, lengths: tuple[int, ...], k: int) -> float:
         key = (lengths, k)
@@ -43,14 +44,15 @@ class Predictor:
 
     def many(self, microbatches: Seq[tuple[int, ...]], ks: np.ndarray | int) -> np.ndarray:
         """Latency (seconds, shape [M]) of micro-batch i (a tuple of lengths) at budget ``ks[i]``
-        (or one int for all). Vectorised when the model offers ``microbatch_latencies`` (uncached:
-        a numpy pass is cheaper than the dictionary traffic); else the memoised scalar path."""
+        (or one int for all). From ``VECTOR_MIN`` micro-batches on the model's vectorised
+        ``microbatch_latencies`` (uncached: a numpy pass is cheaper than the dictionary traffic);
+        below, the memoised scalar path."""
         n = len(microbatches)
         ks = np.full(n, ks, dtype=np.int64) if np.ndim(ks) == 0 else np.asarray(ks, dtype=np.int64)
         if n == 0:
             return np.zeros(0)
-        if self._vector is not None and n >= VECTOR_MIN:
-            return np.asarray(self._vector(microbatches, ks), dtype=np.float64)
+        if n >= VECTOR_MIN:
+            return np.asarray(self.latency.microbatch_latencies(microbatches, ks), dtype=np.float64)
         return np.array([self(mb, int(k)) for mb, k in zip(microbatches, ks.tolist())])
 
     def at(self, lengths: tuple[int, ...], k: float) -> float:
@@ -88,7 +90,7 @@ class Predictor:
         in all. ``start``: a k splitting every bracket first, ``at_start`` its known predictions."""
         m = len(microbatches)
         limits = np.asarray(limits, dtype=np.float64)
-        if self._vector is None or m < VECTOR_MIN:  # few: the memoised secant search per item
+        if m < VECTOR_MIN:  # few: the memoised secant search per item
             los = np.broadcast_to(np.asarray(lo, dtype=np.int64), (m,)).tolist()
             his = np.broadcast_to(np.asarray(hi, dtype=np.int64), (m,)).tolist()
             got = [self.largest_within(mb, float(A), a, b, start=start)

@@ -19,34 +19,21 @@ import numpy as np
 from sparsebalance.data.sequence import blocks
 
 
-def _ops(lm, op: str, scalar, tokens: np.ndarray, bw: bool, part: str | None = None) -> np.ndarray:
-    """``scalar`` (``lm.dense`` / ``embed`` / ``head``) of every token count, bitwise (the latency
-    model's vectorised form when it has one: same arithmetic, TP all-reduces and backward parts)."""
-    kw = {"part": part} if part else {}
-    many = getattr(lm, "per_token_many", None)
-    if many is not None:
-        return many(op, tokens, backward=bw, **kw)
-    return np.array([scalar(int(t), backward=bw, **kw) for t in tokens.tolist()], dtype=float)
-
-
 def budget_monotone_range(lm) -> tuple[float, float] | None:
     """The range of sequence lengths over which ``lm``'s attention surely does not fall as the
     budget grows (its profile's attention grid non-decreasing along the budget at every length,
     hence so is the bilinear interpolation; lengths outside the grid are extrapolated, which may
     not keep it unless clamped), or None when that cannot be established."""
-    prof = getattr(lm, "profile", None)
-    if prof is None or not hasattr(prof, "rows"):
-        return None
     lo, hi = -np.inf, np.inf
     for op in ("attn_fwd", "attn_bwd"):
-        rows = prof.rows(op)
+        rows = lm.profile.rows(op)
         if not len(rows):
             return None
         g = rows.sort_values(["seq_len", "budget"], kind="stable")
         x, z = g["seq_len"].to_numpy(), g["latency_s"].to_numpy()
         if (np.diff(z)[x[1:] == x[:-1]] < 0).any():
             return None
-        if getattr(lm, "extrapolate", "warn") != "clamp":
+        if lm.extrapolate != "clamp":
             lo, hi = max(lo, float(x.min())), min(hi, float(x.max()))
     return lo, hi
 
@@ -107,62 +94,24 @@ class StageTable:
         return np.repeat(k_lo, sizes) + (np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes))
 
     def _base(self, tokens: np.ndarray, a0: np.ndarray, bw: bool, part: str | None) -> np.ndarray:
-        """[N, V] the budget-free seconds of each stage: ``stage_time`` at k_lo (attention ``a0``
-        per layer) term by term, minus its attention."""
-        lm, nv = self.lm, self.nv
-        out = np.empty((len(tokens), nv))
-        dense = _ops(lm, "layer", lm.dense, tokens, bw, part)
-        for vs in range(nv):
-            nl = len(lm.layout.vstage_ranges[vs])
-            st = 0.0 + nl * a0
-            st = st + nl * dense
-            if vs == 0:
-                st = st + _ops(lm, "embed", lm.embed, tokens, bw, part)
-            if vs == nv - 1:
-                st = st + _ops(lm, "head", lm.head, tokens, bw, part)
-            out[:, vs] = st - self.n_layers[vs] * a0
-        return out
+        """[N, V] the budget-free seconds of each stage: the stage cost at k_lo (attention ``a0``
+        per layer, ``StageCost.compose``) minus its attention."""
+        st = self.lm.cost.compose(a0, tokens, backward=bw, part=part)  # [V, N]
+        return (st - self.n_layers[:, None] * a0).T
 
     def weight_times(self) -> np.ndarray:
         """[N, V] seconds of the weight-gradient part W of each stage's backward (no attention,
-        so the same at every k): ``stage_time(..., part="weight")``'s terms, bitwise."""
-        lm, nv = self.lm, self.nv
-        out = np.empty((len(self.tokens), nv))
-        dense = _ops(lm, "layer", lm.dense, self.tokens, True, "weight")
-        for vs in range(nv):
-            st = 0.0 + len(lm.layout.vstage_ranges[vs]) * dense
-            if vs == 0:
-                st = st + _ops(lm, "embed", lm.embed, self.tokens, True, "weight")
-            if vs == nv - 1:
-                st = st + _ops(lm, "head", lm.head, self.tokens, True, "weight")
-            out[:, vs] = st
-        return out
+        so the same at every k): ``StageCost.compose`` with no attention, bitwise ``stage_time``'s."""
+        return self.lm.cost.compose(np.zeros(len(self.tokens)), self.tokens, backward=True, part="weight").T
 
     def _attention(self, mbs: np.ndarray, k_lo: np.ndarray, sizes: np.ndarray) -> np.ndarray:
         """[2, sum sizes]: per (micro-batch, k) the sum of its sequences' attention (forward,
         backward), left to right, for k = k_lo[x] .. k_lo[x] + sizes[x] - 1."""
-        lm = self.lm
         total = int(sizes.sum())
         which = np.repeat(mbs, sizes)
         start = np.repeat(np.cumsum(sizes) - sizes, sizes)
         k = np.repeat(k_lo, sizes) + (np.arange(total) - start)
-        many = getattr(lm, "attention_many", None)
-        out = np.zeros((2, total))
-        if many is not None and hasattr(lm, "block_size"):
-            return self._attention_distinct(mbs, k_lo, sizes, which, k, out)
-        for half, bw in enumerate((False, True)):
-            acc = out[half]
-            for p in range(self.lens.shape[1]):
-                rows = np.flatnonzero(self.counts[which] > p)
-                if not rows.size:
-                    break
-                L, kk = self.lens[which[rows], p], k[rows]
-                if many is None:
-                    v = np.array([lm.attention(int(x), int(y), backward=bw) for x, y in zip(L, kk)])
-                else:
-                    v = many(L, kk, backward=bw)
-                acc[rows] = acc[rows] + v
-        return out
+        return self._attention_distinct(mbs, k_lo, sizes, which, k, np.zeros((2, total)))
 
     def _attention_distinct(self, mbs, k_lo, sizes, which, k, out) -> np.ndarray:
         """:meth:`_attention` with each sequence's attention computed once per *distinct* budget:

@@ -54,6 +54,7 @@ from sparsebalance.errors import ConfigError, check_choice
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
 from sparsebalance.simulator.layout import layout_of
 from sparsebalance.simulator.profile import Profile, load_profile, monotone_violations
+from sparsebalance.simulator.stagecost import MODES, StageCost
 
 EXTRAPOLATE = ("warn", "error", "clamp")
 PARTS = ("input", "weight")
@@ -130,6 +131,9 @@ class LatencyModel:
         self._counts: dict[tuple[int, ...], tuple[tuple[int, int], ...]] = {}
         self.layout = layout_of(model, cluster)
         """Where the layers and parameters live (``simulator/layout.py``): the one split."""
+        self.cost = StageCost(self)
+        """Stage times of many micro-batches at once (``simulator/stagecost.py``): the one array form."""
+        self._stage: dict[tuple, float] = {}
         self._fast_attn, self._fast_dense = self._fused()
         for op in ("embed_fwd", "embed_bwd", "head_fwd", "head_bwd"):
             if op not in self._curves:
@@ -382,6 +386,28 @@ class LatencyModel:
         if stage == self.cluster.pp - 1 and chunk == self.cluster.virtual_stages - 1:
             total += self.head(tokens, backward=backward, part=part)
         return total
+
+    def stage_times(self, microbatches, budgets, modes=("F", "B")) -> dict[str, np.ndarray]:
+        """Seconds [V, M] per mode ("F", "B", and a split backward's "I", "W") of micro-batch i (a
+        tuple of lengths) at ``budgets[i]`` on every virtual stage: :class:`StageCost` when every
+        budget is an int, else :meth:`stage_time` per element (memoised: per-layer budgets recur)."""
+        if all(type(b) is int for b in budgets):
+            return self.cost.times(microbatches, np.array(budgets, dtype=np.int64), modes)
+        pp, nv = self.cluster.pp, len(self.layout.vstage_ranges)
+        out = {mode: np.empty((nv, len(microbatches))) for mode in modes}
+        for i, (lengths, budget) in enumerate(zip(microbatches, budgets)):
+            for vs in range(nv):
+                for mode in modes:
+                    key = (vs, mode, lengths, budget)
+                    hit = self._stage.get(key)
+                    if hit is None:
+                        if len(self._stage) > 200_000:  # bound memory in very long runs
+                            self._stage.clear()
+                        backward, part = MODES[mode]
+                        hit = self._stage[key] = float(self.stage_time(lengths, budget, vs % pp, backward=backward,
+                                                                       chunk=vs // pp, part=part))
+                    out[mode][vs, i] = hit
+        return out
 
     def _attention_fb(self, L: int, k: int) -> float:
         hit = self._attn_fb.get((L, k))

@@ -12,11 +12,13 @@ from sparsebalance.policies.base import PolicyContext
 from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.policies.coverage import make_coverage_model
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
+from sparsebalance.simulator.query import ScalarMicrobatchLatency
 
 
-class ClosedFormLatency:
+class ClosedFormLatency(ScalarMicrobatchLatency):
     """F + B seconds of a micro-batch: per layer, attention a * L * min(k, n_blocks) * B (attended
-    key tokens) plus dense c * L; a per-layer budget sums its layers. Non-decreasing in k."""
+    key tokens) plus dense c * L; a per-layer budget sums its layers. Non-decreasing in k. The
+    micro-batch part of ``LatencyQuery`` (its vectorised method inherited)."""
 
     def __init__(self, layers: int = 4, block: int = 256, a: float = 1e-10, c: float = 1e-7):
         self.layers, self.block, self.a, self.c = layers, block, a, c

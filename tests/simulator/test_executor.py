@@ -9,15 +9,17 @@ from sparsebalance.data.sequence import Sequence
 from sparsebalance.simulator.config import ClusterConfig, tiny
 from sparsebalance.simulator.executor import SimulatorExecutor
 from sparsebalance.simulator.plan import Plan, uniform_budgets
+from sparsebalance.simulator.query import ScalarStageLatency
 from sparsebalance.simulator.trace import TRACE_COLUMNS
 
 
-class LinearLatency:
-    """Test double of the latency-model contract: seconds linear in tokens, independent of budget
+class LinearLatency(ScalarStageLatency):
+    """Test double of the latency-model contract (``simulator/query.py``; the executor asks
+    ``stage_times``, inherited from ``stage_time``): seconds linear in tokens, independent of budget
     except through ``budget_cost``; chunk c of stage s costs (1 + c) x the stage's base."""
 
-    def __init__(self, pp: int, per_token=1e-4, bwd_factor=2.0, p2p=0.003, budget_cost=0.0):
-        self.pp, self.per_token, self.bwd_factor = pp, per_token, bwd_factor
+    def __init__(self, cluster: ClusterConfig, per_token=1e-4, bwd_factor=2.0, p2p=0.003, budget_cost=0.0):
+        self.cluster, self.per_token, self.bwd_factor = cluster, per_token, bwd_factor
         self.p2p, self.budget_cost = p2p, budget_cost
 
     def stage_time(self, lengths, budget, stage, *, backward, chunk=0):
@@ -42,7 +44,7 @@ def _plan(dp, m, length=1000):
 def test_uniform_gpipe_closed_form():
     dp, pp, m, L = 2, 3, 4, 1000
     cluster = ClusterConfig(pp=pp, dp=dp, schedule="gpipe", global_batch=dp * m)
-    lat = LinearLatency(pp)
+    lat = LinearLatency(cluster)
     plan = _plan(dp, m, L)
     res = SimulatorExecutor(lat, tiny(), cluster).execute(0, plan, uniform_budgets(plan, 4))
     f, b, c = L * 1e-4, 2 * L * 1e-4, 0.003
@@ -58,7 +60,7 @@ def test_uniform_gpipe_closed_form():
 def test_heterogeneous_plan_maps_chunks_budgets_and_tokens():
     dp, pp, v, m = 2, 2, 2, 4
     cluster = ClusterConfig(pp=pp, dp=dp, schedule="interleaved", virtual_stages=v, global_batch=dp * m)
-    lat = LinearLatency(pp, budget_cost=1e-3)
+    lat = LinearLatency(cluster, budget_cost=1e-3)
     lengths = [[100, 2000, 300, 4000], [50, 60, 7000, 800]]
     plan = Plan.from_lists([[[Sequence(id=10 * r + j, length=L)] for j, L in enumerate(row)]
                             for r, row in enumerate(lengths)])
@@ -88,7 +90,7 @@ def test_plan_shape_mismatch_is_a_config_error():
     from sparsebalance.errors import ConfigError
 
     cluster = ClusterConfig(pp=2, dp=2, schedule="gpipe", global_batch=4)
-    ex = SimulatorExecutor(LinearLatency(2), tiny(), cluster)
+    ex = SimulatorExecutor(LinearLatency(cluster), tiny(), cluster)
     plan = _plan(1, 2)
     with pytest.raises(ConfigError, match="cluster.dp"):
         ex.execute(0, plan, uniform_budgets(plan, 4))

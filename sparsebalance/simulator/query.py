@@ -1,0 +1,93 @@
+"""What the policies and the executor ask of a latency model: typed, so nobody probes for methods.
+
+``LatencyQuery`` is the whole contract; ``LatencyModel`` (``simulator/latency.py``) is the
+implementation every run uses. Policies that balance whole micro-batches (SAB, LBB, DST) need only
+its ``MicrobatchLatency`` part; the executor, dst-cp and schedule-aware ordering need the rest.
+A simpler model -- a closed form in a test, a user's own -- writes the scalar methods and inherits the
+vectorised ones from :class:`ScalarMicrobatchLatency` / :class:`ScalarStageLatency` (same values, one
+call per element). Seconds throughout; lengths and tokens in tokens; a budget is an int (MoBA top-k)
+or a tuple with one per global layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from sparsebalance.simulator.layout import Layout
+    from sparsebalance.simulator.profile import Profile
+
+
+class MicrobatchLatency(Protocol):
+    """Forward + backward seconds of a micro-batch over the whole model: what SAB and DST balance."""
+
+    def microbatch_latency(self, lengths: Sequence[int], budget) -> float: ...
+
+    def microbatch_latencies(self, microbatches: Sequence[Sequence[int]], budgets) -> np.ndarray:
+        """[M] seconds; ``budgets`` one int for all or M ints."""
+        ...
+
+
+class LatencyQuery(MicrobatchLatency, Protocol):
+    """Everything the simulator and the schedule-aware policies ask of a latency model."""
+
+    layout: Layout
+    """Layers and parameters per (virtual) stage and device."""
+    block_size: int
+    """MoBA key-block size (tokens)."""
+    profile: Profile
+    """The latency table behind the model."""
+    extrapolate: str
+    """Beyond the profiled range: warn, error or clamp."""
+
+    def attention(self, seq_len: int, budget: int, *, backward: bool = False) -> float: ...
+
+    def attention_many(self, seq_len, budget, *, backward: bool = False) -> np.ndarray: ...
+
+    def per_token_many(self, name: str, tokens, *, backward: bool = False, part: str | None = None) -> np.ndarray:
+        """[len(tokens)] seconds of ``name`` (layer, embed, head) at each token count."""
+        ...
+
+    def stage_time(self, lengths, budget, stage: int, *, backward: bool, chunk: int = 0,
+                   part: str | None = None) -> float: ...
+
+    def stage_times(self, microbatches, budgets, modes=("F", "B")) -> dict[str, np.ndarray]:
+        """Per mode (F, B, I, W) seconds [V, M] of every virtual stage (``simulator/stagecost.py``)."""
+        ...
+
+    def p2p_time(self, tokens: int) -> float: ...
+
+    def allreduce_time(self, stage: int) -> float: ...
+
+    def optimizer_time(self, stage: int) -> float: ...
+
+
+class ScalarMicrobatchLatency:
+    """``microbatch_latencies`` from a subclass's ``microbatch_latency``, one call per micro-batch."""
+
+    def microbatch_latencies(self, microbatches, budgets) -> np.ndarray:
+        ks = np.broadcast_to(np.asarray(budgets), (len(microbatches),))
+        return np.array([self.microbatch_latency(list(mb), int(k))  # type: ignore[attr-defined]
+                         for mb, k in zip(microbatches, ks.tolist())], dtype=float)
+
+
+class ScalarStageLatency:
+    """``stage_times`` from a subclass's ``stage_time`` and ``cluster`` (pp, virtual_stages), one
+    call per (micro-batch, virtual stage, mode)."""
+
+    def stage_times(self, microbatches, budgets, modes=("F", "B")) -> dict[str, np.ndarray]:
+        from sparsebalance.simulator.stagecost import MODES
+
+        pp, chunks = self.cluster.pp, self.cluster.virtual_stages  # type: ignore[attr-defined]
+        out = {mode: np.empty((pp * chunks, len(microbatches))) for mode in modes}
+        for i, (lengths, budget) in enumerate(zip(microbatches, budgets)):
+            for vs in range(pp * chunks):
+                for mode in modes:
+                    backward, part = MODES[mode]
+                    kw = {"part": part} if part else {}
+                    out[mode][vs, i] = self.stage_time(lengths, budget, vs % pp,  # type: ignore[attr-defined]
+                                                       backward=backward, chunk=vs // pp, **kw)
+        return out

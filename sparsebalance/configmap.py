@@ -8,6 +8,7 @@ resolved config beside every result.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -16,6 +17,8 @@ from typing import Any, TypeVar
 from sparsebalance.errors import ConfigError
 
 T = TypeVar("T")
+MAX_INT = 2**53 - 1
+"""Largest integer a config field takes: exact as a float, far beyond any real count."""
 
 
 def _coerce(value: Any, tp: Any, field: str) -> Any:
@@ -54,12 +57,17 @@ def _coerce(value: Any, tp: Any, field: str) -> Any:
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             if isinstance(value, float) and value.is_integer():
-                return int(value)
-            raise ConfigError(f"{field}: expected an integer, got {value!r}")
+                value = int(value)
+            else:
+                raise ConfigError(f"{field}: expected an integer, got {value!r}")
+        if abs(value) > MAX_INT:  # a count or size this large is a typo, and overflows numpy
+            raise ConfigError(f"{field}: {value:.3g} is out of range (|value| <= 2^53 - 1)")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{field}: expected a number, got {value!r}")
+        if not math.isfinite(value):  # inf would pass every "> 0" check and poison the run
+            raise ConfigError(f"{field}: must be a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):

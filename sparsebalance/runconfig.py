@@ -40,6 +40,8 @@ from sparsebalance.simulator.config import (
     qwen25_3b,
 )
 
+MAX_ITERATIONS = 10_000_000
+"""Most iterations a run may ask for (a simulated iteration at global batch 16 takes ~1 ms)."""
 
 @dataclass(kw_only=True, slots=True)
 class RunConfig:
@@ -78,6 +80,8 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_positive(self.iterations, "iterations")
+        check(self.iterations <= MAX_ITERATIONS, "iterations",
+              f"must be <= {MAX_ITERATIONS:,}, got {self.iterations:,}")
         check_positive(self.seed, "seed", allow_zero=True)
         if self.data.seed is None:  # the data follow the run's seed unless given their own
             self.data = replace(self.data, seed=self.seed)

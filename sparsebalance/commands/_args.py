@@ -38,6 +38,27 @@ REMOVED_IN = "0.3"
 
 
 # -- argparse value types -------------------------------------------------------------------------
+def comma_list(text: str, flag: str, conv=str, *, what: str = "values", unique: bool = True) -> list:
+    """``"a,b,c"`` -> ``[conv("a"), conv("b"), conv("c")]``, or one line naming ``flag`` when the
+    text holds no item (``--seeds ,,``), an empty one (a stray comma), a value ``conv`` cannot read,
+    or (``unique``) the same value twice: never an empty list that runs nothing, or a silent
+    fallback to a default."""
+    items = [t.strip() for t in str(text).split(",")]
+    if not any(items):
+        raise ConfigError(f"{flag}: no {what} in {text!r}; give one or more, comma-separated")
+    if "" in items:
+        raise ConfigError(f"{flag}: an empty item in {text!r} (a stray comma?); give comma-separated {what}")
+    try:
+        vals = [conv(t) for t in items]
+    except (ValueError, TypeError, OverflowError):
+        raise ConfigError(f"{flag}: cannot read {text!r} as comma-separated {what}") from None
+    if unique:
+        dup = next((v for i, v in enumerate(vals) if v in vals[:i]), None)
+        if dup is not None:
+            raise ConfigError(f"{flag}: {dup!r} is given twice in {text!r}; give each once")
+    return vals
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
     return _int_at_least(text, 1)

@@ -153,11 +153,10 @@ def run(args) -> int:
         from sparsebalance.commands.ablation_schedules import run_schedules
 
         return run_schedules(args)
-    try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    except ValueError:
-        raise ConfigError(f"--seeds: expected comma-separated integers, got {args.seeds!r}") from None
-    if not seeds or min(seeds) < 0:
+    from sparsebalance.commands._args import comma_list
+
+    seeds = comma_list(args.seeds, "--seeds", int, what="integers")
+    if min(seeds) < 0:
         raise ConfigError(f"--seeds: give one or more integers >= 0, got {args.seeds!r}")
     if args.anchors:
         jobs = [("baseline", {"batching": "sequential", "tuning": "fixed"})]

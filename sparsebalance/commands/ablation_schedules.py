@@ -41,23 +41,22 @@ VIRTUAL = {"interleaved": 2, "zbv": 2, "dualpipev": 2}
 
 
 def parse_schedules(text: str) -> list[str]:
+    from sparsebalance.commands._args import comma_list
     from sparsebalance.errors import ConfigError
     from sparsebalance.simulator.config import SCHEDULES
 
-    names = [s.strip() for s in text.split(",") if s.strip()]
+    names = comma_list(text, "--schedules", what="schedule names")
     bad = [s for s in names if s not in SCHEDULES]
-    if not names or bad:
-        raise ConfigError(f"--schedules: {', '.join(bad) or 'none given'}: choose from {', '.join(SCHEDULES)}")
-    return list(dict.fromkeys(names))
+    if bad:
+        raise ConfigError(f"--schedules: {', '.join(bad)}: choose from {', '.join(SCHEDULES)}")
+    return names
 
 
 def parse_seeds(text: str) -> list[int]:
+    from sparsebalance.commands._args import comma_list
     from sparsebalance.errors import ConfigError
 
-    try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise ConfigError(f"--seeds: expected comma-separated integers, got {text!r}") from None
+    seeds = comma_list(text, "--seeds", int, what="integers")
     if len(seeds) < 2 or min(seeds) < 0:
         raise ConfigError(f"--seeds: give two or more integers >= 0 (the interval is over seeds), got {text!r}")
     return seeds

@@ -64,13 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _list(text: str, name: str, conv=str) -> tuple:
-    try:
-        vals = tuple(conv(x.strip()) for x in text.split(",") if x.strip())
-    except ValueError:
-        from sparsebalance.errors import ConfigError
+    from sparsebalance.commands._args import comma_list
 
-        raise ConfigError(f"--{name}: expected a comma-separated list, got {text!r}") from None
-    return vals
+    return tuple(comma_list(text, f"--{name}", conv))
 
 
 def _config_file(path: str) -> dict:

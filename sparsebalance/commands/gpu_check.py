@@ -63,12 +63,13 @@ def cuda_device() -> str | None:
 
 
 def _steps(text: str) -> list[str]:
+    from sparsebalance.commands._args import comma_list
     from sparsebalance.gpucheck.steps import ORDER
 
-    steps = [s.strip() for s in text.split(",") if s.strip()]
+    steps = comma_list(text, "--steps", what="step names")
     bad = [s for s in steps if s not in ORDER]
-    if bad or not steps:
-        raise ConfigError(f"--steps: unknown or none ({', '.join(bad) or text!r}); choose from {', '.join(ORDER)}")
+    if bad:
+        raise ConfigError(f"--steps: unknown ({', '.join(bad)}); choose from {', '.join(ORDER)}")
     return steps
 
 

@@ -10,18 +10,11 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from sparsebalance.commands._args import comma_list
 from sparsebalance.errors import ConfigError
 
 DST_KEYS = ("policy.anchor", "policy.p", "policy.anchor_scope", "policy.per_layer")
 """Keys of DST only: runs with tuning = \"fixed\" drop them (and run once)."""
-
-
-def _split(text: str, conv=str) -> list:
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    try:
-        return [conv(t) for t in items]
-    except ValueError:
-        raise ConfigError(f"sweep: cannot read {text!r} as a list of {conv.__name__}") from None
 
 
 def _shape(text: str) -> dict[str, int]:
@@ -72,13 +65,16 @@ def load_grid(args) -> tuple[dict[str, list], dict[str, Any], dict[str, Any], st
     flag_axes = {"policy.batching": (args.batching, str), "policy.tuning": (args.tuning, str),
                  "policy.anchor": (args.anchor, str), "policy.p": (args.p, float),
                  "seed": (args.seeds, int)}
+    flags = {"policy.batching": "--batching", "policy.tuning": "--tuning", "policy.anchor": "--anchor",
+             "policy.p": "--p", "seed": "--seeds"}
     for key, (text, conv) in flag_axes.items():
-        if text:
-            axes[key] = _split(text, conv)
+        if text is not None:
+            axes[key] = comma_list(text, flags[key], conv, what="integers" if conv is int else
+                                   "numbers" if conv is float else "names")
     if any(s < 0 for s in axes.get("seed", [])):
         raise ConfigError(f"--seeds: seeds must be integers >= 0, got {axes['seed']}")
     if args.clusters:
-        axes["cluster"] = [_shape(t) for t in _split(args.clusters)]
+        axes["cluster"] = [_shape(t) for t in comma_list(args.clusters, "--clusters", what="DPxPP shapes")]
     if args.iterations is not None:
         extra["iterations"] = args.iterations
     if args.allow_nonmonotone:

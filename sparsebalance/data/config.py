@@ -9,6 +9,9 @@ from sparsebalance.errors import check, check_choice, check_positive
 SOURCES = ("distribution", "jsonl", "parquet", "hf_disk", "text_dir")
 
 
+MAX_SEQUENCES = 10_000_000
+"""Most sequences a dataset may hold (about 2 GB of Sequence objects at this bound)."""
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class DataConfig:
     """A dataset: a named length distribution or a file/directory of samples."""
@@ -40,6 +43,8 @@ class DataConfig:
         if self.source != "distribution":
             check(self.path is not None, "path", f"is required for source = {self.source!r}")
         check_positive(self.num_sequences, "num_sequences", allow_zero=self.source != "distribution")
+        check(self.num_sequences <= MAX_SEQUENCES, "num_sequences",
+              f"must be <= {MAX_SEQUENCES:,} (each sequence is held in memory), got {self.num_sequences:,}")
         check_positive(self.min_length, "min_length")
         if self.seed is not None:
             check_positive(self.seed, "seed", allow_zero=True)

@@ -128,6 +128,16 @@ TABLE = [
     ("sweep-out-cwd-force", SWEEP[:-1] + (str(Path.cwd()), "--force"), "resolves to"),
     ("ablation-out-parent", ("ablation", "--out", "..", "--force"), "must name a directory of its own"),
     ("simulate-name-dotdot", SIM + ("--set", "name='..'"), "name: must be a label"),
+    # list flags that would run nothing or drop an axis, numbers that would overflow or poison
+    ("sweep-seeds-only-commas", SWEEP + ("--seeds", ",,"), "--seeds: no integers"),
+    ("sweep-batching-only-comma", SWEEP + ("--batching", ","), "--batching: no names"),
+    ("sweep-stray-comma", SWEEP + ("--seeds", "1,2,"), "empty item"),
+    ("ablation-seeds-twice", ("ablation", "--seeds", "0,0", "--out", "{tmp}/o"), "given twice"),
+    ("schedules-twice", ("ablation", "--schedules", "1f1b,1f1b", "--out", "{tmp}/o"), "given twice"),
+    ("num-sequences-1e12", SIM + ("--set", "data.num_sequences=1e12"), "num_sequences: must be <="),
+    ("iterations-1e30", SIM[:3] + ("--set", "iterations=1e30", "--out", "{tmp}/o"), "iterations: 1e+30 is out of range"),
+    ("p-nan", SIM + ("--set", "policy.p=nan"), "policy.p: must be a finite number"),
+    ("train-lr-inf", ("train", "--config", "{example}", "--set", "realrun.lr=inf"), "realrun.lr: must be a finite"),
 ]
 
 
@@ -163,3 +173,25 @@ def test_nonmonotone_profile_accepted_on_request_with_the_points_named(files, ru
                 "--allow-nonmonotone", "-v")
     assert r.code == 0, r.err
     assert "attn_fwd at budget 4: seq_len 128 -> 256 falls" in r.err
+
+
+def test_comma_lists_are_refused_when_they_would_run_nothing_or_twice():
+    """Generated lists (seeded): any with an empty item, no item or a repeat is one line naming the
+    flag; every other comes back whole, in order."""
+    import numpy as np
+
+    from sparsebalance.commands._args import comma_list
+    from sparsebalance.errors import ConfigError
+
+    rng = np.random.default_rng(23)
+    for _ in range(300):
+        vals = [str(v) for v in rng.integers(0, 6, rng.integers(0, 5))]
+        if rng.random() < 0.4 and vals:
+            vals.insert(int(rng.integers(0, len(vals) + 1)), " " * int(rng.integers(0, 2)))
+        text = ",".join(vals)
+        bad = not vals or any(not v.strip() for v in vals) or len(set(vals)) < len(vals)
+        if bad:
+            with pytest.raises(ConfigError, match="^--seeds: "):
+                comma_list(text, "--seeds", int)
+        else:
+            assert comma_list(text, "--seeds", int) == [int(v) for v in vals]

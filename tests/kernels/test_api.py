@@ -45,6 +45,7 @@ BAD = [  # (id, argument named in the error, change)
      lambda a: a.update(cu_seqlens=torch.tensor([0, 40, 30, 275], dtype=torch.int32))),
     ("cu-not-ending-at-T", "cu_seqlens",
      lambda a: a.update(cu_seqlens=torch.tensor([0, 40, 270], dtype=torch.int32))),
+    ("head-dim-zero", "q", lambda a: a.update(q=a["q"][:, :, :0], k=a["k"][:, :, :0], v=a["v"][:, :, :0])),
     ("topk-zero", "topk", lambda a: a.update(topk=0)),
     ("topk-tensor-below-1", "topk", lambda a: a.update(topk=torch.tensor([1, 2, 0, 3, 3]))),
     ("topk-tensor-wrong-length", "topk", lambda a: a.update(topk=torch.tensor([2, 2]))),

@@ -39,6 +39,8 @@ def _check_qk(q: Any, k: Any) -> None:
             raise ConfigError(f"{name}: must be a 3-D tensor [T, heads, head_dim]")
         if not x.is_floating_point():
             raise ConfigError(f"{name}: must be a floating-point tensor, got {x.dtype}")
+    if q.shape[1] < 1 or q.shape[2] < 1 or q.shape[0] < 1:
+        raise ConfigError(f"q: every dimension of [T, heads, head_dim] must be >= 1, got {tuple(q.shape)}")
     if k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
         raise ConfigError(f"k: shape {tuple(k.shape)} does not match q {tuple(q.shape)} "
                           "(need [T, H_kv, D] with the T and D of q)")

@@ -104,10 +104,16 @@ def main(argv: list[str] | None = None) -> int:
         for sig in (signal.SIGTERM, signal.SIGHUP):
             old[sig] = signal.signal(sig, _raise_terminated)
     hidden: list[str] = []
+    from sparsebalance.commands._args import finish_outputs
+
+    finish_outputs(False)  # nothing left open by an earlier verb in this process
+    ended = False
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _warning_printer(getattr(args, "verbose", False), hidden)
             rc = int(_load(args._module).run(args) or 0)
+        ended = True
+        finish_outputs(True)  # the verb returned: what it wrote is its result
         _flush_stdout()
         if hidden and rc == 0:
             print(f"sparsebalance: {len(hidden)} warning(s) not shown (stderr is not a terminal); "
@@ -128,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sparsebalance {args.verb}: interrupted", file=sys.stderr)
         return 130
     finally:
+        if not ended:
+            finish_outputs(False)  # an error or a signal: a directory it left is marked incomplete
         for sig, handler in old.items():
             signal.signal(sig, handler)
 

@@ -188,9 +188,15 @@ def resolve_out(requested: str | None, default: str | Path, *, force: bool, verb
     _refuse_shared(path)
     _check_parents(path)
     clear = False
-    if path.exists() and any(path.iterdir()):
+    fresh = not path.exists() or not any(path.iterdir())
+    if not fresh:
         if reuse is not None and reuse(path) and not force:
             _lock(path)
+        elif _marker_for(path) is True and (_read_marker(path) or {}).get("complete") is False:
+            _lock(path)  # a run of ours that did not finish (failed, killed): its files are no result
+            print(f"sparsebalance: {path} holds the files of a run that did not finish; replacing them",
+                  file=sys.stderr)
+            clear = True
         elif force:
             _lock(path)
             mine = _marker_for(path)
@@ -220,8 +226,37 @@ def resolve_out(requested: str | None, default: str | Path, *, force: bool, verb
     from sparsebalance.fsutil import atomic_write_json
 
     atomic_write_json(path / MARKER, {"verb": verb, "version": __version__, "path": str(path.resolve()),
-                                      "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+                                      "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "complete": False})
+    _OPENED.append((path, fresh))
     return path
+
+
+#: Results directories this verb opened: (path, whether it was new or empty). ``cli.main`` closes
+#: them with :func:`finish_outputs` when the verb ends.
+_OPENED: list[tuple[Path, bool]] = []
+
+
+def finish_outputs(ok: bool) -> None:
+    """Close the results directories of the verb that just ended. ``ok`` (it returned): the marker
+    says complete. Otherwise (an error, a signal) a directory it created and left with nothing but
+    the marker is removed; one holding files keeps ``"complete": false``, so it is never taken for a
+    result and the next run replaces it without ``--force``."""
+    from sparsebalance.fsutil import atomic_write_json
+
+    while _OPENED:
+        path, fresh = _OPENED.pop()
+        data = _read_marker(path)
+        if data is None:
+            continue
+        try:
+            if ok:
+                atomic_write_json(path / MARKER, {**data, "complete": True,
+                                                  "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+            elif fresh and {p.name for p in path.iterdir()} <= {MARKER}:
+                (path / MARKER).unlink()
+                path.rmdir()
+        except OSError:  # a full disk or a vanished directory: the marker keeps saying incomplete
+            pass
 
 
 def _refuse_shared(path: Path) -> None:

@@ -5,6 +5,7 @@ directory of the user's files generated per run (random names and contents), whi
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -143,3 +144,44 @@ def test_lock_is_released_with_the_process(user_dir):
         p.communicate(timeout=60)
     code, err = _run(work, "simulate", "--config", "run.toml", "--no-trace", "--out", "res", "--force")
     assert code == 0, err
+
+
+def test_a_run_that_fails_after_its_directory_exists_leaves_none(user_dir):
+    """A check that needs the run (here: P2P seconds overflow at a 1e-307 B/s link) fails after the
+    results directory was made: the directory goes with it, and the corrected run needs no --force."""
+    work, files = user_dir
+    (work / "run.toml").write_text(TINY.format(name="tiny"))
+    code, err = _run(work, "simulate", "--config", "run.toml", "--no-trace", "--out", "res", "--profile-as-is",
+                     "--set", "cluster.p2p_bandwidth=1e-307")
+    _one_line(code, err, "finite")
+    assert not (work / "res").exists()
+    # with calibration (a measured profile on another CPU) the directory holds the calibrated
+    # profile when the run fails: it stays, marked incomplete, and is replaced without --force
+    code, err = _run(work, "simulate", "--config", "run.toml", "--no-trace", "--out", "res",
+                     "--set", "cluster.p2p_bandwidth=1e-307")
+    assert code == 2 and "finite" in err, err
+    if (work / "res").exists():
+        assert json.loads((work / "res" / ".sparsebalance.json").read_text())["complete"] is False
+    code, err = _run(work, "simulate", "--config", "run.toml", "--no-trace", "--out", "res")
+    assert code == 0, err
+    assert json.loads((work / "res" / ".sparsebalance.json").read_text())["complete"] is True
+    _intact(work, files)
+
+
+def test_a_killed_run_is_marked_incomplete_and_replaced_without_force(user_dir):
+    """kill -9 mid-run: the marker still says ``complete: false`` (never a result); the same command
+    replaces those files without --force, saying so."""
+    work, _ = user_dir
+    (work / "run.toml").write_text(TINY.format(name="tiny"))
+    p = sparsebalance("simulate", "--config", "run.toml", "--out", "res", "--iterations", "400", cwd=work)
+    try:
+        assert wait_for(lambda: (work / "res" / ".sparsebalance.json").exists(), timeout=60)
+    finally:
+        os.kill(p.pid, 9)
+        p.communicate(timeout=60)
+    mark = json.loads((work / "res" / ".sparsebalance.json").read_text())
+    if mark["complete"]:
+        pytest.skip("the run finished before the kill landed")
+    code, err = _run(work, "simulate", "--config", "run.toml", "--no-trace", "--out", "res")
+    assert code == 0 and "did not finish; replacing them" in err, err
+    assert json.loads((work / "res" / ".sparsebalance.json").read_text())["complete"] is True

@@ -33,7 +33,7 @@ def setup(gb: int, packer: str = "lpt-swap"):
     from sparsebalance.policies.coverage import make_coverage_model
     from sparsebalance.policies.registry import make_batching, make_tuning
     from sparsebalance.simulator.config import ClusterConfig, qwen25_3b
-    from sparsebalance.simulator.latency import load_latency_model
+    from sparsebalance.simulator.cost.latency import load_latency_model
 
     model = qwen25_3b()
     cluster = ClusterConfig(pp=4, dp=2, tp=1, global_batch=gb)

@@ -74,8 +74,8 @@ def executor_iteration(dp: int, pp: int, m: int, repeats: int) -> float:
     from sparsebalance.data.config import DataConfig
     from sparsebalance.data.sequence import Sequence
     from sparsebalance.simulator.config import h200_4x8, qwen25_3b
-    from sparsebalance.simulator.executor import SimulatorExecutor
-    from sparsebalance.simulator.latency import load_latency_model
+    from sparsebalance.simulator.cost.latency import load_latency_model
+    from sparsebalance.simulator.engine.executor import SimulatorExecutor
     from sparsebalance.simulator.plan import Plan, uniform_budgets
 
     model = qwen25_3b()

@@ -47,7 +47,7 @@ def measure(mode: str, rounds: int, budget: int, core: int) -> dict:
     from sparsebalance.kernels.qwen2 import MobaArgs, build_qwen2, pack
     from sparsebalance.realrun.stage import build_stage, stage_layers
     from sparsebalance.simulator.config import tiny
-    from sparsebalance.simulator.schedules import stage_orders
+    from sparsebalance.simulator.schedule.schedules import stage_orders
 
     torch.set_num_threads(1)
     if hasattr(os, "sched_setaffinity"):

@@ -22,7 +22,7 @@ def main() -> None:
 
     from sparsebalance.kernels.profiler import ProfileGrid, run_profile
     from sparsebalance.simulator.config import ClusterConfig, tiny
-    from sparsebalance.simulator.latency import load_latency_model
+    from sparsebalance.simulator.cost.latency import load_latency_model
 
     model = tiny()
     lm = load_latency_model(args.profile, model, ClusterConfig(device="cpu", pp=1, dp=1, global_batch=1))

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from sparsebalance.simulator import kernelcost as kc
-from sparsebalance.simulator import roofline as rf
 from sparsebalance.simulator.config import ModelConfig, qwen25_3b
+from sparsebalance.simulator.cost import kernelcost as kc
+from sparsebalance.simulator.cost import roofline as rf
 
 #: FlashAttention-3 paper (arXiv 2407.08608) Fig. 5, forward, causal, head dim 128, H100 SXM5 (TFLOP/s).
 FA3_CAUSAL_FWD = {"Triton": {512: 146, 1024: 273, 2048: 323, 4096: 353, 8192: 369, 16384: 378},

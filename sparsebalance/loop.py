@@ -3,7 +3,7 @@
 global batch -> batching policy -> plan -> tuning policy -> budgets -> executor -> trace.
 Written once: the executor (simulator or realrun) is passed in, policy state is carried across
 iterations, and decision time (batching + tuning, wall clock on this CPU) is measured. The executor
-interface (``Executor``, ``IterationResult``) lives in ``simulator/iteration.py`` so the simulator can
+interface (``Executor``, ``IterationResult``) lives in ``simulator/engine/iteration.py`` so the simulator can
 implement it without importing policies.
 """
 
@@ -18,9 +18,9 @@ import pandas as pd
 
 from sparsebalance.data.sequence import Sequence
 from sparsebalance.policies.base import BatchingPolicy, PolicyContext, TuningPolicy
-from sparsebalance.simulator.iteration import Executor
+from sparsebalance.simulator.engine.iteration import Executor
+from sparsebalance.simulator.engine.trace import TRACE_COLUMNS
 from sparsebalance.simulator.plan import Budgets, Plan
-from sparsebalance.simulator.trace import TRACE_COLUMNS
 
 
 def global_batches(sequences: list[Sequence], global_batch: int, *, shuffle: bool,

@@ -34,12 +34,12 @@ def prepare(cfg: RunConfig) -> Prepared:
     from sparsebalance.policies.base import PolicyContext
     from sparsebalance.policies.coverage import make_coverage_model
     from sparsebalance.policies.registry import make_batching, make_tuning
-    from sparsebalance.simulator.latency import load_latency_model
+    from sparsebalance.simulator.cost.latency import load_latency_model
 
     batching = make_batching(cfg.policy)
     tuning = make_tuning(cfg.policy)
     if cfg.policy.token_cap is None:  # micro-batches per rank are fixed: check the schedule runs them
-        from sparsebalance.simulator.schedules import validate_schedule
+        from sparsebalance.simulator.schedule.schedules import validate_schedule
 
         c = cfg.cluster
         validate_schedule(c.schedule, c.pp, c.microbatches_per_rank, c.virtual_stages)
@@ -60,7 +60,7 @@ def prepare(cfg: RunConfig) -> Prepared:
 
 def run_simulation(cfg: RunConfig, *, progress: bool = True, prepared: Prepared | None = None) -> LoopResult:
     """Run ``cfg.iterations`` simulated iterations of ``cfg``."""
-    from sparsebalance.simulator.executor import SimulatorExecutor
+    from sparsebalance.simulator.engine.executor import SimulatorExecutor
 
     p = prepared or prepare(cfg)
     executor = SimulatorExecutor(p.latency, cfg.model, cfg.cluster, engine=cfg.engine)

@@ -172,8 +172,8 @@ def predict_stages(cfg: RunConfig, ops: pd.DataFrame, profiles: dict[str, str], 
     profile; the iteration table has the measured source first.
     """
     from sparsebalance.runner import prepare
+    from sparsebalance.simulator.cost.latency import load_latency_model
     from sparsebalance.simulator.engine import PipelineInput, simulate
-    from sparsebalance.simulator.latency import load_latency_model
 
     if "measured" in profiles:
         raise ValueError("profiles: the label 'measured' names the measurement itself; choose another")

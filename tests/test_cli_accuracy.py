@@ -100,7 +100,7 @@ def test_gradient_accumulation_over_microbatches_equals_one_packed_step(ckpt):
 
     class NoSim:
         def execute(self, it, plan, budgets):
-            from sparsebalance.simulator.iteration import IterationResult
+            from sparsebalance.simulator.engine.iteration import IterationResult
 
             return IterationResult(1.0, None, [[1.0]], [1.0], 0.0)
 

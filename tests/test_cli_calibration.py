@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from sparsebalance.simulator.profile import SHIPPED_DIR
+from sparsebalance.simulator.cost.profile import SHIPPED_DIR
 
 SIM = """
 name = "cal"
@@ -101,7 +101,7 @@ def test_profile_writes_the_machine_fingerprint(tmp_path, run_cli):
     fp = json.loads((out / "profile.json").read_text())["machine"]
     assert fp["device_kind"] == "cpu" and fp["torch_threads"] == 1 and fp["cores"] >= 1 and fp["cpu_model"]
     from sparsebalance.kernels.calibrate import machine_fingerprint
-    from sparsebalance.simulator.calibration import fingerprint_mismatch
+    from sparsebalance.simulator.cost.calibration import fingerprint_mismatch
 
     assert fingerprint_mismatch(fp, machine_fingerprint("cpu", threads=1)) == []
 
@@ -113,7 +113,7 @@ def test_probes_between_rounds_enter_one_fit(tmp_path, measured, scaled_probe):
 
     from sparsebalance.commands._calibrate import CALIBRATED_DIR, Prober
     from sparsebalance.runconfig import load_run_config
-    from sparsebalance.simulator.profile import load_profile
+    from sparsebalance.simulator.cost.profile import load_profile
 
     cfg_path = tmp_path / "run.toml"
     cfg_path.write_text(SIM.format(profile=measured, out=tmp_path / "res"))

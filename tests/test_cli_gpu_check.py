@@ -47,8 +47,8 @@ def test_stage_check_runs_on_the_cpu():
     F and B measured and predicted by both profiles; the iteration composed through the schedule."""
     torch = pytest.importorskip("torch")
     from sparsebalance.runconfig import load_run_config
+    from sparsebalance.simulator.cost.latency import load_latency_model
     from sparsebalance.simulator.engine import PipelineInput, simulate
-    from sparsebalance.simulator.latency import load_latency_model
     from sparsebalance.stagecheck import predict_stages, run_stage_check
 
     cfg = load_run_config("examples/cpu_pp2.toml", {"cluster.global_batch": 2, "data.max_length": 128})

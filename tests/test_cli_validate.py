@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from sparsebalance.analysis import validate as V
-from sparsebalance.simulator.trace import TRACE_COLUMNS
+from sparsebalance.simulator.engine.trace import TRACE_COLUMNS
 
 TINY = """
 name = "vt"
@@ -155,7 +155,7 @@ def test_end_to_end_replays_the_runs_own_plans(tmp_path, run_cli):
     pytest.importorskip("torch")
     from sparsebalance.realrun.results import load_plans
     from sparsebalance.runconfig import load_run_config
-    from sparsebalance.simulator.latency import load_latency_model
+    from sparsebalance.simulator.cost.latency import load_latency_model
 
     out = tmp_path / "val"
     r = run_cli("validate", "--config", _cfg(tmp_path), "--json", "--out", out, "--master-port", "29677",

@@ -155,10 +155,10 @@ def test_import_closure_of_the_steps_needs_neither_simpy_nor_ray():
             "sparsebalance.runner"} <= mods
     named = {m: {n.split(".")[0] for n in _imported(_source(m))} & {"simpy", "ray"} for m in mods}
     # the SimPy engine is reached only through engine.simulate(method="simpy"), which no step asks for
-    assert {m: n for m, n in named.items() if n} == {"sparsebalance.simulator.events": {"simpy"}}
-    callers = mods - {"sparsebalance.simulator.engine", "sparsebalance.simulator.events"}
+    assert {m: n for m, n in named.items() if n} == {"sparsebalance.simulator.engine.events": {"simpy"}}
+    callers = mods - {"sparsebalance.simulator.engine", "sparsebalance.simulator.engine.events"}
     assert [m for m in callers if 'method="simpy"' in _source(m).read_text()] == []
-    mods.discard("sparsebalance.simulator.events")
+    mods.discard("sparsebalance.simulator.engine.events")
     mods.discard("sparsebalance.__main__")  # runs the CLI when imported; its imports are cli's
     # and imported for real with both blocked (a module the walk missed would surface here)
     prog = BLOCKER + f"for m in {sorted(mods)!r}:\n    __import__(m)\n"

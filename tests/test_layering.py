@@ -78,9 +78,42 @@ def _probe_target(call: ast.Call) -> str | None:
 
 
 def test_no_capability_probes_of_the_latency_model():
-    """Policies and the simulator hold a typed ``LatencyQuery`` (simulator/query.py) and call it: no
+    """Policies and the simulator hold a typed ``LatencyQuery`` (simulator/cost/query.py) and call it: no
     ``getattr``/``hasattr`` on a latency model anywhere in the package."""
     bad = [f"{f.relative_to(PKG)}:{node.lineno}" for f in sorted(PKG.rglob("*.py"))
            for node in ast.walk(ast.parse(f.read_text()))
            if isinstance(node, ast.Call) and _probe_target(node) in LATENCY_NAMES]
     assert not bad, bad
+
+
+#: Inside the simulator: the parts of ``simulator/`` each part may import (config: the configs and
+#: presets, importable by all; base: layout and plan).
+SIMULATOR_PARTS = {
+    "config": {"config"},
+    "schedule": {"schedule", "config"},
+    "base": {"base", "schedule", "config"},
+    "cost": {"cost", "base", "config"},
+    "engine": {"engine", "cost", "schedule", "base", "config"},
+}
+
+
+def _simulator_part(name: str) -> str:
+    return name if name in ("cost", "schedule", "engine", "config") else "base"
+
+
+def test_simulator_parts_import_only_what_the_rules_allow():
+    """schedule/ knows only configs; the base (config, layout, plan) may place stages by schedule;
+    cost/ prices actions on the base; engine/ runs a schedule with costs."""
+    sim = PKG / "simulator"
+    bad = []
+    for f in sorted(sim.rglob("*.py")):
+        rel = f.relative_to(sim).parts
+        if rel == ("__init__.py",):
+            continue
+        part = _simulator_part(rel[0] if len(rel) > 1 else f.stem)
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sparsebalance.simulator."):
+                target = _simulator_part(node.module.split(".")[2])
+                if target not in SIMULATOR_PARTS[part]:
+                    bad.append(f"simulator/{'/'.join(rel)} ({part}) imports {node.module} ({target})")
+    assert not bad, "\n".join(bad)

@@ -140,8 +140,8 @@ def run_job(args: tuple[Job, ExperimentConfig, str | None]) -> dict[str, Any]:
     from sparsebalance.policies.coverage import make_coverage_model
     from sparsebalance.policies.registry import make_batching, make_tuning
     from sparsebalance.simulator.config import ClusterConfig, qwen25_3b
-    from sparsebalance.simulator.executor import SimulatorExecutor
-    from sparsebalance.simulator.latency import load_latency_model
+    from sparsebalance.simulator.cost.latency import load_latency_model
+    from sparsebalance.simulator.engine.executor import SimulatorExecutor
 
     job, cfg, ckpt_path = args
     torch.set_num_threads(1)

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from sparsebalance.errors import ConfigError
-from sparsebalance.simulator.trace import WORK_OPS
+from sparsebalance.simulator.engine.trace import WORK_OPS
 
 
 def _need_columns(df: pd.DataFrame, cols: Seq[str], what: str) -> None:

@@ -26,7 +26,7 @@ def plot_timeline(trace, path: str | Path, iteration: int = 0, title: str = "",
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    from sparsebalance.simulator.trace import check_trace
+    from sparsebalance.simulator.engine.trace import check_trace
 
     check_trace(trace)
     path = Path(path)

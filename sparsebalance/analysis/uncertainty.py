@@ -7,7 +7,7 @@
   and when it contains 1 the call has **not resolved** the ranking.
 * **Predicted**: the simulator's speedup is exact for a given profile, but the profile's points
   carry measurement error relative to this machine now, which the calibration probe estimates
-  (``simulator/calibration.py``: spread of log(probe / profile) within an op). :func:`predicted_interval`
+  (``simulator/cost/calibration.py``: spread of log(probe / profile) within an op). :func:`predicted_interval`
   redraws every profile point with that error (independent log-normal factors, ``sigma``), replays
   the runs' own plans on each draw and reports the 2.5-97.5 % range of the predicted speedup.
 """
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from sparsebalance.simulator.profile import Profile
+from sparsebalance.simulator.cost.profile import Profile
 
 
 def speedup_ci(per_round: Sequence[float], level: float = 0.95) -> dict:
@@ -60,8 +60,8 @@ def predicted_interval(profile: Profile, model, cluster, runs: dict[str, list], 
     may pass the same object: it is replayed once per draw). Returns ``{"lo", "hi", "se_log",
     "draws", "sigma"}`` of the predicted speedup (mean baseline / mean policy iteration time over
     counted iterations) under ``draws`` redraws of the profile."""
-    from sparsebalance.simulator.executor import SimulatorExecutor
-    from sparsebalance.simulator.latency import LatencyModel
+    from sparsebalance.simulator.cost.latency import LatencyModel
+    from sparsebalance.simulator.engine.executor import SimulatorExecutor
 
     rng = np.random.default_rng(seed)
     out = []

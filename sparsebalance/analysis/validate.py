@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from sparsebalance.analysis.compare import compare, mean_abs_error, speedup_table, stage_busy
-from sparsebalance.simulator.trace import WORK_OPS
+from sparsebalance.simulator.engine.trace import WORK_OPS
 
 OPS = ("F", "B", "I", "W", "P2P", "ALLREDUCE", "OPTIM")
 """Trace ops; a measured P2P row is a receive *wait* (idle included), a predicted one the transfer."""

@@ -29,8 +29,12 @@ class Prober:
 
     def __init__(self, cfg: Any, out: Path, *, as_is: bool, measure: Callable | None = None,
                  emit: Callable[[str], None] = print) -> None:
-        from sparsebalance.simulator.calibration import fingerprint_mismatch, needs_probe, same_device_kind
-        from sparsebalance.simulator.profile import load_profile
+        from sparsebalance.simulator.cost.calibration import (
+            fingerprint_mismatch,
+            needs_probe,
+            same_device_kind,
+        )
+        from sparsebalance.simulator.cost.profile import load_profile
 
         self.cfg, self.out, self.measure, self.emit = cfg, out, measure, emit
         self.tables: list = []
@@ -63,7 +67,7 @@ class Prober:
                  f"which this machine cannot run; used as is ({fp_note})")
             self.record = {"applied": False, "status": "device-not-here", **fp}
         else:
-            from sparsebalance.simulator.calibration import probe_grid
+            from sparsebalance.simulator.cost.calibration import probe_grid
 
             self.active = True
             self.grid = probe_grid(self.prof, max_len=getattr(cfg.data, "max_length", None),
@@ -89,8 +93,8 @@ class Prober:
             return self.cfg, self.record
         import pandas as pd
 
-        from sparsebalance.simulator.calibration import fit, rescale
-        from sparsebalance.simulator.profile import write_profile
+        from sparsebalance.simulator.cost.calibration import fit, rescale
+        from sparsebalance.simulator.cost.profile import write_profile
 
         table = pd.concat(self.tables, ignore_index=True)
         cal = fit(self.prof, table, fingerprint_here=self.here, seconds=self.seconds)

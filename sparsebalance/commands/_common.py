@@ -49,7 +49,7 @@ def write_results(cfg: RunConfig, result: LoopResult, outdir: Path | None = None
     import json
 
     from sparsebalance.analysis.timeline import plot_timeline
-    from sparsebalance.simulator.trace import to_chrome_trace
+    from sparsebalance.simulator.engine.trace import to_chrome_trace
 
     out = Path(outdir) if outdir else Path(cfg.output_dir) / cfg.name
     out.mkdir(parents=True, exist_ok=True)

@@ -66,7 +66,7 @@ def configs(args, schedule: str, policy: tuple[str, str], seeds: list[int]):
     """Run configs of one (schedule, row), one per seed; the schedule is validated for the run's
     micro-batch count here, before anything runs (ConfigError: one line)."""
     from sparsebalance.runconfig import load_run_config, run_config_from_mapping
-    from sparsebalance.simulator.schedules import validate_schedule
+    from sparsebalance.simulator.schedule.schedules import validate_schedule
 
     v = VIRTUAL.get(schedule, 1)
     over = {"cluster": {"schedule": schedule, "virtual_stages": v, "global_batch": args.global_batch},

@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _write(out: Path, doc: dict, trace) -> None:
     from sparsebalance.fsutil import atomic_to_csv, atomic_write_json, atomic_write_text
-    from sparsebalance.simulator.trace import TRACE_COLUMNS, to_chrome_trace
+    from sparsebalance.simulator.engine.trace import TRACE_COLUMNS, to_chrome_trace
 
     atomic_write_json(out / "result.json", doc)
     atomic_to_csv(trace[list(TRACE_COLUMNS)], out / "trace.csv")

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from sparsebalance.commands._args import progress_enabled, resolve_out
     from sparsebalance.errors import ConfigError, check_choice
     from sparsebalance.simulator.config import MODEL_PRESETS
-    from sparsebalance.simulator.profile import write_profile
+    from sparsebalance.simulator.cost.profile import write_profile
 
     if args.model is not None or args.config is None:
         check_choice(args.model or "tiny", "--model", MODEL_PRESETS)
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
                                   progress=progress_enabled(args))
     out = write_profile(table, meta, out_dir)
     print(f"wrote {out}/profile.csv ({len(table)} rows) and profile.json")
-    from sparsebalance.simulator.profile import load_profile, monotone_violations
+    from sparsebalance.simulator.cost.profile import load_profile, monotone_violations
 
     bad = monotone_violations(load_profile(out), model.block_size)
     if bad:  # kept (the measurement is not lost) but said: runs refuse it until accepted

@@ -85,8 +85,8 @@ def replay(cfg, run_dir: Path):
     import pandas as pd
 
     from sparsebalance.realrun.results import load_plans
-    from sparsebalance.simulator.executor import SimulatorExecutor
-    from sparsebalance.simulator.latency import load_latency_model
+    from sparsebalance.simulator.cost.latency import load_latency_model
+    from sparsebalance.simulator.engine.executor import SimulatorExecutor
 
     latency = load_latency_model(cfg.profile, cfg.model, cfg.cluster, base_dir=cfg.base_dir,
                                  extrapolate=cfg.latency_extrapolate,
@@ -259,7 +259,7 @@ def _uncertainty(cfg, out: Path, summary: dict, calibration: dict, base_label: s
 
     from sparsebalance.analysis.uncertainty import consistent, pooled_spread, predicted_interval
     from sparsebalance.realrun.results import load_plans
-    from sparsebalance.simulator.profile import load_profile
+    from sparsebalance.simulator.cost.profile import load_profile
 
     res: dict = {"predicted_speedup_ci95": None, "measured_in_predicted_range": None,
                  "speedup_consistent": None}

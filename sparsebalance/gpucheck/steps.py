@@ -111,7 +111,7 @@ def _stage_config(ctx: Step):
 
     from sparsebalance.kernels.moba.speed import hardware_for
     from sparsebalance.runconfig import load_run_config
-    from sparsebalance.simulator.roofline import HARDWARE
+    from sparsebalance.simulator.cost.roofline import HARDWARE
 
     preset = resources.files("sparsebalance.data") / "presets" / "gpu_check_stages.toml"
     cfg = load_run_config(ctx.config or str(preset))
@@ -197,7 +197,7 @@ def profile(ctx: Step) -> tuple[str, str, str]:
     from sparsebalance.kernels.measure import measure_profile
     from sparsebalance.kernels.profiler import ProfileGrid
     from sparsebalance.simulator.config import MODEL_PRESETS
-    from sparsebalance.simulator.profile import write_profile
+    from sparsebalance.simulator.cost.profile import write_profile
 
     name = _device_name(ctx)
     cuda = ctx.device == "cuda"
@@ -232,7 +232,7 @@ def versus_analytical(table, model, device_name: str):
     import numpy as np
 
     from sparsebalance.kernels.moba.speed import hardware_for
-    from sparsebalance.simulator.roofline import build_table
+    from sparsebalance.simulator.cost.roofline import build_table
 
     hw = hardware_for(device_name)
     if hw is None:

@@ -1,5 +1,5 @@
 """The machine side of profile calibration: a fingerprint of this machine and the probe that
-re-measures a few profile points here (see ``simulator/calibration.py`` for the comparison).
+re-measures a few profile points here (see ``simulator/cost/calibration.py`` for the comparison).
 
 The probe is the profiler itself (``kernels/profiler.run_profile``) on a small grid of the profile's
 own points, with the profile's statistic, threads and concurrency, so a probe point and a profile
@@ -19,9 +19,9 @@ from typing import Any
 
 import pandas as pd
 
-from sparsebalance.simulator.calibration import ProbeGrid
 from sparsebalance.simulator.config import ModelConfig
-from sparsebalance.simulator.profile import MODEL_DIMS, Profile
+from sparsebalance.simulator.cost.calibration import ProbeGrid
+from sparsebalance.simulator.cost.profile import MODEL_DIMS, Profile
 
 
 def _cpu_model() -> str:

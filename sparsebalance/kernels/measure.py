@@ -23,7 +23,7 @@ def measure_profile(model: ModelConfig, grid: ProfileGrid, *, command: str, tp: 
     import transformers
 
     from sparsebalance.kernels.calibrate import machine_fingerprint
-    from sparsebalance.simulator.profile import FORMAT_VERSION, MODEL_DIMS
+    from sparsebalance.simulator.cost.profile import FORMAT_VERSION, MODEL_DIMS
 
     table = profiler.run_profile(tp_shard(model, tp), grid, progress=progress, concurrency=concurrency)
     dev_name = (torch.cuda.get_device_name() if grid.device == "cuda"

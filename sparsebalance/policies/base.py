@@ -15,13 +15,13 @@ import numpy as np
 from sparsebalance.data.sequence import Sequence
 from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
+from sparsebalance.simulator.cost.query import LatencyQuery
 from sparsebalance.simulator.plan import Budgets, Plan
-from sparsebalance.simulator.query import LatencyQuery
 
 
 @dataclass(slots=True)
 class PolicyContext:
-    """What policies may consult. ``latency`` answers :class:`~sparsebalance.simulator.query.LatencyQuery`
+    """What policies may consult. ``latency`` answers :class:`~sparsebalance.simulator.cost.query.LatencyQuery`
     (a ``LatencyModel`` in every run; SAB, LBB and DST ask only its micro-batch part);
     ``coverage`` a ``sparsebalance.policies.coverage.CoverageModel`` (C(k) per sequence)."""
 

@@ -127,7 +127,7 @@ def _pack_ranks(ranks, costs, tokens, m: int, cap: int, force: bool = False):
 def min_microbatches(ctx: PolicyContext) -> int:
     """Token-cap packing's lower bound on micro-batches per rank: policy.min_microbatches, or the
     least the schedule runs well with (pp; 2 pp for dualpipev, which torch refuses below it)."""
-    from sparsebalance.simulator.schedules import fewest_microbatches
+    from sparsebalance.simulator.schedule.schedules import fewest_microbatches
 
     m = ctx.policy.min_microbatches
     return m if m is not None else fewest_microbatches(ctx.cluster.schedule, ctx.cluster.pp)

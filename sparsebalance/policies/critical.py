@@ -3,7 +3,7 @@
 DST (:mod:`.tuning`) balances every micro-batch toward an anchor latency. What sets the pace of a
 PP x DP iteration is the critical path of the schedule: the slowest replica's 1F1B/GPipe makespan,
 then the all-reduce that waits for it. ``dst-cp`` predicts that iteration time exactly (the
-simulator's timing core, :mod:`sparsebalance.simulator.timing`, on the schedule's graph) and:
+simulator's timing core, :mod:`sparsebalance.simulator.schedule.timing`, on the schedule's graph) and:
 
 (a) **lowers** budgets greedily, starting from ``k0`` everywhere: in every round each micro-batch
     of a *critical* replica (one whose finish sets the iteration time) is tried at
@@ -26,7 +26,7 @@ Cost: stage times of every micro-batch at k = floor..k0 + 1 (:mod:`.stage_tables
 attention, each sequence's attention computed once per distinct effective budget; rows above
 k0 + 1 only for micro-batches phase (b) may raise, when the profile is monotone in the budget),
 coverage curves of all micro-batches as one matrix; then moves are priced exactly without
-re-timing the schedule (:mod:`sparsebalance.simulator.perturb`): each replica's action ends and
+re-timing the schedule (:mod:`sparsebalance.simulator.schedule.perturb`): each replica's action ends and
 times to the end are kept, a question re-times only the levels holding the micro-batch's own
 actions and crosses the next cut, a move re-times until its effect settles into a uniform
 shift. Phase (a) prices candidates best upper bound first and stops when no bound can beat the
@@ -48,10 +48,10 @@ from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.policies.critical_phases import State, lower, raise_into_bubbles
 from sparsebalance.policies.stage_tables import StageTable, budget_monotone_range
 from sparsebalance.policies.tuning import DynamicSparsity
-from sparsebalance.simulator.graph import ActionGraph, schedule_graph
-from sparsebalance.simulator.perturb import ReplicaTimes
 from sparsebalance.simulator.plan import Budgets, Plan
-from sparsebalance.simulator.timing import pack_lags
+from sparsebalance.simulator.schedule.graph import ActionGraph, schedule_graph
+from sparsebalance.simulator.schedule.perturb import ReplicaTimes
+from sparsebalance.simulator.schedule.timing import pack_lags
 
 
 def graph_for(cluster, m: int) -> ActionGraph:

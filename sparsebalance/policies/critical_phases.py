@@ -1,6 +1,6 @@
 """The two phases of ``dst-cp`` (:mod:`.critical`): lowering critical micro-batches and raising
 budgets into bubbles, on one decision's :class:`State` and the kept times of its replicas
-(:class:`~sparsebalance.simulator.perturb.ReplicaTimes`). See :mod:`.critical` for the rules; the
+(:class:`~sparsebalance.simulator.schedule.perturb.ReplicaTimes`). See :mod:`.critical` for the rules; the
 raise phase's bounds and exact pricing are in :mod:`.critical_raise`."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 
 from sparsebalance.policies.critical_raise import MARGIN, FloorCache, largest_within, raise_limits
 from sparsebalance.policies.stage_tables import StageTable
-from sparsebalance.simulator.perturb import SMALL_GRAPH, ReplicaTimes
+from sparsebalance.simulator.schedule.perturb import SMALL_GRAPH, ReplicaTimes
 
 PRICE_ALL = 16
 """A critical replica with at most this many candidate moves prices them all in one call; with

@@ -18,8 +18,8 @@ from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.policies.critical import graph_for
 from sparsebalance.policies.sab import SparsityAware
 from sparsebalance.simulator.plan import Plan
-from sparsebalance.simulator.schedules import splits_backward
-from sparsebalance.simulator.timing import replica_finish
+from sparsebalance.simulator.schedule.schedules import splits_backward
+from sparsebalance.simulator.schedule.timing import replica_finish
 
 
 class ScheduleAwareOrder(SparsityAware):
@@ -27,7 +27,7 @@ class ScheduleAwareOrder(SparsityAware):
 
     **Objective** (per DP rank r, seconds): ``max_s(finish[r, s] + allreduce[s] + optimizer[s])``,
     the time that rank's slowest stage leaves for the iteration's end, predicted by
-    :func:`sparsebalance.simulator.timing.replica_finish` (the simulator's timing core).
+    :func:`sparsebalance.simulator.schedule.timing.replica_finish` (the simulator's timing core).
     Ranks are independent (the iteration time is the max over ranks), so each is ordered alone.
     **Stage times** of a micro-batch are predicted at the budgets DST is likely to pick: every
     sequence at its length bucket's EMA budget ``k_est`` (SAB's estimate; fractional ``k_est``

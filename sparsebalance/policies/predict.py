@@ -15,8 +15,7 @@ from typing import Sequence as Seq
 
 import numpy as np
 
-from sparsebalance.simulator.query import MicrobatchLatency
-
+from sparsebalance.simulator.cost.query import MicrobatchLatency
 
 VECTOR_MIN = 64
 """Below this many micro-batches per call the memoised scalar path is faster than a numpy pass

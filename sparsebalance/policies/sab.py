@@ -80,8 +80,8 @@ class SparsityAware:
         from dataclasses import replace
 
         from sparsebalance.errors import ConfigError
-        from sparsebalance.simulator.graph import schedule_graph
-        from sparsebalance.simulator.memory import memory_report, token_cap_for_memory
+        from sparsebalance.simulator.engine.memory import memory_report, token_cap_for_memory
+        from sparsebalance.simulator.schedule.graph import schedule_graph
 
         cl = ctx.cluster
         costs = self.costs(batch, ctx)

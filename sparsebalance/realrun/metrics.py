@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sparsebalance.simulator.iteration import IterationResult
-from sparsebalance.simulator.trace import TRACE_COLUMNS, WORK_OPS
+from sparsebalance.simulator.engine.iteration import IterationResult
+from sparsebalance.simulator.engine.trace import TRACE_COLUMNS, WORK_OPS
 
 
 def iteration_result(reports: list, *, pp: int, dp: int, microbatches: int) -> IterationResult:

@@ -52,7 +52,7 @@ def load_plans(path: str | Path) -> tuple[list, list]:
 def write_realrun_results(cfg: Any, result: Any, outdir: str | Path | None = None) -> Path:
     """Write a LoopResult of a real run; returns the directory."""
     from sparsebalance.runconfig import dump_toml
-    from sparsebalance.simulator.trace import to_chrome_trace
+    from sparsebalance.simulator.engine.trace import to_chrome_trace
 
     out = Path(outdir) if outdir else Path(cfg.output_dir) / cfg.name
     out.mkdir(parents=True, exist_ok=True)

@@ -49,7 +49,7 @@ def init_runtime(cfg: Any, rr: RealrunConfig) -> Runtime:
 
     from sparsebalance.realrun.tp import kv_copies
     from sparsebalance.realrun.worker import StageWorker
-    from sparsebalance.simulator.schedules import placement
+    from sparsebalance.simulator.schedule.schedules import placement
 
     c = cfg.cluster
     pp, dp, tp = c.pp, c.dp, c.tp

@@ -61,7 +61,7 @@ class StageWorker:
 
         from sparsebalance.realrun.p2p import P2P
         from sparsebalance.realrun.tp import kv_copies, replicated_kv_params
-        from sparsebalance.simulator.schedules import placement
+        from sparsebalance.simulator.schedule.schedules import placement
 
         c = cluster
         self.rank, self.dp_rank, self.stage, self.tp_rank = rank, dp_rank, stage, tp_rank
@@ -94,7 +94,7 @@ class StageWorker:
         from sparsebalance.kernels.cpuclock import thread_usage, usage_delta
         from sparsebalance.kernels.qwen2 import MobaArgs, pack
         from sparsebalance.realrun.chunks import DeviceActions, Route
-        from sparsebalance.simulator.schedules import stage_orders
+        from sparsebalance.simulator.schedule.schedules import stage_orders
 
         if self.rr.fail_rank == self.rank and self.rr.fail_iteration == msg.iteration:
             raise RuntimeError(f"injected fault (realrun.fail_rank = {self.rank})")

@@ -25,7 +25,8 @@ import numpy as np
 
 from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
-from sparsebalance.simulator.schedules import placement
+from sparsebalance.simulator.schedule.schedules import placement
+
 
 def mesh_rank(coords: tuple[int, ...], inner: tuple[int, ...]) -> int:
     """Global rank of mesh coordinates (outermost first); ``inner`` = the sizes of every dimension

@@ -33,10 +33,10 @@ def test_pooled_spread_weights_ops_by_degrees_of_freedom():
 def test_predicted_interval_without_profile_error_is_the_point_prediction():
     from sparsebalance.data.sequence import Sequence
     from sparsebalance.simulator.config import ClusterConfig, tiny
-    from sparsebalance.simulator.executor import SimulatorExecutor
-    from sparsebalance.simulator.latency import LatencyModel
+    from sparsebalance.simulator.cost.latency import LatencyModel
+    from sparsebalance.simulator.cost.profile import load_profile
+    from sparsebalance.simulator.engine.executor import SimulatorExecutor
     from sparsebalance.simulator.plan import Plan
-    from sparsebalance.simulator.profile import load_profile
 
     prof, m = load_profile("cpu-tiny"), tiny()
     c = ClusterConfig(device="cpu", pp=2, dp=1, global_batch=2)

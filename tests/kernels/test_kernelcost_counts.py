@@ -1,4 +1,4 @@
-"""The cost model (simulator/kernelcost.py) against what the shipped kernel really builds and runs:
+"""The cost model (simulator/cost/kernelcost.py) against what the shipped kernel really builds and runs:
 executed pairs counted from real index tables, and the PyTorch phases' ops and bytes counted by
 intercepting every ATen call (kernels/moba/opcount.py). No kernel launch: fast on the CPU."""
 
@@ -11,7 +11,7 @@ pytest.importorskip("triton")
 
 from sparsebalance.kernels.moba import triton_impl, triton_select, work
 from sparsebalance.kernels.moba.opcount import measure
-from sparsebalance.simulator import kernelcost as kc
+from sparsebalance.simulator.cost import kernelcost as kc
 
 
 def test_mirrored_launch_constants_match_the_kernel():

@@ -13,7 +13,7 @@ from sparsebalance.commands import profile as profile_cmd  # noqa: E402
 from sparsebalance.errors import ConfigError  # noqa: E402
 from sparsebalance.kernels.profiler import Bench, ProfileGrid  # noqa: E402
 from sparsebalance.simulator.config import tiny  # noqa: E402
-from sparsebalance.simulator.profile import load_profile  # noqa: E402
+from sparsebalance.simulator.cost.profile import load_profile  # noqa: E402
 
 SMALL = dict(seq_lens=(64, 160), budgets=(1, 3), tokens=(32, 96), params=(500, 5000), repeats=2, warmup=1)
 

@@ -23,8 +23,8 @@ elif os.environ.get("TRITON_INTERPRET") != "1":
 from sparsebalance.kernels.moba import triton_impl, triton_select
 from sparsebalance.kernels.moba.naive import moba_attention_naive, naive_selection
 from sparsebalance.kernels.moba.triton_impl import moba_attention_triton, plan_paths
-from sparsebalance.simulator import kernelcost as kc
-from sparsebalance.simulator.roofline import H100
+from sparsebalance.simulator.cost import kernelcost as kc
+from sparsebalance.simulator.cost.roofline import H100
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 LOW = triton_impl.min_tile(DEV)  # 8-row tiles run under the interpreter; compiled, tl.dot needs 16

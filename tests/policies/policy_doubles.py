@@ -12,7 +12,7 @@ from sparsebalance.policies.base import PolicyContext
 from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.policies.coverage import make_coverage_model
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
-from sparsebalance.simulator.query import ScalarMicrobatchLatency
+from sparsebalance.simulator.cost.query import ScalarMicrobatchLatency
 
 
 class ClosedFormLatency(ScalarMicrobatchLatency):

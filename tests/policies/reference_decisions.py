@@ -16,7 +16,7 @@ from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.policies.sab import SparsityAware
 from sparsebalance.policies.tuning import DynamicSparsity
 from sparsebalance.simulator.plan import Budgets, MicroBatch, Plan
-from sparsebalance.simulator.schedules import stage_orders
+from sparsebalance.simulator.schedule.schedules import stage_orders
 
 
 class PipelineEvaluator:
@@ -129,7 +129,7 @@ class OldCriticalPathDST:
         cfg, lm, cl = self.cfg, ctx.latency, ctx.cluster
         if not hasattr(lm, "stage_time"):
             raise ConfigError("policy.tuning: dst-cp needs a latency model with stage_time "
-                              "(sparsebalance.simulator.latency.LatencyModel)")
+                              "(sparsebalance.simulator.cost.latency.LatencyModel)")
         dp, m = plan.dp, plan.num_microbatches
         pp, nv = cl.pp, cl.pp * cl.virtual_stages
         ev = evaluator_for(cl, m)

@@ -16,11 +16,11 @@ from sparsebalance.policies.critical import CriticalPathDST, graph_for
 from sparsebalance.policies.registry import make_tuning
 from sparsebalance.policies.tuning import DynamicSparsity, Fixed
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
+from sparsebalance.simulator.cost.latency import load_latency_model
 from sparsebalance.simulator.engine import PipelineInput, simulate
-from sparsebalance.simulator.executor import SimulatorExecutor
-from sparsebalance.simulator.latency import load_latency_model
+from sparsebalance.simulator.engine.executor import SimulatorExecutor
 from sparsebalance.simulator.plan import Plan
-from sparsebalance.simulator.timing import replica_finish
+from sparsebalance.simulator.schedule.timing import replica_finish
 
 BLOCK = 4096
 MODEL = ModelConfig(name="qwen2.5-3b-4l", hidden=2048, layers=4, heads=16, kv_heads=2, head_dim=128,

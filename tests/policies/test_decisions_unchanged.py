@@ -30,7 +30,7 @@ CASES = [  # dp, pp, m, schedule, virtual stages, seed, policy overrides
 
 
 def context(dp, pp, m, schedule, v, seed, overrides, batching="sab"):
-    from sparsebalance.simulator.latency import load_latency_model
+    from sparsebalance.simulator.cost.latency import load_latency_model
 
     cluster = ClusterConfig(pp=pp, dp=dp, global_batch=dp * m, schedule=schedule, virtual_stages=v)
     lm = load_latency_model("analytical-h200", MODEL, cluster)
@@ -47,7 +47,7 @@ def context(dp, pp, m, schedule, v, seed, overrides, batching="sab"):
 @pytest.mark.parametrize("small_graph", [0, 10**9], ids=["window", "full"])
 @pytest.mark.parametrize("case", CASES)
 def test_dst_cp_budgets_unchanged(case, small_graph, monkeypatch):
-    from sparsebalance.simulator import perturb
+    from sparsebalance.simulator.schedule import perturb
 
     monkeypatch.setattr(perturb, "SMALL_GRAPH", small_graph)  # both ways of pricing a move
     seqs, ctx = context(*case)
@@ -82,7 +82,7 @@ SPLIT_CASES = [  # schedules that split the backward (F, I, W; DualPipeV runs so
 def test_dst_cp_split_schedules_decide_alike_with_local_or_full_pricing(case, monkeypatch):
     """The old logic has no split backward; here the oracle is pricing every move by re-timing the
     whole schedule (and every candidate, no bound pruning): same budgets, same predicted seconds."""
-    from sparsebalance.simulator import perturb
+    from sparsebalance.simulator.schedule import perturb
 
     seqs, ctx = context(*case)
     dp, m = case[0], case[2]
@@ -109,7 +109,7 @@ def test_dst_cp_budgets_unchanged_when_tables_are_not_monotone(case, monkeypatch
     """Where rows dip as k grows, dst-cp prices every budget instead of bisecting (and computes
     every row up front): still the old decisions."""
     from sparsebalance.policies import critical
-    from sparsebalance.simulator.latency import LatencyModel
+    from sparsebalance.simulator.cost.latency import LatencyModel
 
     class Wavy(LatencyModel):
         def attention(self, seq_len, budget, *, backward=False):

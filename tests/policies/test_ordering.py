@@ -16,8 +16,8 @@ from sparsebalance.policies.ordering import ScheduleAwareOrder
 from sparsebalance.policies.registry import make_batching
 from sparsebalance.policies.sab import SparsityAware
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
-from sparsebalance.simulator.executor import SimulatorExecutor
-from sparsebalance.simulator.latency import load_latency_model
+from sparsebalance.simulator.cost.latency import load_latency_model
+from sparsebalance.simulator.engine.executor import SimulatorExecutor
 from sparsebalance.simulator.plan import Plan, uniform_budgets
 
 BLOCK = 4096

@@ -57,7 +57,7 @@ def test_costs_of_a_large_batch_interpolate_the_scalar_model():
     """300 sequences (the vectorised path) on the shipped latency model: each cost equals the
     scalar model at floor(k_est) and ceil(k_est), mixed linearly, k_est = its bucket's EMA."""
     from sparsebalance.simulator.config import ClusterConfig, qwen25_3b
-    from sparsebalance.simulator.latency import load_latency_model
+    from sparsebalance.simulator.cost.latency import load_latency_model
 
     model = qwen25_3b()
     latency = load_latency_model("analytical-h200", model, ClusterConfig(pp=4, dp=2))

@@ -119,7 +119,7 @@ def test_measured_coverage_reaches_the_model_through_the_loop():
     import pandas as pd
 
     from sparsebalance.loop import run_loop
-    from sparsebalance.simulator.iteration import IterationResult
+    from sparsebalance.simulator.engine.iteration import IterationResult
 
     class MeasuringExecutor:
         name = "measuring"
@@ -197,7 +197,7 @@ def test_dst_with_the_shipped_latency_model_matches_a_scan():
     """The real (analytical H200) latency model, 96 micro-batches: budgets equal a linear scan of
     ``microbatch_latency`` (scalar calls) under the mean anchor."""
     from sparsebalance.simulator.config import ClusterConfig, qwen25_3b
-    from sparsebalance.simulator.latency import load_latency_model
+    from sparsebalance.simulator.cost.latency import load_latency_model
 
     model = qwen25_3b()
     latency = load_latency_model("analytical-h200", model, ClusterConfig(pp=4, dp=2))

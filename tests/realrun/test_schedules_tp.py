@@ -74,7 +74,7 @@ def _check(tmp: Path, *, pp: int, dp: int, tp: int, ops: tuple[str, ...]) -> pd.
     from sparsebalance.realrun.reference import reference_run
     from sparsebalance.realrun.results import load_plans
     from sparsebalance.runconfig import load_run_config
-    from sparsebalance.simulator.trace import check_trace
+    from sparsebalance.simulator.engine.trace import check_trace
 
     out = tmp / "results" / "t"
     cfg = load_run_config(tmp / "run.toml")
@@ -180,7 +180,7 @@ def test_zb_h1_pp2_splits_the_backward(tmp_path, dp):
     assert res.returncode == 0, res.stderr[-3000:]
     tr = _check(tmp_path, pp=2, dp=dp, tp=1, ops=("F", "I", "W"))
     # the measured order is the schedule's: stage 0 defers no W, stage 1 defers its first W
-    from sparsebalance.simulator.schedules import stage_orders
+    from sparsebalance.simulator.schedule.schedules import stage_orders
 
     for s in range(2):
         rows = tr[(tr.iteration == 0) & (tr.dp_rank == 0) & (tr.stage == s) & tr.op.isin(["F", "I", "W"])]

@@ -22,7 +22,7 @@ from sparsebalance.realrun.config import RealrunConfig
 from sparsebalance.realrun.stage import build_stage_module
 from sparsebalance.runconfig import load_run_config
 from sparsebalance.simulator.config import ClusterConfig, tiny
-from sparsebalance.simulator.latency import load_latency_model
+from sparsebalance.simulator.cost.latency import load_latency_model
 
 ROOT = Path(__file__).resolve().parents[2]
 

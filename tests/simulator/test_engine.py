@@ -10,8 +10,8 @@ import pytest
 
 from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.engine import PipelineInput, simulate
-from sparsebalance.simulator.schedules import stage_orders
-from sparsebalance.simulator.trace import TRACE_COLUMNS, TRACE_OPS, to_chrome_trace, write_trace
+from sparsebalance.simulator.engine.trace import TRACE_COLUMNS, TRACE_OPS, to_chrome_trace, write_trace
+from sparsebalance.simulator.schedule.schedules import stage_orders
 
 
 def uniform(schedule, p, m, f, b, *, v=1, dp=1, c=0.0, allreduce=0.0, optimizer=0.0):

@@ -7,14 +7,14 @@ import pytest
 
 from sparsebalance.data.sequence import Sequence
 from sparsebalance.simulator.config import ClusterConfig, tiny
-from sparsebalance.simulator.executor import SimulatorExecutor
+from sparsebalance.simulator.cost.query import ScalarStageLatency
+from sparsebalance.simulator.engine.executor import SimulatorExecutor
+from sparsebalance.simulator.engine.trace import TRACE_COLUMNS
 from sparsebalance.simulator.plan import Plan, uniform_budgets
-from sparsebalance.simulator.query import ScalarStageLatency
-from sparsebalance.simulator.trace import TRACE_COLUMNS
 
 
 class LinearLatency(ScalarStageLatency):
-    """Test double of the latency-model contract (``simulator/query.py``; the executor asks
+    """Test double of the latency-model contract (``simulator/cost/query.py``; the executor asks
     ``stage_times``, inherited from ``stage_time``): seconds linear in tokens, independent of budget
     except through ``budget_cost``; chunk c of stage s costs (1 + c) x the stage's base."""
 
@@ -97,7 +97,7 @@ def test_plan_shape_mismatch_is_a_config_error():
 
 
 def test_with_the_shipped_latency_model():
-    latency = pytest.importorskip("sparsebalance.simulator.latency")
+    latency = pytest.importorskip("sparsebalance.simulator.cost.latency")
     from sparsebalance.simulator.config import h200_4x8, qwen25_3b
 
     model, cluster = qwen25_3b(), h200_4x8()
@@ -122,8 +122,8 @@ def test_vectorised_stage_times_equal_stage_time_bitwise():
 
     from sparsebalance.data.sequence import Sequence as _Seq
     from sparsebalance.simulator.config import h200_4x8, qwen25_3b
-    from sparsebalance.simulator.executor import SimulatorExecutor as _Ex
-    from sparsebalance.simulator.latency import load_latency_model as _load
+    from sparsebalance.simulator.cost.latency import load_latency_model as _load
+    from sparsebalance.simulator.engine.executor import SimulatorExecutor as _Ex
     from sparsebalance.simulator.plan import Plan as _Plan
 
     cl = _replace(h200_4x8(), pp=4, dp=3, tp=1, global_batch=12, schedule="interleaved", virtual_stages=2)
@@ -150,8 +150,8 @@ def test_split_schedules_price_input_and_weight_parts(schedule, pp, v, m):
 
     from sparsebalance.data.sequence import Sequence as _Seq
     from sparsebalance.simulator.config import h200_4x8, qwen25_3b
-    from sparsebalance.simulator.executor import SimulatorExecutor as _Ex
-    from sparsebalance.simulator.latency import load_latency_model as _load
+    from sparsebalance.simulator.cost.latency import load_latency_model as _load
+    from sparsebalance.simulator.engine.executor import SimulatorExecutor as _Ex
     from sparsebalance.simulator.plan import Plan as _Plan
 
     cl = _replace(h200_4x8(), pp=pp, dp=2, tp=2, global_batch=2 * m, schedule=schedule, virtual_stages=v)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sparsebalance.simulator import kernelcost as kc
-from sparsebalance.simulator import roofline as rf
 from sparsebalance.simulator.config import ModelConfig, qwen25_3b
+from sparsebalance.simulator.cost import kernelcost as kc
+from sparsebalance.simulator.cost import roofline as rf
 
 
 def own_fwd_brute(L: int, k: int, B: int, bm: int, bn: int) -> int:

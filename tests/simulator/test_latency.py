@@ -10,8 +10,8 @@ import pytest
 
 from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig, h200_4x8, qwen25_3b
-from sparsebalance.simulator.latency import load_latency_model
-from sparsebalance.simulator.profile import Profile
+from sparsebalance.simulator.cost.latency import load_latency_model
+from sparsebalance.simulator.cost.profile import Profile
 
 SEQ = (64, 128, 256, 512)
 BUD = (1, 2, 4, 8)
@@ -262,7 +262,7 @@ def test_measured_profile_must_match_the_run():
 
 
 def test_analytical_profile_is_re_derived_for_another_model():
-    from sparsebalance.simulator.roofline import H200, attention_time, dense_time
+    from sparsebalance.simulator.cost.roofline import H200, attention_time, dense_time
 
     model = load_latency_model("analytical-h200", MODEL, cluster(tp=1, device="h200"))
     assert "re-derived" in model.profile.source
@@ -283,7 +283,7 @@ def test_shipped_cpu_profile_round_trip_every_profiled_point():
     """The measured CPU profile loads in the simulator, and at every profiled point the prediction is
     the measured latency (issue 4: within 5 %; interpolation makes it exact on the grid)."""
     from sparsebalance.simulator.config import tiny
-    from sparsebalance.simulator.profile import load_profile
+    from sparsebalance.simulator.cost.profile import load_profile
 
     prof = load_profile("cpu-tiny")
     lm = load_latency_model("cpu-tiny", tiny(), ClusterConfig(device="cpu", pp=1, dp=1, global_batch=1))

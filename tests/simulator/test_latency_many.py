@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from sparsebalance.simulator.config import h200_4x8, qwen25_3b
-from sparsebalance.simulator.latency import load_latency_model
+from sparsebalance.simulator.cost.latency import load_latency_model
 
 
 @pytest.mark.parametrize("extrapolate", ["clamp", "warn"])

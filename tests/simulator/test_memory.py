@@ -9,13 +9,13 @@ import pytest
 
 from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.config import ClusterConfig, cluster_from_mapping, tiny
-from sparsebalance.simulator.graph import schedule_graph
-from sparsebalance.simulator.memory import (
+from sparsebalance.simulator.engine.memory import (
     check_fits,
     compare_measured,
     memory_report,
     token_cap_for_memory,
 )
+from sparsebalance.simulator.schedule.graph import schedule_graph
 
 TOKENS = [[100, 300, 200, 50], [10, 20, 30, 40]]
 
@@ -110,7 +110,7 @@ def test_memory_aware_sab_packs_under_the_limit():
     from sparsebalance.policies.coverage import make_coverage_model
     from sparsebalance.policies.sab import SparsityAware
     from sparsebalance.simulator.config import qwen25_3b
-    from sparsebalance.simulator.latency import load_latency_model
+    from sparsebalance.simulator.cost.latency import load_latency_model
 
     model = qwen25_3b()
     cl = ClusterConfig(pp=4, dp=2, global_batch=32, device_memory=50e9, recompute=True)

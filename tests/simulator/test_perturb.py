@@ -1,13 +1,13 @@
-"""Single-micro-batch what-ifs and moves (simulator/perturb.py) against re-timing the whole schedule."""
+"""Single-micro-batch what-ifs and moves (simulator/schedule/perturb.py) against re-timing the whole schedule."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from sparsebalance.simulator.graph import schedule_graph
-from sparsebalance.simulator.perturb import ReplicaTimes
-from sparsebalance.simulator.timing import time_graph, time_to_sink
+from sparsebalance.simulator.schedule.graph import schedule_graph
+from sparsebalance.simulator.schedule.perturb import ReplicaTimes
+from sparsebalance.simulator.schedule.timing import time_graph, time_to_sink
 
 CASES = [("1f1b", 4, 12, 1), ("gpipe", 3, 5, 1), ("interleaved", 2, 4, 2), ("1f1b", 3, 3, 1),
          ("1f1b", 1, 4, 1), ("interleaved", 3, 6, 2), ("1f1b", 4, 60, 1), ("gpipe", 2, 30, 1),
@@ -36,7 +36,7 @@ def full_finish(g, d, lag, sink):
 @pytest.fixture(params=["local", "full"])
 def path(request, monkeypatch):
     """Both ways of answering: local re-timing over cuts, and a full re-timing (small graphs)."""
-    from sparsebalance.simulator import perturb
+    from sparsebalance.simulator.schedule import perturb
 
     monkeypatch.setattr(perturb, "SMALL_GRAPH", 0 if request.param == "local" else 10**9)
     return request.param
@@ -83,7 +83,7 @@ def test_moves_keep_times_equal_to_full_retiming(case):
 def test_a_move_on_the_critical_path_of_a_long_1f1b_settles_locally(monkeypatch):
     """Lowering a micro-batch in the middle of a long 1F1B shifts everything after it; the move
     re-times a few levels and shifts the rest (no full re-timing)."""
-    from sparsebalance.simulator import perturb
+    from sparsebalance.simulator.schedule import perturb
 
     g, _, dur, lag, sink = setup("1f1b", 4, 200, 1, replicas=1)
     times = ReplicaTimes(g, dur, lag, sink)

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from sparsebalance.errors import ConfigError
-from sparsebalance.simulator.profile import (
+from sparsebalance.simulator.cost.profile import (
     OPS,
     SIDECAR_KEYS,
     load_profile,

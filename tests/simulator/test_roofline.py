@@ -12,9 +12,9 @@ import pytest
 
 from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.config import ModelConfig, qwen25_3b
-from sparsebalance.simulator import kernelcost as kc
-from sparsebalance.simulator.profile import load_profile, monotone_violations
-from sparsebalance.simulator.roofline import (
+from sparsebalance.simulator.cost import kernelcost as kc
+from sparsebalance.simulator.cost.profile import load_profile, monotone_violations
+from sparsebalance.simulator.cost.roofline import (
     H20,
     H100,
     H200,
@@ -107,7 +107,7 @@ def test_shipped_profiles_are_labelled_and_current(tmp_path, name, hw):
     assert meta["analytical"] is True and meta["how"].startswith("analytical roofline")
     assert meta["device"] == hw.device and meta["block_size"] == 256 and meta["tp"] == 2
     assert meta["model"]["hidden"] == 2048 and meta["roofline"]["peak_flops"] == hw.peak_flops
-    assert meta["command"] == "python -m sparsebalance.simulator.roofline --out sparsebalance/data/profiles"
+    assert meta["command"] == "python -m sparsebalance.simulator.cost.roofline --out sparsebalance/data/profiles"
     main(["--out", str(tmp_path)])
     fresh = load_profile(tmp_path / name)
     shape = attention_shape(meta_model(meta), 2, 256)

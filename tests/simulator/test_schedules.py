@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from sparsebalance.errors import ConfigError
-from sparsebalance.simulator.schedules import stage_orders
+from sparsebalance.simulator.schedule.schedules import stage_orders
 
 
 def _parse(text: str, stage: int) -> list[tuple[str, int, int]]:
@@ -156,7 +156,7 @@ def test_zero_bubble_orders_equal_torch_for_every_accepted_pp_and_m(schedule):
 @pytest.mark.parametrize("schedule,v", [("zb-h1", 1), ("zbv", 2), ("dualpipev", 2)])
 @pytest.mark.parametrize("pp,m", [(1, 2), (2, 4), (3, 6), (4, 8), (4, 12)])
 def test_split_schedules_run_each_backward_once_f_before_i_before_w(schedule, v, pp, m):
-    from sparsebalance.simulator.schedules import placement
+    from sparsebalance.simulator.schedule.schedules import placement
 
     orders = stage_orders(schedule, pp, m, v)
     dev = placement(schedule, pp, v)
@@ -174,7 +174,7 @@ def test_split_schedules_run_each_backward_once_f_before_i_before_w(schedule, v,
 
 
 def test_v_placement_pairs_first_and_last_stage():
-    from sparsebalance.simulator.schedules import device_vstages, placement
+    from sparsebalance.simulator.schedule.schedules import device_vstages, placement
 
     assert placement("zbv", 4, 2) == (0, 1, 2, 3, 3, 2, 1, 0)
     assert placement("interleaved", 4, 2) == (0, 1, 2, 3, 0, 1, 2, 3)

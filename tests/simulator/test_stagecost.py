@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from sparsebalance.simulator.config import h200_4x8, qwen25_3b
-from sparsebalance.simulator.latency import load_latency_model
-from sparsebalance.simulator.query import ScalarStageLatency
+from sparsebalance.simulator.cost.latency import load_latency_model
+from sparsebalance.simulator.cost.query import ScalarStageLatency
 
 
 def _model(**cluster):

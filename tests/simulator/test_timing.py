@@ -7,10 +7,10 @@ import pytest
 
 from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.engine import PipelineInput, simulate
-from sparsebalance.simulator.events import simulate_events
-from sparsebalance.simulator.graph import build_graph, schedule_graph
-from sparsebalance.simulator.schedules import one_f_one_b_order
-from sparsebalance.simulator.timing import time_graph
+from sparsebalance.simulator.engine.events import simulate_events
+from sparsebalance.simulator.schedule.graph import build_graph, schedule_graph
+from sparsebalance.simulator.schedule.schedules import one_f_one_b_order
+from sparsebalance.simulator.schedule.timing import time_graph
 
 
 def random_input(rng, schedule: str) -> PipelineInput:
@@ -75,7 +75,7 @@ def split_backward_orders(pp: int, m: int):
 
 @pytest.mark.parametrize("pp,m,seed", [(2, 3, 0), (3, 5, 1), (4, 4, 2)])
 def test_split_backward_schedule_plugs_into_both_engines(pp, m, seed):
-    from sparsebalance.simulator.graph import pipeline_dependencies
+    from sparsebalance.simulator.schedule.graph import pipeline_dependencies
 
     rng = np.random.default_rng(seed)
     orders = split_backward_orders(pp, m)
@@ -125,7 +125,7 @@ def test_bad_orders():
 
 @pytest.mark.parametrize("schedule,pp,m,v", [("1f1b", 4, 40, 1), ("gpipe", 3, 25, 1), ("interleaved", 2, 24, 2)])
 def test_plain_loops_equal_numpy_levels_bitwise(schedule, pp, m, v, monkeypatch):
-    from sparsebalance.simulator import timing
+    from sparsebalance.simulator.schedule import timing
 
     g = schedule_graph(schedule, pp, m, v)
     rng = np.random.default_rng(pp * m)

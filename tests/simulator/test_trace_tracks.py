@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sparsebalance.simulator.trace import P2P_TID_BASE, TRACE_COLUMNS, to_chrome_trace
+from sparsebalance.simulator.engine.trace import P2P_TID_BASE, TRACE_COLUMNS, to_chrome_trace
 
 
 def _row(it, r, s, mb, op, a, b):

@@ -8,7 +8,7 @@ import pytest
 
 from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.engine import PipelineInput, simulate
-from sparsebalance.simulator.schedules import placement, stage_orders
+from sparsebalance.simulator.schedule.schedules import placement, stage_orders
 
 SPLIT = [("zb-h1", 1), ("zbv", 2), ("dualpipev", 2)]
 

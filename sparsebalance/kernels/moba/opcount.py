@@ -1,6 +1,6 @@
 """Count the PyTorch ops and bytes of the MoBA kernel's host-side phases (selection, index, backward
 glue) by intercepting every ATen call -- the measurement behind the cost model's per-element
-constants (``sparsebalance/simulator/kernelcost.py``) and its launch counts.
+constants (``sparsebalance/simulator/cost/kernelcost.py``) and its launch counts.
 
 Bytes of an op = sum of ``nbytes`` of its tensor inputs and outputs (each read or written once);
 ops that only create views (no kernel on a GPU) are not counted. Internal passes of an op are not

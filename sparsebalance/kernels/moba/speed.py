@@ -7,7 +7,7 @@ forward + backward of ``moba_attention_triton``
 (``flash_attn_varlen_func`` when installed, else SDPA restricted to the flash backend, kv heads
 repeated for GQA). TFLOP/s count attended pairs (the causal convention): forward 4 D per pair and
 head, forward + backward 14 D (backward = 2.5 x forward). ``predicted_ms`` is the analytical cost
-model (``simulator/roofline.py``) for the same shapes on the matching hardware, when the device
+model (``simulator/cost/roofline.py``) for the same shapes on the matching hardware, when the device
 name says H100, H200 or H20. Used by ``benchmarks/bench_moba_gpu.py`` and ``sparsebalance gpu-check``.
 """
 
@@ -36,7 +36,7 @@ class SpeedShape:
 
 def hardware_for(device_name: str):
     """The analytical Hardware whose label is a word of the CUDA device name (None if none is)."""
-    from sparsebalance.simulator.roofline import HARDWARE
+    from sparsebalance.simulator.cost.roofline import HARDWARE
 
     words = device_name.lower().replace("-", " ").split()
     return next((hw for key, hw in HARDWARE.items() if key in words), None)
@@ -92,7 +92,7 @@ def measure_point(L: int, density: float, shape: SpeedShape, *, dense_ms: dict |
 
     from sparsebalance.kernels.moba.triton_impl import moba_attention_triton
     from sparsebalance.simulator.config import ModelConfig
-    from sparsebalance.simulator.roofline import attention_time
+    from sparsebalance.simulator.cost.roofline import attention_time
 
     H, HKV, D, B = shape.heads, shape.kv_heads, shape.head_dim, shape.block
     g = torch.Generator(device="cuda").manual_seed(L)
@@ -129,7 +129,7 @@ def measure_point(L: int, density: float, shape: SpeedShape, *, dense_ms: dict |
 
 def _pairs(L: int, B: int, k: int) -> int:
     """Attended pairs of one head (closed form, as roofline.moba_pairs)."""
-    from sparsebalance.simulator.roofline import moba_pairs
+    from sparsebalance.simulator.cost.roofline import moba_pairs
 
     return int(moba_pairs(L, B, k))
 

@@ -378,7 +378,7 @@ def dispatch_hardware(device: torch.device):
     by the CUDA device, else the H100 (also on the CPU, where only the interpreter runs the kernel)."""
     import re
 
-    from sparsebalance.simulator.roofline import H100, HARDWARE
+    from sparsebalance.simulator.cost.roofline import H100, HARDWARE
 
     if device.type != "cuda":
         return H100
@@ -393,7 +393,7 @@ def plan_paths(cu_seqlens: torch.Tensor, topk: torch.Tensor, block_size: int, q:
     cheaper for forward + backward than the sparse key-block-major one; ``"sparse"`` / ``"masked"``
     force one path for every sequence with k < n. Dense sequences (k >= n) are dense either way."""
 
-    from sparsebalance.simulator import kernelcost as kc
+    from sparsebalance.simulator.cost import kernelcost as kc
 
     cu = cu_seqlens.cpu().long()
     lengths = (cu[1:] - cu[:-1]).numpy()

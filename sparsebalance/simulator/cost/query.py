@@ -1,6 +1,6 @@
 """What the policies and the executor ask of a latency model: typed, so nobody probes for methods.
 
-``LatencyQuery`` is the whole contract; ``LatencyModel`` (``simulator/latency.py``) is the
+``LatencyQuery`` is the whole contract; ``LatencyModel`` (``simulator/cost/latency.py``) is the
 implementation every run uses. Policies that balance whole micro-batches (SAB, LBB, DST) need only
 its ``MicrobatchLatency`` part; the executor, dst-cp and schedule-aware ordering need the rest.
 A simpler model -- a closed form in a test, a user's own -- writes the scalar methods and inherits the
@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
+    from sparsebalance.simulator.cost.profile import Profile
     from sparsebalance.simulator.layout import Layout
-    from sparsebalance.simulator.profile import Profile
 
 
 class MicrobatchLatency(Protocol):
@@ -55,7 +55,7 @@ class LatencyQuery(MicrobatchLatency, Protocol):
                    part: str | None = None) -> float: ...
 
     def stage_times(self, microbatches, budgets, modes=("F", "B")) -> dict[str, np.ndarray]:
-        """Per mode (F, B, I, W) seconds [V, M] of every virtual stage (``simulator/stagecost.py``)."""
+        """Per mode (F, B, I, W) seconds [V, M] of every virtual stage (``simulator/cost/stagecost.py``)."""
         ...
 
     def p2p_time(self, tokens: int) -> float: ...
@@ -79,7 +79,7 @@ class ScalarStageLatency:
     call per (micro-batch, virtual stage, mode)."""
 
     def stage_times(self, microbatches, budgets, modes=("F", "B")) -> dict[str, np.ndarray]:
-        from sparsebalance.simulator.stagecost import MODES
+        from sparsebalance.simulator.cost.stagecost import MODES
 
         pp, chunks = self.cluster.pp, self.cluster.virtual_stages  # type: ignore[attr-defined]
         out = {mode: np.empty((pp * chunks, len(microbatches))) for mode in modes}

@@ -1,6 +1,6 @@
 """ANALYTICAL profiles (no measurement): H100 SXM, H200 SXM and H20; our MoBA kernel + dense layers.
 
-Attention ops price what ``kernels/moba/triton_impl.py`` executes (``simulator/kernelcost.py``):
+Attention ops price what ``kernels/moba/triton_impl.py`` executes (``simulator/cost/kernelcost.py``):
 executed tile pairs, the PyTorch gate and index building of a sparse sequence, the LSE-merge traffic
 of partial outputs, FlashAttention-2's five backward matmuls, and every launch. Each kernel's time is
 ``max(FLOPs / (peak x efficiency), bytes / (HBM bandwidth x memory efficiency))``, PyTorch phases
@@ -24,10 +24,10 @@ FLOP counts (per GPU, one TP rank, heads split over ``tp``; kv heads replicated 
   layer's backward carry input gradients and go to the input part. I + W = B exactly.
 
 An analytical profile is computed for one model's dims, TP degree and block size;
-``sparsebalance.simulator.latency`` re-derives it for another model from the hardware parameters in
+``sparsebalance.simulator.cost.latency`` re-derives it for another model from the hardware parameters in
 the sidecar's ``roofline`` entry instead of rescaling numbers.
 
-Regenerate the shipped profiles with ``python -m sparsebalance.simulator.roofline --out
+Regenerate the shipped profiles with ``python -m sparsebalance.simulator.cost.roofline --out
 sparsebalance/data/profiles``.
 """
 
@@ -43,11 +43,11 @@ import pandas as pd
 
 from sparsebalance.data.sequence import blocks
 from sparsebalance.errors import check, check_positive
-from sparsebalance.simulator import kernelcost as kc
 from sparsebalance.simulator.config import ModelConfig, qwen25_3b
-from sparsebalance.simulator.profile import MODEL_DIMS, Profile, monotone_violations, write_profile
+from sparsebalance.simulator.cost import kernelcost as kc
+from sparsebalance.simulator.cost.profile import MODEL_DIMS, Profile, monotone_violations, write_profile
 
-COMMAND = "python -m sparsebalance.simulator.roofline --out sparsebalance/data/profiles"
+COMMAND = "python -m sparsebalance.simulator.cost.roofline --out sparsebalance/data/profiles"
 
 # FlashAttention-3 paper (Shah et al., arXiv 2407.08608), Figs. 5-6, H100 80GB SXM5, BF16, head dim
 # 128, sequence length 16K (batch x length = 16K, hidden 2048): forward without causal mask, Triton
@@ -330,7 +330,7 @@ def sidecar(hw: Hardware, model: ModelConfig, tp: int, block_size: int) -> dict:
         "model": {"name": model.name} | {k: getattr(model, k) for k in MODEL_DIMS}
                  | {"dtype_bytes": model.dtype_bytes},
         "block_size": block_size, "tp": tp,
-        "how": ("analytical roofline of our MoBA kernel (simulator/kernelcost.py): executed tile pairs "
+        "how": ("analytical roofline of our MoBA kernel (simulator/cost/kernelcost.py): executed tile pairs "
                 "(key-block-major gather, own block, dense path at full budget), gate and index "
                 "building, LSE-merge traffic, 5-matmul backward, launches; each sequence on the path "
                 "the kernel's dispatcher picks (kernelcost.choose_path: sparse, or the masked dense "

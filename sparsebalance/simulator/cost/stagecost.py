@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from sparsebalance.simulator.latency import LatencyModel
+    from sparsebalance.simulator.cost.latency import LatencyModel
 
 #: mode -> (backward, part of a split backward): F, B, and the split backward's I and W
 MODES = {"F": (False, None), "B": (True, None), "I": (True, "input"), "W": (True, "weight")}

@@ -58,7 +58,7 @@ SIDECAR_KEYS: dict[str, type | tuple[type, ...]] = {
 _TYPE_WORDS = {int: "an integer", str: "a string", bool: "true or false", dict: "a JSON object"}
 #: Model dimensions a sidecar's ``model`` dict records (names of ``ModelConfig`` fields).
 MODEL_DIMS = ("hidden", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab")
-SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data" / "profiles"
+SHIPPED_DIR = Path(__file__).resolve().parents[2] / "data" / "profiles"
 
 
 @dataclass(kw_only=True, slots=True)

@@ -320,7 +320,7 @@ def _levels(dev_orders, prev, deps, n, name) -> tuple[np.ndarray, np.ndarray]:
 @functools.lru_cache(maxsize=128)
 def schedule_graph(schedule: str, pp: int, m: int, virtual_stages: int = 1) -> ActionGraph:
     """The (cached, read-only) graph of one of the simulator's schedules (see :mod:`.schedules`)."""
-    from sparsebalance.simulator.schedules import stage_orders
+    from sparsebalance.simulator.schedule.schedules import stage_orders
 
     orders = stage_orders(schedule, pp, m, virtual_stages)
     return build_graph(orders, pp * virtual_stages, m, name=f"schedule {schedule!r}")

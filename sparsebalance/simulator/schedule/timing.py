@@ -33,7 +33,7 @@ import functools
 
 import numpy as np
 
-from sparsebalance.simulator.graph import ActionGraph
+from sparsebalance.simulator.schedule.graph import ActionGraph
 
 
 def time_graph(graph: ActionGraph, duration: np.ndarray, lag: np.ndarray | None = None,

@@ -1,4 +1,4 @@
-"""Moves of :class:`~sparsebalance.simulator.perturb.ReplicaTimes`: give one micro-batch new stage
+"""Moves of :class:`~sparsebalance.simulator.schedule.perturb.ReplicaTimes`: give one micro-batch new stage
 times and update the kept ends and times to the end locally (the rule and why it is exact: the
 docstring of :mod:`.perturb`, 'A move'). A mixin: the kept arrays and the level cuts live on the
 class that uses it."""
@@ -14,7 +14,7 @@ cut before it re-times the replica in full."""
 
 class Moves:
     """:meth:`apply` and its forward / backward local re-timing, for
-    :class:`~sparsebalance.simulator.perturb.ReplicaTimes` (which provides ``cuts``, ``D``, ``E``,
+    :class:`~sparsebalance.simulator.schedule.perturb.ReplicaTimes` (which provides ``cuts``, ``D``, ``E``,
     ``S``, ``_lag_l``, ``_sink_l`` and ``refresh``)."""
 
     __slots__ = ()

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sparsebalance.simulator.profile import ATTENTION_OPS, Profile
+from sparsebalance.simulator.cost.profile import ATTENTION_OPS, Profile
 
 #: Spread (sd of log ratios) above which one factor per op does not describe the machine.
 RESHAPE_SPREAD = 0.15

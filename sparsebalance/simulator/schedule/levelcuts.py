@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sparsebalance.simulator.graph import ActionGraph
+from sparsebalance.simulator.schedule.graph import ActionGraph
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
-from sparsebalance.simulator.graph import ActionGraph
+from sparsebalance.simulator.schedule.graph import ActionGraph
 
 
 class _Sim:

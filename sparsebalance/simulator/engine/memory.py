@@ -39,8 +39,8 @@ import numpy as np
 
 from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
-from sparsebalance.simulator.graph import ActionGraph
 from sparsebalance.simulator.layout import layout_of
+from sparsebalance.simulator.schedule.graph import ActionGraph
 
 PARAM_BYTES = 2
 """bf16 weights."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from sparsebalance.errors import ConfigError, check_choice, check_positive
 from sparsebalance.simulator.config import SCHEDULES, SPLIT_SCHEDULES, V_SCHEDULES
-from sparsebalance.simulator.zerobubble import dualpipev_order, v_vstages, zb_h1_order, zbv_order
+from sparsebalance.simulator.schedule.zerobubble import dualpipev_order, v_vstages, zb_h1_order, zbv_order
 
 #: One scheduled action: (op "F", "B", "I" or "W", virtual stage index, micro-batch index).
 Action = tuple[str, int, int]

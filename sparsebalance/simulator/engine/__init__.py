@@ -36,8 +36,8 @@ import pandas as pd
 
 from sparsebalance.errors import ConfigError, check_choice
 from sparsebalance.simulator.config import DEFAULT_ENGINE, ENGINE_NAMES
-from sparsebalance.simulator.graph import ActionGraph, schedule_graph
-from sparsebalance.simulator.trace import TRACE_COLUMNS
+from sparsebalance.simulator.engine.trace import TRACE_COLUMNS
+from sparsebalance.simulator.schedule.graph import ActionGraph, schedule_graph
 
 
 class Engine(Protocol):
@@ -50,14 +50,14 @@ class Engine(Protocol):
 
 
 def _core(graph, duration, lag, allreduce, optimizer):
-    from sparsebalance.simulator.timing import time_graph
+    from sparsebalance.simulator.schedule.timing import time_graph
 
     start, end = time_graph(graph, duration, lag)
     return start, end, end[graph.last].max(axis=1)  # a stage's all-reduce waits for all its replicas
 
 
 def _simpy(graph, duration, lag, allreduce, optimizer):
-    from sparsebalance.simulator.events import simulate_events
+    from sparsebalance.simulator.engine.events import simulate_events
 
     return simulate_events(graph, duration, lag, allreduce, optimizer)
 
@@ -126,7 +126,7 @@ class PipelineInput:
             raise ConfigError("forward: needs at least one replica and one micro-batch")
         self.forward = _per("forward", fwd, (dp, nv, m))
         self.backward = _per("backward", self.backward, (dp, nv, m))
-        from sparsebalance.simulator.schedules import splits_backward
+        from sparsebalance.simulator.schedule.schedules import splits_backward
 
         if splits_backward(self.schedule):
             for name in ("backward_input", "backward_weight"):
@@ -235,7 +235,7 @@ def graph_of(inp: PipelineInput) -> ActionGraph:
 def simulate(inp: PipelineInput, *, method: str = DEFAULT_ENGINE) -> PipelineResult:
     """Run one iteration of ``inp`` through its schedule (see the module docstring) with the engine
     named ``method`` (:data:`ENGINES`)."""
-    from sparsebalance.simulator.timing import kind_durations, pack_durations, pack_lags
+    from sparsebalance.simulator.schedule.timing import kind_durations, pack_durations, pack_lags
 
     check_choice(method, "method", METHODS)
     dp, nv, m = inp.shape

@@ -35,10 +35,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from sparsebalance.simulator.graph import ActionGraph
-from sparsebalance.simulator.levelcuts import level_cuts
-from sparsebalance.simulator.moves import REACH, Moves  # noqa: F401 (REACH: re-exported)
-from sparsebalance.simulator.timing import _narrow, time_graph, time_to_sink
+from sparsebalance.simulator.schedule.graph import ActionGraph
+from sparsebalance.simulator.schedule.levelcuts import level_cuts
+from sparsebalance.simulator.schedule.moves import REACH, Moves  # noqa: F401 (REACH: re-exported)
+from sparsebalance.simulator.schedule.timing import _narrow, time_graph, time_to_sink
 
 SMALL_GRAPH = 64
 """Up to this many actions per replica, :meth:`ReplicaTimes.finish_if` re-times the whole schedule

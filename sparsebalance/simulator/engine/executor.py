@@ -4,7 +4,7 @@ Durations come from the latency model (docs/architecture.md): ``stage_times`` (i
 micro-batch) forward and backward (and, for a schedule that splits the backward, its input- and
 weight-gradient parts), ``p2p_time`` of the micro-batch's tokens for every stage boundary,
 ``allreduce_time`` and ``optimizer_time`` per physical stage. Every iteration also reports the peak
-memory per device (``sparsebalance.simulator.memory``): ``extra`` holds ``peak_memory_gb`` (the
+memory per device (``sparsebalance.simulator.engine.memory``): ``extra`` holds ``peak_memory_gb`` (the
 largest device), ``peak_memory_gb_s<stage>`` (largest over DP ranks) and ``memory_exceeded`` (devices
 over ``cluster.device_memory``). Imports no torch.
 """
@@ -15,12 +15,12 @@ import numpy as np
 
 from sparsebalance.errors import ConfigError, check_choice
 from sparsebalance.simulator.config import DEFAULT_ENGINE, ENGINE_NAMES, ClusterConfig, ModelConfig
+from sparsebalance.simulator.cost.query import LatencyQuery
 from sparsebalance.simulator.engine import PipelineInput, PipelineResult, simulate
-from sparsebalance.simulator.iteration import IterationResult
-from sparsebalance.simulator.memory import GB, MemoryReport, check_fits, memory_report
+from sparsebalance.simulator.engine.iteration import IterationResult
+from sparsebalance.simulator.engine.memory import GB, MemoryReport, check_fits, memory_report
 from sparsebalance.simulator.plan import Budgets, Plan
-from sparsebalance.simulator.query import LatencyQuery
-from sparsebalance.simulator.schedules import splits_backward
+from sparsebalance.simulator.schedule.schedules import splits_backward
 
 
 class SimulatorExecutor:
@@ -39,7 +39,7 @@ class SimulatorExecutor:
         self.last: PipelineResult | None = None
         """The engine's full result of the last ``execute`` (start/end arrays, per-device busy)."""
         self.last_memory: MemoryReport | None = None
-        """Peak memory per device of the last ``execute`` (sparsebalance.simulator.memory)."""
+        """Peak memory per device of the last ``execute`` (sparsebalance.simulator.engine.memory)."""
         check_fits(model, cluster)
         self._fixed = (
             np.array([latency.allreduce_time(s) for s in range(cluster.pp)], dtype=float),
@@ -65,7 +65,7 @@ class SimulatorExecutor:
         mean_budget = np.array([float(np.mean(b)) if isinstance(b, tuple) else float(b) for b in flat])
         mean_budget = mean_budget.reshape(dp, m)
         modes = ("F", "B", "I", "W") if splits_backward(c.schedule) else ("F", "B")
-        # [V, dp * m] per mode from the latency model's one stage cost (simulator/stagecost.py)
+        # [V, dp * m] per mode from the latency model's one stage cost (simulator/cost/stagecost.py)
         got = self.latency.stage_times([mb.lengths for _, _, mb in plan.microbatches()], flat, modes)
         times = {mode: t.reshape(nv, dp, m).transpose(1, 0, 2) for mode, t in got.items()}
         return PipelineInput(schedule=c.schedule, pp=c.pp, virtual_stages=c.virtual_stages,

@@ -37,7 +37,7 @@ Profile vs run: a measured profile must match the run's ``model.block_size``, ``
 per-layer dims (hidden, heads, kv_heads, head_dim, ffn, vocab) or loading fails with ConfigError, since
 its numbers cannot be rescaled faithfully; ``layers`` may differ (the table is per layer). An
 analytical profile is instead re-derived for the run's dims, TP and block size from the hardware
-parameters in its sidecar (``sparsebalance.simulator.roofline``).
+parameters in its sidecar (``sparsebalance.simulator.cost.roofline``).
 """
 
 from __future__ import annotations
@@ -52,9 +52,9 @@ import numpy as np
 from sparsebalance.data.sequence import blocks
 from sparsebalance.errors import ConfigError, check_choice
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
+from sparsebalance.simulator.cost.profile import Profile, load_profile, monotone_violations
+from sparsebalance.simulator.cost.stagecost import MODES, StageCost
 from sparsebalance.simulator.layout import layout_of
-from sparsebalance.simulator.profile import Profile, load_profile, monotone_violations
-from sparsebalance.simulator.stagecost import MODES, StageCost
 
 EXTRAPOLATE = ("warn", "error", "clamp")
 PARTS = ("input", "weight")
@@ -132,7 +132,7 @@ class LatencyModel:
         self.layout = layout_of(model, cluster)
         """Where the layers and parameters live (``simulator/layout.py``): the one split."""
         self.cost = StageCost(self)
-        """Stage times of many micro-batches at once (``simulator/stagecost.py``): the one array form."""
+        """Stage times of many micro-batches at once (``simulator/cost/stagecost.py``): the one array form."""
         self._stage: dict[tuple, float] = {}
         self._fast_attn, self._fast_dense = self._fused()
         for op in ("embed_fwd", "embed_bwd", "head_fwd", "head_bwd"):
@@ -584,7 +584,7 @@ def load_latency_model(profile: str | Profile, model: ModelConfig, cluster: Clus
     prof = profile if isinstance(profile, Profile) else load_profile(profile, base_dir)
     bad = _mismatches(prof.meta, model, cluster)
     if bad and prof.meta.get("analytical") and isinstance(prof.meta.get("roofline"), dict):
-        from sparsebalance.simulator.roofline import Hardware, build_profile
+        from sparsebalance.simulator.cost.roofline import Hardware, build_profile
 
         hw = Hardware(**prof.meta["roofline"])
         derived = build_profile(hw, model, cluster.tp)

@@ -81,3 +81,22 @@ def wait_for(cond, timeout: float, step: float = 0.05) -> bool:
         time.sleep(step)
     return cond()
 
+
+
+#: A run config of the tiny model on the CPU that simulates in about a second; format ``name`` and
+#: ``profile`` (a shipped name or a path).
+TINY_RUN = """
+name = "{name}"
+iterations = 1
+profile = "{profile}"
+[model]
+preset = "tiny"
+[cluster]
+device = "cpu"
+pp = 2
+global_batch = 4
+[data]
+distribution = "chatqa2-like"
+num_sequences = 16
+max_length = 2048
+"""

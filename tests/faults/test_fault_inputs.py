@@ -8,25 +8,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from faultkit import TINY_RUN
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "qwen25-3b_h200_dp4pp4.toml"
 CPU_TINY = ROOT / "sparsebalance" / "data" / "profiles" / "cpu-tiny"
-TINY = """
-name = "tiny"
-iterations = 1
-profile = "{profile}"
-[model]
-preset = "tiny"
-[cluster]
-device = "cpu"
-pp = 2
-global_batch = 4
-[data]
-distribution = "chatqa2-like"
-num_sequences = 16
-max_length = 2048
-"""
 
 
 @pytest.fixture
@@ -58,7 +44,7 @@ def files(tmp_path):
             t.loc[sel, "latency_s"] = 1e-9
             t.to_csv(d / "profile.csv", index=False)
         cfg = tmp_path / f"{name}.toml"
-        cfg.write_text(TINY.format(profile=d))
+        cfg.write_text(TINY_RUN.format(name="tiny", profile=d))
         f[name] = cfg
     base_a, base_b = tmp_path / "base_a.toml", tmp_path / "base_b.toml"
     base_a.write_text('[cluster]\ndp = 2\npp = 2\nglobal_batch = 8\n[data]\nnum_sequences = 64\n')

@@ -13,24 +13,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from faultkit import sparsebalance, wait_for
+from faultkit import TINY_RUN, sparsebalance, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = """
-name = "{name}"
-iterations = 1
-profile = "cpu-tiny"
-[model]
-preset = "tiny"
-[cluster]
-device = "cpu"
-pp = 2
-global_batch = 4
-[data]
-distribution = "chatqa2-like"
-num_sequences = 16
-max_length = 2048
-"""
+TINY = TINY_RUN.replace("{profile}", "cpu-tiny")
 
 
 @pytest.fixture
@@ -54,6 +40,16 @@ def _run(work: Path, *argv, timeout: float = 240):
     p = sparsebalance(*argv, cwd=work)
     _, err = p.communicate(timeout=timeout)
     return p.returncode, err
+
+
+def _kill_mid_run(work: Path) -> None:
+    """A long simulate into ``res``, kill -9 as soon as its results directory is marked."""
+    p = sparsebalance("simulate", "--config", "run.toml", "--out", "res", "--iterations", "400", cwd=work)
+    try:
+        assert wait_for(lambda: (work / "res" / ".sparsebalance.json").exists(), timeout=60)
+    finally:
+        os.kill(p.pid, 9)
+        p.communicate(timeout=60)
 
 
 def _one_line(code: int, err: str, needle: str) -> None:
@@ -136,12 +132,7 @@ def test_lock_is_released_with_the_process(user_dir):
     """A verb that ended (even by kill -9) leaves no lock behind: the next --force goes through."""
     work, _ = user_dir
     (work / "run.toml").write_text(TINY.format(name="tiny"))
-    p = sparsebalance("simulate", "--config", "run.toml", "--out", "res", "--iterations", "200", cwd=work)
-    try:
-        assert wait_for(lambda: (work / "res" / ".sparsebalance.json").exists(), timeout=60)
-    finally:
-        os.kill(p.pid, 9)
-        p.communicate(timeout=60)
+    _kill_mid_run(work)
     code, err = _run(work, "simulate", "--config", "run.toml", "--no-trace", "--out", "res", "--force")
     assert code == 0, err
 
@@ -173,12 +164,7 @@ def test_a_killed_run_is_marked_incomplete_and_replaced_without_force(user_dir):
     replaces those files without --force, saying so."""
     work, _ = user_dir
     (work / "run.toml").write_text(TINY.format(name="tiny"))
-    p = sparsebalance("simulate", "--config", "run.toml", "--out", "res", "--iterations", "400", cwd=work)
-    try:
-        assert wait_for(lambda: (work / "res" / ".sparsebalance.json").exists(), timeout=60)
-    finally:
-        os.kill(p.pid, 9)
-        p.communicate(timeout=60)
+    _kill_mid_run(work)
     mark = json.loads((work / "res" / ".sparsebalance.json").read_text())
     if mark["complete"]:
         pytest.skip("the run finished before the kill landed")

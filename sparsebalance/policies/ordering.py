@@ -19,7 +19,7 @@ from sparsebalance.policies.critical import graph_for
 from sparsebalance.policies.sab import SparsityAware
 from sparsebalance.simulator.plan import Plan
 from sparsebalance.simulator.schedule.schedules import splits_backward
-from sparsebalance.simulator.schedule.timing import replica_finish
+from sparsebalance.simulator.schedule.timing import order_finish
 
 
 class ScheduleAwareOrder(SparsityAware):
@@ -102,11 +102,16 @@ class ScheduleAwareOrder(SparsityAware):
             return base
         tail = np.array([lm.allreduce_time(s) + lm.optimizer_time(s) for s in range(cl.pp)])
         ranks, before, after = [], [], []
+        times = []
         for mbs in base.ranks:
             fwd, bwd = self.stage_times(mbs, ctx)  # [V, m] each
             p2p = np.array([lm.p2p_time(mb.tokens) for mb in mbs], float)
             split = self.split_parts(mbs, ctx, bwd) if splits_backward(cl.schedule) else None
-            order, t0, t1, n = self.best_order(fwd, bwd, p2p, tail, cl, split)
+            times.append((fwd, bwd, p2p, split))
+        seed_vals = self.seed_scores(times, tail, cl)  # every rank's seeds in one call of the core
+        for r, mbs in enumerate(base.ranks):
+            fwd, bwd, p2p, split = times[r]
+            order, t0, t1, n = self.best_order(fwd, bwd, p2p, tail, cl, split, seed_vals=seed_vals[r])
             ranks.append(tuple(mbs[i] for i in order))
             before.append(t0)
             after.append(t1)
@@ -131,15 +136,40 @@ class ScheduleAwareOrder(SparsityAware):
         weight = np.array([[at1(mb, vs, "weight") for mb in mbs] for vs in range(nv)])
         return bwd - gap, weight
 
+    @staticmethod
+    def seed_orders(m: int) -> list[list[int]]:
+        """The search's first candidates, as indices into SAB's (decreasing) order: SAB's order,
+        increasing, valley (small ... large ... small) and ramp (the smallest first), distinct."""
+        dec = list(range(m))
+        seeds = [dec]
+        for o in (dec[::-1], dec[1::2][::-1] + dec[0::2], [dec[-1]] + dec[:-1]):
+            if o not in seeds:
+                seeds.append(o)
+        return seeds
+
+    def seed_scores(self, times: list, tail: np.ndarray, cluster) -> np.ndarray:
+        """[dp, seeds] predicted seconds of every rank's seed orders (:meth:`best_order`'s first
+        candidates), in one call of the timing core over the ranks side by side: each column is
+        timed alone, so these are the numbers a call per rank gives, bit for bit."""
+        m = times[0][0].shape[1]
+        seeds = np.array(self.seed_orders(m), dtype=np.int64)
+        cat = [np.concatenate([t[i] for t in times], axis=-1) for i in range(3)]
+        split = times[0][3]
+        parts = () if split is None else tuple(np.concatenate([t[3][i] for t in times], axis=1) for i in range(2))
+        idx = np.concatenate([seeds + r * m for r in range(len(times))])
+        fin = order_finish(graph_for(cluster, m), idx, cat[0], cat[1], cat[2], *parts)
+        return (fin + tail[None, :]).max(axis=1).reshape(len(times), len(seeds))
+
     def best_order(self, fwd: np.ndarray, bwd: np.ndarray, p2p: np.ndarray, tail: np.ndarray,
-                   cluster, split: tuple[np.ndarray, np.ndarray] | None = None
-                   ) -> tuple[list[int], float, float, int]:
+                   cluster, split: tuple[np.ndarray, np.ndarray] | None = None, *,
+                   seed_vals: np.ndarray | None = None) -> tuple[list[int], float, float, int]:
         """Search over orders of one rank's m micro-batches. ``fwd``, ``bwd``: [V, m] seconds in
         SAB's order (and for a split-backward schedule ``split`` = its I and W, [V, m] each);
         ``p2p``: [m] seconds; ``tail``: [pp] all-reduce + optimizer seconds.
+        ``seed_vals``: the seeds' scores when already made (:meth:`seed_scores`, all ranks at once).
         Returns (order as indices into SAB's order, predicted seconds of SAB's order, of the
         chosen order, candidate orders evaluated)."""
-        nv, m = fwd.shape
+        m = fwd.shape[1]
         budget = self.max_evaluations
         used = 0
 
@@ -147,22 +177,17 @@ class ScheduleAwareOrder(SparsityAware):
             nonlocal used
             idx = np.asarray(orders, dtype=np.int64)  # [C, k]
             g = graph_for(cluster, idx.shape[1])
-            pp2p = np.broadcast_to(p2p[idx][:, None, :], (len(orders), max(nv - 1, 0), idx.shape[1]))
-            parts = [a[:, idx].transpose(1, 0, 2) for a in (fwd, bwd, *(split or ()))]
-            fin = replica_finish(g, *parts[:2], pp2p, *parts[2:])
+            fin = order_finish(g, idx, fwd, bwd, p2p, *(split or ()))
             used += len(orders)
             return (fin + tail[None, :]).max(axis=1)
 
         cost = (fwd + bwd).sum(axis=0)
-        dec = list(range(m))  # SAB's order is decreasing predicted cost already
-        inc = dec[::-1]
-        valley = dec[1::2][::-1] + dec[0::2]  # small ... large ... small
-        ramp = [dec[-1]] + dec[:-1]
-        seeds = [dec]
-        for o in (inc, valley, ramp):
-            if o not in seeds:
-                seeds.append(o)
-        vals = list(score(seeds))
+        seeds = self.seed_orders(m)  # SAB's order is decreasing predicted cost already
+        if seed_vals is None:
+            vals = list(score(seeds))
+        else:  # scored with the other ranks' (seed_scores)
+            vals = [float(v) for v in seed_vals]
+            used += len(seeds)
         if m * (m + 1) // 2 <= budget - used:  # greedy insertion (NEH)
             by_cost = sorted(range(m), key=lambda i: (-cost[i], i))
             cur = [by_cost[0]]

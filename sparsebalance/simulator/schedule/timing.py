@@ -47,7 +47,7 @@ def time_graph(graph: ActionGraph, duration: np.ndarray, lag: np.ndarray | None 
     c = duration.shape[1]
     if lag is None:
         lag = np.zeros((graph.zero_lag + 1, c))
-    if _narrow(graph, c):
+    if _narrow(graph, c) and _rows_paid(graph):
         return _time_scalar(graph, duration, lag, starts)
     end = np.zeros((n + 1, c))
     start = np.empty((n, c)) if starts else None
@@ -65,6 +65,21 @@ def time_graph(graph: ActionGraph, duration: np.ndarray, lag: np.ndarray | None 
 def _narrow(graph: ActionGraph, columns: int) -> bool:
     """Plain loops beat numpy for a few columns of a graph with few nodes per level."""
     return columns * graph.n < 48 * len(graph.levels)
+
+
+@functools.lru_cache(maxsize=64)
+def _narrow_calls(graph: ActionGraph) -> list[int]:
+    return [0]
+
+
+def _rows_paid(graph: ActionGraph) -> bool:
+    """Whether the plain loops' rows of ``graph`` are (or are now worth) built: from its second
+    narrow call on. Building them costs 10-25 ms at ~3,000 nodes, several narrow calls' worth, so a
+    graph timed narrow once (sab-order's seeds at a micro-batch count not seen before) takes the
+    numpy levels instead. Both give the same numbers bit for bit."""
+    calls = _narrow_calls(graph)
+    calls[0] += 1
+    return calls[0] > 1
 
 
 @functools.lru_cache(maxsize=64)
@@ -174,6 +189,34 @@ def replica_finish(graph: ActionGraph, fwd: np.ndarray, bwd: np.ndarray, p2p, bw
     return stage_finish(graph, dur, pack_lags(graph, p2p, fwd.shape[0])).T
 
 
+def order_finish(graph: ActionGraph, orders: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, p2p: np.ndarray,
+                 bwd_input: np.ndarray | None = None, bwd_weight: np.ndarray | None = None) -> np.ndarray:
+    """[C, pp] :func:`replica_finish` of C orders of one replica's micro-batches: ``orders`` [C, m]
+    (indices into the columns of ``fwd``, ``bwd`` (and for a split graph ``bwd_input``,
+    ``bwd_weight``): [V, m] seconds; ``p2p`` [m]). The durations are gathered straight into the
+    core's [n, C] layout (one take per kind, no per-candidate copies): the same numbers as
+    ``replica_finish`` on ``fwd[:, orders].transpose(1, 0, 2)``..., so the same result bit for bit."""
+    orders = np.asarray(orders, dtype=np.int64)
+    c, m, nv = orders.shape[0], graph.m, graph.nv
+    cols = orders.T  # [m, C]: node (kind, vs, j) of candidate c takes column orders[c, j]
+    per_kind = {"F": fwd, "B": bwd}
+    if graph.split:
+        if bwd_input is None or bwd_weight is None:
+            raise ValueError("a split-backward schedule needs the input- and weight-gradient seconds")
+        fused = graph.fused[:, :, None]  # by position, as kind_durations
+        per_kind = {"F": fwd, "I": np.where(fused, np.take(bwd, cols, axis=1), np.take(bwd_input, cols, axis=1)),
+                    "W": np.where(fused, 0.0, np.take(bwd_weight, cols, axis=1))}
+    dur = np.empty((graph.n, c))
+    for i, k in enumerate(graph.kinds):
+        block = dur[i * nv * m:(i + 1) * nv * m].reshape(nv, m, c)
+        a = per_kind[k]
+        block[...] = a if a.ndim == 3 else np.take(np.asarray(a, dtype=float), cols, axis=1)
+    lag = np.zeros((graph.zero_lag + 1, c))
+    if nv > 1:
+        lag[:-1].reshape(nv - 1, m, c)[...] = np.take(np.asarray(p2p, dtype=float), cols)[None]
+    return stage_finish(graph, dur, lag).T
+
+
 @functools.lru_cache(maxsize=64)
 def _reverse_steps(graph: ActionGraph) -> tuple[tuple[np.ndarray, ...], ...]:
     """Per level, last level first: (nodes, device successors, data successors [k, D'], their lag
@@ -204,7 +247,7 @@ def time_to_sink(graph: ActionGraph, duration: np.ndarray, lag: np.ndarray | Non
     if lag is None:
         lag = np.zeros((graph.zero_lag + 1, c))
     sink = np.broadcast_to(np.asarray(sink, dtype=float), (graph.pp,))
-    if _narrow(graph, c):
+    if _narrow(graph, c) and _rows_paid(graph):
         _, bwd = _rows(graph)
         res = np.empty((n, c))
         sk = sink.tolist()

@@ -34,7 +34,6 @@ def prepare(cfg: RunConfig) -> Prepared:
     from sparsebalance.policies.base import PolicyContext
     from sparsebalance.policies.coverage import make_coverage_model
     from sparsebalance.policies.registry import make_batching, make_tuning
-    from sparsebalance.simulator.cost.latency import load_latency_model
 
     batching = make_batching(cfg.policy)
     tuning = make_tuning(cfg.policy)
@@ -43,9 +42,7 @@ def prepare(cfg: RunConfig) -> Prepared:
 
         c = cfg.cluster
         validate_schedule(c.schedule, c.pp, c.microbatches_per_rank, c.virtual_stages)
-    latency = load_latency_model(cfg.profile, cfg.model, cfg.cluster, base_dir=cfg.base_dir,
-                                 extrapolate=cfg.latency_extrapolate,
-                                 allow_nonmonotone=cfg.allow_nonmonotone)
+    latency = _latency(cfg)
     sequences = load_sequences(cfg.data, base_dir=cfg.base_dir)
     if len(sequences) < cfg.cluster.global_batch:
         raise ConfigError(f"data: {len(sequences)} sequence(s) cannot fill one global batch of "
@@ -56,6 +53,22 @@ def prepare(cfg: RunConfig) -> Prepared:
                         coverage=coverage, rng=np.random.default_rng(cfg.seed))
     return Prepared(cfg=cfg, sequences=sequences, ctx=ctx, batching=batching, tuning=tuning,
                     latency=latency)
+
+
+def _latency(cfg: RunConfig):
+    from sparsebalance.simulator.cost.latency import load_latency_model
+
+    return load_latency_model(cfg.profile, cfg.model, cfg.cluster, base_dir=cfg.base_dir,
+                              extrapolate=cfg.latency_extrapolate, allow_nonmonotone=cfg.allow_nonmonotone)
+
+
+def with_profile(prepared: Prepared, cfg: RunConfig) -> Prepared:
+    """``prepared`` for ``cfg`` that differs only in its profile (a calibrated one): the latency model
+    and the policies' context made again; data, coverage model and policies kept (loaded once)."""
+    from dataclasses import replace
+
+    latency = _latency(cfg)
+    return replace(prepared, cfg=cfg, latency=latency, ctx=replace(prepared.ctx, latency=latency))
 
 
 def run_simulation(cfg: RunConfig, *, progress: bool = True, prepared: Prepared | None = None) -> LoopResult:

@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
     from sparsebalance.commands._calibrate import calibrate_run
     from sparsebalance.commands._common import prepare, run_simulation, write_results
+    from sparsebalance.runner import with_profile
     from sparsebalance.runconfig import load_run_config
 
     overrides = dict(parse_override(item) for item in args.overrides)
@@ -89,8 +90,8 @@ def run(args: argparse.Namespace) -> int:
     out = resolve_out(args.out, Path(cfg.output_dir) / cfg.name, force=args.force, verb="simulate")
     # a measured profile is probed on this machine and rescaled before it is trusted
     cfg, calibration = calibrate_run(cfg, out, as_is=args.profile_as_is)
-    if calibration["status"] == "rescaled":
-        prepared = prepare(cfg)
+    if calibration["status"] == "rescaled":  # only the profile changed: the rest stays prepared
+        prepared = with_profile(prepared, cfg)
     result = run_simulation(cfg, progress=progress_enabled(args), prepared=prepared)
     out = write_results(cfg, result, out, trace=not args.no_trace, trace_limit=args.trace_limit)
     if calibration["status"] != "analytical":

@@ -34,9 +34,11 @@ def prepare(cfg: RunConfig) -> Prepared:
     from sparsebalance.policies.base import PolicyContext
     from sparsebalance.policies.coverage import make_coverage_model
     from sparsebalance.policies.registry import make_batching, make_tuning
+    from sparsebalance.simulator.engine.memory import check_fits
 
     batching = make_batching(cfg.policy)
     tuning = make_tuning(cfg.policy)
+    check_fits(cfg.model, cfg.cluster)  # needs no run: refused before any results directory exists
     if cfg.policy.token_cap is None:  # micro-batches per rank are fixed: check the schedule runs them
         from sparsebalance.simulator.schedule.schedules import validate_schedule
 

@@ -124,6 +124,8 @@ TABLE = [
     ("iterations-1e30", SIM[:3] + ("--set", "iterations=1e30", "--out", "{tmp}/o"), "iterations: 1e+30 is out of range"),
     ("p-nan", SIM + ("--set", "policy.p=nan"), "policy.p: must be a finite number"),
     ("train-lr-inf", ("train", "--config", "{example}", "--set", "realrun.lr=inf"), "realrun.lr: must be a finite"),
+    # a check that needs no run is made before the results directory exists (issue 23, item 3)
+    ("model-over-device-memory", SIM + ("--set", "model.layers=4000"), "cannot hold one micro-batch"),
 ]
 
 

@@ -183,3 +183,31 @@ def test_comma_lists_are_refused_when_they_would_run_nothing_or_twice():
                 comma_list(text, "--seeds", int)
         else:
             assert comma_list(text, "--seeds", int) == [int(v) for v in vals]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_edited_analytical_profile_is_refused_not_silently_replaced(tmp_path, run_cli, seed):
+    """An analytical profile is re-derived from its sidecar for another model; an edited table (a
+    random subset of latencies scaled, per seed) would vanish in that re-derivation: one line, exit 2.
+    The unedited copy still runs."""
+    import numpy as np
+    import pandas as pd
+
+    shipped = ROOT / "sparsebalance" / "data" / "profiles" / "analytical-h200"
+    for name, edit in (("edited", True), ("copy", False)):
+        d = tmp_path / name
+        shutil.copytree(shipped, d)
+        if edit:
+            rng = np.random.default_rng(seed)
+            t = pd.read_csv(d / "profile.csv")
+            rows = rng.random(len(t)) < rng.uniform(0.001, 0.5)
+            rows[rng.integers(len(t))] = True
+            t.loc[rows, "latency_s"] *= rng.uniform(1.5, 20)
+            t.to_csv(d / "profile.csv", index=False, float_format="%.17g")
+    args = ("simulate", "--config", EXAMPLE, "--iterations", "1", "--no-trace", "--set", "model.preset='qwen2.5-0.5b'")
+    r = run_cli(*args, "--set", f"profile='{tmp_path / 'edited'}'", "--out", tmp_path / "o1")
+    lines = [ln for ln in r.err.strip().splitlines() if ln.strip()]
+    assert r.code == 2 and len(lines) == 1 and "not what that sidecar derives" in lines[0], r.err
+    assert not (tmp_path / "o1").exists()
+    r = run_cli(*args, "--set", f"profile='{tmp_path / 'copy'}'", "--out", tmp_path / "o2")
+    assert r.code == 0, r.err

@@ -587,6 +587,7 @@ def load_latency_model(profile: str | Profile, model: ModelConfig, cluster: Clus
         from sparsebalance.simulator.cost.roofline import Hardware, build_profile
 
         hw = Hardware(**prof.meta["roofline"])
+        _check_derivable(prof, hw, build_profile)
         derived = build_profile(hw, model, cluster.tp)
         derived.source = f"{prof.source} (analytical, re-derived for {model.name}, tp {cluster.tp})"
         prof = derived
@@ -602,6 +603,32 @@ def load_latency_model(profile: str | Profile, model: ModelConfig, cluster: Clus
         warnings.warn(f"profile {prof.source} is for device {device!r} but cluster.device is "
                       f"{cluster.device!r}; predictions follow the profile", stacklevel=2)
     return LatencyModel(prof, model, cluster, extrapolate=extrapolate)
+
+
+def _check_derivable(prof: Profile, hw, build_profile) -> None:
+    """An analytical profile is re-derived for another model from its sidecar; that is only the same
+    profile if its table is what the sidecar derives for the sidecar's own model. An edited table
+    (every latency x10, say) would be silently replaced: refuse it in one line instead."""
+    import numpy as np
+
+    meta = prof.meta
+    try:
+        own = ModelConfig(**meta["model"], block_size=int(meta["block_size"]))
+        want = build_profile(hw, own, int(meta["tp"])).table
+    except (TypeError, KeyError, ValueError, ConfigError) as e:
+        raise ConfigError(f"profile: {prof.source}: its sidecar cannot re-derive it ({e}); "
+                          "regenerate it with python -m sparsebalance.simulator.cost.roofline") from None
+    keys = ["op", "seq_len", "budget"]
+    a = prof.table.sort_values(keys, kind="stable").reset_index(drop=True)
+    b = want.sort_values(keys, kind="stable").reset_index(drop=True)
+    same = len(a) == len(b) and (a[keys].to_numpy() == b[keys].to_numpy()).all()
+    off = 0 if not same else int((~np.isclose(a["latency_s"], b["latency_s"], rtol=1e-9, atol=0)).sum())
+    if not same or off:
+        what = f"{off} of {len(a)} latencies differ" if same else "its rows differ"
+        raise ConfigError(f"profile: {prof.source} is analytical, so it is re-derived for this run from its "
+                          f"sidecar, but its table is not what that sidecar derives ({what}: edited?). "
+                          "To use the table as it is, set \"analytical\": false in profile.json and match "
+                          "the run's model and plan; or regenerate it (python -m sparsebalance.simulator.cost.roofline)")
 
 
 def _check_monotone(prof: Profile, block_size: int, allow: bool) -> None:

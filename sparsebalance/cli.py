@@ -23,7 +23,7 @@ import sys
 import warnings
 
 from sparsebalance import __version__
-from sparsebalance.errors import ConfigError
+from sparsebalance.errors import ConfigError, MeaningWarning
 
 #: verb -> (module under sparsebalance.commands, one-line help)
 VERBS = {
@@ -148,7 +148,8 @@ def _main_thread() -> bool:
 
 def _warning_printer(verbose: bool, hidden: list[str]):
     """``warnings.showwarning``: one line per distinct warning on a terminal (or with -v); counted
-    otherwise, so logs of non-interactive runs are not flooded."""
+    otherwise, so logs of non-interactive runs are not flooded -- except a ``MeaningWarning`` (it
+    changes what a result means), shown always."""
     shown: set[str] = set()
     loud = verbose or _isatty(sys.stderr)
 
@@ -156,7 +157,7 @@ def _warning_printer(verbose: bool, hidden: list[str]):
         text = (str(message).strip().splitlines() or [category.__name__])[0]
         if text in shown or text in hidden:
             return
-        if loud:
+        if loud or issubclass(category, MeaningWarning):  # it changes what the result means: shown
             shown.add(text)
             print(f"sparsebalance: warning: {text}", file=sys.stderr)
         else:

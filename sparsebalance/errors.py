@@ -15,6 +15,12 @@ class ConfigError(ValueError):
     """Bad user input (config, file, argument). The message is shown as is, without a traceback."""
 
 
+class MeaningWarning(UserWarning):
+    """A warning that changes what a result means (the profile is for another device, a latency is
+    extrapolated, an op costs nothing): the CLI always shows it, where other warnings off a terminal
+    are only counted."""
+
+
 def check(cond: bool, field: str, message: str) -> None:
     """Raise ``ConfigError("<field>: <message>")`` unless ``cond``."""
     if not cond:

@@ -117,7 +117,10 @@ def test_warnings_are_counted_not_printed_off_a_terminal(tmp_path, run_cli):
     # an H200 profile on a cluster labelled h20: a warning (predictions follow the profile)
     cfg.write_text(EXAMPLE.read_text().replace('preset = "h200-4x8"', 'preset = "h200-4x8"\ndevice = "h20"'))
     quiet = run_cli("simulate", "--config", cfg, *SMALL, "--out", tmp_path / "q", "--no-trace")
-    assert quiet.code == 0 and "warning(s) not shown" in quiet.err and "is for device" not in quiet.err
+    # the accepted non-monotone points are counted; the device mismatch changes what the result
+    # means, so it is shown even here
+    assert quiet.code == 0 and "warning(s) not shown" in quiet.err and "falls as work grows" not in quiet.err
+    assert "sparsebalance: warning: profile" in quiet.err and "is for device 'h200'" in quiet.err
     loud = run_cli("simulate", "--config", cfg, *SMALL, "--out", tmp_path / "v", "--no-trace", "-v")
     assert loud.code == 0 and "sparsebalance: warning: profile" in loud.err
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparsebalance.analysis.store import RESULT_SCHEMA_VERSION, RunRecord
+from sparsebalance.errors import MeaningWarning
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -165,8 +166,8 @@ class _Pool:
                             msg = conn.recv()
                         except (EOFError, OSError):
                             msg = None
-                        if msg is not None and msg[0] == "warn":
-                            warnings.warn(msg[1], stacklevel=1)
+                        if msg is not None and msg[0] == "warn":  # a worker's, its kind kept
+                            warnings.warn(msg[1], MeaningWarning if msg[2] else UserWarning, stacklevel=1)
                             continue
                         if msg is not None:
                             pending -= 1
@@ -219,7 +220,7 @@ def _worker(conn, parent: int) -> None:
     tqdm.set_lock(threading.RLock())
 
     def forward(message, category, filename, lineno, file=None, line=None):
-        conn.send(("warn", str(message)))
+        conn.send(("warn", str(message), issubclass(category, MeaningWarning)))
 
     warnings.showwarning = forward
     while True:

@@ -211,3 +211,13 @@ def test_edited_analytical_profile_is_refused_not_silently_replaced(tmp_path, ru
     assert not (tmp_path / "o1").exists()
     r = run_cli(*args, "--set", f"profile='{tmp_path / 'copy'}'", "--out", tmp_path / "o2")
     assert r.code == 0, r.err
+
+
+def test_a_warning_that_changes_the_result_is_shown_off_a_terminal(tmp_path, run_cli):
+    """Off a terminal other warnings are only counted; one that changes what the result means (the
+    profile is another device's) is printed whatever stderr is."""
+    r = run_cli("simulate", "--config", EXAMPLE, "--iterations", "1", "--no-trace", "--out", tmp_path / "o",
+                "--set", "profile='analytical-h100'")
+    assert r.code == 0, r.err
+    shown = [ln for ln in r.err.splitlines() if ln.startswith("sparsebalance: warning: ")]
+    assert len(shown) == 1 and "is for device 'h100' but cluster.device is 'h200'" in shown[0], r.err

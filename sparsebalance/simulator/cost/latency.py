@@ -50,7 +50,7 @@ from numbers import Integral
 import numpy as np
 
 from sparsebalance.data.sequence import blocks
-from sparsebalance.errors import ConfigError, check_choice
+from sparsebalance.errors import ConfigError, MeaningWarning, check_choice
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
 from sparsebalance.simulator.cost.profile import Profile, load_profile, monotone_violations
 from sparsebalance.simulator.cost.stagecost import MODES, StageCost
@@ -137,7 +137,8 @@ class LatencyModel:
         self._fast_attn, self._fast_dense = self._fused()
         for op in ("embed_fwd", "embed_bwd", "head_fwd", "head_bwd"):
             if op not in self._curves:
-                warnings.warn(f"profile {profile.source} has no {op} rows; that op costs 0 s", stacklevel=3)
+                warnings.warn(f"profile {profile.source} has no {op} rows; that op costs 0 s", MeaningWarning,
+                              stacklevel=3)
 
     def _derive_split(self) -> list[str]:
         """I and W curves of ``layer_bwd`` / ``head_bwd`` where the profile has no split rows:
@@ -193,7 +194,7 @@ class LatencyModel:
             self._warned.add(op)
             warnings.warn(f"latency: {op} {what} {x:g} is outside the profiled range {rng} of "
                           f"{self.profile.source}; extrapolating linearly (warned once per op)",
-                          RuntimeWarning, stacklevel=4)
+                          MeaningWarning, stacklevel=4)
         return x
 
     def effective_budget(self, seq_len: int, budget: int) -> int:
@@ -601,7 +602,7 @@ def load_latency_model(profile: str | Profile, model: ModelConfig, cluster: Clus
     words = device.lower().replace(",", " ").split()
     if device and cluster.device and cluster.device.lower() not in words + [device.lower()]:
         warnings.warn(f"profile {prof.source} is for device {device!r} but cluster.device is "
-                      f"{cluster.device!r}; predictions follow the profile", stacklevel=2)
+                      f"{cluster.device!r}; predictions follow the profile", MeaningWarning, stacklevel=2)
     return LatencyModel(prof, model, cluster, extrapolate=extrapolate)
 
 

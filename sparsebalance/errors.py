@@ -15,10 +15,11 @@ class ConfigError(ValueError):
     """Bad user input (config, file, argument). The message is shown as is, without a traceback."""
 
 
-class MeaningWarning(UserWarning):
+class MeaningWarning(UserWarning, RuntimeWarning):
     """A warning that changes what a result means (the profile is for another device, a latency is
     extrapolated, an op costs nothing): the CLI always shows it, where other warnings off a terminal
-    are only counted."""
+    are only counted. Both a UserWarning and a RuntimeWarning, the categories these warnings had
+    before, so filters written for those still catch them."""
 
 
 def check(cond: bool, field: str, message: str) -> None:

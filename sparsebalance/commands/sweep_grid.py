@@ -154,6 +154,11 @@ def _base_table(path: str | None) -> tuple[dict[str, Any], str]:
 
 def plan_runs(args) -> tuple[list, dict[str, Any], dict[str, Any]]:
     """(specs, grid description for grid.json, baseline coordinates); every run validated."""
+    import sys
+
+    from tqdm import tqdm
+
+    from sparsebalance.commands._args import progress_enabled
     from sparsebalance.commands.sweep_exec import make_spec
     from sparsebalance.policies.registry import make_batching, make_tuning
     from sparsebalance.runner import prepare
@@ -161,7 +166,11 @@ def plan_runs(args) -> tuple[list, dict[str, Any], dict[str, Any]]:
     axes, baseline, extra, base_path = load_grid(args)
     base, base_dir = _base_table(base_path)
     specs, seen, prepared = [], set(), set()
-    for run in expand(axes, baseline):  # validate every run before starting any
+    runs = expand(axes, baseline)
+    if len(runs) > 100:  # a big grid takes a while to validate: say how big before the first point
+        print(f"sweep: {len(runs)} grid points; validating each before any runs", file=sys.stderr, flush=True)
+    for run in tqdm(runs, desc="validating", unit="point", file=sys.stderr, disable=not progress_enabled(args)):
+        # every run is validated before any starts
         cfg = build_config(base, run, extra, base_dir)
         make_batching(cfg.policy), make_tuning(cfg.policy)
         key = json.dumps([cfg.profile, cfg.model, cfg.cluster, cfg.data], default=str)

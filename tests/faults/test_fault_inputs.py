@@ -221,3 +221,19 @@ def test_a_warning_that_changes_the_result_is_shown_off_a_terminal(tmp_path, run
     assert r.code == 0, r.err
     shown = [ln for ln in r.err.splitlines() if ln.startswith("sparsebalance: warning: ")]
     assert len(shown) == 1 and "is for device 'h100' but cluster.device is 'h200'" in shown[0], r.err
+
+
+def test_a_big_grid_says_its_size_before_validating(files, capsys):
+    """A grid of hundreds of points is validated before any runs (a minute or more at 10,000): the
+    sweep says how many points first, and shows validation progress when asked."""
+    from sparsebalance import cli
+    from sparsebalance.commands.sweep_grid import plan_runs
+
+    seeds = ",".join(str(i) for i in range(34))  # 102 points: just over the size that is announced
+    args = cli.build_parser("sweep").parse_args(["sweep", "--config", str(files["base_a"]), "--batching", "sab,lbb",
+                                                 "--seeds", seeds, "--out", str(files["tmp"] / "o"), "--progress"])
+    specs, _, _ = plan_runs(args)
+    err = capsys.readouterr().err
+    assert len(specs) == 3 * 34  # sab, lbb and the baseline per seed
+    assert f"sweep: {len(specs)} grid points; validating each before any runs" in err
+    assert "validating" in err.split("grid points", 1)[1]  # the progress bar after the line

@@ -158,18 +158,19 @@ def run_stage_check(cfg: RunConfig, profiles: dict[str, str], *, device: str = "
                 rows.append({"stage": s, "microbatch": j, "op": op, "tokens": int(sum(mb.lengths)),
                              "sequences": len(mb.lengths), "budget": float(np.mean(budget)),
                              "measured_s": statistics.median(r[k] for r in runs)})
-    return predict_stages(cfg, pd.DataFrame(rows), profiles, prepared=prepared)
+    return predict_stages(cfg, pd.DataFrame(rows), profiles, prepared=prepared, planned=(plan, budgets))
 
 
 def predict_stages(cfg: RunConfig, ops: pd.DataFrame, profiles: dict[str, str], *,
-                   prepared: Any = None) -> StageCheck:
+                   prepared: Any = None, planned: tuple | None = None) -> StageCheck:
     """Each profile's prediction beside the measured ops of a stage check, and the iterations.
 
     ``ops``: the ``stage, microbatch, op, measured_s`` rows of a check of ``cfg`` (as
     :func:`run_stage_check` writes them). The plan is made again from ``cfg`` (the policies are
     deterministic for a seed), so a profile measured after the check -- or shipped later -- predicts
-    the same micro-batches at the same budgets. Adds (or replaces) a ``pred_<label>_s`` column per
-    profile; the iteration table has the measured source first.
+    the same micro-batches at the same budgets; ``planned`` (plan, budgets) skips that when the
+    caller holds them. Adds (or replaces) a ``pred_<label>_s`` column per profile; the iteration
+    table has the measured source first.
     """
     from sparsebalance.runner import prepare
     from sparsebalance.simulator.cost.latency import load_latency_model
@@ -178,7 +179,7 @@ def predict_stages(cfg: RunConfig, ops: pd.DataFrame, profiles: dict[str, str], 
     if "measured" in profiles:
         raise ValueError("profiles: the label 'measured' names the measurement itself; choose another")
     prepared = prepared or prepare(cfg)
-    plan, budgets = plan_one_batch(cfg, prepared)
+    plan, budgets = planned or plan_one_batch(cfg, prepared)
     mbs = list(plan.ranks[0])
     pp = cfg.cluster.pp
     ops = ops.sort_values(["microbatch", "stage", "op"], kind="stable").reset_index(drop=True)

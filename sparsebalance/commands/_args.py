@@ -38,11 +38,12 @@ REMOVED_IN = "0.3"
 
 
 # -- argparse value types -------------------------------------------------------------------------
-def comma_list(text: str, flag: str, conv=str, *, what: str = "values", unique: bool = True) -> list:
+def comma_list(text: str, flag: str, conv=str, *, what: str = "values", unique: bool = True,
+               allowed=None) -> list:
     """``"a,b,c"`` -> ``[conv("a"), conv("b"), conv("c")]``, or one line naming ``flag`` when the
     text holds no item (``--seeds ,,``), an empty one (a stray comma), a value ``conv`` cannot read,
-    or (``unique``) the same value twice: never an empty list that runs nothing, or a silent
-    fallback to a default."""
+    (``unique``) the same value twice, or a value not in ``allowed`` (when given): never an empty
+    list that runs nothing, or a silent fallback to a default."""
     items = [t.strip() for t in str(text).split(",")]
     if not any(items):
         raise ConfigError(f"{flag}: no {what} in {text!r}; give one or more, comma-separated")
@@ -56,6 +57,9 @@ def comma_list(text: str, flag: str, conv=str, *, what: str = "values", unique: 
         dup = next((v for i, v in enumerate(vals) if v in vals[:i]), None)
         if dup is not None:
             raise ConfigError(f"{flag}: {dup!r} is given twice in {text!r}; give each once")
+    bad = [v for v in vals if allowed is not None and v not in allowed]
+    if bad:
+        raise ConfigError(f"{flag}: {', '.join(map(str, bad))}: choose from {', '.join(map(str, allowed))}")
     return vals
 
 
@@ -179,7 +183,7 @@ def resolve_out(requested: str | None, default: str | Path, *, force: bool, verb
     A results directory is always a directory of its own: a path that is empty (an unset shell
     variable), ends in ``.`` or ``..``, or resolves to the working directory, one of its parents,
     the home directory or the root is refused. Before anything is cleared the directory is locked
-    (``flock`` on the directory itself, held until the process ends), so ``--force`` never clears a
+    (``flock`` on the directory itself, held until the verb ends), so ``--force`` never clears a
     directory another sparsebalance process is writing; and ``--force`` clears only a directory whose
     marker was written for that very directory (a marker copied elsewhere does not count)."""
     if requested is not None and not str(requested).strip():
@@ -257,6 +261,8 @@ def finish_outputs(ok: bool) -> None:
                 path.rmdir()
         except OSError:  # a full disk or a vanished directory: the marker keeps saying incomplete
             pass
+    while _LOCKS:  # the verb is over: its directories are free (a removed one must not stay "held")
+        os.close(_LOCKS.popitem()[1])
 
 
 def _refuse_shared(path: Path) -> None:
@@ -274,8 +280,8 @@ def _refuse_shared(path: Path) -> None:
                           "the home directory or the root; results go into a directory of their own")
 
 
-#: Directories this process holds locked (resolved path -> open descriptor); a verb run twice in one
-#: process (the tests, the Python API) reuses its own lock.
+#: Directories the running verb holds locked (resolved path -> open descriptor), released by
+#: :func:`finish_outputs` when it ends (and by the kernel if the process dies).
 _LOCKS: dict[Path, int] = {}
 
 

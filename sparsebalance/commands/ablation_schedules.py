@@ -42,14 +42,9 @@ VIRTUAL = {"interleaved": 2, "zbv": 2, "dualpipev": 2}
 
 def parse_schedules(text: str) -> list[str]:
     from sparsebalance.commands._args import comma_list
-    from sparsebalance.errors import ConfigError
     from sparsebalance.simulator.config import SCHEDULES
 
-    names = comma_list(text, "--schedules", what="schedule names")
-    bad = [s for s in names if s not in SCHEDULES]
-    if bad:
-        raise ConfigError(f"--schedules: {', '.join(bad)}: choose from {', '.join(SCHEDULES)}")
-    return names
+    return comma_list(text, "--schedules", what="schedule names", allowed=SCHEDULES)
 
 
 def parse_seeds(text: str) -> list[int]:

@@ -73,7 +73,6 @@ class ScheduleAwareOrder(SparsityAware):
         k = np.maximum(1.0, np.array([self.expected_budget(int(x)) for x in L.tolist()], dtype=float))
         lo = np.floor(k).astype(np.int64)
         frac = k > lo
-        starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
         tok = np.array([mb.tokens for mb in mbs], dtype=np.int64)
         out = []
         for bw in (False, True):
@@ -81,13 +80,8 @@ class ScheduleAwareOrder(SparsityAware):
             if frac.any():
                 up = lm.attention_many(L[frac], lo[frac] + 1, backward=bw)
                 a[frac] = a[frac] + (k[frac] - lo[frac]) * (up - a[frac])
-            a1 = lm.attention_many(L, np.ones_like(L), backward=bw)
-            attn = np.zeros(len(mbs))
-            attn1 = np.zeros(len(mbs))
-            for p in range(max(counts)):  # left-to-right over each micro-batch's sequences
-                has = np.array([c > p for c in counts])
-                attn[has] = attn[has] + a[starts[has] + p]
-                attn1[has] = attn1[has] + a1[starts[has] + p]
+            attn = lm.cost.per_microbatch(a, counts)
+            attn1 = lm.cost.attention_sums(L, counts, np.ones_like(L), backward=bw)
             st = lm.cost.compose(attn1, tok, backward=bw)  # [V, M] at budget 1
             out.append((st - n_layers[:, None] * attn1) + n_layers[:, None] * attn)
         return out[0], out[1]

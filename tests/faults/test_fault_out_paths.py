@@ -171,3 +171,20 @@ def test_a_killed_run_is_marked_incomplete_and_replaced_without_force(user_dir):
     code, err = _run(work, "simulate", "--config", "run.toml", "--no-trace", "--out", "res")
     assert code == 0 and "did not finish; replacing them" in err, err
     assert json.loads((work / "res" / ".sparsebalance.json").read_text())["complete"] is True
+
+
+def test_a_verb_frees_its_directory_when_it_ends(tmp_path, run_cli):
+    """In one process (the Python API, a notebook) a verb's lock ends with the verb: a directory a
+    failed run removed and made again is locked afresh, and once the verb returns another process
+    can take the directory."""
+    (tmp_path / "run.toml").write_text(TINY.format(name="tiny"))
+    args = ("simulate", "--config", tmp_path / "run.toml", "--no-trace", "--profile-as-is", "--out", tmp_path / "res")
+    assert run_cli(*args, "--set", "cluster.p2p_bandwidth=1e-307").code == 2
+    assert not (tmp_path / "res").exists()
+    r = run_cli(*args)
+    assert r.code == 0, r.err
+    take = ("import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n")
+    probe = subprocess.run([sys.executable, "-c", take, str(tmp_path / "res")],
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert probe.returncode == 0, probe.stderr

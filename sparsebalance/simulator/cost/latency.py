@@ -53,7 +53,8 @@ from sparsebalance.data.sequence import blocks
 from sparsebalance.errors import ConfigError, MeaningWarning, check_choice
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
 from sparsebalance.simulator.cost.profile import Profile, load_profile, monotone_violations
-from sparsebalance.simulator.cost.stagecost import MODES, StageCost
+from sparsebalance.simulator.cost.query import ScalarStageLatency
+from sparsebalance.simulator.cost.stagecost import StageCost
 from sparsebalance.simulator.layout import layout_of
 
 EXTRAPOLATE = ("warn", "error", "clamp")
@@ -104,7 +105,7 @@ class _Surface:
         return max(0.0, a + t * (b - a))
 
 
-class LatencyModel:
+class LatencyModel(ScalarStageLatency):
     """Predicts seconds of attention, dense layers, stages and micro-batches; P2P, all-reduce and
     optimizer time. Build it with :func:`load_latency_model`. Lengths and tokens are in tokens,
     budgets are MoBA top-k (an int, or a tuple with one entry per global layer)."""
@@ -133,7 +134,6 @@ class LatencyModel:
         """Where the layers and parameters live (``simulator/layout.py``): the one split."""
         self.cost = StageCost(self)
         """Stage times of many micro-batches at once (``simulator/cost/stagecost.py``): the one array form."""
-        self._stage: dict[tuple, float] = {}
         self._fast_attn, self._fast_dense = self._fused()
         for op in ("embed_fwd", "embed_bwd", "head_fwd", "head_bwd"):
             if op not in self._curves:
@@ -394,21 +394,7 @@ class LatencyModel:
         budget is an int, else :meth:`stage_time` per element (memoised: per-layer budgets recur)."""
         if all(type(b) is int for b in budgets):
             return self.cost.times(microbatches, np.array(budgets, dtype=np.int64), modes)
-        pp, nv = self.cluster.pp, len(self.layout.vstage_ranges)
-        out = {mode: np.empty((nv, len(microbatches))) for mode in modes}
-        for i, (lengths, budget) in enumerate(zip(microbatches, budgets)):
-            for vs in range(nv):
-                for mode in modes:
-                    key = (vs, mode, lengths, budget)
-                    hit = self._stage.get(key)
-                    if hit is None:
-                        if len(self._stage) > 200_000:  # bound memory in very long runs
-                            self._stage.clear()
-                        backward, part = MODES[mode]
-                        hit = self._stage[key] = float(self.stage_time(lengths, budget, vs % pp, backward=backward,
-                                                                       chunk=vs // pp, part=part))
-                    out[mode][vs, i] = hit
-        return out
+        return super().stage_times(microbatches, budgets, modes)
 
     def _attention_fb(self, L: int, k: int) -> float:
         hit = self._attn_fb.get((L, k))
@@ -610,8 +596,6 @@ def _check_derivable(prof: Profile, hw, build_profile) -> None:
     """An analytical profile is re-derived for another model from its sidecar; that is only the same
     profile if its table is what the sidecar derives for the sidecar's own model. An edited table
     (every latency x10, say) would be silently replaced: refuse it in one line instead."""
-    import numpy as np
-
     meta = prof.meta
     try:
         own = ModelConfig(**meta["model"], block_size=int(meta["block_size"]))

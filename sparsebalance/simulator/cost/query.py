@@ -76,18 +76,28 @@ class ScalarMicrobatchLatency:
 
 class ScalarStageLatency:
     """``stage_times`` from a subclass's ``stage_time`` and ``cluster`` (pp, virtual_stages), one
-    call per (micro-batch, virtual stage, mode)."""
+    call per (micro-batch, virtual stage, mode), memoised (per-layer budgets recur across
+    iterations; ``LatencyModel`` takes this path for them)."""
+
+    _MEMO_LIMIT = 200_000
 
     def stage_times(self, microbatches, budgets, modes=("F", "B")) -> dict[str, np.ndarray]:
         from sparsebalance.simulator.cost.stagecost import MODES
 
         pp, chunks = self.cluster.pp, self.cluster.virtual_stages  # type: ignore[attr-defined]
+        memo = self.__dict__.setdefault("_stage_memo", {})
+        if len(memo) > self._MEMO_LIMIT:  # bound memory in very long runs
+            memo.clear()
         out = {mode: np.empty((pp * chunks, len(microbatches))) for mode in modes}
         for i, (lengths, budget) in enumerate(zip(microbatches, budgets)):
             for vs in range(pp * chunks):
                 for mode in modes:
-                    backward, part = MODES[mode]
-                    kw = {"part": part} if part else {}
-                    out[mode][vs, i] = self.stage_time(lengths, budget, vs % pp,  # type: ignore[attr-defined]
-                                                       backward=backward, chunk=vs // pp, **kw)
+                    key = (vs, mode, tuple(lengths), budget)
+                    hit = memo.get(key)
+                    if hit is None:
+                        backward, part = MODES[mode]
+                        kw = {"part": part} if part else {}
+                        hit = memo[key] = float(self.stage_time(lengths, budget, vs % pp,  # type: ignore[attr-defined]
+                                                                backward=backward, chunk=vs // pp, **kw))
+                    out[mode][vs, i] = hit
         return out

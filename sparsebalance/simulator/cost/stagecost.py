@@ -41,13 +41,18 @@ class StageCost:
         """[M] one layer's attention of each micro-batch: its sequences' attention summed left to
         right. ``lengths`` [sum counts] the sequences of micro-batch 0, then 1, ...; ``counts`` [M];
         ``k`` [sum counts] an int budget per sequence (one vectorised look-up)."""
-        a = self.lm.attention_many(lengths, k, backward=backward)
+        return self.per_microbatch(self.lm.attention_many(lengths, k, backward=backward), counts)
+
+    @staticmethod
+    def per_microbatch(values: np.ndarray, counts) -> np.ndarray:
+        """[M] ``values`` (one per sequence, micro-batch 0's first) summed per micro-batch, left to
+        right from 0.0: the order ``stage_time``'s ``sum`` adds them, so the same bits."""
         counts = np.asarray(counts, dtype=np.int64)
         starts = np.cumsum(counts) - counts
         out = np.zeros(len(counts))
         for p in range(int(counts.max()) if len(counts) else 0):
             has = counts > p
-            out[has] = out[has] + a[starts[has] + p]
+            out[has] = out[has] + values[starts[has] + p]
         return out
 
     def compose(self, attention: np.ndarray, tokens: np.ndarray, *, backward: bool,

@@ -119,7 +119,7 @@ def model_steps(args) -> None:
         def step(topk, impl, batch=batch):
             net.set_attn_implementation(impl)
             net.zero_grad(set_to_none=True)
-            moba = MobaArgs(cu_seqlens=batch.cu_seqlens, topk=topk, block_size=m.block_size)
+            moba = MobaArgs(cu_seqlens=batch.cu_seqlens, budget=topk, block_size=m.block_size)
             t0 = time.perf_counter()
             full_forward_loss(net, batch, moba).backward()
             return time.perf_counter() - t0

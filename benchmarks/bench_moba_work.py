@@ -42,7 +42,7 @@ def tiny_qk(length: int, seed: int = 0) -> list[tuple]:
     net = build_qwen2(model, seed=seed)
     batch = pack([seqs[0].tokens])
     # the forward's own MoBA budget only shapes later layers' inputs: 16 blocks of 32 tokens
-    moba = MobaArgs(cu_seqlens=batch.cu_seqlens, topk=16, block_size=model.block_size, backend="torch")
+    moba = MobaArgs(cu_seqlens=batch.cu_seqlens, budget=16, block_size=model.block_size, backend="torch")
     out = []
     with torch.no_grad():
         h = net.model.embed_tokens(batch.input_ids)

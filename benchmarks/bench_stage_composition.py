@@ -73,7 +73,7 @@ def measure(mode: str, rounds: int, budget: int, core: int) -> dict:
             if op == "F":
                 b = pack([rng.integers(0, m.vocab, LENGTHS[j])])
                 x = None if s == 0 else torch.randn(1, LENGTHS[j], m.hidden, requires_grad=True)
-                saved[j] = stages[s](x, b, MobaArgs(cu_seqlens=b.cu_seqlens, topk=budget,
+                saved[j] = stages[s](x, b, MobaArgs(cu_seqlens=b.cu_seqlens, budget=budget,
                                                     block_size=m.block_size))
             else:
                 out = saved.pop(j)

@@ -20,7 +20,7 @@ from sparsebalance.data.sequence import Sequence
 from sparsebalance.policies.base import BatchingPolicy, PolicyContext, TuningPolicy
 from sparsebalance.simulator.engine.iteration import Executor
 from sparsebalance.simulator.engine.trace import TRACE_COLUMNS
-from sparsebalance.simulator.plan import Budgets, Plan
+from sparsebalance.simulator.plan import Budget, Budgets, Plan
 
 
 def global_batches(sequences: list[Sequence], global_batch: int, *, shuffle: bool,
@@ -45,10 +45,6 @@ them, so results write them apart (``timing.csv``) from the deterministic ``metr
 def imbalance(latencies: list[list[float]]) -> float:
     flat = np.asarray([x for r in latencies for x in r], dtype=float)
     return float(flat.max() / flat.mean()) if flat.size and flat.mean() > 0 else 1.0
-
-
-def _budget_mean(b) -> float:
-    return float(np.mean(b)) if isinstance(b, tuple) else float(b)
 
 
 @dataclass(slots=True)
@@ -81,6 +77,9 @@ def run_loop(*, batches: Iterator[list[Sequence]], batching: BatchingPolicy, tun
             bar.set_postfix_str("tuning", refresh=True)
         budgets = tuning.budgets(plan, ctx)
         decision_ms = (time.perf_counter() - t0) * 1e3
+        # the shipped policies return Budget; a user's policy may return ints (checked here, once)
+        budgets = tuple(tuple(Budget.of(b, f"{tuning.name} budgets[{r}][{j}]") for j, b in enumerate(row))
+                        for r, row in enumerate(budgets))
         if big:
             bar.set_postfix_str(f"executing {len(batch):,} sequences", refresh=True)
         result = executor.execute(it, plan, budgets)
@@ -88,7 +87,7 @@ def run_loop(*, batches: Iterator[list[Sequence]], batching: BatchingPolicy, tun
             ctx.coverage.observe(seq_id, curve)
         batching.observe(plan, budgets, result)
         tuning.observe(plan, budgets, result)
-        flat_b = [_budget_mean(b) for r in budgets for b in r]
+        flat_b = [b.mean() for r in budgets for b in r]
         covs = [ctx.coverage.microbatch_coverage(mb, budgets[r][j]) for r, j, mb in plan.microbatches()]
         rows.append({
             "iteration": it,

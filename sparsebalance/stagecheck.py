@@ -75,14 +75,6 @@ def _tokens(seq, vocab: int, rng: np.random.Generator) -> np.ndarray:
     return rng.integers(0, vocab, size=seq.length)
 
 
-def stage_budget(budget: Any, layers: range) -> Any:
-    """The budget of a stage's layers when they run on the first ``len(layers)`` layers built: a
-    per-layer budget (one int per global layer) re-indexed to them, a uniform one unchanged."""
-    if isinstance(budget, (tuple, list)):
-        return tuple(int(budget[i]) for i in layers)
-    return budget
-
-
 def measure_stage(net, s: int, n_stages: int, n_layers: int, batch, moba, timer: _Timer,
                   gen: Any) -> tuple[float, float]:
     """F and B seconds of stage ``s`` alone for one packed micro-batch, then its graph freed.
@@ -149,14 +141,14 @@ def run_stage_check(cfg: RunConfig, profiles: dict[str, str], *, device: str = "
         budget = budgets[0][j]
         batch = pack([_tokens(s, cfg.model.vocab, rng) for s in mb.sequences], device=device)
         for s in range(pp):
-            moba = MobaArgs(cu_seqlens=batch.cu_seqlens, topk=stage_budget(budget, stages[s]),
+            moba = MobaArgs(cu_seqlens=batch.cu_seqlens, budget=budget.restrict(stages[s]),
                             block_size=cfg.model.block_size, backend=backend)
             if j == 0:  # warm-up: kernel compilation and allocator
                 measure_stage(net, s, pp, len(stages[s]), batch, moba, timer, gen)
             runs = [measure_stage(net, s, pp, len(stages[s]), batch, moba, timer, gen) for _ in range(rounds)]
             for op, k in (("F", 0), ("B", 1)):
                 rows.append({"stage": s, "microbatch": j, "op": op, "tokens": int(sum(mb.lengths)),
-                             "sequences": len(mb.lengths), "budget": float(np.mean(budget)),
+                             "sequences": len(mb.lengths), "budget": budget.mean(),
                              "measured_s": statistics.median(r[k] for r in runs)})
     return predict_stages(cfg, pd.DataFrame(rows), profiles, prepared=prepared, planned=(plan, budgets))
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from sparsebalance.data.recall import TRAIN, Example, RecallTask
-from sparsebalance.simulator.plan import Budgets, Plan
+from sparsebalance.simulator.plan import Budget, Budgets, Plan
 
 
 def pack_answers(examples: list[Example]) -> Any:
@@ -45,23 +45,19 @@ def pack_answers(examples: list[Example]) -> Any:
                        cu_seqlens=torch.tensor(cu, dtype=torch.int32))
 
 
-def _topk(budget: Any) -> Any:
-    return tuple(int(b) for b in budget) if isinstance(budget, tuple) else int(budget)
-
-
-def forward(model: Any, batch: Any, topk: Any, block_size: int, coverage_layer: int | None = None):
+def forward(model: Any, batch: Any, budget: Budget | int, block_size: int, coverage_layer: int | None = None):
     """Logits ``[T, vocab]`` and the MobaArgs (holding the coverage layer's q/k when asked)."""
     from sparsebalance.kernels.qwen2 import MobaArgs, run_layers
 
-    moba = MobaArgs(cu_seqlens=batch.cu_seqlens, topk=topk, block_size=block_size,
+    moba = MobaArgs(cu_seqlens=batch.cu_seqlens, budget=Budget.of(budget), block_size=block_size,
                     coverage_layer=coverage_layer)
     h = run_layers(model, model.model.embed_tokens(batch.input_ids), batch, moba)
     return model.lm_head(model.model.norm(h))[0], moba
 
 
-def evaluate(model: Any, examples: list[Example], topk: int, block_size: int,
+def evaluate(model: Any, examples: list[Example], k: int, block_size: int,
              tokens_per_batch: int = 8192) -> float:
-    """Share of answers predicted exactly (argmax) with MoBA at ``topk``."""
+    """Share of answers predicted exactly (argmax) with MoBA at budget ``k`` in every layer."""
     import torch
 
     from sparsebalance.kernels.qwen2 import IGNORE_INDEX
@@ -77,7 +73,7 @@ def evaluate(model: Any, examples: list[Example], topk: int, block_size: int,
                 toks += len(examples[j].tokens)
                 j += 1
             batch = pack_answers(examples[i:j])
-            logits, _ = forward(model, batch, topk, block_size)
+            logits, _ = forward(model, batch, k, block_size)
             m = batch.labels[0] != IGNORE_INDEX
             right += int((logits[m].argmax(-1) == batch.labels[0][m]).sum())
             total += int(m.sum())
@@ -116,7 +112,7 @@ class TrainExecutor:
         loss_sum, gated = 0.0, []
         for r, j, mb in mbs:
             batch = pack_answers([exs[s.id] for s in mb.sequences])
-            logits, moba = forward(self.model, batch, _topk(budgets[r][j]), self.block_size,
+            logits, moba = forward(self.model, batch, budgets[r][j], self.block_size,
                                    self.coverage_layer)
             loss = lm_loss_sum(logits[None], batch.labels)
             (loss / answers).backward()

@@ -71,7 +71,7 @@ class PretrainConfig:
         check(0.0 < self.target <= 1.0, "target", f"must lie in (0, 1], got {self.target}")
 
 
-def _step(model: Any, opt: Any, examples: list, topk: int, block_size: int, max_tokens: int = 8192) -> float:
+def _step(model: Any, opt: Any, examples: list, k: int, block_size: int, max_tokens: int = 8192) -> float:
     """One optimizer step over ``examples`` (packed into micro-batches of <= max_tokens)."""
     import torch
 
@@ -86,7 +86,7 @@ def _step(model: Any, opt: Any, examples: list, topk: int, block_size: int, max_
             toks += len(examples[j].tokens)
             j += 1
         batch = pack_answers(examples[i:j])
-        logits, _ = forward(model, batch, topk, block_size)
+        logits, _ = forward(model, batch, k, block_size)
         loss = lm_loss_sum(logits[None], batch.labels)
         (loss / answers).backward()
         total += float(loss.detach())
@@ -96,10 +96,10 @@ def _step(model: Any, opt: Any, examples: list, topk: int, block_size: int, max_
     return total / answers
 
 
-def layer_curves(model: Any, examples: list, block_size: int, topk: int,
+def layer_curves(model: Any, examples: list, block_size: int, k: int,
                  layers: list[int] | None = None) -> dict[int, list[tuple[int, Any]]]:
     """Per layer (default all), ``(length, C(1..n))`` of each example, measured with the kernel's
-    coverage code on the q/k of a forward pass at ``topk``."""
+    coverage code on the q/k of a forward pass at ``k``."""
     import torch
 
     out = {}
@@ -107,21 +107,21 @@ def layer_curves(model: Any, examples: list, block_size: int, topk: int,
         for layer in range(model.config.num_hidden_layers) if layers is None else layers:
             curves = []
             for e in examples:
-                _, moba = forward(model, pack_answers([e]), topk, block_size, coverage_layer=layer)
+                _, moba = forward(model, pack_answers([e]), k, block_size, coverage_layer=layer)
                 curves.append((len(e.tokens), moba.coverage_curves()[0]))
             out[layer] = curves
     return out
 
 
-def fit_layers(model: Any, task: RecallTask, buckets: list[int], n: int, block_size: int, topk: int):
+def fit_layers(model: Any, task: RecallTask, buckets: list[int], n: int, block_size: int, k: int):
     """Coverage fit per layer on held-out examples: list of {layer, rate, max_abs_error, ...}."""
     from sparsebalance.policies.coverage import fit_rate
 
     exs = [e for b in buckets for e in task.heldout(b, n)]
     fits = []
-    for layer, curves in layer_curves(model, exs, block_size, topk).items():
+    for layer, curves in layer_curves(model, exs, block_size, k).items():
         rate, err = fit_rate(curves, block_size)
-        cov_k0 = float(np.mean([c[min(topk, len(c)) - 1] for n_, c in curves if len(c) > 1]))
+        cov_k0 = float(np.mean([c[min(k, len(c)) - 1] for n_, c in curves if len(c) > 1]))
         fits.append({"layer": layer, "shape": "power", "rate": rate, "max_abs_error": err,
                      "measured_coverage_at_k0": cov_k0})
     return fits
@@ -140,17 +140,17 @@ def pretrain(net: NetConfig, task_cfg: RecallConfig, cfg: PretrainConfig, bucket
     heldout = {b: task.heldout(b, cfg.heldout) for b in buckets}
     short = RecallTask(RecallConfig(**(asdict(task_cfg) | {"max_length": cfg.warmup_length})))
     cpu0, wall0, load0 = time.process_time(), time.time(), os.getloadavg()[0]
-    step, history, dense = 0, [], net.max_positions  # topk >= blocks: full attention
+    step, history, dense = 0, [], net.max_positions  # k >= blocks: full attention
     phases = ((1, cfg.warmup_steps, short, dense, cfg.batch, 0),
               (2, cfg.moba_steps + cfg.extra_steps, task, cfg.k0, cfg.moba_batch, cfg.moba_steps))
-    for phase, steps, source, topk, batch, at_least in phases:
+    for phase, steps, source, k, batch, at_least in phases:
         first = step
         for s in range(steps):
             for g in opt.param_groups:
                 g["lr"] = cfg.lr * min(1.0, (step + 1) / 100)
             exs = [source.example(TRAIN, i, source.train_length(i))
                    for i in range(first * cfg.batch + s * batch, first * cfg.batch + (s + 1) * batch)]
-            loss = _step(model, opt, exs, topk, B)
+            loss = _step(model, opt, exs, k, B)
             step += 1
             if (s + 1) % cfg.eval_every == 0 or s == steps - 1:
                 acc = {b: evaluate(model, ex, cfg.k0, B) for b, ex in heldout.items()}

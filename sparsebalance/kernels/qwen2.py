@@ -6,8 +6,8 @@ registered through ``transformers.AttentionInterface``; so a real checkpoint loa
 
 Packed varlen micro-batches: one row of ``T`` tokens holding ``N`` sequences side by side, position
 ids restarting at 0 per sequence, ``cu_seqlens`` (int32 [N + 1]) passed to the attention function in a
-:class:`MobaArgs` keyword argument, which also carries the budget (per sequence, optionally per
-layer) and where to record gate coverage. No global state: every forward call says what it wants.
+:class:`MobaArgs` keyword argument, which also carries the micro-batch's
+:class:`~sparsebalance.simulator.budget.Budget` (uniform or per layer) and where to record gate coverage. No global state: every forward call says what it wants.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from sparsebalance.data.sequence import blocks
+from sparsebalance.simulator.budget import Budget
 from sparsebalance.simulator.config import ModelConfig
 
 ATTN_NAME = "moba"
@@ -34,9 +35,10 @@ class MobaArgs:
 
     cu_seqlens: Any
     """int32 tensor [N + 1]: sequence boundaries in the packed row (0, l0, l0 + l1, ..., T)."""
-    topk: Any
-    """Budget: int (all layers, all sequences), tuple of per-layer ints, or LongTensor [N] /
-    [layers, N] (per sequence, optionally per layer; row = global layer index)."""
+    budget: Budget
+    """The micro-batch's budget (every sequence in the packed row alike); global layer ``i`` runs
+    the kernel at ``budget.at(i)`` key blocks. An int or a list of per-layer ints is taken as
+    ``Budget.of`` it."""
     block_size: int = 64
     """MoBA key-block size in tokens."""
     backend: str = "auto"
@@ -45,6 +47,9 @@ class MobaArgs:
     """Global layer index whose q/k are kept for :meth:`coverage_curves` (None = none)."""
     captured: Any = None
     """(q [T, H, D], k [T, Hkv, D], cu_seqlens) of ``coverage_layer`` from the last forward, detached."""
+
+    def __post_init__(self) -> None:
+        self.budget = Budget.of(self.budget, "MobaArgs.budget")
 
     def coverage_curves(self) -> list[np.ndarray]:
         """Real gate coverage C(k), k = 1..n_blocks, of each sequence at ``coverage_layer``
@@ -60,18 +65,6 @@ class MobaArgs:
         return [cov[i, :nb].copy() for i, nb in enumerate(nbs)]
 
 
-def _layer_topk(topk: Any, layer: int, n: int) -> list[int]:
-    """The budgets of the ``n`` sequences at global layer ``layer``."""
-    if isinstance(topk, (int, np.integer)):
-        return [int(topk)] * n
-    if isinstance(topk, tuple):
-        return [int(topk[layer])] * n
-    arr = topk.detach().cpu().numpy() if hasattr(topk, "detach") else np.asarray(topk)
-    if arr.ndim == 2:
-        arr = arr[layer]
-    return [int(x) for x in arr.reshape(-1)]
-
-
 def moba_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                            moba: MobaArgs | None = None, **kwargs):
     """The function registered as ``attn_implementation = "moba"``.
@@ -79,12 +72,10 @@ def moba_attention_forward(module, query, key, value, attention_mask, scaling=No
     HF passes query [1, H, T, D], key/value [1, Hkv, T, D]; returns ([1, T, H, D], None). ``scaling``
     must be 1/sqrt(D), which is what Qwen2 uses and what the MoBA kernels assume.
     """
-    import torch
-
     from sparsebalance.kernels import moba_attention
 
     if moba is None:
-        raise ValueError("moba attention: pass moba=MobaArgs(cu_seqlens=..., topk=...) to forward; "
+        raise ValueError("moba attention: pass moba=MobaArgs(cu_seqlens=..., budget=...) to forward; "
                          "packed varlen input is required")
     if query.shape[0] != 1:
         raise ValueError(f"moba attention: expects one packed row (batch 1), got batch {query.shape[0]}")
@@ -95,11 +86,10 @@ def moba_attention_forward(module, query, key, value, attention_mask, scaling=No
     k = key[0].transpose(0, 1)
     v = value[0].transpose(0, 1)
     cu = moba.cu_seqlens
-    n = cu.numel() - 1
     layer = int(getattr(module, "layer_idx", 0))
-    ks = _layer_topk(moba.topk, layer, n)
-    topk = ks[0] if len(set(ks)) == 1 else torch.tensor(ks, dtype=torch.long, device=q.device)
-    out = moba_attention(q, k, v, cu, block_size=moba.block_size, topk=topk, backend=moba.backend)
+    # one int per layer: the kernel's API validates it and makes the tensor its backend needs
+    out = moba_attention(q, k, v, cu, block_size=moba.block_size, topk=moba.budget.at(layer),
+                         backend=moba.backend)
     if moba.coverage_layer is not None and layer == moba.coverage_layer:
         # keep q/k only; the gate scores are computed by coverage_curves() outside the timed forward
         moba.captured = (q.detach(), k.detach(), cu)

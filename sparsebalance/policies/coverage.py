@@ -92,8 +92,9 @@ class CoverageModel:
         """Micro-batch coverage at k = 1..k_hi (shape [k_hi]) under ``coverage_agg``."""
         return self.microbatch_matrix([mb], k_hi)[0]
 
-    def microbatch_coverage(self, mb: MicroBatch, budget: Budget) -> float:
-        ks = budget if isinstance(budget, tuple) else (budget,)
+    def microbatch_coverage(self, mb: MicroBatch, budget: Budget | int) -> float:
+        """Coverage of ``mb`` at ``budget``, averaged over layers for a per-layer budget."""
+        ks = Budget.of(budget).ks
         k_hi = max(ks)
         c = self.microbatch_curve(mb, k_hi)
         return float(np.mean([c[k - 1] for k in ks]))

@@ -48,7 +48,7 @@ from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.policies.critical_phases import State, lower, raise_into_bubbles
 from sparsebalance.policies.stage_tables import StageTable, budget_monotone_range
 from sparsebalance.policies.tuning import DynamicSparsity
-from sparsebalance.simulator.plan import Budgets, Plan
+from sparsebalance.simulator.plan import Budget, Budgets, Plan
 from sparsebalance.simulator.schedule.graph import ActionGraph, schedule_graph
 from sparsebalance.simulator.schedule.perturb import ReplicaTimes
 from sparsebalance.simulator.schedule.timing import pack_lags
@@ -149,7 +149,7 @@ class CriticalPathDST:
             "lowered_s": T_a,
             "rounds": float(rounds),
         }
-        return tuple(tuple(int(k) for k in row) for row in K)
+        return tuple(tuple(Budget.uniform(int(k)) for k in row) for row in K)
 
     def observe(self, plan: Plan, budgets: Budgets, result=None) -> None:
         """Stateless across iterations, like DST (its decision 1)."""

@@ -112,8 +112,7 @@ class SparsityAware:
         num: dict[int, float] = {}
         den: dict[int, float] = {}
         for r, j, mb in plan.microbatches():
-            b = budgets[r][j]
-            k = float(np.mean(b)) if isinstance(b, tuple) else float(b)
+            k = budgets[r][j].mean()
             for s in mb.sequences:
                 key = self.bucket(s.length)
                 num[key] = num.get(key, 0.0) + s.length * k

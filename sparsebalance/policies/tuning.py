@@ -117,13 +117,13 @@ class DynamicSparsity:
             if k < f:  # k == -1: even k_min is too slow
                 infeasible += 1
                 k = f
-                budget = (f,) * layers if cfg.per_layer else f
+                budget = Budget.per_layer((f,) * layers) if cfg.per_layer else Budget.uniform(f)
             elif step is not None:
-                budget = _spread(k, int(step[i]), layers)
+                budget = Budget.per_layer(_spread(k, int(step[i]), layers))
             else:
-                budget = k
+                budget = Budget.uniform(k)
             at_floor += k == f and k <= cfg.k0
-            means.append(float(np.mean(budget)) if step is not None else float(k))
+            means.append(budget.mean() if step is not None else float(k))
             out[r].append(budget)
         n = max(len(mbs), 1)
         self.stats = {

@@ -36,7 +36,7 @@ def reference_run(cfg: Any, plans: list, budgets: list, tokens: dict[int, np.nda
         total = 0.0
         for r, j, mb in plan.microbatches():
             batch = pack([tokens[s.id] for s in mb.sequences])
-            moba = MobaArgs(cu_seqlens=batch.cu_seqlens, topk=bud[r][j], block_size=cfg.model.block_size,
+            moba = MobaArgs(cu_seqlens=batch.cu_seqlens, budget=bud[r][j], block_size=cfg.model.block_size,
                             backend=attention_backend)
             loss = full_forward_loss(net, batch, moba) / label_tokens
             loss.backward()

@@ -22,7 +22,7 @@ def plans_to_json(plans: list, budgets: list) -> dict[str, Any]:
             "iteration": i,
             "ranks": [[{"ids": [int(s.id) for s in mb.sequences], "lengths": list(mb.lengths)}
                        for mb in r] for r in plan.ranks],
-            "budgets": [[list(b) if isinstance(b, tuple) else int(b) for b in r] for r in bud],
+            "budgets": [[b.to_json() for b in r] for r in bud],
         })
     return {"format_version": PLANS_FORMAT, "iterations": its}
 
@@ -31,7 +31,7 @@ def load_plans(path: str | Path) -> tuple[list, list]:
     """Read ``plans.json`` back into (list of Plan, list of Budgets), sequences without tokens."""
     from sparsebalance.data.sequence import Sequence
     from sparsebalance.errors import ConfigError
-    from sparsebalance.simulator.plan import Plan
+    from sparsebalance.simulator.plan import Budget, Plan
 
     p = Path(path)
     try:
@@ -44,7 +44,7 @@ def load_plans(path: str | Path) -> tuple[list, list]:
     for it in data["iterations"]:
         plans.append(Plan.from_lists([[[Sequence(id=i, length=n) for i, n in zip(mb["ids"], mb["lengths"])]
                                        for mb in r] for r in it["ranks"]]))
-        budgets.append(tuple(tuple(tuple(b) if isinstance(b, list) else int(b) for b in r)
+        budgets.append(tuple(tuple(Budget.from_json(b, f"{p}: iteration {it['iteration']} budget") for b in r)
                              for r in it["budgets"]))
     return plans, budgets
 

@@ -26,7 +26,7 @@ class IterationMessage:
     ranks: list
     """[dp_rank][microbatch] -> list of (sequence id, int token array [length])."""
     budgets: list
-    """[dp_rank][microbatch] -> budget (int or per-layer tuple)."""
+    """[dp_rank][microbatch] -> :class:`~sparsebalance.simulator.budget.Budget`."""
     label_tokens: int
     """Labelled tokens of the whole global batch (sum of length - 1): the loss divisor."""
 
@@ -117,7 +117,7 @@ class StageWorker:
             seqs = mbs[j]
             tokens = sum(len(t) for _, t in seqs)
             budget = msg.budgets[d][j]
-            brow = budget if isinstance(budget, int) else float(sum(budget) / len(budget))
+            brow = budget.value if budget.is_uniform else budget.mean()
 
             def row(op: str, t0: float, t1: float, u0: tuple | None = None, j=j, tokens=tokens,
                     brow=brow) -> None:
@@ -134,7 +134,7 @@ class StageWorker:
                     return batches[j]
 
                 gate = vs == self.coverage_vs  # every TP rank: each holds a share of the heads
-                moba_for = partial(MobaArgs, topk=budget, block_size=self.block_size,
+                moba_for = partial(MobaArgs, budget=budget, block_size=self.block_size,
                                    backend=self.rr.attention_backend,
                                    coverage_layer=self.rr.coverage_layer if gate else None)
                 loss, moba = acts.forward(vs, j, make_batch, moba_for, msg.label_tokens, split, row)

@@ -1,13 +1,12 @@
-"""What a batching policy returns (a plan) and what a tuning policy returns (budgets)."""
+"""What a batching policy returns (a plan) and what a tuning policy returns (budgets: one
+:class:`~sparsebalance.simulator.budget.Budget` per micro-batch)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from sparsebalance.data.sequence import Sequence
-
-#: A micro-batch's budget: one MoBA top-k for every layer, or one per layer (tuple of length layers).
-Budget = int | tuple[int, ...]
+from sparsebalance.simulator.budget import Budget
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,4 +62,6 @@ Budgets = tuple[tuple[Budget, ...], ...]
 
 
 def uniform_budgets(plan: Plan, k: int) -> Budgets:
-    return tuple(tuple(k for _ in mbs) for mbs in plan.ranks)
+    """Every micro-batch at ``Budget.uniform(k)``."""
+    b = Budget.uniform(k)
+    return tuple(tuple(b for _ in mbs) for mbs in plan.ranks)

@@ -18,7 +18,7 @@ def test_input_then_weight_equals_one_backward(first):
     gen = torch.Generator().manual_seed(0)
     batch = pack([torch.randint(0, 256, (70,), generator=gen).numpy(),
                   torch.randint(0, 256, (41,), generator=gen).numpy()])
-    moba = MobaArgs(cu_seqlens=batch.cu_seqlens, topk=2, block_size=32, backend="naive")
+    moba = MobaArgs(cu_seqlens=batch.cu_seqlens, budget=2, block_size=32, backend="naive")
     layers = [p for layer in net.model.layers[:2] for p in layer.parameters()]
     params = [*net.model.embed_tokens.parameters(), *layers] if first else layers
     x0 = torch.randn(1, 111, 64, generator=gen, dtype=torch.float64, requires_grad=True)

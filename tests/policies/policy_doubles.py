@@ -11,6 +11,7 @@ from sparsebalance.data.sequence import Sequence
 from sparsebalance.policies.base import PolicyContext
 from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.policies.coverage import make_coverage_model
+from sparsebalance.simulator.budget import Budget
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
 from sparsebalance.simulator.cost.query import ScalarMicrobatchLatency
 
@@ -33,8 +34,7 @@ class ClosedFormLatency(ScalarMicrobatchLatency):
 
     def microbatch_latency(self, lengths, budget) -> float:
         self.calls += 1
-        ks = budget if isinstance(budget, tuple) else (budget,) * self.layers
-        return sum(self.layer(lengths, k) for k in ks)
+        return sum(self.layer(lengths, k) for k in Budget.of(budget).expand(self.layers))
 
 
 def make_ctx(*, dp=2, pp=1, global_batch=8, micro_batch_size=1, layers=4, block=256,

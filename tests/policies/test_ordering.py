@@ -113,7 +113,7 @@ def test_deterministic_and_ema_inherited():
     pa, pb = a.plan(seqs, ctx), b.plan(seqs, ctx)
     assert pa == pb
     # after the same observation both hold the same EMA and plan the next batch identically
-    budgets = tuple(tuple(2 for _ in r) for r in pa.ranks)
+    budgets = uniform_budgets(pa, 2)
     a.observe(pa, budgets)
     b.observe(pb, budgets)
     assert a.ema == b.ema and a.ema and all(v < ctx.policy.k0 for v in a.ema.values())

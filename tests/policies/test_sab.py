@@ -4,7 +4,7 @@ from policy_doubles import make_ctx, random_batch
 
 from sparsebalance.data.sequence import Sequence
 from sparsebalance.policies.registry import make_batching, make_tuning
-from sparsebalance.simulator.plan import Plan
+from sparsebalance.simulator.plan import Budget, Plan
 
 
 def test_buckets_are_octaves():
@@ -18,11 +18,11 @@ def test_ema_update_closed_form():
     sab = make_batching(ctx.policy)
     a, b, c = (Sequence(id=i, length=L) for i, L in enumerate((20000, 30000, 3000)))
     plan = Plan.from_lists([[[a, c], [b]]])
-    sab.observe(plan, ((10, 20),), None)
+    sab.observe(plan, ((Budget.uniform(10), Budget.uniform(20)),), None)
     # bucket 14 holds a (budget 10) and b (budget 20): token-weighted 10*2/5 + 20*3/5 = 16
     assert sab.ema[14] == pytest.approx(0.75 * 32 + 0.25 * 16)
     assert sab.ema[11] == pytest.approx(0.75 * 32 + 0.25 * 10)
-    sab.observe(plan, (((4,) * 4, 20),), None)   # a per-layer budget counts as its mean
+    sab.observe(plan, ((Budget.per_layer((4,) * 4), Budget.uniform(20)),), None)  # a per-layer budget counts as its mean
     assert sab.ema[11] == pytest.approx(0.75 * (0.75 * 32 + 0.25 * 10) + 0.25 * 4)
     assert sab.expected_budget(100) == 32
 

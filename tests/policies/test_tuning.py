@@ -6,7 +6,7 @@ from policy_doubles import make_ctx, random_batch
 
 from sparsebalance.data.sequence import Sequence
 from sparsebalance.policies.registry import make_batching, make_tuning
-from sparsebalance.simulator.plan import Plan
+from sparsebalance.simulator.plan import Budget, Plan
 
 
 def brute_floor(ctx, mb, p, k0, k_min=1):
@@ -41,9 +41,8 @@ def test_dst_stays_between_floor_and_k_max(anchor, p, per_layer, seed):
                    k0=16, k_max=40)
     budgets = make_tuning(ctx.policy).budgets(plan, ctx)
     for r, j, mb in plan.microbatches():
-        ks = budgets[r][j] if per_layer else (budgets[r][j],)
-        if per_layer:
-            assert len(ks) == ctx.model.layers
+        ks = budgets[r][j].ks
+        assert budgets[r][j].layers == (ctx.model.layers if per_layer else None)
         f = brute_floor(ctx, mb, p, 16)
         assert all(f <= k <= 40 for k in ks)
 
@@ -81,7 +80,7 @@ def test_dst_hits_the_anchor_exactly_when_unconstrained():
         n_blocks = -(-max(mb.lengths) // 256)
         hi = min(64, max(32, n_blocks))
         want = max(k for k in range(1, hi + 1) if lat(ctx, mb, k) <= A * (1 + 1e-12))
-        assert budgets[r][j] == want
+        assert budgets[r][j] == Budget.uniform(want)
 
 
 def test_infeasible_takes_the_floor_and_counts():
@@ -91,7 +90,7 @@ def test_infeasible_takes_the_floor_and_counts():
     tun = make_tuning(ctx.policy)
     budgets = tun.budgets(plan, ctx)
     f = brute_floor(ctx, plan.ranks[0][0], 0.1, 32)
-    assert budgets[0][0] == f and tun.stats["infeasible"] == 1.0
+    assert budgets[0][0] == Budget.uniform(f) and tun.stats["infeasible"] == 1.0
     assert tun.stats["floor_share"] >= 0.5
 
 
@@ -102,15 +101,15 @@ def test_per_layer_spreads_extra_layers_and_respects_anchor():
     A = np.mean([lat(ctx, mb, 32) for _, _, mb in plan.microbatches()])
     for r, j, mb in plan.microbatches():
         b = budgets[r][j]
-        assert max(b) - min(b) <= 1
-        if min(b) > brute_floor(ctx, mb, 0.3, 32):  # not floored: within the anchor
+        assert max(b.ks) - min(b.ks) <= 1
+        if min(b.ks) > brute_floor(ctx, mb, 0.3, 32):  # not floored: within the anchor
             assert lat(ctx, mb, b) <= A * (1 + 1e-9)
 
 
 def test_fixed_is_k0():
     _, plan = skewed_plan(0)
     ctx = make_ctx(dp=2, global_batch=16, k0=24)
-    assert {b for r in make_tuning(ctx.policy).budgets(plan, ctx) for b in r} == {24}
+    assert {b for r in make_tuning(ctx.policy).budgets(plan, ctx) for b in r} == {Budget.uniform(24)}
 
 
 def test_measured_coverage_reaches_the_model_through_the_loop():
@@ -145,7 +144,7 @@ class VectorLatency:
         self.layers, self.block, self.a, self.c = layers, block, a, c
 
     def microbatch_latency(self, lengths, budget):
-        ks = budget if isinstance(budget, tuple) else (budget,) * self.layers
+        ks = Budget.of(budget).expand(self.layers)
         return sum(self.a * L * min(k, -(-L // self.block)) * self.block + self.c * L
                    for k in ks for L in lengths)
 
@@ -189,7 +188,7 @@ def test_dst_on_many_microbatches_matches_a_scan(anchor, scope, per_layer):
             want = tuple(k + 1 if (i + 1) * m // 4 > i * m // 4 else k for i in range(4))
         else:
             want = max(ok)
-        assert budgets[r][j] == want, (r, j)
+        assert budgets[r][j] == Budget.of(want), (r, j)
     assert dst.stats["infeasible"] == floors
 
 
@@ -215,4 +214,4 @@ def test_dst_with_the_shipped_latency_model_matches_a_scan():
         ok = list(itertools.takewhile(lambda k: latency.microbatch_latency(mb.lengths, k) <= A * (1 + 1e-12),
                                       range(1, k_hi + 1)))
         f = brute_floor(ctx, mb, 0.1, 32)
-        assert budgets[r][j] == (max(ok) if ok and max(ok) >= f else f)
+        assert budgets[r][j] == Budget.uniform(max(ok) if ok and max(ok) >= f else f)

@@ -35,7 +35,7 @@ def test_full_budget_packed_equals_hf_dense_per_sequence():
     net = build_qwen2(tiny(), seed=1, dtype="float64")
     seqs = _seqs([70, 33, 101])
     b = pack(seqs)
-    loss = full_forward_loss(net, b, MobaArgs(cu_seqlens=b.cu_seqlens, topk=64, block_size=32))
+    loss = full_forward_loss(net, b, MobaArgs(cu_seqlens=b.cu_seqlens, budget=64, block_size=32))
     net.config._attn_implementation = "sdpa"
     ref = 0.0
     with torch.no_grad():
@@ -46,20 +46,20 @@ def test_full_budget_packed_equals_hf_dense_per_sequence():
     assert float(loss.detach()) == pytest.approx(ref, rel=1e-10)
 
 
-def test_per_sequence_budgets_equal_separate_runs():
+def test_packed_budget_equals_separate_runs():
+    # a micro-batch's budget applies to every sequence packed in it, each attending only itself
     net = build_qwen2(tiny(), seed=2, dtype="float64")
     seqs = _seqs([130, 97], seed=3)
     b = pack(seqs)
-    packed = full_forward_loss(net, b, MobaArgs(cu_seqlens=b.cu_seqlens, topk=torch.tensor([1, 3]),
-                                                block_size=32))
+    packed = full_forward_loss(net, b, MobaArgs(cu_seqlens=b.cu_seqlens, budget=1, block_size=32))
     alone = 0.0
-    for s, k in zip(seqs, (1, 3)):
+    for s in seqs:
         bi = pack([s])
-        alone += float(full_forward_loss(net, bi, MobaArgs(cu_seqlens=bi.cu_seqlens, topk=k,
+        alone += float(full_forward_loss(net, bi, MobaArgs(cu_seqlens=bi.cu_seqlens, budget=1,
                                                            block_size=32)).detach())
     assert float(packed.detach()) == pytest.approx(alone, rel=1e-10)
     # and the budget matters: top-1 differs from dense on a sequence with several blocks
-    dense = float(full_forward_loss(net, b, MobaArgs(cu_seqlens=b.cu_seqlens, topk=64,
+    dense = float(full_forward_loss(net, b, MobaArgs(cu_seqlens=b.cu_seqlens, budget=64,
                                                      block_size=32)).detach())
     assert abs(dense - float(packed.detach())) > 1e-6
 
@@ -67,8 +67,8 @@ def test_per_sequence_budgets_equal_separate_runs():
 def test_per_layer_budget_tuple_selects_by_layer():
     net = build_qwen2(tiny(), seed=4, dtype="float64")
     b = pack(_seqs([200], seed=5))
-    def run(topk):
-        return float(full_forward_loss(net, b, MobaArgs(cu_seqlens=b.cu_seqlens, topk=topk,
+    def run(budget):
+        return float(full_forward_loss(net, b, MobaArgs(cu_seqlens=b.cu_seqlens, budget=budget,
                                                         block_size=32)).detach())
     assert run((2, 2, 2, 2)) == pytest.approx(run(2), rel=1e-12)
     assert run((2, 64, 64, 64)) != pytest.approx(run(64), rel=1e-9)
@@ -78,7 +78,7 @@ def test_per_layer_budget_tuple_selects_by_layer():
 def test_stages_chained_equal_full_model(pp):
     net = build_qwen2(tiny(), seed=6, dtype="float64")
     b = pack(_seqs([90, 40], seed=7))
-    moba = MobaArgs(cu_seqlens=b.cu_seqlens, topk=2, block_size=32)
+    moba = MobaArgs(cu_seqlens=b.cu_seqlens, budget=2, block_size=32)
     full = float(full_forward_loss(net, b, moba).detach())
     h = None
     for s in range(pp):
@@ -136,10 +136,10 @@ def test_bad_cluster_for_realrun():
 def test_plans_json_round_trip():
     from sparsebalance.data.sequence import Sequence
     from sparsebalance.realrun.results import load_plans, plans_to_json
-    from sparsebalance.simulator.plan import Plan
+    from sparsebalance.simulator.plan import Budget, Plan
 
     plan = Plan.from_lists([[[Sequence(id=3, length=10), Sequence(id=5, length=7)], [Sequence(id=1, length=4)]]])
-    bud = ((2, (1, 2, 3, 4)),)
+    bud = ((Budget.uniform(2), Budget.per_layer((1, 2, 3, 4))),)
     import json
     import tempfile
     from pathlib import Path

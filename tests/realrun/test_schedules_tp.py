@@ -157,7 +157,7 @@ def _check_coverage(cfg, out: Path, plans: list, budgets: list, tokens: dict) ->
     with torch.no_grad():
         for r, j, mb in plans[0].microbatches():
             batch = pack([tokens[s.id] for s in mb.sequences])
-            moba = MobaArgs(cu_seqlens=batch.cu_seqlens, topk=budgets[0][r][j],
+            moba = MobaArgs(cu_seqlens=batch.cu_seqlens, budget=budgets[0][r][j],
                             block_size=cfg.model.block_size, coverage_layer=layer)
             full_forward_loss(net, batch, moba)
             for seq, curve in zip(mb.sequences, moba.coverage_curves()):

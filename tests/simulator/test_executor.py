@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from sparsebalance.data.sequence import Sequence
+from sparsebalance.simulator.budget import Budget
 from sparsebalance.simulator.config import ClusterConfig, tiny
 from sparsebalance.simulator.cost.query import ScalarStageLatency
 from sparsebalance.simulator.engine.executor import SimulatorExecutor
@@ -23,7 +24,7 @@ class LinearLatency(ScalarStageLatency):
         self.p2p, self.budget_cost = p2p, budget_cost
 
     def stage_time(self, lengths, budget, stage, *, backward, chunk=0):
-        k = float(np.mean(budget)) if isinstance(budget, tuple) else float(budget)
+        k = Budget.of(budget).mean()
         base = sum(lengths) * self.per_token * (1 + chunk) + self.budget_cost * k
         return base * (self.bwd_factor if backward else 1.0)
 

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from sparsebalance.errors import ConfigError, MeaningWarning
+from sparsebalance.simulator.budget import Budget
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig, h200_4x8, qwen25_3b
 from sparsebalance.simulator.cost.latency import load_latency_model
 from sparsebalance.simulator.cost.profile import Profile
@@ -186,14 +187,14 @@ def test_too_many_stages_for_the_layers():
 def test_stage_time_and_microbatch_latency_by_hand():
     model = lm()  # pp 2: stage 0 = layers 0..2 (+ embedding), stage 1 = layers 3..5 (+ head)
     lengths, T = [100, 300], 400
-    budget = (1, 1, 2, 4, 8, 8)
+    budget = Budget.per_layer((1, 1, 2, 4, 8, 8))
     f0 = sum(f_attn(L, 1) + f_attn(L, 1) + f_attn(L, 2) for L in lengths) + 3 * g_dense(T) + e_embed(T)
     assert model.stage_time(lengths, budget, 0, backward=False) == pytest.approx(f0, rel=1e-12)
     # 100 tokens = 4 blocks: budget 8 is dense (4); 300 tokens = 10 blocks but the grid ends at 8
     b1 = 2 * (sum(f_attn(100, k) for k in (4, 4, 4)) + sum(f_attn(300, k) for k in (4, 8, 8)))
     b1 += 2 * 3 * g_dense(T) + 2 * h_head(T)
     assert model.stage_time(lengths, budget, 1, backward=True) == pytest.approx(b1, rel=1e-12)
-    whole = sum(3 * f_attn(L, min(k, math.ceil(L / 32))) for L in lengths for k in budget)
+    whole = sum(3 * f_attn(L, min(k, math.ceil(L / 32))) for L in lengths for k in budget.ks)
     whole += 6 * 3 * g_dense(T) + 3 * e_embed(T) + 3 * h_head(T)
     assert model.microbatch_latency(lengths, budget) == pytest.approx(whole, rel=1e-12)
     per_stage = sum(model.stage_time(lengths, budget, s, backward=b) for s in (0, 1) for b in (False, True))
@@ -204,7 +205,9 @@ def test_stage_time_and_microbatch_latency_by_hand():
 
 
 def test_bad_budget_shape():
-    with pytest.raises(ConfigError, match="tuple of 6 per-layer"):
+    with pytest.raises(ConfigError, match=r"one int per layer \(6\), got 2"):
+        lm().microbatch_latency([100], Budget.per_layer((1, 2)))
+    with pytest.raises(ConfigError, match="Budget.per_layer"):  # a bare tuple is not a budget
         lm().microbatch_latency([100], (1, 2))
     with pytest.raises(ConfigError, match="budget >= 1"):
         lm().attention(100, 0)

@@ -8,6 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from sparsebalance.simulator.budget import Budget
 from sparsebalance.simulator.config import h200_4x8, qwen25_3b
 from sparsebalance.simulator.cost.latency import load_latency_model
 from sparsebalance.simulator.cost.query import ScalarStageLatency
@@ -43,8 +44,8 @@ def test_per_layer_budgets_take_stage_time_itself():
     lm, cl = _model(pp=4, dp=2, tp=2)
     rng = np.random.default_rng(2)
     mbs = _microbatches(2, 6)
-    budgets = [tuple(int(x) for x in rng.integers(1, 40, lm.model.layers)) for _ in mbs]
-    budgets[2] = 7  # ints and tuples mixed
+    budgets = [Budget.per_layer(int(x) for x in rng.integers(1, 40, lm.model.layers)) for _ in mbs]
+    budgets[2] = 7  # ints and per-layer budgets mixed
     got = lm.stage_times(mbs, budgets, ("F", "B"))
     for vs in range(cl.pp):
         for i, (mb, b) in enumerate(zip(mbs, budgets)):

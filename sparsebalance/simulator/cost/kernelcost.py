@@ -58,10 +58,10 @@ SELECT_OPS_PER_SEQ = 3          # k -> fp32, block means, sel table fill
 SELECT_OPS_PER_CHUNK = 27       # score GEMM, past mask, masked_fill, top-k, tie check, sort, casts
                                 # (+2 copies with 1 < kv heads < heads; +2 per sequence with a ragged last block)
 SELECT_SYNCS_PER_CHUNK = 1      # bool(ambiguous.any())
-INDEX_OPS_PER_CALL = 3          # cu_seqlens / topk to the host, empty item table
+INDEX_OPS_PER_CALL = 3          # cu_seqlens / the budget to the host, empty item table
 INDEX_OPS_PER_CHUNK = 73 + 2    # nonzero, bucket arithmetic, stable sort, bincount, cumsum, item tables
                                 # (+ 2 host-to-device copies of the tile tables, not seen on the CPU)
-INDEX_SYNCS_PER_CALL = 2        # cu_seqlens and topk read on the host
+INDEX_SYNCS_PER_CALL = 2        # cu_seqlens and the budget read on the host
 INDEX_SYNCS_PER_CHUNK = 7       # nonzero / repeat_interleave (data-dependent sizes)
 INDEX_BYTES_PER_ENTRY = 150.0   # per gathered (row, head, choice)
 INDEX_BYTES_PER_SLOT = 10.0     # per (row, head, K1P) capacity slot scanned

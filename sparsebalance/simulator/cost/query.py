@@ -5,8 +5,9 @@ implementation every run uses. Policies that balance whole micro-batches (SAB, L
 its ``MicrobatchLatency`` part; the executor, dst-cp and schedule-aware ordering need the rest.
 A simpler model -- a closed form in a test, a user's own -- writes the scalar methods and inherits the
 vectorised ones from :class:`ScalarMicrobatchLatency` / :class:`ScalarStageLatency` (same values, one
-call per element). Seconds throughout; lengths and tokens in tokens; a budget is an int (MoBA top-k)
-or a tuple with one per global layer.
+call per element). Seconds throughout; lengths and tokens in tokens; a budget is a
+:class:`~sparsebalance.simulator.budget.Budget` or an int (the same as ``Budget.uniform(int)``: what
+policies pass while they search over k).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+
+from sparsebalance.simulator.budget import Budget
 
 if TYPE_CHECKING:
     from sparsebalance.simulator.cost.profile import Profile
@@ -69,9 +72,9 @@ class ScalarMicrobatchLatency:
     """``microbatch_latencies`` from a subclass's ``microbatch_latency``, one call per micro-batch."""
 
     def microbatch_latencies(self, microbatches, budgets) -> np.ndarray:
-        ks = np.broadcast_to(np.asarray(budgets), (len(microbatches),))
-        return np.array([self.microbatch_latency(list(mb), int(k))  # type: ignore[attr-defined]
-                         for mb, k in zip(microbatches, ks.tolist())], dtype=float)
+        ks = [budgets] * len(microbatches) if np.ndim(budgets) == 0 else list(budgets)
+        return np.array([self.microbatch_latency(list(mb), k if isinstance(k, Budget) else int(k))  # type: ignore[attr-defined]
+                         for mb, k in zip(microbatches, ks)], dtype=float)
 
 
 class ScalarStageLatency:

@@ -19,7 +19,7 @@ from sparsebalance.simulator.cost.query import LatencyQuery
 from sparsebalance.simulator.engine import PipelineInput, PipelineResult, simulate
 from sparsebalance.simulator.engine.iteration import IterationResult
 from sparsebalance.simulator.engine.memory import GB, MemoryReport, check_fits, memory_report
-from sparsebalance.simulator.plan import Budgets, Plan
+from sparsebalance.simulator.plan import Budget, Budgets, Plan
 from sparsebalance.simulator.schedule.schedules import splits_backward
 
 
@@ -61,8 +61,9 @@ class SimulatorExecutor:
         tok = [mb.tokens for _, _, mb in plan.microbatches()]
         tokens = np.array(tok, dtype=float).reshape(dp, m)
         p2p = np.array([self.latency.p2p_time(t) for t in tok], dtype=float).reshape(dp, 1, m)
-        flat = [b for row in budgets for b in row]
-        mean_budget = np.array([float(np.mean(b)) if isinstance(b, tuple) else float(b) for b in flat])
+        # a policy's budgets are Budget already; ints and per-layer lists built by hand become one here
+        flat = [Budget.of(b, f"budgets[{r}][{j}]") for r, row in enumerate(budgets) for j, b in enumerate(row)]
+        mean_budget = np.array([b.mean() for b in flat])
         mean_budget = mean_budget.reshape(dp, m)
         modes = ("F", "B", "I", "W") if splits_backward(c.schedule) else ("F", "B")
         # [V, dp * m] per mode from the latency model's one stage cost (simulator/cost/stagecost.py)

@@ -47,7 +47,6 @@ from sparsebalance.policies.base import PolicyContext
 from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.policies.critical_phases import State, lower, raise_into_bubbles
 from sparsebalance.policies.stage_tables import StageTable, budget_monotone_range
-from sparsebalance.policies.tuning import DynamicSparsity
 from sparsebalance.simulator.plan import Budget, Budgets, Plan
 from sparsebalance.simulator.schedule.graph import ActionGraph, schedule_graph
 from sparsebalance.simulator.schedule.perturb import ReplicaTimes
@@ -67,7 +66,6 @@ class CriticalPathDST:
     def __init__(self, cfg: PolicyConfig) -> None:
         self.cfg = cfg
         self.stats: dict[str, float] = {}
-        self._dst = DynamicSparsity(cfg)  # kept for callers of .floor; budgets() reads floors off the curve
         self._latency = None
         self._tail: np.ndarray | None = None
         self._monotone: tuple[float, float] | None = None
@@ -76,7 +74,7 @@ class CriticalPathDST:
                     split: bool = False):
         """Forward and backward seconds of every virtual stage at k = k_lo..k_hi: two arrays
         [k_hi - k_lo + 1, V] (see :mod:`.stage_tables`); with ``split`` a third, the backward's
-        input-gradient part I (its weight-gradient part W does not depend on k: :meth:`weight_times`)."""
+        input-gradient part I (its weight-gradient part W does not depend on k: ``StageTable.weight_times``)."""
         ks = np.arange(k_lo, k_hi + 1)
         at = np.zeros(len(ks), dtype=np.int64)
         whole = StageTable(lm, [lengths], [k_lo], [k_hi], [k_hi], nv, pp).rows(at, ks)
@@ -85,13 +83,6 @@ class CriticalPathDST:
         parts = StageTable(lm, [lengths], [k_lo], [k_hi], [k_hi], nv, pp,
                            fused=np.zeros((1, nv), dtype=bool)).rows(at, ks)
         return whole[:, :nv], whole[:, nv:], parts[:, nv:]
-
-    @staticmethod
-    def weight_times(lm, lengths: tuple[int, ...], nv: int, pp: int) -> np.ndarray:
-        """[V] seconds of the weight-gradient part W of each virtual stage's backward (attention
-        has no weights, so W is the same at every budget)."""
-        return np.array([lm.stage_time(lengths, 1, vs % pp, backward=True, chunk=vs // pp, part="weight")
-                         for vs in range(nv)])
 
     def budgets(self, plan: Plan, ctx: PolicyContext) -> Budgets:
         cfg, lm, cl = self.cfg, ctx.latency, ctx.cluster

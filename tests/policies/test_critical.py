@@ -14,6 +14,7 @@ from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.policies.coverage import make_coverage_model
 from sparsebalance.policies.critical import CriticalPathDST, graph_for
 from sparsebalance.policies.registry import make_tuning
+from sparsebalance.policies.stage_tables import StageTable
 from sparsebalance.policies.tuning import DynamicSparsity, Fixed
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
 from sparsebalance.simulator.cost.latency import load_latency_model
@@ -164,7 +165,7 @@ def test_split_stage_table_equals_stage_time_parts():
     lm, lengths = ctx.latency, (3 * BLOCK + 5, 7 * BLOCK)
     pol = CriticalPathDST(ctx.policy)
     _, _, inp = pol.stage_table(lm, lengths, 2, 9, 2, 2, split=True)
-    w = pol.weight_times(lm, lengths, 2, 2)
+    w = StageTable(lm, [lengths], [2], [9], [9], 2, 2).weight_times()[0]
     for vs in range(2):
         assert w[vs] == lm.stage_time(lengths, 5, vs, backward=True, part="weight")
         for k in range(2, 10):

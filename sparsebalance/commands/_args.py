@@ -240,6 +240,11 @@ def resolve_out(requested: str | None, default: str | Path, *, force: bool, verb
 _OPENED: list[tuple[Path, bool]] = []
 
 
+def open_outputs() -> list[Path]:
+    """The results directories the running verb has open (an error naming no file names these)."""
+    return [path for path, _ in _OPENED]
+
+
 def finish_outputs(ok: bool) -> None:
     """Close the results directories of the verb that just ended. ``ok`` (it returned): the marker
     says complete. Otherwise (an error, a signal) a directory it created and left with nothing but

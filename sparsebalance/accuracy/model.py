@@ -15,6 +15,7 @@ checks everything a later run relies on and fails with one ``ConfigError`` line 
 
 from __future__ import annotations
 
+import errno
 import json
 from dataclasses import asdict, dataclass
 from importlib import resources
@@ -94,9 +95,10 @@ class Checkpoint:
         weights = self.path / "model.pt"
         try:
             state = torch.load(weights, map_location="cpu", weights_only=True)
-        except OSError as e:
-            raise os_error(e, "checkpoint", f"cannot read {weights}") from None
         except Exception as e:  # noqa: BLE001  (garbage or a truncated zip: pickle, zip, Runtime errors)
+            if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EIO, errno.ENOMEM):
+                raise os_error(e, "checkpoint", f"cannot read {weights}") from None
+            # any other OSError is the file's: mmap of an empty or cut file fails with EINVAL
             first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:160]
             raise ConfigError(f"checkpoint: {weights} is not a readable weights file (truncated or not "
                               f"saved by torch.save?): {first}") from None

@@ -6,7 +6,8 @@ The shared flags (``--config``, ``--out``, ``--force``, ``--progress``, ``--verb
 rules are in ``commands/_args.py``; file formats in docs/formats.md.
 
 Exit codes: 0 done; 2 bad input (``ConfigError`` or a usage error: one line naming the field, never a
-traceback); 130 interrupted (SIGINT), 143 terminated (SIGTERM/SIGHUP; verbs with work in flight
+traceback); 1 the environment (``HostError``, or an ``OSError`` such as a full disk or an unreadable
+file, SQLite's "database or disk is full", memory: one line naming the file); 130 interrupted (SIGINT), 143 terminated (SIGTERM/SIGHUP; verbs with work in flight
 clean it up first: a sweep keeps its finished runs, a launcher ends its process group); 141 the
 reader of stdout went away (``sparsebalance sweep ... | head``), after the results were written.
 Warnings print as one line each on a terminal; on other output they are counted and one line says
@@ -19,11 +20,12 @@ import argparse
 import importlib
 import os
 import signal
+import sqlite3
 import sys
 import warnings
 
 from sparsebalance import __version__
-from sparsebalance.errors import ConfigError, MeaningWarning
+from sparsebalance.errors import ConfigError, HostError, MeaningWarning
 
 #: verb -> (module under sparsebalance.commands, one-line help)
 VERBS = {
@@ -34,8 +36,8 @@ VERBS = {
     "profile": ("profile", "measure attention and dense-layer latency curves (needs torch)"),
     "validate": ("validate", "run realrun and the simulator on one config; predicted vs measured"),
     "train": ("train", "run the real executor alone under torchrun (needs torch)"),
-    "accuracy": ("accuracy", "recall accuracy of dense / fixed / SAB + DST training on a tiny model "
-                             "(CPU; `accuracy pretrain` makes its base model)"),
+    "accuracy": ("accuracy", ("recall accuracy of dense / fixed / SAB + DST training on a tiny model "
+                              "(CPU; `accuracy pretrain` makes its base model)")),
     "gpu-check": ("gpu_check", "on a CUDA GPU: kernel accuracy and speed, profiles, stage validation"),
 }
 
@@ -54,6 +56,20 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def _print_message(self, message, file=None):
+        """argparse drops write errors (``--help > /dev/full`` would exit 0 with nothing written):
+        a full device is one line and exit 1; a reader that went away (``| head``) stays quiet."""
+        file = file or sys.stdout
+        try:
+            file.write(message)
+            file.flush()
+        except OSError as e:
+            if file is not sys.stdout:
+                return  # stderr refused: nothing is left to say it on
+            _silence_stdout()
+            if not isinstance(e, BrokenPipeError):
+                self.exit(1, f"{self.prog}: error: {STDOUT}: {e.strerror or e}\n")
 
 
 def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
@@ -99,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "verb", None):
         parser.print_help()
         return 2
+    stdout = sys.stdout
+    sys.stdout = _NamedStdout(stdout)  # a failed write to it says "standard output", not nothing
     old = {}
     if _main_thread():
         for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -122,11 +140,23 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"sparsebalance {args.verb}: error: {e}", file=sys.stderr)
         return 2
-    except BrokenPipeError:
+    except BrokenPipeError as e:
         if not _stdout_broken():
-            raise  # a pipe of our own broke: a real error, not a reader that went away
+            return _fail(args, f"{e.filename or 'a pipe'}: {e.strerror}", 1)  # a pipe of our own
         _silence_stdout()
         return 141
+    except HostError as e:
+        return _fail(args, str(e), 1)
+    except OSError as e:  # a full disk, an I/O error, a permission: the machine, named by its file
+        if e.filename == STDOUT:
+            _silence_stdout()  # the interpreter's last flush must not fail again
+        return _fail(args, _os_line(e), 1)
+    except sqlite3.DatabaseError as e:  # the store wraps its own; this is the net for any other
+        return _fail(args, f"SQLite: {e}", 1)
+    except MemoryError:
+        return _fail(args, "out of memory (lower the sizes: data.num_sequences, the grid, --jobs)", 1)
+    except (RecursionError, OverflowError, UnicodeError) as e:  # an input past a limit, unnamed
+        return _fail(args, f"an input is out of range ({type(e).__name__}: {e})", 2)
     except Terminated as e:
         print(f"sparsebalance {args.verb}: terminated ({e})", file=sys.stderr)
         return 128 + e.signum
@@ -138,6 +168,58 @@ def main(argv: list[str] | None = None) -> int:
             finish_outputs(False)  # an error or a signal: a directory it left is marked incomplete
         for sig, handler in old.items():
             signal.signal(sig, handler)
+        sys.stdout = stdout
+
+
+STDOUT = "standard output"
+"""The file name a failed write to stdout carries (``print`` raises an OSError without one)."""
+
+
+class _NamedStdout:
+    """``sys.stdout`` whose write errors name it (``> /dev/full``: ENOSPC with no file name would
+    leave the one line unable to say what was full). BrokenPipeError passes as it is (exit 141)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        return self._call(self._stream.write, text)
+
+    def flush(self):
+        return self._call(self._stream.flush)
+
+    def _call(self, fn, *a):
+        try:
+            return fn(*a)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, STDOUT) from None
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _fail(args, line: str, code: int) -> int:
+    """One line on stderr (with ``-v`` the traceback first: the line is for users, it for bugs)."""
+    if getattr(args, "verbose", False):
+        import traceback
+
+        traceback.print_exc()
+    print(f"sparsebalance {args.verb}: error: {line}", file=sys.stderr)
+    return code
+
+
+def _os_line(e: OSError) -> str:
+    """``<file>: <what>`` for an OSError; the results directory when the error names no file."""
+    where = e.filename
+    if where is None:
+        from sparsebalance.commands._args import open_outputs
+
+        opened = open_outputs()
+        where = f"writing into {opened[-1]}" if opened else None
+    what = e.strerror or str(e) or type(e).__name__
+    return f"{where}: {what}" if where else what
 
 
 def _main_thread() -> bool:
@@ -167,11 +249,10 @@ def _warning_printer(verbose: bool, hidden: list[str]):
 
 
 def _flush_stdout() -> None:
+    """Flush what the verb printed: a full device (``> /dev/full``) is an OSError naming stdout."""
     try:
         sys.stdout.flush()
-    except BrokenPipeError:
-        raise
-    except (OSError, ValueError):
+    except ValueError:  # closed by the verb
         pass
 
 

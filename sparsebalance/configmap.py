@@ -21,6 +21,14 @@ MAX_INT = 2**53 - 1
 """Largest integer a config field takes: exact as a float, far beyond any real count."""
 
 
+def _short(value: int) -> str:
+    """A huge integer for a message: ``1e+30``, or its digit count where even a float overflows."""
+    try:
+        return f"{value:.3g}"
+    except OverflowError:
+        return f"a {len(str(abs(value)))}-digit integer"
+
+
 def _coerce(value: Any, tp: Any, field: str) -> Any:
     """Coerce a TOML/JSON scalar to the annotated type, or fail naming the field."""
     origin = typing.get_origin(tp)
@@ -61,7 +69,7 @@ def _coerce(value: Any, tp: Any, field: str) -> Any:
             else:
                 raise ConfigError(f"{field}: expected an integer, got {value!r}")
         if abs(value) > MAX_INT:  # a count or size this large is a typo, and overflows numpy
-            raise ConfigError(f"{field}: {value:.3g} is out of range (|value| <= 2^53 - 1)")
+            raise ConfigError(f"{field}: {_short(value)} is out of range (|value| <= 2^53 - 1)")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):

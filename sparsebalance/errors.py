@@ -1,7 +1,8 @@
 """Errors users see, and the small checks that raise them.
 
 Every bad-input path raises :class:`ConfigError` (a ``ValueError``) whose message names the field and
-what is allowed; the CLI prints it on one line and exits with code 2. Turning a TOML/JSON table into
+what is allowed; the CLI prints it on one line and exits with code 2. A failure of the machine rather
+than of the input (a full disk, an unreadable file, memory) is a :class:`HostError`: one line, exit 1. Turning a TOML/JSON table into
 a validated dataclass lives in :mod:`sparsebalance.configmap`.
 """
 
@@ -13,6 +14,12 @@ from typing import Any
 
 class ConfigError(ValueError):
     """Bad user input (config, file, argument). The message is shown as is, without a traceback."""
+
+
+class HostError(Exception):
+    """The environment failed, not the input: a full disk, a file the user may not read, an I/O error,
+    memory. The message names the file or store; the CLI prints it on one line and exits with code 1
+    (a retry elsewhere can succeed, where a bad input never will)."""
 
 
 class MeaningWarning(UserWarning, RuntimeWarning):

@@ -36,11 +36,13 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
             os.fchmod(f.fileno(), _MODE)
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
-            os.unlink(tmp)
+            os.unlink(tmp)  # nothing half-written stays behind
         except FileNotFoundError:
             pass
+        if isinstance(e, OSError) and e.filename is None:  # a full disk: say which file it hit
+            raise OSError(e.errno, e.strerror, str(path)) from None
         raise
     return path
 

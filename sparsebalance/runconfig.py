@@ -19,7 +19,6 @@ Example (``examples/qwen25-3b_h200_dp4pp4.toml``)::
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from sparsebalance.configmap import from_mapping, to_dict
 from sparsebalance.data.config import DataConfig
 from sparsebalance.errors import ConfigError, check, check_choice, check_positive
 from sparsebalance.policies.config import PolicyConfig
+from sparsebalance.readfile import load_config_file
 from sparsebalance.simulator.config import (
     DEFAULT_ENGINE,
     ENGINE_NAMES,
@@ -139,13 +139,7 @@ def load_run_config(path: str | Path, overrides: dict[str, Any] | None = None) -
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config: no such file {str(path)!r}")
-    try:
-        text = path.read_text()
-        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"config: cannot read {path}: {e}") from None
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"config: {path} is not valid {path.suffix.lstrip('.').upper()}: {e}") from None
+    data = load_config_file(path, "config")  # undecodable, invalid, too deep: one line naming it
     for key, value in (overrides or {}).items():
         apply_override(data, key, value)
     return run_config_from_mapping(data, base_dir=str(path.parent))

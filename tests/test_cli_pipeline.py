@@ -62,7 +62,7 @@ def test_table_output(tmp_path, run_cli):
     ({"forward": [[1, 1], [1]], "backward": [[1, 1], [1, 1]]}, "ragged rows"),
     ({"forward": [[1, -1], [1, 1]], "backward": [[1, 1], [1, 1]]}, "forward[0][1]: must be >= 0"),
     ({"forward": [[1, 1], [1, 1]]}, "backward: missing key"),
-    ("{not json", "is not JSON"),
+    ("{not json", "is not valid JSON"),
     ({"forward": [[1, 1]], "backward": [[1, 1]], "p2p": 1}, "p2p: unknown key"),
     ({"forward": [[1, "x"]], "backward": [[1, 1]]}, "forward[0][1]: expected a number"),
     ({"forward": [[1, 1], [1, 1]], "backward": [[1, 1]]}, "backward: shape 1 x 2"),

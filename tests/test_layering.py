@@ -1,7 +1,7 @@
 """The dependency rules of docs/architecture.md, checked on the source (every import, lazy ones too).
 
 An arrow points from importer to imported; a part may import only the parts listed for it. Shared
-top-level helpers (``errors``, ``configmap``, ``fsutil``, ``procutil``) may be imported from anywhere.
+top-level helpers (``errors``, ``configmap``, ``fsutil``, ``procutil``, ``readfile``) may be imported from anywhere.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "sparsebalance"
-SHARED = {"errors", "configmap", "fsutil", "procutil"}
+SHARED = {"errors", "configmap", "fsutil", "procutil", "readfile"}
 ALLOWED = {
     "data": set(),
     "simulator": {"data"},

@@ -15,6 +15,7 @@ checks everything a later run relies on and fails with one ``ConfigError`` line 
 
 from __future__ import annotations
 
+import errno
 import json
 from dataclasses import asdict, dataclass
 from importlib import resources
@@ -24,6 +25,7 @@ from typing import Any
 from sparsebalance.configmap import from_mapping
 from sparsebalance.data.recall import RecallConfig
 from sparsebalance.errors import ConfigError, check, check_positive
+from sparsebalance.readfile import load_json, os_error
 from sparsebalance.simulator.config import ModelConfig, tiny
 
 FORMAT_VERSION = 1
@@ -90,7 +92,18 @@ class Checkpoint:
         import torch
 
         model = build(self.net)
-        state = torch.load(self.path / "model.pt", map_location="cpu", weights_only=True)
+        weights = self.path / "model.pt"
+        try:
+            state = torch.load(weights, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001  (garbage or a truncated zip: pickle, zip, Runtime errors)
+            if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EIO, errno.ENOMEM):
+                raise os_error(e, "checkpoint", f"cannot read {weights}") from None
+            # any other OSError is the file's: mmap of an empty or cut file fails with EINVAL
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:160]
+            raise ConfigError(f"checkpoint: {weights} is not a readable weights file (truncated or not "
+                              f"saved by torch.save?): {first}") from None
+        if not isinstance(state, dict):
+            raise ConfigError(f"checkpoint: {weights} holds a {type(state).__name__}, not a state dict")
         try:
             model.load_state_dict(state)
         except RuntimeError as e:
@@ -118,10 +131,8 @@ def load(path: str | Path | None) -> Checkpoint:
     check(meta_file.is_file(), "checkpoint", f"no checkpoint at {str(p)!r} (expected checkpoint.json "
           f"and model.pt; make one with `sparsebalance accuracy pretrain`)")
     check((p / "model.pt").is_file(), "checkpoint", f"{str(p)!r} has no model.pt")
-    try:
-        doc = json.loads(meta_file.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"checkpoint: {meta_file} is not valid JSON: {e}") from None
+    doc = load_json(meta_file, "checkpoint")  # undecodable, invalid, nested too deep: one line
+    check(isinstance(doc, dict), "checkpoint", f"{meta_file} must hold a JSON object")
     check(doc.get("format_version") == FORMAT_VERSION, "checkpoint.format_version",
           f"expected {FORMAT_VERSION}, got {doc.get('format_version')!r}")
     for key in ("model", "task"):

@@ -27,12 +27,21 @@ import json
 import sqlite3
 import time
 from collections.abc import Iterable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
-from sparsebalance.errors import ConfigError
+from sparsebalance.errors import ConfigError, HostError
 
+COLUMNS = ("run_id", "schema", "coords", "metrics", "timing", "config", "created")
+"""The ``runs`` table's columns, in order; a table of other columns is refused, never written."""
+_AWAY = "move it away or pass --force to start the sweep afresh"
+#: SQLite result codes that are the machine's fault: PERM, BUSY, LOCKED, NOMEM, READONLY, IOERR,
+#: FULL, CANTOPEN (https://sqlite.org/rescode.html); the words are their messages, for errors that
+#: carry no code.
+_HOST_CODES = {3, 5, 6, 7, 8, 10, 13, 14}
+_HOST_WORDS = ("disk is full", "disk I/O error", "unable to open", "readonly", "locked", "out of memory")
 RESULT_SCHEMA_VERSION = 1
 """Version of :class:`RunRecord`'s content; part of every run id (bump it when metrics change)."""
 FILENAME = "runs.sqlite"
@@ -62,7 +71,7 @@ class ResultStore:
 
     def __init__(self, directory: str | Path):
         self.path = Path(directory) / FILENAME
-        try:
+        with self._guard("open"):
             self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
@@ -70,36 +79,55 @@ class ResultStore:
                 "CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, schema INTEGER NOT NULL, "
                 "coords TEXT NOT NULL, metrics TEXT NOT NULL, timing TEXT NOT NULL, "
                 "config TEXT NOT NULL, created REAL NOT NULL)")
+            cols = [r[1] for r in self._db.execute("PRAGMA table_info(runs)")]
+        if cols != list(COLUMNS):  # a `runs` table some other tool made: never written into
+            self._db.close()
+            raise ConfigError(f"store: {self.path} has a runs table of another schema (columns "
+                              f"{', '.join(cols)}; a sweep store has {', '.join(COLUMNS)}); {_AWAY}")
+
+    @contextmanager
+    def _guard(self, doing: str):
+        """SQLite errors as one line naming the store: the disk's (full, I/O, permissions, locked)
+        are the machine's (HostError, exit 1); a file that is no store or is corrupt is bad input."""
+        try:
+            yield
         except sqlite3.DatabaseError as e:
-            raise ConfigError(f"store: {self.path} is not a readable sweep store ({e}); move it away "
-                              "or pass --force to start the sweep afresh") from None
+            code = getattr(e, "sqlite_errorcode", None)  # extended: the primary code is its low byte
+            text = str(e)
+            if (isinstance(code, int) and code & 0xFF in _HOST_CODES) or any(w in text for w in _HOST_WORDS):
+                raise HostError(f"store: {self.path}: cannot {doing}: {text}") from None
+            raise ConfigError(f"store: {self.path} is not a readable sweep store ({text}); {_AWAY}") from None
 
     @staticmethod
     def exists(directory: str | Path) -> bool:
         return (Path(directory) / FILENAME).is_file()
 
     def ids(self) -> set[str]:
-        return {r[0] for r in self._db.execute("SELECT run_id FROM runs")}
+        with self._guard("read run ids"):
+            return {r[0] for r in self._db.execute("SELECT run_id FROM runs")}
 
     def __len__(self) -> int:
-        return int(self._db.execute("SELECT COUNT(*) FROM runs").fetchone()[0])
+        with self._guard("count runs"):
+            return int(self._db.execute("SELECT COUNT(*) FROM runs").fetchone()[0])
 
     def append(self, record: RunRecord) -> bool:
         """Store ``record`` in one transaction; False (nothing written) if its id is stored already.
-        Non-finite numbers are refused (ValueError): the store holds valid JSON only."""
+        Non-finite numbers are refused (ValueError): the store holds valid JSON only. A full disk is
+        a HostError naming the store; the transaction is not committed, earlier records stay."""
         row = (record.run_id, int(record.schema), _dumps(record.coords), _dumps(record.metrics),
                _dumps(record.timing), record.config, record.created or time.time())
-        cur = self._db.execute("INSERT OR IGNORE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?)", row)
+        with self._guard(f"store run {record.run_id}"):
+            cur = self._db.execute("INSERT OR IGNORE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?)", row)
         return cur.rowcount == 1
 
     def records(self, ids: Iterable[str] | None = None) -> list[RunRecord]:
-        """Stored records (all, or those in ``ids``), in the order they were stored."""
-        rows = self._db.execute("SELECT run_id, schema, coords, metrics, timing, config, created "
-                                "FROM runs ORDER BY rowid").fetchall()
+        """Stored records (all, or those in ``ids``), in the order they were stored. A row whose JSON
+        does not parse (edited by hand, another tool) is one line naming the store and the row."""
+        with self._guard("read runs"):
+            rows = self._db.execute("SELECT rowid, run_id, schema, coords, metrics, timing, config, "
+                                    "created FROM runs ORDER BY rowid").fetchall()
         keep = None if ids is None else set(ids)
-        return [RunRecord(run_id=r[0], schema=r[1], coords=json.loads(r[2]), metrics=json.loads(r[3]),
-                          timing=json.loads(r[4]), config=r[5], created=r[6])
-                for r in rows if keep is None or r[0] in keep]
+        return [_record(r, self.path) for r in rows if keep is None or r[1] in keep]
 
     def close(self) -> None:
         try:
@@ -113,6 +141,22 @@ class ResultStore:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _record(row: tuple, path: Path) -> RunRecord:
+    rowid, run_id, schema, *texts = row[:6]
+    parsed = []
+    for name, text in zip(("coords", "metrics", "timing"), texts):
+        try:
+            value = json.loads(text)
+        except (TypeError, ValueError, RecursionError):  # JSONDecodeError is a ValueError
+            value = None
+        if not isinstance(value, dict):
+            raise ConfigError(f"store: {path}: row {rowid} (run {run_id}) has no JSON object in "
+                              f"column {name}; {_AWAY}")
+        parsed.append(value)
+    return RunRecord(run_id=run_id, schema=schema, coords=parsed[0], metrics=parsed[1], timing=parsed[2],
+                     config=row[6], created=row[7])
 
 
 def _dumps(obj: Any) -> str:

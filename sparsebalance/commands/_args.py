@@ -225,12 +225,17 @@ def resolve_out(requested: str | None, default: str | Path, *, force: bool, verb
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise ConfigError(f"--out: cannot write to {path}: {e.strerror or e}") from None
+        raise _out_error(e, path) from None
     from sparsebalance import __version__
     from sparsebalance.fsutil import atomic_write_json
 
-    atomic_write_json(path / MARKER, {"verb": verb, "version": __version__, "path": str(path.resolve()),
-                                      "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "complete": False})
+    try:
+        atomic_write_json(path / MARKER, {"verb": verb, "version": __version__, "path": str(path.resolve()),
+                                          "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "complete": False})
+    except OSError as e:  # the disk filled between the probe and the marker: leave no empty directory
+        if fresh and not any(path.iterdir()):
+            path.rmdir()
+        raise _out_error(e, path) from None
     _OPENED.append((path, fresh))
     return path
 
@@ -238,6 +243,22 @@ def resolve_out(requested: str | None, default: str | Path, *, force: bool, verb
 #: Results directories this verb opened: (path, whether it was new or empty). ``cli.main`` closes
 #: them with :func:`finish_outputs` when the verb ends.
 _OPENED: list[tuple[Path, bool]] = []
+
+
+def _out_error(e: OSError, path: Path) -> Exception:
+    """A path that cannot hold results is bad input (exit 2); a disk that is full or failing is the
+    machine's (HostError, exit 1): the same --out works once there is room."""
+    import errno
+
+    from sparsebalance.errors import HostError
+
+    cls = HostError if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO) else ConfigError
+    return cls(f"--out: cannot write to {path}: {e.strerror or e}")
+
+
+def open_outputs() -> list[Path]:
+    """The results directories the running verb has open (an error naming no file names these)."""
+    return [path for path, _ in _OPENED]
 
 
 def finish_outputs(ok: bool) -> None:

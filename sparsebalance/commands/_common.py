@@ -49,22 +49,25 @@ def write_results(cfg: RunConfig, result: LoopResult, outdir: Path | None = None
     import json
 
     from sparsebalance.analysis.timeline import plot_timeline
+    from sparsebalance.fsutil import atomic_to_csv, atomic_write_text
     from sparsebalance.simulator.engine.trace import to_chrome_trace
 
     out = Path(outdir) if outdir else Path(cfg.output_dir) / cfg.name
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.toml").write_text(dump_toml(cfg))
+    # every file by temporary sibling and rename: a full disk leaves no truncated file, and the
+    # OSError names the file it hit (the directory stays marked incomplete, commands/_args.py)
+    atomic_write_text(out / "config.toml", dump_toml(cfg))
     wall = [c for c in WALL_CLOCK_COLUMNS if c in result.metrics]
     # deterministic numbers apart from wall-clock ones: identical runs give identical metrics.csv
-    result.metrics.drop(columns=wall).to_csv(out / f"{prefix}metrics.csv", index=False)
-    result.metrics[["iteration", *wall]].to_csv(out / f"{prefix}timing.csv", index=False)
+    atomic_to_csv(result.metrics.drop(columns=wall), out / f"{prefix}metrics.csv")
+    atomic_to_csv(result.metrics[["iteration", *wall]], out / f"{prefix}timing.csv")
     if not trace:
         return out
     tr, note = limit_trace(result.trace, trace_limit)
     if note:
         print(f"sparsebalance: {note}", file=sys.stderr)
-    tr.to_csv(out / f"{prefix}trace.csv", index=False)
-    (out / f"{prefix}trace.json").write_text(json.dumps(to_chrome_trace(tr)))
+    atomic_to_csv(tr, out / f"{prefix}trace.csv")
+    atomic_write_text(out / f"{prefix}trace.json", json.dumps(to_chrome_trace(tr)))
     plot_timeline(tr, out / f"{prefix}timeline.png", iteration=timeline_iteration,
                   title=f"{cfg.name}: {cfg.policy.batching}+{cfg.policy.tuning}")
     return out

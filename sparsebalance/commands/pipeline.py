@@ -41,6 +41,7 @@ from sparsebalance.commands._args import (
     take_positional_config,
 )
 from sparsebalance.errors import ConfigError, check_finite
+from sparsebalance.readfile import load_json
 
 _MATRICES = ("forward", "backward", "backward_input", "backward_weight")
 """Per-replica matrices (the last two only for the zero-bubble schedules)."""
@@ -72,7 +73,10 @@ def _matrix(value: Any, where: str) -> list[list[float]]:
     if all(len(row) == width and all(type(x) is float or type(x) is int for x in row) for row in value):
         import numpy as np
 
-        arr = np.array(value, dtype=float)
+        try:
+            arr = np.array(value, dtype=float)
+        except OverflowError:  # an integer beyond any float: the loop below names it
+            arr = np.array([math.inf])
         if np.isfinite(arr).all() and (arr >= 0).all():
             return arr  # type: ignore[return-value]
     for s, row in enumerate(value):
@@ -85,6 +89,9 @@ def _matrix(value: Any, where: str) -> list[list[float]]:
 
 
 def _seconds(x: Any, where: str) -> float:
+    if isinstance(x, int) and not isinstance(x, bool) and abs(x) > 1e300:  # float(x) would overflow
+        raise ConfigError(f"{where}: a {len(str(abs(x)))}-digit number of seconds is out of range "
+                          "(at most 1e300)")
     if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
         raise ConfigError(f"{where}: expected a number of seconds, got {x!r}")
     if x < 0:
@@ -109,10 +116,7 @@ def load_durations(path: str | Path, schedule: str, virtual_stages: int):
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"--config: no such file {str(path)!r}")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"--config: {path} is not JSON: {e}") from None
+    data = load_json(path, "--config")  # undecodable, invalid, nested too deep: one line naming it
     if not isinstance(data, dict):
         raise ConfigError("--config: expected a JSON object with keys forward, backward (or replicas)")
     unknown = sorted(set(data) - _TOP_KEYS)

@@ -72,8 +72,9 @@ def run(args: argparse.Namespace) -> int:
 
     from sparsebalance.commands._calibrate import calibrate_run
     from sparsebalance.commands._common import prepare, run_simulation, write_results
-    from sparsebalance.runner import with_profile
+    from sparsebalance.fsutil import atomic_write_text
     from sparsebalance.runconfig import load_run_config
+    from sparsebalance.runner import with_profile
 
     overrides = dict(parse_override(item) for item in args.overrides)
     if args.iterations is not None:
@@ -95,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     result = run_simulation(cfg, progress=progress_enabled(args), prepared=prepared)
     out = write_results(cfg, result, out, trace=not args.no_trace, trace_limit=args.trace_limit)
     if calibration["status"] != "analytical":
-        (out / "calibration.json").write_text(json.dumps(calibration, indent=2, default=str))
+        atomic_write_text(out / "calibration.json", json.dumps(calibration, indent=2, default=str))
     m = result.metrics
     c = cfg.cluster
     print(f"{cfg.name}: {cfg.model.name} on {c.name} (DP{c.dp} x PP{c.pp} x TP{c.tp}, {c.schedule}), "

@@ -164,8 +164,9 @@ def run(args) -> int:
         export = _Exporter(store, out, grid["run_ids"], baseline)
         failures: list[RunFailure] = []
         bar = tqdm(total=len(todo), desc="sweep", disable=not progress_enabled(args), file=sys.stderr)
+        runs = backend.execute(todo)
         try:
-            for spec, result in backend.execute(todo):
+            for spec, result in runs:
                 if isinstance(result, RunFailure):
                     failures.append(result)
                 else:
@@ -180,6 +181,8 @@ def run(args) -> int:
                   f"in {store.path} (results.csv rebuilt); the same command finishes the sweep",
                   file=sys.stderr)
             raise
+        finally:
+            runs.close()  # an error (a full disk): workers end now, not when the traceback is freed
         bar.close()
         summary = export.now()
     finally:

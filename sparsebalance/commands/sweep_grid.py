@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from sparsebalance.commands._args import comma_list
 from sparsebalance.errors import ConfigError
+from sparsebalance.readfile import load_config_file, load_toml
 
 DST_KEYS = ("policy.anchor", "policy.p", "policy.anchor_scope", "policy.per_layer")
 """Keys of DST only: runs with tuning = \"fixed\" drop them (and run once)."""
@@ -35,12 +35,7 @@ def load_grid(args) -> tuple[dict[str, list], dict[str, Any], dict[str, Any], st
         path = Path(args.grid)
         if not path.is_file():
             raise ConfigError(f"--grid: no such file {str(path)!r}")
-        try:
-            data = tomllib.loads(path.read_text())
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"--grid: cannot read {path}: {e}") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"--grid: {path} is not valid TOML: {e}") from None
+        data = load_toml(path, "--grid")
         for key in ("grid", "baseline"):
             if not isinstance(data.get(key, {}), dict):
                 raise ConfigError(f"grid file {key}: expected a table [{key}], got {data[key]!r}")
@@ -147,9 +142,7 @@ def _base_table(path: str | None) -> tuple[dict[str, Any], str]:
     from sparsebalance.runconfig import load_run_config
 
     cfg = load_run_config(path)  # validates the base on its own first
-    p = Path(path)
-    text = p.read_text()
-    return (json.loads(text) if p.suffix == ".json" else tomllib.loads(text)), cfg.base_dir
+    return load_config_file(path, "--config"), cfg.base_dir
 
 
 def plan_runs(args) -> tuple[list, dict[str, Any], dict[str, Any]]:

@@ -12,6 +12,11 @@ SOURCES = ("distribution", "jsonl", "parquet", "hf_disk", "text_dir")
 MAX_SEQUENCES = 10_000_000
 """Most sequences a dataset may hold (about 2 GB of Sequence objects at this bound)."""
 
+MAX_LENGTH = 2**24
+"""Most tokens one sequence may have (16,777,216: far past any model's context). A length of 1e30 in a
+file would overflow integer arrays or ask for petabytes further on; it is refused where it is read."""
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class DataConfig:
     """A dataset: a named length distribution or a file/directory of samples."""
@@ -46,8 +51,12 @@ class DataConfig:
         check(self.num_sequences <= MAX_SEQUENCES, "num_sequences",
               f"must be <= {MAX_SEQUENCES:,} (each sequence is held in memory), got {self.num_sequences:,}")
         check_positive(self.min_length, "min_length")
+        check(self.min_length <= MAX_LENGTH, "min_length",
+              f"must be <= {MAX_LENGTH:,} tokens, got {self.min_length:,}")
         if self.seed is not None:
             check_positive(self.seed, "seed", allow_zero=True)
         if self.max_length is not None:
             check(self.max_length >= self.min_length, "max_length",
                   f"must be >= min_length ({self.min_length}), got {self.max_length}")
+            check(self.max_length <= MAX_LENGTH, "max_length",
+                  f"must be <= {MAX_LENGTH:,} tokens, got {self.max_length:,}")

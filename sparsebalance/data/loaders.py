@@ -15,7 +15,6 @@ the first ``num_sequences`` are kept (0 = all).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -23,11 +22,14 @@ from typing import Any
 
 import numpy as np
 
-from sparsebalance.data.config import DataConfig
+from sparsebalance.data.config import MAX_LENGTH, DataConfig
 from sparsebalance.data.sequence import Sequence
 from sparsebalance.data.tokenize import make_tokenizer
 from sparsebalance.errors import ConfigError
+from sparsebalance.readfile import decode, os_error, parse_json
 
+MAX_ID = 2**53 - 1
+"""Largest sequence id (as configs' integers: exact as a float, within int64)."""
 TEXT_BATCH = 256
 """Texts tokenized per call (batching amortises the tokenizer's per-call overhead)."""
 
@@ -65,18 +67,25 @@ def _need_file(path: Path) -> None:
 
 def _jsonl_rows(path: Path) -> Iterator[dict[str, Any]]:
     _need_file(path)
-    with path.open("r", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"path: {path}:{lineno} is not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise ConfigError(f"path: {path}:{lineno} must be a JSON object, got "
-                                  f"{type(row).__name__}")
-            yield row
+    for lineno, raw in _byte_lines(path):
+        line = decode(raw, f"path: {path}:{lineno}")
+        if not line.strip():
+            continue
+        row = parse_json(line, f"path: {path}:{lineno}")
+        if not isinstance(row, dict):
+            raise ConfigError(f"path: {path}:{lineno} must be a JSON object, got "
+                              f"{type(row).__name__}")
+        yield row
+
+
+def _byte_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """Numbered lines as bytes (a line that is not UTF-8 is named by its number); a read the machine
+    refuses (permissions, I/O) is one line naming the file."""
+    try:
+        with path.open("rb") as f:
+            yield from enumerate(f, 1)
+    except OSError as e:
+        raise os_error(e, "path", f"cannot read {path}") from None
 
 
 def _columns_check(columns: Iterable[str], path: Path) -> None:
@@ -129,7 +138,19 @@ def _int_field(value: Any, field: str, where: str, row: int, *, positive: bool) 
     if not ok or (positive and value < 1):
         what = "a positive integer" if positive else "an integer"
         raise ConfigError(f"{field}: row {row} of {where}: expected {what} (tokens), got {value!r}")
+    if field == "length" and value > MAX_LENGTH:  # 1e30 tokens would overflow or exhaust memory later
+        raise ConfigError(f"length: row {row} of {where}: {_tokens(value)} is above the bound of "
+                          f"{MAX_LENGTH:,} tokens per sequence")
+    if field == "id" and abs(value) > MAX_ID:  # ids are kept in int64 arrays
+        raise ConfigError(f"id: row {row} of {where}: out of range (|id| <= 2^53 - 1)")
     return int(value)
+
+
+def _tokens(value: int) -> str:
+    """A token count for a message, however large (``f"{10**400:.3g}"`` itself overflows)."""
+    if value < 10**15:
+        return f"{value:,} tokens"
+    return f"{value:.3g} tokens" if value < 10**300 else f"a {len(str(value))}-digit number of tokens"
 
 
 def _coverage(value: Any, where: str, row: int) -> tuple[float, ...] | None:
@@ -137,8 +158,8 @@ def _coverage(value: Any, where: str, row: int) -> tuple[float, ...] | None:
         return None
     try:
         curve = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ConfigError(f"coverage: row {row} of {where}: expected a list of numbers") from None
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an integer beyond any float
+        raise ConfigError(f"coverage: row {row} of {where}: expected a list of numbers in [0, 1]") from None
     if curve.ndim != 1 or len(curve) == 0:
         raise ConfigError(f"coverage: row {row} of {where}: expected a non-empty list of numbers")
     ok = np.all(np.isfinite(curve)) and curve.min() >= 0.0 and curve.max() <= 1.0 + 1e-6
@@ -151,7 +172,7 @@ def _sensitivity(value: Any, where: str, row: int) -> float | None:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(value) or value <= 0:
+            or abs(value) > 1e300 or not math.isfinite(value) or value <= 0:  # 1e300: float() would overflow
         raise ConfigError(f"sensitivity: row {row} of {where}: expected a number > 0, got {value!r}")
     return float(value)
 
@@ -175,6 +196,9 @@ def rows_to_sequences(rows: Iterable[Mapping[str, Any]], cfg: DataConfig,
         if cfg.max_length is not None and length > cfg.max_length:
             length, coverage = cfg.max_length, None
             tokens = tokens[:length] if tokens is not None else None
+        if length > MAX_LENGTH:  # a text of more tokens than any sequence the simulator models
+            raise ConfigError(f"text: row {index} of {where}: {length:,} tokens is above the bound of "
+                              f"{MAX_LENGTH:,} tokens per sequence; set data.max_length to truncate")
         if length < cfg.min_length:
             return None
         return Sequence(id=seq_id, length=length, tokens=tokens, coverage=coverage, sensitivity=sens)

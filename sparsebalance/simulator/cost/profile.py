@@ -36,6 +36,7 @@ import pandas as pd
 
 from sparsebalance.data.sequence import blocks
 from sparsebalance.errors import ConfigError
+from sparsebalance.readfile import load_json, os_error
 
 FORMAT_VERSION = 2
 """Written by this version. 2 added the split backward (``*_bwd_input``, ``*_bwd_weight``)."""
@@ -135,10 +136,9 @@ def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profil
         table = pd.read_csv(csv_path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise ConfigError(f"profile: {csv_path} is not a readable CSV: {e}") from None
-    try:
-        meta = json.loads(json_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"profile: {json_path} is not valid JSON: {e}") from None
+    except OSError as e:
+        raise os_error(e, "profile", f"cannot read {csv_path}") from None
+    meta = load_json(json_path, "profile")  # undecodable, invalid, nested too deep: one line
     if not isinstance(meta, dict):
         raise ConfigError(f"profile: {json_path} must hold a JSON object")
     table = validate_table(table, str(csv_path))

@@ -52,18 +52,19 @@ class Prober:
             return
         # threads as the run uses them (realrun.threads), else as the probe measures (the profile's)
         threads = (cfg.realrun or {}).get("threads", 1) if cfg.realrun else profile_threads(self.prof)
-        self.here = machine_fingerprint("cuda" if _is_cuda(self.prof) else "cpu", threads=threads)
-        mismatch = fingerprint_mismatch(self.prof.meta.get("machine"), self.here)
+        kind = "cuda" if self.prof.meta.device_kind == "cuda" else "cpu"
+        self.here = machine_fingerprint(kind, threads=threads)
+        mismatch = fingerprint_mismatch(self.prof.meta.machine, self.here)
         fp_note = (f"fingerprint differs: {'; '.join(mismatch)}" if mismatch else
-                   "the profile records no machine fingerprint" if not self.prof.meta.get("machine") else
+                   "the profile records no machine fingerprint" if not self.prof.meta.machine else
                    "fingerprint matches")
-        fp = {"fingerprint_here": self.here, "fingerprint_profile": self.prof.meta.get("machine"),
+        fp = {"fingerprint_here": self.here, "fingerprint_profile": self.prof.meta.machine,
               "fingerprint_mismatch": mismatch}
         if as_is:
             emit(f"calibration: off (--profile-as-is), profile {cfg.profile} used as measured; {fp_note}")
             self.record = {"applied": False, "status": "as-is", **fp}
         elif not same_device_kind(self.prof, self.here):
-            emit(f"calibration: profile {cfg.profile} was measured on {self.prof.meta.get('device')!r}, "
+            emit(f"calibration: profile {cfg.profile} was measured on {self.prof.meta.device!r}, "
                  f"which this machine cannot run; used as is ({fp_note})")
             self.record = {"applied": False, "status": "device-not-here", **fp}
         else:
@@ -94,13 +95,11 @@ class Prober:
         import pandas as pd
 
         from sparsebalance.simulator.cost.calibration import fit, rescale
-        from sparsebalance.simulator.cost.profile import write_profile
-
         table = pd.concat(self.tables, ignore_index=True)
         cal = fit(self.prof, table, fingerprint_here=self.here, seconds=self.seconds)
         scaled = rescale(self.prof, cal)
         target = self.out / CALIBRATED_DIR
-        write_profile(scaled.table, scaled.meta, target)
+        scaled.save(target)
         self.out.mkdir(parents=True, exist_ok=True)
         cal.points.to_csv(self.out / "calibration.csv", index=False)
         probes = len(self.tables)
@@ -115,8 +114,3 @@ def calibrate_run(cfg: Any, out: Path, *, as_is: bool, measure: Callable | None 
     prober = Prober(cfg, out, as_is=as_is, measure=measure, emit=emit)
     prober.probe()
     return prober.finish()
-
-
-def _is_cuda(prof: Any) -> bool:
-    kind = (prof.meta.get("machine") or {}).get("device_kind")
-    return kind == "cuda" if kind else not str(prof.meta.get("device", "")).lower().startswith("cpu")

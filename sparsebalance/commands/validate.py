@@ -176,8 +176,9 @@ def run(args: argparse.Namespace) -> int:
 
     from sparsebalance.analysis import validate as V
     from sparsebalance.analysis.compare import speedup_table
+    from sparsebalance.calibrate import Prober
     from sparsebalance.commands._args import resolve_out, take_positional_config
-    from sparsebalance.commands._calibrate import Prober
+    from sparsebalance.commands._calibrate import save_calibrated
     from sparsebalance.commands.train import validate_for_launch
     from sparsebalance.errors import ConfigError
     from sparsebalance.realrun.config import world_size
@@ -203,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
     # runs' policies keep the configured profile: their plans stay the same from call to call, so
     # calls differ only in measurement, not in what was measured.
     emit = (lambda line: print(line, file=sys.stderr)) if args.json else print
-    prober = Prober(cfg, out, as_is=args.profile_as_is, emit=emit)
+    prober = Prober(cfg, as_is=args.profile_as_is, emit=emit)
     warmup_excluded = cfg.iterations > 1
     pair = ((base_label, base_cfg, base_sets), (label, cfg, sets))
     done, loads = [], []
@@ -217,7 +218,8 @@ def run(args: argparse.Namespace) -> int:
                 return rc
             loads.append({"policy": name, "round": r, **load})
             done.append((name, r, c, run_dir))
-    calibrated, calibration = prober.finish()
+    probed = prober.finish()
+    calibrated, calibration = save_calibrated(cfg, out, probed), probed.record
     sides = [replay_side(dataclasses.replace(c, profile=calibrated.profile), name, r, run_dir)
              for name, r, c, run_dir in done]
     sides.sort(key=lambda sd: (sd.policy != base_label, sd.round))

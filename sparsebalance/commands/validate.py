@@ -4,7 +4,7 @@ each run's exact plans and budgets through the simulator, and compare predicted 
 Steps: (1) validate both configs (the config's policy and the baseline ``sequential`` + ``fixed``,
 the ablation's baseline) before any process starts; (1b) a measured profile is probed at a few
 points on this machine before every round (seconds each) and rescaled per op by all probes
-together for the replays (``commands/_calibrate.py``; ``--profile-as-is`` skips it); (2) run each under torchrun with the same seed and
+together for the replays (``sparsebalance/calibrate.py``; ``--profile-as-is`` skips it); (2) run each under torchrun with the same seed and
 data order, ``--rounds`` times, interleaved ABBA (baseline, policy, policy, baseline, ...) so that a
 drift of the shared machine's speed during the call falls on both policies alike
 (``<out>/runs/<policy>/round<r>/``); (3) read each run's ``plans.json`` back and execute it with

@@ -26,7 +26,7 @@ def main() -> None:
 
     model = tiny()
     lm = load_latency_model(args.profile, model, ClusterConfig(device="cpu", pp=1, dp=1, global_batch=1))
-    concurrency = int(lm.profile.meta.get("concurrency", 1))
+    concurrency = lm.profile.meta.concurrency or 1
     grid = ProfileGrid(seq_lens=(1024, 2048, 4096), budgets=(4, 8, 16), tokens=(1024, 8192),
                        params=(10_000, 100_000), repeats=args.repeats, warmup=5)
     fresh = run_profile(model, grid, progress=True, concurrency=concurrency)
@@ -41,7 +41,7 @@ def main() -> None:
             if op in predict]
     df = pd.DataFrame(rows, columns=["op", "seq_len", "budget", "predicted_s", "measured_s"])
     df["delta_pct"] = (df.predicted_s - df.measured_s) / df.measured_s * 100
-    print(f"profile {args.profile}: {lm.profile.meta.get('how', '')}")
+    print(f"profile {args.profile}: {lm.profile.meta.how}")
     print(df.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     for name, part in (("attention", df[df.op.str.startswith("attn")]), ("all", df)):
         d = part.delta_pct.abs()

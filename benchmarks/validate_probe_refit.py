@@ -24,7 +24,7 @@ from sparsebalance.analysis import validate as V
 from sparsebalance.commands.train import validate_for_launch
 from sparsebalance.commands.validate import BASELINE, _policy_label, replay_side
 from sparsebalance.simulator.cost.calibration import fit, rescale
-from sparsebalance.simulator.cost.profile import load_profile, write_profile
+from sparsebalance.simulator.cost.profile import load_profile
 
 
 def call_error(call: Path, profile: str | None) -> float:
@@ -61,7 +61,7 @@ def main() -> None:
             for name, sub in subsets.items():
                 scaled = rescale(prof, fit(prof, sub[["op", "seq_len", "budget", "latency_s"]]))
                 target = Path(tmp) / name.replace(" ", "-")
-                write_profile(scaled.table, scaled.meta, target)
+                scaled.save(target)
                 errors[name] = call_error(call, str(target))
         print(f"{call}: " + ", ".join(f"{k} {v:.1f} %" for k, v in errors.items()), flush=True)
 

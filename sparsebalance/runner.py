@@ -14,6 +14,7 @@ import numpy as np
 from sparsebalance.errors import ConfigError
 from sparsebalance.loop import LoopResult, global_batches, run_loop
 from sparsebalance.runconfig import RunConfig
+from sparsebalance.simulator.cost.profile import Profile
 
 
 @dataclass(slots=True)
@@ -28,8 +29,10 @@ class Prepared:
     latency: Any
 
 
-def prepare(cfg: RunConfig) -> Prepared:
-    """Load data, latency model, coverage model and policies for ``cfg`` (validates names first)."""
+def prepare(cfg: RunConfig, *, profile: Profile | None = None) -> Prepared:
+    """Load data, latency model, coverage model and policies for ``cfg`` (validates names first).
+    ``profile``, where given, is the profile to run on instead of loading ``cfg.profile`` (a
+    calibrated one, still in memory)."""
     from sparsebalance.data import load_sequences
     from sparsebalance.policies.base import PolicyContext
     from sparsebalance.policies.coverage import make_coverage_model
@@ -44,7 +47,7 @@ def prepare(cfg: RunConfig) -> Prepared:
 
         c = cfg.cluster
         validate_schedule(c.schedule, c.pp, c.microbatches_per_rank, c.virtual_stages)
-    latency = _latency(cfg)
+    latency = _latency(cfg, profile)
     sequences = load_sequences(cfg.data, base_dir=cfg.base_dir)
     if len(sequences) < cfg.cluster.global_batch:
         raise ConfigError(f"data: {len(sequences)} sequence(s) cannot fill one global batch of "
@@ -57,20 +60,12 @@ def prepare(cfg: RunConfig) -> Prepared:
                     latency=latency)
 
 
-def _latency(cfg: RunConfig):
+def _latency(cfg: RunConfig, profile: Profile | None = None):
     from sparsebalance.simulator.cost.latency import load_latency_model
 
-    return load_latency_model(cfg.profile, cfg.model, cfg.cluster, base_dir=cfg.base_dir,
-                              extrapolate=cfg.latency_extrapolate, allow_nonmonotone=cfg.allow_nonmonotone)
-
-
-def with_profile(prepared: Prepared, cfg: RunConfig) -> Prepared:
-    """``prepared`` for ``cfg`` that differs only in its profile (a calibrated one): the latency model
-    and the policies' context made again; data, coverage model and policies kept (loaded once)."""
-    from dataclasses import replace
-
-    latency = _latency(cfg)
-    return replace(prepared, cfg=cfg, latency=latency, ctx=replace(prepared.ctx, latency=latency))
+    return load_latency_model(cfg.profile if profile is None else profile, cfg.model, cfg.cluster,
+                              base_dir=cfg.base_dir, extrapolate=cfg.latency_extrapolate,
+                              allow_nonmonotone=cfg.allow_nonmonotone)
 
 
 def run_simulation(cfg: RunConfig, *, progress: bool = True, prepared: Prepared | None = None) -> LoopResult:

@@ -59,8 +59,14 @@ def test_simulate_probes_rescales_and_says_so(tmp_path, run_cli, monkeypatch, me
     cfg.write_text(SIM.format(profile=measured, out=tmp_path / "res"))
     ops = ("attn_fwd", "attn_bwd", "layer_fwd", "layer_bwd", "embed_fwd", "embed_bwd", "head_fwd", "head_bwd")
     monkeypatch.setattr(K, "probe", lambda prof, grid: scaled_probe(prof, grid, dict.fromkeys(ops, 2.0)))
+    import sparsebalance.simulator.cost.latency as L
+
+    loads, load = [], L.load_latency_model
+    monkeypatch.setattr(L, "load_latency_model", lambda p, *a, **k: loads.append(p) or load(p, *a, **k))
     r = run_cli("simulate", "--config", cfg, "--no-progress")
     assert r.code == 0, r.err
+    # calibrated before the run was prepared: one latency model, built on the rescaled profile
+    assert len(loads) == 1 and "calibrated on this machine" in loads[0].source
     lines = [x for x in r.out.splitlines() if x.startswith("calibration:")]
     assert len(lines) == 1 and "attn_bwd x2.00" in lines[0] and "cpu_model: Some Other CPU ->" in lines[0]
     rec = json.loads((tmp_path / "res" / "cal" / "calibration.json").read_text())
@@ -111,7 +117,8 @@ def test_probes_between_rounds_enter_one_fit(tmp_path, measured, scaled_probe):
     (drift); the scale is their geometric mean, sqrt(2), for every op, and the spread says so."""
     import math
 
-    from sparsebalance.commands._calibrate import CALIBRATED_DIR, Prober
+    from sparsebalance.calibrate import Prober
+    from sparsebalance.commands._calibrate import CALIBRATED_DIR, save_calibrated
     from sparsebalance.runconfig import load_run_config
     from sparsebalance.simulator.cost.profile import load_profile
 
@@ -125,10 +132,11 @@ def test_probes_between_rounds_enter_one_fit(tmp_path, measured, scaled_probe):
         return scaled_probe(prof, grid, dict.fromkeys(ops, next(factors)))
 
     lines: list[str] = []
-    prober = Prober(cfg, tmp_path / "out", as_is=False, measure=drifting, emit=lines.append)
+    prober = Prober(cfg, as_is=False, measure=drifting, emit=lines.append)
     prober.probe()
     prober.probe()
-    new_cfg, rec = prober.finish()
+    probed = prober.finish()
+    new_cfg, rec = save_calibrated(cfg, tmp_path / "out", probed), probed.record
     assert rec["status"] == "rescaled" and rec["probes"] == 2
     for op in ops:
         assert rec["scales"][op] == pytest.approx(math.sqrt(2), rel=1e-12)
@@ -144,7 +152,7 @@ def test_probes_between_rounds_enter_one_fit(tmp_path, measured, scaled_probe):
 
 
 def test_prober_as_is_never_probes(tmp_path, measured):
-    from sparsebalance.commands._calibrate import Prober
+    from sparsebalance.calibrate import Prober
     from sparsebalance.runconfig import load_run_config
 
     cfg_path = tmp_path / "run.toml"
@@ -155,8 +163,8 @@ def test_prober_as_is_never_probes(tmp_path, measured):
         raise AssertionError("--profile-as-is must not probe")
 
     lines: list[str] = []
-    prober = Prober(cfg, tmp_path / "out", as_is=True, measure=no_probe, emit=lines.append)
+    prober = Prober(cfg, as_is=True, measure=no_probe, emit=lines.append)
     for _ in range(3):
         prober.probe()
-    new_cfg, rec = prober.finish()
-    assert rec["status"] == "as-is" and new_cfg is cfg and len(lines) == 1
+    probed = prober.finish()
+    assert probed.record["status"] == "as-is" and probed.profile is None and len(lines) == 1

@@ -21,9 +21,9 @@ RUN = Path(__file__).resolve().parents[1] / "docs" / "gpu" / "h100-2026-11-26"
 @pytest.mark.parametrize("name", ["h100-measured-3b", "h100-measured-0.5b"])
 def test_shipped_h100_profiles_carry_their_provenance(name):
     meta = load_profile(name).meta
-    assert meta["analytical"] is False and meta["device"] == "NVIDIA H100 80GB HBM3"
-    assert meta["date"] == "2026-11-26" and "gpu-check" in meta["command"]
-    assert meta["machine"]["gpu_driver"] and meta["versions"]["triton"] and meta["versions"]["torch"]
+    assert meta.analytical is False and meta.device == "NVIDIA H100 80GB HBM3"
+    assert meta.date == "2026-11-26" and "gpu-check" in meta.command
+    assert meta.machine["gpu_driver"] and meta.versions["triton"] and meta.versions["torch"]
 
 
 def test_measured_profile_predicts_the_measured_h100_iteration_within_10_percent():

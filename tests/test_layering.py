@@ -60,6 +60,27 @@ def test_part_imports_only_what_the_rules_allow(part):
     assert not bad, "\n".join(bad)
 
 
+#: The command line: the only modules that may import it (the CLI, its entry points and the demo,
+#: which drives the verbs as a user would).
+CLI = {"cli", "commands", "__main__", "demo"}
+
+
+def test_library_never_imports_the_cli():
+    """The house's layers point down: the verbs call the library, never the other way round (gpu-check
+    measures its profiles with ``kernels.measure``, not ``cli.main(["profile", ...])``)."""
+    bad = []
+    for f in sorted(PKG.rglob("*.py")):
+        rel = f.relative_to(PKG)
+        if rel.parts[0] in CLI or (len(rel.parts) == 1 and f.stem in CLI):
+            continue
+        bad += [f"{rel} imports {m}" for m in _imports(f)
+                if m.startswith("sparsebalance.") and m.split(".")[1] in CLI]
+        bad += [f"{rel} imports sparsebalance.{a.name}" for node in ast.walk(ast.parse(f.read_text()))
+                if isinstance(node, ast.ImportFrom) and node.module == "sparsebalance"
+                for a in node.names if a.name in CLI]
+    assert not bad, "\n".join(bad)
+
+
 def test_shared_helpers_import_no_part():
     for name in SHARED:
         mods = _imports(PKG / f"{name}.py")

@@ -1,6 +1,5 @@
-"""``simulate`` with a calibrated profile prepares the run once: ``runner.with_profile`` swaps the
-latency model into what ``prepare`` built (data, coverage, policies kept) and runs exactly as a run
-prepared from scratch with that profile."""
+"""``simulate`` calibrates before it prepares the run, and prepares it once, with the calibrated
+profile in memory: that run is exactly the run prepared from the calibrated profile it saves."""
 
 from __future__ import annotations
 
@@ -10,21 +9,24 @@ import pandas as pd
 import pytest
 
 from sparsebalance.runconfig import load_run_config
-from sparsebalance.runner import prepare, run_simulation, with_profile
+from sparsebalance.runner import prepare, run_simulation
+from sparsebalance.simulator.cost import calibration as C
+from sparsebalance.simulator.cost.profile import load_profile
 
 
 @pytest.mark.filterwarnings("ignore")
-def test_with_profile_runs_as_a_fresh_prepare():
-    cfg = load_run_config("examples/qwen25-3b_h200_dp4pp4.toml",
-                          {"iterations": 3, "data.num_sequences": 256, "policy.tuning": "dst"})
-    other = replace(cfg, profile="analytical-h100")
-    first = prepare(cfg)
-    swapped = with_profile(first, other)
-    assert swapped.sequences is first.sequences and swapped.batching is first.batching
-    assert swapped.latency is not first.latency and swapped.ctx.latency is swapped.latency
+def test_a_run_prepared_with_a_profile_in_memory_equals_one_from_its_saved_copy(tmp_path, scaled_probe):
+    cfg = load_run_config("examples/cpu_pp2.toml", {"iterations": 3, "policy.tuning": "dst"})
+    prof = load_profile(cfg.profile, cfg.base_dir)
+    grid = C.probe_grid(prof, max_len=cfg.data.max_length, budget=cfg.policy.k0)
+    factors = {op: 1.1 + 0.1 * i for i, op in enumerate(prof.ops)}  # not a power of two: rounding shows
+    scaled = C.rescale(prof, C.fit(prof, scaled_probe(prof, grid, factors)))
+    saved = replace(cfg, profile=str(scaled.save(tmp_path / "cal")))
+    in_memory = prepare(cfg, profile=scaled)
+    assert in_memory.latency.profile is scaled
     wall = ["decision_ms"]  # wall clock of the policies: the only column that may differ
-    got = run_simulation(other, progress=False, prepared=swapped).metrics.drop(columns=wall)
-    want = run_simulation(other, progress=False, prepared=prepare(other)).metrics.drop(columns=wall)
-    pd.testing.assert_frame_equal(got, want)
-    base = run_simulation(cfg, progress=False, prepared=prepare(cfg)).metrics
+    got = run_simulation(saved, progress=False, prepared=replace(in_memory, cfg=saved)).metrics.drop(columns=wall)
+    want = run_simulation(saved, progress=False, prepared=prepare(saved)).metrics.drop(columns=wall)
+    pd.testing.assert_frame_equal(got, want, check_exact=True)
+    base = run_simulation(cfg, progress=False).metrics
     assert not base["iteration_time_s"].equals(got["iteration_time_s"])  # the profile did change

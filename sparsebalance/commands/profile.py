@@ -62,7 +62,6 @@ def run(args: argparse.Namespace) -> int:
     from sparsebalance.commands._args import progress_enabled, resolve_out
     from sparsebalance.errors import ConfigError, check_choice
     from sparsebalance.simulator.config import MODEL_PRESETS
-    from sparsebalance.simulator.cost.profile import write_profile
 
     if args.model is not None or args.config is None:
         check_choice(args.model or "tiny", "--model", MODEL_PRESETS)
@@ -98,13 +97,13 @@ def run(args: argparse.Namespace) -> int:
     from sparsebalance.kernels.measure import measure_profile
 
     command = "sparsebalance profile " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else [])
-    table, meta = measure_profile(model, grid, tp=args.tp, concurrency=args.concurrency, command=command,
-                                  progress=progress_enabled(args))
-    out = write_profile(table, meta, out_dir)
-    print(f"wrote {out}/profile.csv ({len(table)} rows) and profile.json")
-    from sparsebalance.simulator.cost.profile import load_profile, monotone_violations
+    prof = measure_profile(model, grid, tp=args.tp, concurrency=args.concurrency, command=command,
+                           progress=progress_enabled(args))
+    out = prof.save(out_dir)
+    print(f"wrote {out}/profile.csv ({len(prof.table)} rows) and profile.json")
+    from sparsebalance.simulator.cost.profile import monotone_violations
 
-    bad = monotone_violations(load_profile(out), model.block_size)
+    bad = monotone_violations(prof, model.block_size)
     if bad:  # kept (the measurement is not lost) but said: runs refuse it until accepted
         print(f"sparsebalance profile: warning: latency falls as work grows at {len(bad)} point(s): "
               f"{'; '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}. Runs refuse this profile unless "

@@ -69,12 +69,13 @@ def parse_override(item: str) -> tuple[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     import json
+    from dataclasses import replace
 
-    from sparsebalance.commands._calibrate import calibrate_run
+    from sparsebalance.calibrate import calibrate_profile
+    from sparsebalance.commands._calibrate import save_calibrated
     from sparsebalance.commands._common import prepare, run_simulation, write_results
     from sparsebalance.fsutil import atomic_write_text
     from sparsebalance.runconfig import load_run_config
-    from sparsebalance.runner import with_profile
 
     overrides = dict(parse_override(item) for item in args.overrides)
     if args.iterations is not None:
@@ -86,14 +87,16 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--output: give --out only (--output is its deprecated spelling)")
         overrides["output_dir"] = args.output_root
     cfg = load_run_config(args.config, overrides)
-    prepared = prepare(cfg)  # data, profile, policies: every input checked before any output
+    # a measured profile is probed on this machine and rescaled before it is trusted, so that the
+    # run is prepared once, with the profile it runs on
+    calibrated = calibrate_profile(cfg, as_is=args.profile_as_is)
+    # data, profile, policies: every input checked before any output
+    prepared = prepare(cfg, profile=calibrated.profile)
     # the results directory is created and probed before simulating: a bad path costs nothing
     out = resolve_out(args.out, Path(cfg.output_dir) / cfg.name, force=args.force, verb="simulate")
-    # a measured profile is probed on this machine and rescaled before it is trusted
-    cfg, calibration = calibrate_run(cfg, out, as_is=args.profile_as_is)
-    if calibration["status"] == "rescaled":  # only the profile changed: the rest stays prepared
-        prepared = with_profile(prepared, cfg)
-    result = run_simulation(cfg, progress=progress_enabled(args), prepared=prepared)
+    cfg = save_calibrated(cfg, out, calibrated)  # the results' config names the profile it ran on
+    calibration = calibrated.record
+    result = run_simulation(cfg, progress=progress_enabled(args), prepared=replace(prepared, cfg=cfg))
     out = write_results(cfg, result, out, trace=not args.no_trace, trace_limit=args.trace_limit)
     if calibration["status"] != "analytical":
         atomic_write_text(out / "calibration.json", json.dumps(calibration, indent=2, default=str))

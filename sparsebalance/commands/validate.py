@@ -4,7 +4,7 @@ each run's exact plans and budgets through the simulator, and compare predicted 
 Steps: (1) validate both configs (the config's policy and the baseline ``sequential`` + ``fixed``,
 the ablation's baseline) before any process starts; (1b) a measured profile is probed at a few
 points on this machine before every round (seconds each) and rescaled per op by all probes
-together for the replays (``commands/_calibrate.py``; ``--profile-as-is`` skips it); (2) run each under torchrun with the same seed and
+together for the replays (``sparsebalance/calibrate.py``; ``--profile-as-is`` skips it); (2) run each under torchrun with the same seed and
 data order, ``--rounds`` times, interleaved ABBA (baseline, policy, policy, baseline, ...) so that a
 drift of the shared machine's speed during the call falls on both policies alike
 (``<out>/runs/<policy>/round<r>/``); (3) read each run's ``plans.json`` back and execute it with
@@ -176,8 +176,9 @@ def run(args: argparse.Namespace) -> int:
 
     from sparsebalance.analysis import validate as V
     from sparsebalance.analysis.compare import speedup_table
+    from sparsebalance.calibrate import Prober
     from sparsebalance.commands._args import resolve_out, take_positional_config
-    from sparsebalance.commands._calibrate import Prober
+    from sparsebalance.commands._calibrate import save_calibrated
     from sparsebalance.commands.train import validate_for_launch
     from sparsebalance.errors import ConfigError
     from sparsebalance.realrun.config import world_size
@@ -203,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
     # runs' policies keep the configured profile: their plans stay the same from call to call, so
     # calls differ only in measurement, not in what was measured.
     emit = (lambda line: print(line, file=sys.stderr)) if args.json else print
-    prober = Prober(cfg, out, as_is=args.profile_as_is, emit=emit)
+    prober = Prober(cfg, as_is=args.profile_as_is, emit=emit)
     warmup_excluded = cfg.iterations > 1
     pair = ((base_label, base_cfg, base_sets), (label, cfg, sets))
     done, loads = [], []
@@ -217,7 +218,8 @@ def run(args: argparse.Namespace) -> int:
                 return rc
             loads.append({"policy": name, "round": r, **load})
             done.append((name, r, c, run_dir))
-    calibrated, calibration = prober.finish()
+    probed = prober.finish()
+    calibrated, calibration = save_calibrated(cfg, out, probed), probed.record
     sides = [replay_side(dataclasses.replace(c, profile=calibrated.profile), name, r, run_dir)
              for name, r, c, run_dir in done]
     sides.sort(key=lambda sd: (sd.policy != base_label, sd.round))

@@ -197,7 +197,6 @@ def profile(ctx: Step) -> tuple[str, str, str]:
     from sparsebalance.kernels.measure import measure_profile
     from sparsebalance.kernels.profiler import ProfileGrid
     from sparsebalance.simulator.config import MODEL_PRESETS
-    from sparsebalance.simulator.cost.profile import write_profile
 
     name = _device_name(ctx)
     cuda = ctx.device == "cuda"
@@ -210,11 +209,11 @@ def profile(ctx: Step) -> tuple[str, str, str]:
             break
         t0 = time.monotonic()
         model = MODEL_PRESETS[preset]()
-        table, meta = measure_profile(model, grid, command=f"sparsebalance gpu-check (step profile, {preset})")
-        path = write_profile(table, meta, ctx.work / "profiles" / f"{label_of(name)}-{preset}")
+        prof = measure_profile(model, grid, command=f"sparsebalance gpu-check (step profile, {preset})")
+        path = prof.save(ctx.work / "profiles" / f"{label_of(name)}-{preset}")
         t_first = t_first or time.monotonic() - t0
         done.append(preset)
-        cmp = versus_analytical(table, model, name)
+        cmp = versus_analytical(prof.table, model, name)
         if cmp is not None:
             cmp.to_csv(path / "vs_analytical.csv", index=False)
             off = cmp.groupby("op").ratio.median()

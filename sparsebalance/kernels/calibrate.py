@@ -21,7 +21,8 @@ import pandas as pd
 
 from sparsebalance.simulator.config import ModelConfig
 from sparsebalance.simulator.cost.calibration import ProbeGrid
-from sparsebalance.simulator.cost.profile import MODEL_DIMS, Profile
+from sparsebalance.simulator.cost.profile import Profile
+from sparsebalance.simulator.cost.profilemeta import MODEL_DIMS
 
 
 def _cpu_model() -> str:
@@ -81,16 +82,16 @@ def machine_fingerprint(device: str = "cpu", threads: int | None = None) -> dict
 
 def profile_model(profile: Profile) -> ModelConfig:
     """The model dims a measured profile was taken with (its sidecar), as a ModelConfig."""
-    dims = {k: int(profile.meta["model"][k]) for k in MODEL_DIMS}
-    return ModelConfig(name="profiled", block_size=int(profile.meta["block_size"]), **dims)
+    dims = {k: int(profile.meta.model[k]) for k in MODEL_DIMS}
+    return ModelConfig(name="profiled", block_size=profile.meta.block_size, **dims)
 
 
 def profile_threads(profile: Profile) -> int:
     """torch threads the profile was measured with (fingerprint, else its device label, else 1)."""
-    fp = profile.meta.get("machine") or {}
+    fp = profile.meta.machine or {}
     if "torch_threads" in fp:
         return int(fp["torch_threads"])
-    m = re.search(r"(\d+) thread", str(profile.meta.get("device", "")))
+    m = re.search(r"(\d+) thread", profile.meta.device)
     return int(m.group(1)) if m else 1
 
 
@@ -104,15 +105,16 @@ def probe(profile: Profile, grid: ProbeGrid, *, repeats: int = 3, warmup: int = 
     from sparsebalance.kernels.profiler import ProfileGrid, run_profile
 
     meta = profile.meta
-    device = "cuda" if (meta.get("machine") or {}).get("device_kind") == "cuda" or \
-        not str(meta.get("device", "")).lower().startswith("cpu") else "cpu"
+    # cuda where either the fingerprint or the device label says so (as the profile verb records them)
+    device = "cuda" if (meta.machine or {}).get("device_kind") == "cuda" or \
+        not meta.device.lower().startswith("cpu") else "cpu"
     optim = sorted(int(x) for x in profile.rows("optim")["seq_len"]) if "optim" in profile.ops else [10_000]
-    stat = "median" if "median of" in str(meta.get("how", "")) else "mean"
+    stat = "median" if "median of" in meta.how else "mean"
     pg = ProfileGrid(seq_lens=grid.seq_lens, budgets=grid.budgets, tokens=grid.tokens,
                      params=(optim[0],), repeats=repeats, warmup=warmup, threads=profile_threads(profile),
-                     device=device, dtype=str(meta.get("dtype", "float32")), statistic=stat,
-                     tp_plan="(tp_plan)" in str(meta.get("how", "")))
-    conc = int(meta.get("concurrency", 1)) if device == "cpu" else 1
+                     device=device, dtype=meta.dtype, statistic=stat,
+                     tp_plan="(tp_plan)" in meta.how)
+    conc = (meta.concurrency or 1) if device == "cpu" else 1
     return run_profile(profile_model(profile), pg, progress=False, concurrency=conc)
 
 

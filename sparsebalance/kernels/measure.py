@@ -7,57 +7,59 @@ from __future__ import annotations
 
 import platform
 from datetime import UTC, datetime
-from typing import Any
 
 from sparsebalance.kernels import profiler
 from sparsebalance.kernels.profiler import ProfileGrid
 from sparsebalance.simulator.config import ModelConfig
+from sparsebalance.simulator.cost.profile import Profile
+from sparsebalance.simulator.cost.profilemeta import FORMAT_VERSION, MODEL_DIMS, ProfileMeta
 
 
 def measure_profile(model: ModelConfig, grid: ProfileGrid, *, command: str, tp: int = 1, concurrency: int = 1,
-                    progress: bool = False) -> tuple[Any, dict]:
-    """Measure ``model`` (one TP rank's shard when ``tp`` > 1) on ``grid``; returns (table, sidecar).
+                    progress: bool = False) -> Profile:
+    """Measure ``model`` (one TP rank's shard when ``tp`` > 1) on ``grid``: the whole profile, table
+    and sidecar (save it with :meth:`Profile.save`).
 
     ``command`` is recorded in the sidecar as what produced the profile."""
     import torch
     import transformers
 
     from sparsebalance.kernels.calibrate import machine_fingerprint
-    from sparsebalance.simulator.cost.profile import FORMAT_VERSION, MODEL_DIMS
 
     table = profiler.run_profile(tp_shard(model, tp), grid, progress=progress, concurrency=concurrency)
     dev_name = (torch.cuda.get_device_name() if grid.device == "cuda"
                 else f"cpu {platform.processor() or platform.machine()}, {grid.threads} thread(s)")
-    meta = {
-        "machine": machine_fingerprint(grid.device, threads=grid.threads),
-        "format_version": FORMAT_VERSION, "device": dev_name, "dtype": grid.dtype, "analytical": False,
-        "model": {d: getattr(model, d) for d in MODEL_DIMS},
-        "block_size": model.block_size, "tp": tp, "concurrency": concurrency,
-        "tp_comm_included": False,
-        "how": (f"sparsebalance.kernels.profiler: {grid.statistic} of {grid.repeats} after {grid.warmup} "
-                "warm-up "
-                f"calls ({'CUDA events' if grid.device == 'cuda' else 'perf_counter'}) in {grid.repeats} "
-                "interleaved rounds (every op timed once per round, seeded order), "
-                f"{concurrency} concurrent cop{'y' if concurrency == 1 else 'ies'} "
-                f"({grid.statistic} over copies, one core each, glibc allocator kept steady and "
-                "Python's collector run between rounds, as in realrun); "
-                "layer_* = one HF "
-                "Qwen2DecoderLayer with a zero-cost attention core; attn_* = moba_attention (auto backend)"
-                + (f"; tp {tp}: one rank's shard (heads, kv heads, MLP width / {tp}; embedding "
-                   "and head whole, as realrun replicates them), the layer under realrun's DTensor plan "
-                   "on a one-rank mesh (tp_plan), TP all-reduces not included"
-                   if tp > 1 else "")),
-        "command": command,
-        "date": datetime.now(UTC).date().isoformat(),  # UTC day the measurement ended
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "python": platform.python_version()},
-    }
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__,
+                "python": platform.python_version()}
     if grid.device == "cuda":
         import triton
 
         # the driver is in the machine fingerprint (``machine.gpu_driver``)
-        meta["versions"] |= {"triton": triton.__version__, "cuda": torch.version.cuda}
-    return table, meta
+        versions |= {"triton": triton.__version__, "cuda": torch.version.cuda}
+    meta = ProfileMeta(
+        machine=machine_fingerprint(grid.device, threads=grid.threads),
+        format_version=FORMAT_VERSION, device=dev_name, dtype=grid.dtype, analytical=False,
+        model={d: getattr(model, d) for d in MODEL_DIMS},
+        block_size=model.block_size, tp=tp, concurrency=concurrency,
+        tp_comm_included=False,
+        how=(f"sparsebalance.kernels.profiler: {grid.statistic} of {grid.repeats} after {grid.warmup} "
+             "warm-up "
+             f"calls ({'CUDA events' if grid.device == 'cuda' else 'perf_counter'}) in {grid.repeats} "
+             "interleaved rounds (every op timed once per round, seeded order), "
+             f"{concurrency} concurrent cop{'y' if concurrency == 1 else 'ies'} "
+             f"({grid.statistic} over copies, one core each, glibc allocator kept steady and "
+             "Python's collector run between rounds, as in realrun); "
+             "layer_* = one HF "
+             "Qwen2DecoderLayer with a zero-cost attention core; attn_* = moba_attention (auto backend)"
+             + (f"; tp {tp}: one rank's shard (heads, kv heads, MLP width / {tp}; embedding "
+                "and head whole, as realrun replicates them), the layer under realrun's DTensor plan "
+                "on a one-rank mesh (tp_plan), TP all-reduces not included"
+                if tp > 1 else "")),
+        command=command,
+        date=datetime.now(UTC).date().isoformat(),  # UTC day the measurement ended
+        versions=versions,
+    )
+    return Profile(table=table, meta=meta, source=f"measured on {dev_name}")
 
 
 def tp_shard(model, tp: int):

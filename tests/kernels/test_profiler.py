@@ -9,13 +9,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from sparsebalance.commands import profile as profile_cmd  # noqa: E402
-from sparsebalance.errors import ConfigError  # noqa: E402
-from sparsebalance.kernels.profiler import Bench, ProfileGrid  # noqa: E402
-from sparsebalance.simulator.config import tiny  # noqa: E402
-from sparsebalance.simulator.cost.profile import load_profile  # noqa: E402
+from sparsebalance.commands import profile as profile_cmd
+from sparsebalance.errors import ConfigError
+from sparsebalance.kernels.profiler import Bench, ProfileGrid
+from sparsebalance.simulator.config import tiny
+from sparsebalance.simulator.cost.profile import load_profile
 
-SMALL = dict(seq_lens=(64, 160), budgets=(1, 3), tokens=(32, 96), params=(500, 5000), repeats=2, warmup=1)
+SMALL = {"seq_lens": (64, 160), "budgets": (1, 3), "tokens": (32, 96), "params": (500, 5000), "repeats": 2,
+         "warmup": 1}
 
 
 def _parse(*argv: str) -> argparse.Namespace:
@@ -32,7 +33,7 @@ def test_concurrent_copies_write_one_profile(tmp_path):
     assert profile_cmd.run(args) == 0
     prof = load_profile(str(tmp_path / "c"))
     assert len(prof.table) == 2 * 2 * 2 + (3 * 2 + 2 * 2) * 2 + 2  # attn; dense ops + split; optim
-    assert prof.meta["concurrency"] == 2 and "2 concurrent copies" in prof.meta["how"] and "mean of 1 after 1" in prof.meta["how"]
+    assert prof.meta.concurrency == 2 and "2 concurrent copies" in prof.meta.how and "mean of 1 after 1" in prof.meta.how
     assert (prof.table.latency_s > 0).all()
 
 
@@ -60,11 +61,11 @@ def test_command_writes_a_loadable_profile(tmp_path):
     assert set(prof.ops) == {"attn_fwd", "attn_bwd", "layer_fwd", "layer_bwd", "embed_fwd", "embed_bwd",
                              "head_fwd", "head_bwd", "optim", "layer_bwd_input", "layer_bwd_weight",
                              "head_bwd_input", "head_bwd_weight"}
-    assert prof.meta["format_version"] == 2
+    assert prof.meta.format_version == 2
     attn = prof.rows("attn_fwd")
     assert sorted(zip(attn.seq_len, attn.budget)) == [(64, 1), (64, 3), (160, 1), (160, 3)]
     assert (prof.table.latency_s > 0).all()
-    assert prof.meta["block_size"] == 32 and prof.meta["model"]["heads"] == 4 and not prof.meta["analytical"]
+    assert prof.meta.block_size == 32 and prof.meta.model["heads"] == 4 and not prof.meta.analytical
 
 
 @pytest.mark.parametrize("field,value", [("repeats", 0), ("warmup", -1), ("device", "tpu"),
@@ -86,9 +87,9 @@ def test_tp_profile_measures_one_shard(tmp_path):
                   "--no-progress")
     assert profile_cmd.run(args) == 0
     prof = load_profile(str(tmp_path / "t"))
-    assert prof.meta["tp"] == 2 and prof.meta["tp_comm_included"] is False
-    assert prof.meta["model"]["heads"] == 4 and "one rank's shard" in prof.meta["how"]
-    assert "(tp_plan)" in prof.meta["how"]  # what the calibration probe reads to time it alike
+    assert prof.meta.tp == 2 and prof.meta.tp_comm_included is False
+    assert prof.meta.model["heads"] == 4 and "one rank's shard" in prof.meta.how
+    assert "(tp_plan)" in prof.meta.how  # what the calibration probe reads to time it alike
     assert not torch.distributed.is_initialized()  # its one-rank group is gone again
     with pytest.raises(ConfigError, match="^--tp: must divide model.kv_heads"):
         profile_cmd.run(argparse.Namespace(model="tiny", tp=4, block_size=None, config=None))

@@ -4,6 +4,7 @@ exactly (deterministic fake probe), fingerprints are compared, the probe grid li
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -46,7 +47,7 @@ def test_known_factors_are_detected_and_rescaled_exactly(scaled_probe):
     merged = prof.table.merge(scaled.table, on=["op", "seq_len", "budget"], suffixes=("", "_new"))
     want = merged["op"].map(lambda op: FACTORS.get(op, cal.default_scale))
     np.testing.assert_allclose(merged["latency_s_new"], merged["latency_s"] * want, rtol=1e-12)
-    assert scaled.meta["calibration"]["scales"]["attn_bwd"] == pytest.approx(1.45)
+    assert scaled.meta.calibration["scales"]["attn_bwd"] == pytest.approx(1.45)
     line = cal.line(applied=True)
     assert line.startswith("calibration:") and "attn_bwd x1.45" in line and "rescaled per op" in line
     assert "\n" not in line
@@ -80,8 +81,7 @@ def test_fingerprints_are_compared_key_by_key():
 def test_device_kind_decides_whether_a_probe_can_run():
     prof = load_profile("cpu-tiny")
     assert C.needs_probe(prof) and C.same_device_kind(prof, {"device_kind": "cpu"})
-    gpu_prof = type(prof)(table=prof.table, meta={**prof.meta, "device": "NVIDIA H200",
-                                                  "machine": {"device_kind": "cuda"}})
+    gpu_prof = replace(prof, meta=replace(prof.meta, device="NVIDIA H200", machine={"device_kind": "cuda"}))
     assert not C.same_device_kind(gpu_prof, {"device_kind": "cpu"})
     assert C.same_device_kind(gpu_prof, {"device_kind": "cuda", "gpu_name": "NVIDIA H100"})
     assert not C.needs_probe(load_profile("analytical-h200"))

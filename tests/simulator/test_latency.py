@@ -13,6 +13,7 @@ from sparsebalance.simulator.budget import Budget
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig, h200_4x8, qwen25_3b
 from sparsebalance.simulator.cost.latency import load_latency_model
 from sparsebalance.simulator.cost.profile import Profile
+from sparsebalance.simulator.cost.profilemeta import ProfileMeta
 
 SEQ = (64, 128, 256, 512)
 BUD = (1, 2, 4, 8)
@@ -53,14 +54,14 @@ def table(*, optim=False) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["op", "seq_len", "budget", "latency_s"])
 
 
-def meta(**over):
+def meta(**over) -> ProfileMeta:
     m = {"format_version": 1, "device": "test", "dtype": "bf16", "analytical": False,
          "model": {"hidden": 64, "layers": 99, "heads": 4, "kv_heads": 2, "head_dim": 16, "ffn": 128,
                    "vocab": 256},
          "block_size": 32, "tp": 1, "how": "measured: synthetic", "command": "test", "versions": {},
          "memory_bandwidth": 1e11}
     m.update(over)
-    return m
+    return ProfileMeta.from_json(m, "test")
 
 
 def cluster(**kw) -> ClusterConfig:
@@ -279,7 +280,7 @@ def test_analytical_profile_is_re_derived_for_another_model():
 def test_shipped_profile_is_used_as_is_for_its_own_model():
     model = load_latency_model("analytical-h200", qwen25_3b(), h200_4x8())
     assert "re-derived" not in model.profile.source
-    assert model.profile.meta["analytical"] is True
+    assert model.profile.meta.analytical is True
 
 
 def test_shipped_cpu_profile_round_trip_every_profiled_point():

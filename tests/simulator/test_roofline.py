@@ -14,6 +14,7 @@ from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.config import ModelConfig, qwen25_3b
 from sparsebalance.simulator.cost import kernelcost as kc
 from sparsebalance.simulator.cost.profile import load_profile, monotone_violations
+from sparsebalance.simulator.cost.profilemeta import ProfileMeta
 from sparsebalance.simulator.cost.roofline import (
     H20,
     H100,
@@ -104,10 +105,10 @@ def test_bad_hardware_parameters():
 def test_shipped_profiles_are_labelled_and_current(tmp_path, name, hw):
     shipped = load_profile(name)
     meta = shipped.meta
-    assert meta["analytical"] is True and meta["how"].startswith("analytical roofline")
-    assert meta["device"] == hw.device and meta["block_size"] == 256 and meta["tp"] == 2
-    assert meta["model"]["hidden"] == 2048 and meta["roofline"]["peak_flops"] == hw.peak_flops
-    assert meta["command"] == "python -m sparsebalance.simulator.cost.roofline --out sparsebalance/data/profiles"
+    assert meta.analytical is True and meta.how.startswith("analytical roofline")
+    assert meta.device == hw.device and meta.block_size == 256 and meta.tp == 2
+    assert meta.model["hidden"] == 2048 and meta.roofline["peak_flops"] == hw.peak_flops
+    assert meta.command == "python -m sparsebalance.simulator.cost.roofline --out sparsebalance/data/profiles"
     main(["--out", str(tmp_path)])
     fresh = load_profile(tmp_path / name)
     shape = attention_shape(meta_model(meta), 2, 256)
@@ -125,7 +126,7 @@ def test_shipped_profiles_are_labelled_and_current(tmp_path, name, hw):
     assert tok.min() <= 256 and tok.max() == 262144
 
 
-def meta_model(meta: dict) -> ModelConfig:
+def meta_model(meta: ProfileMeta) -> ModelConfig:
     return qwen25_3b()
 
 
@@ -150,7 +151,7 @@ def test_shipped_tables_follow_the_dispatcher(name):
         below = fb.columns < -(-int(L) // 256)
         assert (np.diff(row[below]) >= 0).all(), L
         assert (row[~below] == row[~below].max(initial=0)).all(), L
-    assert bool(prof.meta.get("nonmonotone")) == bool(monotone_violations(prof, 256))
+    assert bool(prof.meta.nonmonotone) == bool(monotone_violations(prof, 256))
     for op in ("layer_fwd", "layer_bwd", "embed_fwd", "embed_bwd", "head_fwd", "head_bwd"):
         assert (np.diff(prof.rows(op)["latency_s"].to_numpy()) >= 0).all(), op
 
@@ -170,8 +171,8 @@ def test_build_table_prices_the_path_the_rule_picks():
             assert lat == float(attention_time(L, k, m, 2, 256, H200, backward=bwd, path=kc.PATHS[path]))
             other = {kc.SPARSE: "masked", kc.MASKED: "sparse"}.get(path)
             if other and not bwd:  # the rule compares forward + backward
-                fb = lambda p: float(attention_time(L, k, m, 2, 256, H200, path=p)
-                                     + attention_time(L, k, m, 2, 256, H200, backward=True, path=p))
+                fb = lambda p, L=L, k=k: float(attention_time(L, k, m, 2, 256, H200, path=p)
+                                               + attention_time(L, k, m, 2, 256, H200, backward=True, path=p))
                 assert fb(kc.PATHS[path]) <= fb(other)
     assert seen == set(kc.PATHS)  # the grid exercises every path
     fb = t[t.op.isin(["attn_fwd", "attn_bwd"])].groupby(["seq_len", "budget"])["latency_s"].sum()

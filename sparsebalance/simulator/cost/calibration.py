@@ -24,7 +24,7 @@ large the shape differs too, and the report says to re-profile.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -172,7 +172,7 @@ def fit(profile: Profile, probe: pd.DataFrame, *, fingerprint_here: dict | None 
         logs = np.log(g["ratio"].to_numpy())
         scales[op] = float(math.exp(logs.mean()))
         spreads[op] = float(logs.std(ddof=1)) if len(logs) > 1 else 0.0
-    recorded = profile.meta.get("machine")
+    recorded = profile.meta.machine
     here = dict(fingerprint_here or {})
     return Calibration(scales=scales, spreads=spreads, points=pts, probed_ops=tuple(scales),
                        seconds=seconds, fingerprint_here=here, fingerprint_profile=recorded,
@@ -185,11 +185,11 @@ def rescale(profile: Profile, cal: Calibration) -> Profile:
     t = profile.table.copy()
     factor = t["op"].map(lambda op: cal.scales.get(op, cal.default_scale)).astype(float)
     t["latency_s"] = t["latency_s"] * factor
-    meta = dict(profile.meta)
-    meta["calibration"] = {"scales": {op: cal.scales.get(op, cal.default_scale) for op in profile.ops},
-                           "spreads": cal.spreads, "probed_points": len(cal.points),
-                           "machine": cal.fingerprint_here, "source": profile.source}
-    meta["how"] = f"{profile.meta.get('how', '')} | rescaled per op by a calibration probe on this machine"
+    calibration = {"scales": {op: cal.scales.get(op, cal.default_scale) for op in profile.ops},
+                   "spreads": cal.spreads, "probed_points": len(cal.points),
+                   "machine": cal.fingerprint_here, "source": profile.source}
+    meta = replace(profile.meta, calibration=calibration,
+                   how=f"{profile.meta.how} | rescaled per op by a calibration probe on this machine")
     return Profile(table=t, meta=meta, source=f"{profile.source} (calibrated on this machine)")
 
 
@@ -209,14 +209,13 @@ def fingerprint_mismatch(recorded: dict | None, here: dict) -> list[str]:
 def same_device_kind(profile: Profile, here: dict) -> bool:
     """Whether this machine can run the profile's device: a CPU profile on any CPU, a CUDA profile
     only where a GPU is visible (a laptop predicting an H200 cluster cannot probe its profile)."""
-    recorded = (profile.meta.get("machine") or {}).get("device_kind")
-    kind = recorded or ("cpu" if str(profile.meta.get("device", "")).lower().startswith("cpu") else "cuda")
+    kind = profile.meta.device_kind
     return here.get("device_kind") == kind or (kind == "cuda" and here.get("gpu_name") is not None)
 
 
 def needs_probe(profile: Profile) -> bool:
     """Only measured profiles are probed (an analytical one is a model, not a measurement)."""
-    return not profile.meta.get("analytical", False)
+    return not profile.meta.analytical
 
 
 __all__ = ["ATTENTION_OPS", "Calibration", "ProbeGrid", "fingerprint_mismatch", "fit", "needs_probe",

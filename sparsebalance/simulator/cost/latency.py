@@ -54,6 +54,7 @@ from sparsebalance.errors import ConfigError, MeaningWarning, check_choice
 from sparsebalance.simulator.budget import Budget
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
 from sparsebalance.simulator.cost.profile import Profile, load_profile, monotone_violations
+from sparsebalance.simulator.cost.profilemeta import ProfileMeta
 from sparsebalance.simulator.cost.query import ScalarStageLatency
 from sparsebalance.simulator.cost.stagecost import StageCost
 from sparsebalance.simulator.layout import layout_of
@@ -120,7 +121,8 @@ class LatencyModel(ScalarStageLatency):
         self._curves = {op: _Curve(r["seq_len"], r["latency_s"]) for op in profile.ops
                         if op not in self._surfaces for r in [profile.rows(op)]}
         meta = profile.meta
-        self._tp_comm = cluster.tp > 1 and not meta.get("tp_comm_included", bool(meta["analytical"]))
+        included = meta.analytical if meta.tp_comm_included is None else meta.tp_comm_included
+        self._tp_comm = cluster.tp > 1 and not included
         """Whether the dense ops lack the TP all-reduces (added here, see the module docstring)."""
         self.notes: list[str] = []
         """What the model derived rather than read from the profile (e.g. the split backward)."""
@@ -157,7 +159,7 @@ class LatencyModel(ScalarStageLatency):
     def _note_split(self) -> None:
         if self._derived_split and not self.notes:
             ops = " and ".join(f"{n}_bwd" for n in self._derived_split)
-            self.notes.append(f"profile {self.profile.source} (format {self.profile.meta['format_version']}) "
+            self.notes.append(f"profile {self.profile.source} (format {self.profile.meta.format_version}) "
                               f"has no split-backward rows: I = W = half of {ops} (B = I + W)")
             warnings.warn("latency: " + self.notes[0], RuntimeWarning, stacklevel=3)
 
@@ -553,7 +555,7 @@ class LatencyModel(ScalarStageLatency):
         params = round(self.stage_params(stage) / self.cluster.tp)
         if "optim" in self._curves:
             return self._op("optim", params)
-        bw = self.profile.meta.get("memory_bandwidth")
+        bw = self.profile.meta.memory_bandwidth
         if bw:
             return params * ADAMW_BYTES_PER_PARAM / bw
         if "optim" not in self._warned:
@@ -563,15 +565,15 @@ class LatencyModel(ScalarStageLatency):
         return 0.0
 
 
-def _mismatches(meta: dict, model: ModelConfig, cluster: ClusterConfig) -> list[str]:
+def _mismatches(meta: ProfileMeta, model: ModelConfig, cluster: ClusterConfig) -> list[str]:
     out = []
-    if meta["block_size"] != model.block_size:
-        out.append(f"block_size {meta['block_size']} (run: model.block_size = {model.block_size})")
-    if meta["tp"] != cluster.tp:
-        out.append(f"tp {meta['tp']} (run: cluster.tp = {cluster.tp})")
+    if meta.block_size != model.block_size:
+        out.append(f"block_size {meta.block_size} (run: model.block_size = {model.block_size})")
+    if meta.tp != cluster.tp:
+        out.append(f"tp {meta.tp} (run: cluster.tp = {cluster.tp})")
     for dim in _CHECKED_DIMS:
-        if dim in meta["model"] and meta["model"][dim] != getattr(model, dim):
-            out.append(f"model.{dim} {meta['model'][dim]} (run: {getattr(model, dim)})")
+        if dim in meta.model and meta.model[dim] != getattr(model, dim):
+            out.append(f"model.{dim} {meta.model[dim]} (run: {getattr(model, dim)})")
     return out
 
 
@@ -587,10 +589,10 @@ def load_latency_model(profile: str | Profile, model: ModelConfig, cluster: Clus
     check_choice(extrapolate, "extrapolate", EXTRAPOLATE)
     prof = profile if isinstance(profile, Profile) else load_profile(profile, base_dir)
     bad = _mismatches(prof.meta, model, cluster)
-    if bad and prof.meta.get("analytical") and isinstance(prof.meta.get("roofline"), dict):
+    if bad and prof.meta.analytical and prof.meta.roofline is not None:
         from sparsebalance.simulator.cost.roofline import Hardware, build_profile
 
-        hw = Hardware(**prof.meta["roofline"])
+        hw = Hardware(**prof.meta.roofline)
         _check_derivable(prof, hw, build_profile)
         derived = build_profile(hw, model, cluster.tp)
         derived.source = f"{prof.source} (analytical, re-derived for {model.name}, tp {cluster.tp})"
@@ -599,7 +601,7 @@ def load_latency_model(profile: str | Profile, model: ModelConfig, cluster: Clus
         raise ConfigError(f"profile: {prof.source} does not match the run: " + "; ".join(bad)
                           + ". Measure a profile for this model and plan (sparsebalance profile)")
     _check_monotone(prof, model.block_size, allow_nonmonotone)
-    device = str(prof.meta.get("device", ""))
+    device = prof.meta.device
     # A measured profile names the device in full ("cpu x86_64, 1 thread(s)", "NVIDIA H200"): the
     # cluster's short label matches when it is a word of that name.
     words = device.lower().replace(",", " ").split()
@@ -615,8 +617,8 @@ def _check_derivable(prof: Profile, hw, build_profile) -> None:
     (every latency x10, say) would be silently replaced: refuse it in one line instead."""
     meta = prof.meta
     try:
-        own = ModelConfig(**meta["model"], block_size=int(meta["block_size"]))
-        want = build_profile(hw, own, int(meta["tp"])).table
+        own = ModelConfig(**meta.model, block_size=meta.block_size)
+        want = build_profile(hw, own, meta.tp).table
     except (TypeError, KeyError, ValueError, ConfigError) as e:
         raise ConfigError(f"profile: {prof.source}: its sidecar cannot re-derive it ({e}); "
                           "regenerate it with python -m sparsebalance.simulator.cost.roofline") from None
@@ -638,8 +640,8 @@ def _check_monotone(prof: Profile, block_size: int, allow: bool) -> None:
     if not bad:
         return
     shown = "; ".join(bad[:3]) + (f"; and {len(bad) - 3} more" if len(bad) > 3 else "")
-    note = prof.meta.get("nonmonotone")
-    if allow or (isinstance(note, str) and note):
+    note = prof.meta.nonmonotone
+    if allow or note:
         why = f" (accepted: {note})" if note else " (accepted: --allow-nonmonotone)"
         warnings.warn(f"profile {prof.source}: latency falls as work grows at {len(bad)} point(s)"
                       f"{why}: {shown}", stacklevel=3)

@@ -18,8 +18,8 @@ A profile is a directory ``NAME/`` holding
   - ``optim``: one AdamW step; ``seq_len`` = number of parameters, ``budget`` = 0. Optional.
 
   ``latency_s`` is seconds on one GPU (one TP rank) of the recorded parallel plan.
-* ``profile.json``, the sidecar (see :data:`SIDECAR_KEYS`); optional ``memory_bandwidth`` (bytes/s)
-  feeds the optimizer estimate when there are no ``optim`` rows.
+* ``profile.json``, the sidecar: :class:`~sparsebalance.simulator.cost.profilemeta.ProfileMeta`
+  (``profilemeta.py``), one field per key.
 
 Shipped profiles live in ``sparsebalance/data/profiles/<name>/``.
 """
@@ -28,21 +28,16 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
 from sparsebalance.data.sequence import blocks
 from sparsebalance.errors import ConfigError
 from sparsebalance.readfile import load_json, os_error
+from sparsebalance.simulator.cost.profilemeta import ProfileMeta
 
-FORMAT_VERSION = 2
-"""Written by this version. 2 added the split backward (``*_bwd_input``, ``*_bwd_weight``)."""
-READ_VERSIONS = (1, 2)
-"""Read by this version: a format-1 profile loads; the latency model derives its split backward
-(I = W = half of the whole, B = I + W) and says so once."""
 COLUMNS = ("op", "seq_len", "budget", "latency_s")
 ATTENTION_OPS = ("attn_fwd", "attn_bwd")
 DENSE_OPS = ("layer_fwd", "layer_bwd", "embed_fwd", "embed_bwd", "head_fwd", "head_bwd",
@@ -51,14 +46,6 @@ SPLIT_OPS = ("layer_bwd_input", "layer_bwd_weight")
 """Required in a format-2 profile."""
 OPS = ATTENTION_OPS + DENSE_OPS + ("optim",)
 REQUIRED_OPS = ("attn_fwd", "attn_bwd", "layer_fwd", "layer_bwd")
-#: Sidecar key -> the JSON type it must have.
-SIDECAR_KEYS: dict[str, type | tuple[type, ...]] = {
-    "format_version": int, "device": str, "dtype": str, "analytical": bool, "model": dict,
-    "block_size": int, "tp": int, "how": str, "command": str, "versions": dict,
-}
-_TYPE_WORDS = {int: "an integer", str: "a string", bool: "true or false", dict: "a JSON object"}
-#: Model dimensions a sidecar's ``model`` dict records (names of ``ModelConfig`` fields).
-MODEL_DIMS = ("hidden", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab")
 SHIPPED_DIR = Path(__file__).resolve().parents[2] / "data" / "profiles"
 
 
@@ -68,15 +55,24 @@ class Profile:
 
     table: pd.DataFrame
     """Rows ``op, seq_len, budget, latency_s`` (ints, ints, ints, float seconds), sorted."""
-    meta: dict[str, Any] = field(default_factory=dict)
-    """The sidecar (see :data:`SIDECAR_KEYS`)."""
+    meta: ProfileMeta
+    """The sidecar, typed and validated."""
     source: str = "<memory>"
     """Where it was loaded from (named in error messages)."""
 
     def __post_init__(self) -> None:
         self.table = validate_table(self.table, self.source)
-        validate_meta(self.meta, self.source)
         check_split_ops(self.table, self.meta, self.source)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``profile.csv`` + ``profile.json`` into ``directory`` (the one writer of profiles);
+        returns it."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        # repr-precision floats so that a reload gives back exactly the same numbers
+        self.table.to_csv(out / "profile.csv", index=False, float_format="%.17g")
+        (out / "profile.json").write_text(json.dumps(self.meta.to_json(), indent=2, sort_keys=True) + "\n")
+        return out
 
     @property
     def ops(self) -> tuple[str, ...]:
@@ -138,61 +134,17 @@ def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profil
         raise ConfigError(f"profile: {csv_path} is not a readable CSV: {e}") from None
     except OSError as e:
         raise os_error(e, "profile", f"cannot read {csv_path}") from None
-    meta = load_json(json_path, "profile")  # undecodable, invalid, nested too deep: one line
-    if not isinstance(meta, dict):
-        raise ConfigError(f"profile: {json_path} must hold a JSON object")
+    data = load_json(json_path, "profile")  # undecodable, invalid, nested too deep: one line
     table = validate_table(table, str(csv_path))
-    validate_meta(meta, str(json_path))
+    meta = ProfileMeta.from_json(data, str(json_path))
     return Profile(table=table, meta=meta, source=str(csv_path))
 
 
-def write_profile(table: pd.DataFrame, meta: dict[str, Any], directory: str | Path) -> Path:
-    """Validate and write ``profile.csv`` + ``profile.json`` into ``directory``; returns it."""
-    out = Path(directory)
-    table = validate_table(table, str(out / "profile.csv"))
-    validate_meta(meta, str(out / "profile.json"))
-    check_split_ops(table, meta, str(out / "profile.csv"))
-    out.mkdir(parents=True, exist_ok=True)
-    # repr-precision floats so that a reload gives back exactly the same numbers
-    table.to_csv(out / "profile.csv", index=False, float_format="%.17g")
-    (out / "profile.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    return out
-
-
-def validate_meta(meta: dict[str, Any], where: str) -> None:
-    """Check the sidecar's keys and types; raise ConfigError naming the file and the problem."""
-    missing = [k for k in SIDECAR_KEYS if k not in meta]
-    if missing:
-        raise ConfigError(f"profile: {where}: sidecar is missing key(s) {', '.join(missing)} "
-                          f"(required: {', '.join(SIDECAR_KEYS)})")
-    for key, tp in SIDECAR_KEYS.items():
-        value = meta[key]
-        bad_bool = tp is int and isinstance(value, bool)
-        if bad_bool or not isinstance(value, tp):
-            raise ConfigError(f"profile: {where}: sidecar key {key!r} must be {_TYPE_WORDS[tp]}, "
-                              f"got {value!r}")
-    if meta["format_version"] not in READ_VERSIONS:
-        raise ConfigError(f"profile: {where}: format_version {meta['format_version']} is not supported "
-                          f"(this version reads {', '.join(map(str, READ_VERSIONS))})")
-    for key in ("block_size", "tp"):
-        if meta[key] <= 0:
-            raise ConfigError(f"profile: {where}: sidecar key {key!r} must be > 0, got {meta[key]}")
-    bad_dims = [k for k, v in meta["model"].items()
-                if k in MODEL_DIMS and (isinstance(v, bool) or not isinstance(v, int) or v <= 0)]
-    if bad_dims:
-        raise ConfigError(f"profile: {where}: model dims {', '.join(bad_dims)} must be positive integers")
-    bw = meta.get("memory_bandwidth")
-    if bw is not None and (isinstance(bw, bool) or not isinstance(bw, (int, float))
-                           or not math.isfinite(bw) or bw <= 0):
-        raise ConfigError(f"profile: {where}: memory_bandwidth must be a positive number of bytes/s, "
-                          f"got {bw!r}")
-
-
-def check_split_ops(table: pd.DataFrame, meta: dict[str, Any], where: str) -> None:
+def check_split_ops(table: pd.DataFrame, meta: ProfileMeta, where: str) -> None:
     """A format-2 profile has ``layer_bwd_input`` and ``layer_bwd_weight``; the two ops of a split
     come as a pair in any format."""
     present = set(table["op"])
-    if meta.get("format_version", FORMAT_VERSION) >= 2:
+    if meta.format_version >= 2:
         absent = [op for op in SPLIT_OPS if op not in present]
         if absent:
             raise ConfigError(f"profile: {where}: format 2 needs op(s) {', '.join(absent)} (the split "
@@ -260,7 +212,7 @@ def monotone_violations(profile: Profile, block_size: int | None = None,
     dense work, so only budgets that add blocks are compared), and along tokens / parameters (dense
     ops, optim). A drop counts when the later point is below ``(1 - tolerance)`` x the earlier one.
     Returns one readable line per violation, the largest relative drop first (empty = monotone)."""
-    bs = int(block_size or profile.meta.get("block_size") or 1)
+    bs = int(block_size or profile.meta.block_size)
     out: list[tuple[float, str]] = []
     for op in profile.ops:
         rows = profile.rows(op)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +45,8 @@ from sparsebalance.data.sequence import blocks
 from sparsebalance.errors import check, check_positive
 from sparsebalance.simulator.config import ModelConfig, qwen25_3b
 from sparsebalance.simulator.cost import kernelcost as kc
-from sparsebalance.simulator.cost.profile import MODEL_DIMS, Profile, monotone_violations, write_profile
+from sparsebalance.simulator.cost.profile import Profile, monotone_violations
+from sparsebalance.simulator.cost.profilemeta import FORMAT_VERSION, MODEL_DIMS, ProfileMeta
 
 COMMAND = "python -m sparsebalance.simulator.cost.roofline --out sparsebalance/data/profiles"
 
@@ -309,40 +310,39 @@ def build_profile(hw: Hardware, model: ModelConfig, tp: int, block_size: int | N
     meta = sidecar(hw, model, tp, block)
     prof = Profile(table=table, meta=meta, source=f"analytical-{hw.device}")
     bad = monotone_violations(prof, block)
-    if bad:
-        meta["nonmonotone"] = (
-            f"{len(bad)} attention point(s) fall as budget or length grows, as the kernel does: just below "
-            "the block count the dispatcher runs the masked dense path, which pays the gate on top of the "
-            "dense tiles that the full budget (dense, no gate) runs alone; and where the path changes "
-            "between neighbouring points (chosen by forward + backward) one pass can get cheaper while "
-            "the other gets dearer (docs/costmodel.md, 'Budget and the dense path')")
+    if bad:  # the note is read from the table just built, so it joins the sidecar after building
+        note = (f"{len(bad)} attention point(s) fall as budget or length grows, as the kernel does: just below "
+                "the block count the dispatcher runs the masked dense path, which pays the gate on top of the "
+                "dense tiles that the full budget (dense, no gate) runs alone; and where the path changes "
+                "between neighbouring points (chosen by forward + backward) one pass can get cheaper while "
+                "the other gets dearer (docs/costmodel.md, 'Budget and the dense path')")
+        prof.meta = replace(meta, nonmonotone=note)
     return prof
 
 
-def sidecar(hw: Hardware, model: ModelConfig, tp: int, block_size: int) -> dict:
+def sidecar(hw: Hardware, model: ModelConfig, tp: int, block_size: int) -> ProfileMeta:
     import numpy
     import pandas
 
     from sparsebalance import __version__
 
-    return {
-        "format_version": 2, "device": hw.device, "dtype": "bf16", "analytical": True,
-        "model": {"name": model.name} | {k: getattr(model, k) for k in MODEL_DIMS}
-                 | {"dtype_bytes": model.dtype_bytes},
-        "block_size": block_size, "tp": tp,
-        "how": ("analytical roofline of our MoBA kernel (simulator/cost/kernelcost.py): executed tile pairs "
-                "(key-block-major gather, own block, dense path at full budget), gate and index "
-                "building, LSE-merge traffic, 5-matmul backward, launches; each sequence on the path "
-                "the kernel's dispatcher picks (kernelcost.choose_path: sparse, or the masked dense "
-                "path below the block count; dense at it); per kernel max(FLOPs / "
-                "(peak x efficiency), bytes / (HBM bandwidth x efficiency)); dense layers likewise; "
-                "constants and sources in docs/costmodel.md; not measured"),
-        "command": COMMAND,
-        "versions": {"sparsebalance": __version__, "numpy": numpy.__version__,
-                     "pandas": pandas.__version__},
-        "memory_bandwidth": hw.memory_bandwidth * hw.memory_efficiency,
-        "roofline": asdict(hw),
-    }
+    return ProfileMeta(
+        format_version=FORMAT_VERSION, device=hw.device, dtype="bf16", analytical=True,
+        model={"name": model.name} | {k: getattr(model, k) for k in MODEL_DIMS}
+              | {"dtype_bytes": model.dtype_bytes},
+        block_size=block_size, tp=tp,
+        how=("analytical roofline of our MoBA kernel (simulator/cost/kernelcost.py): executed tile pairs "
+             "(key-block-major gather, own block, dense path at full budget), gate and index "
+             "building, LSE-merge traffic, 5-matmul backward, launches; each sequence on the path "
+             "the kernel's dispatcher picks (kernelcost.choose_path: sparse, or the masked dense "
+             "path below the block count; dense at it); per kernel max(FLOPs / "
+             "(peak x efficiency), bytes / (HBM bandwidth x efficiency)); dense layers likewise; "
+             "constants and sources in docs/costmodel.md; not measured"),
+        command=COMMAND,
+        versions={"sparsebalance": __version__, "numpy": numpy.__version__, "pandas": pandas.__version__},
+        memory_bandwidth=hw.memory_bandwidth * hw.memory_efficiency,
+        roofline=asdict(hw),
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> None:
     model = qwen25_3b()
     for hw in (H100, H200, H20):
         prof = build_profile(hw, model, args.tp)
-        path = write_profile(prof.table, prof.meta, Path(args.out) / f"analytical-{hw.device}")
+        path = prof.save(Path(args.out) / f"analytical-{hw.device}")
         print(f"wrote {path} ({len(prof.table)} rows)")
 
 

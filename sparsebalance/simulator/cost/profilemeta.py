@@ -1,0 +1,122 @@
+"""A profile's sidecar (``profile.json``) as a typed, validated value: :class:`ProfileMeta`.
+
+The sidecar is read through ``configmap`` (wrong types name the field) and written by
+:meth:`ProfileMeta.to_json` only, so every producer (the roofline, a measurement, a calibration)
+records the same keys the same way. Keys this version does not know are kept in ``extra`` and
+written back unchanged: a sidecar from a newer or older tool loads and survives a rescale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparsebalance.configmap import from_mapping
+from sparsebalance.errors import ConfigError
+
+FORMAT_VERSION = 2
+"""Written by this version. 2 added the split backward (``*_bwd_input``, ``*_bwd_weight``)."""
+READ_VERSIONS = (1, 2)
+"""Read by this version: a format-1 profile loads; the latency model derives its split backward
+(I = W = half of the whole, B = I + W) and says so once."""
+#: Model dimensions a sidecar's ``model`` dict records (names of ``ModelConfig`` fields).
+MODEL_DIMS = ("hidden", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ProfileMeta:
+    """The sidecar of a profile: what was measured (or modelled), where, and how."""
+
+    format_version: int
+    """Profile format the table follows (see :data:`READ_VERSIONS`)."""
+    device: str
+    """Device label: a short name (``h100``) for analytical profiles, the full name for measured ones
+    (``NVIDIA H100 80GB HBM3``, ``cpu x86_64, 1 thread(s)``)."""
+    dtype: str
+    """Compute dtype of the measurement (``bfloat16``, ``float32``; ``bf16`` for analytical)."""
+    analytical: bool
+    """True when the table is a model (``simulator/cost/roofline.py``), not a measurement."""
+    model: dict[str, Any]
+    """The model measured: :data:`MODEL_DIMS` (positive integers) and optionally ``name``,
+    ``dtype_bytes`` (analytical profiles, which re-derive from it)."""
+    block_size: int
+    """MoBA block size, tokens."""
+    tp: int
+    """Tensor-parallel degree: latencies are of one TP rank."""
+    how: str
+    """The method in words (statistic, repeats, timer; read by the calibration probe)."""
+    command: str
+    """The command that produced the profile."""
+    versions: dict[str, Any]
+    """Package versions of the producer (name -> version string)."""
+    memory_bandwidth: float | None = None
+    """Effective HBM bandwidth, bytes/s: prices the optimizer step when there are no ``optim`` rows."""
+    roofline: dict[str, Any] | None = None
+    """Analytical profiles: the ``Hardware`` parameters they re-derive from for another model."""
+    concurrency: int | None = None
+    """Copies measured at once (CPU; absent = 1)."""
+    tp_comm_included: bool | None = None
+    """Whether the dense ops include the TP all-reduces (absent = ``analytical``)."""
+    machine: dict[str, Any] | None = None
+    """Fingerprint of the machine measured on (``kernels/calibrate.machine_fingerprint``)."""
+    calibration: dict[str, Any] | None = None
+    """In a copy rescaled by a probe: per-op ``scales``, ``spreads``, the probing machine, the source."""
+    nonmonotone: str | None = None
+    """Why points where latency falls as work grows are acceptable (runs then only warn)."""
+    date: str | None = None
+    """UTC day the measurement ended (ISO 8601)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Sidecar keys this version does not know, kept so that writing gives them back."""
+
+    def __post_init__(self) -> None:
+        if self.format_version not in READ_VERSIONS:
+            raise ConfigError(f"format_version: {self.format_version} is not supported "
+                              f"(this version reads {', '.join(map(str, READ_VERSIONS))})")
+        for name in ("block_size", "tp", "concurrency"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"{name}: must be > 0, got {value}")
+        bad = [k for k, v in self.model.items()
+               if k in MODEL_DIMS and (isinstance(v, bool) or not isinstance(v, int) or v <= 0)]
+        if bad:
+            raise ConfigError(f"model: dims {', '.join(bad)} must be positive integers")
+        bw = self.memory_bandwidth
+        if bw is not None and bw <= 0:  # configmap already refused a non-number and inf
+            raise ConfigError(f"memory_bandwidth: must be a positive number of bytes/s, got {bw!r}")
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], where: str) -> ProfileMeta:
+        """The sidecar ``data`` (a parsed ``profile.json``) validated; errors are one line naming
+        ``where`` and the field. Unknown keys go to ``extra``."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"profile: {where} must hold a JSON object")
+        missing = [k for k in REQUIRED_KEYS if k not in data]
+        if missing:
+            raise ConfigError(f"profile: {where}: sidecar is missing key(s) {', '.join(missing)} "
+                              f"(required: {', '.join(REQUIRED_KEYS)})")
+        known = {k: v for k, v in data.items() if k in SIDECAR_FIELDS}
+        extra = {k: v for k, v in data.items() if k not in SIDECAR_FIELDS}
+        try:
+            return from_mapping(cls, {**known, "extra": extra})
+        except ConfigError as e:
+            raise ConfigError(f"profile: {where}: sidecar key {e}") from None
+
+    def to_json(self) -> dict[str, Any]:
+        """The sidecar as a JSON object: every set field and the ``extra`` keys (absent stays absent)."""
+        out = {name: getattr(self, name) for name in SIDECAR_FIELDS if getattr(self, name) is not None}
+        return {**self.extra, **out}
+
+    @property
+    def device_kind(self) -> str:
+        """``cpu`` or ``cuda``: the fingerprint's record, else read from the device label."""
+        recorded = (self.machine or {}).get("device_kind")
+        return recorded or ("cpu" if self.device.lower().startswith("cpu") else "cuda")
+
+
+#: Sidecar keys with a field of their own (``extra`` holds the rest).
+SIDECAR_FIELDS = tuple(f.name for f in dataclasses.fields(ProfileMeta) if f.name != "extra")
+#: Keys every sidecar has (fields without a default).
+REQUIRED_KEYS = tuple(f.name for f in dataclasses.fields(ProfileMeta)
+                      if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)

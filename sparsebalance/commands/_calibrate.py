@@ -15,7 +15,7 @@ measurements: left alone.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,22 +73,34 @@ class Prober:
             self.grid = probe_grid(self.prof, max_len=getattr(cfg.data, "max_length", None),
                                    budget=cfg.policy.k0)
 
-    def probe(self) -> None:
-        """One probe of the grid now (seconds); kept for :meth:`finish`."""
+    def probe(self) -> int | None:
+        """One probe of the grid now (seconds); kept for :meth:`finish`. Returns its index (None
+        when inactive)."""
         if not self.active:
-            return
+            return None
         from sparsebalance.kernels.calibrate import timed_probe
 
         table, secs = timed_probe(self.prof, self.grid, self.measure)
         self.tables.append(table)
         self.seconds += secs
+        return len(self.tables) - 1
 
-    def finish(self) -> tuple[Any, dict]:
+    def scales(self) -> list[dict[str, float]]:
+        """Each probe's own per-op scales, of the ops that carry the time (``Calibration.timed_ops``):
+        what ``analysis/disturbance.probe_disagreement`` compares; [] when inactive."""
+        if not self.tables:
+            return []
+        from sparsebalance.simulator.cost.calibration import fit
+
+        timed = set(fit(self.prof, self.tables[0]).timed_ops)
+        return [{op: s for op, s in fit(self.prof, t).scales.items() if op in timed} for t in self.tables]
+
+    def finish(self, only: Sequence[int] | None = None) -> tuple[Any, dict]:
         """(config to run or replay with, a JSON-able record whose ``status`` is one of analytical,
         no-torch, as-is, device-not-here, rescaled); an active prober needs at least one
-        :meth:`probe` first. Every probe's points enter one fit: an op's
-        scale is the geometric mean over its points of all probes, its spread includes the drift
-        between probes."""
+        :meth:`probe` first. Every probe's points (or those of the probes ``only`` names: validate
+        leaves out the probes of rounds it does not report) enter one fit: an op's scale is the
+        geometric mean over its points of all probes, its spread includes the drift between probes."""
         if not self.active:
             return self.cfg, self.record
         import pandas as pd
@@ -96,17 +108,21 @@ class Prober:
         from sparsebalance.simulator.cost.calibration import fit, rescale
         from sparsebalance.simulator.cost.profile import write_profile
 
-        table = pd.concat(self.tables, ignore_index=True)
+        used = self.tables if only is None else [self.tables[i] for i in only]
+        table = pd.concat(used, ignore_index=True)
         cal = fit(self.prof, table, fingerprint_here=self.here, seconds=self.seconds)
         scaled = rescale(self.prof, cal)
         target = self.out / CALIBRATED_DIR
         write_profile(scaled.table, scaled.meta, target)
         self.out.mkdir(parents=True, exist_ok=True)
         cal.points.to_csv(self.out / "calibration.csv", index=False)
-        probes = len(self.tables)
-        self.emit(cal.line(applied=True) + (f" ({probes} probes, one per round)" if probes > 1 else ""))
+        probes = len(used)
+        left = len(self.tables) - probes
+        self.emit(cal.line(applied=True) + (f" ({probes} probes, one per round)" if probes > 1 else "")
+                  + (f"; {left} probe(s) of repeated or left-out rounds not used" if left else ""))
         return (dataclasses.replace(self.cfg, profile=str(target.resolve())),
-                {"status": "rescaled", "probes": probes, **cal.to_dict(applied=True)})
+                {"status": "rescaled", "probes": probes, "probes_taken": len(self.tables),
+                 **cal.to_dict(applied=True)})
 
 
 def calibrate_run(cfg: Any, out: Path, *, as_is: bool, measure: Callable | None = None,

@@ -16,6 +16,15 @@ import time
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The benchmark, then the host's load over it (other processes' cores) and DISTURBED with the
+    reason when it was not a quiet machine's (``analysis/disturbance.py``)."""
+    from sparsebalance.commands._hostload import judged_window
+
+    with judged_window("the benchmark", cores=1):
+        return _main(argv)
+
+
+def _main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=7)

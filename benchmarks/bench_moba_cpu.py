@@ -50,6 +50,15 @@ def _speedup(dense: list[float], other: list[float]) -> dict:
 
 
 def main() -> None:
+    """The benchmark, then the host's load over it (other processes' cores) and DISTURBED with the
+    reason when it was not a quiet machine's (``analysis/disturbance.py``)."""
+    from sparsebalance.commands._hostload import judged_window
+
+    with judged_window("the benchmark", cores=1):
+        _main()
+
+
+def _main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384])
     ap.add_argument("--topks", type=int, nargs="+", default=[4, 8])

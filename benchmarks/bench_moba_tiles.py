@@ -27,6 +27,15 @@ def _best(fn, repeats: int) -> float:
 
 
 def main() -> None:
+    """The benchmark, then the host's load over it (other processes' cores) and DISTURBED with the
+    reason when it was not a quiet machine's (``analysis/disturbance.py``)."""
+    from sparsebalance.commands._hostload import judged_window
+
+    with judged_window("the benchmark", cores=1):
+        _main()
+
+
+def _main() -> None:
     import torch
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -15,7 +15,9 @@ Rows (1F1B, random heterogeneous F/B durations, P2P, all-reduce and optimizer):
 * the SimPy model of record on the 65,536-action replay (one run: it is the slow, event path);
 * scaling: core time at DP 8..512 (x 8 stages x 64 micro-batches) and the least-squares exponent
   b of time ~ actions^b (b < 1: the per-level numpy overhead is amortised as replicas grow).
-Best of ``--repeats`` runs (wall clock); one core is used (numpy does not thread these ops).
+Best of ``--repeats`` runs (wall clock); one core is used (numpy does not thread these ops). The last
+line is the host's load over the whole benchmark (other processes' cores) and DISTURBED with the
+reason when it was not a quiet machine's.
 """
 
 from __future__ import annotations
@@ -120,7 +122,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    r = args.repeats
+    from sparsebalance.commands._hostload import judged_window
+
+    # one process at a time times the cases (the CLI ones are waited-for children, counted as ours)
+    with judged_window("the benchmark", cores=1):
+        _run(args.repeats)
+
+
+def _run(r: int) -> None:
     print(f"# {platform.processor() or platform.machine()}, python {platform.python_version()}, "
           f"{os.cpu_count()} cpus visible, best of {r}; load {os.getloadavg()[0]:.2f}")
     rows = []

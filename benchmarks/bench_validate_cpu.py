@@ -1,7 +1,8 @@
 """The CPU validate errors, call after call: runs ``sparsebalance validate`` N times and prints, per
 call, the iteration-time error (round means and single runs), the measured speedup with its 95 %
 CI, the predicted speedup with its range, whether the ranking is resolved and consistent, the
-calibration scales, and the host's load (other processes' cores, the workers' CPU share).
+calibration scales, the host's load (other processes' cores, the workers' CPU share) and the call's
+verdict on itself (``disturbed``, with the reasons, and its rounds repeated or left out).
 
 A benchmark, not a test: its figures depend on the machine. For figures you report, run it under
 the project's exclusive CPU lock (a quiet machine) and say so:
@@ -61,6 +62,10 @@ def one_call(config: str, out: Path, extra: list[str]) -> dict:
         "calibration": ", ".join(f"{k} {v:.2f}" for k, v in (cal.get("scales") or {}).items()) or cal.get("status"),
         "foreign_cores_mean": host.get("foreign_cores_mean"), "foreign_cores_max": host.get("foreign_cores_max"),
         "cpu_busy_mean": host.get("cpu_busy_mean"),
+        # the call's verdict on itself (analysis/disturbance.py): a disturbed call is no result
+        "disturbed": s.get("disturbed"), "disturbed_reasons": "; ".join(s.get("disturbed_reasons") or []),
+        "rounds_dropped": len(s.get("rounds_dropped") or []),
+        "rounds_repeated": sum(t["attempt"] > 0 for t in s.get("round_tries") or []),
     }
 
 
@@ -84,7 +89,8 @@ def main() -> None:
               f"{row['predicted_speedup']:.3f} [{_f(row['predicted_lo'])}, {_f(row['predicted_hi'])}], "
               f"resolved {row['ranking_resolved']}, in predicted range {row['in_predicted_range']}, "
               f"consistent {row['speedup_consistent']}; foreign load "
-              f"{_f(row['foreign_cores_mean'], 2)} cores; {row['wall_s']:.0f} s", flush=True)
+              f"{_f(row['foreign_cores_mean'], 2)} cores; {row['wall_s']:.0f} s"
+              + (f" -- DISTURBED ({row['disturbed_reasons']})" if row["disturbed"] else ""), flush=True)
     table = pd.DataFrame(rows)
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "calls.csv", index=False)

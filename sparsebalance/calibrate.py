@@ -16,7 +16,7 @@ Saving the result beside a run's results is the verbs' part (``commands/_calibra
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,30 +91,46 @@ class Prober:
             self.grid = probe_grid(self.prof, max_len=getattr(cfg.data, "max_length", None),
                                    budget=cfg.policy.k0)
 
-    def probe(self) -> None:
-        """One probe of the grid now (seconds); kept for :meth:`finish`."""
+    def probe(self) -> int | None:
+        """One probe of the grid now (seconds); kept for :meth:`finish`. Returns its index (None
+        when inactive)."""
         if not self.active:
-            return
+            return None
         from sparsebalance.kernels.calibrate import timed_probe
 
         table, secs = timed_probe(self.prof, self.grid, self.measure)
         self.tables.append(table)
         self.seconds += secs
+        return len(self.tables) - 1
 
-    def finish(self) -> Calibrated:
+    def scales(self) -> list[dict[str, float]]:
+        """Each probe's own per-op scales, of the ops that carry the time (``Calibration.timed_ops``):
+        what ``analysis/disturbance.probe_disagreement`` compares; [] when inactive."""
+        if not self.tables:
+            return []
+        from sparsebalance.simulator.cost.calibration import fit
+
+        timed = set(fit(self.prof, self.tables[0]).timed_ops)
+        return [{op: s for op, s in fit(self.prof, t).scales.items() if op in timed} for t in self.tables]
+
+    def finish(self, only: Sequence[int] | None = None) -> Calibrated:
         """The rescaled profile and its record; an active prober needs at least one :meth:`probe`
-        first. Every probe's points enter one fit: an op's scale is the geometric mean over its points
-        of all probes, its spread includes the drift between probes."""
+        first. Every probe's points (or those of the probes ``only`` names: validate leaves out the
+        probes of rounds it does not report) enter one fit: an op's scale is the geometric mean over
+        its points of all probes, its spread includes the drift between probes."""
         if not self.active:
             return Calibrated(profile=None, points=None, record=self.record)
         from sparsebalance.simulator.cost.calibration import fit, rescale
 
-        cal = fit(self.prof, pd.concat(self.tables, ignore_index=True), fingerprint_here=self.here,
+        used = self.tables if only is None else [self.tables[i] for i in only]
+        cal = fit(self.prof, pd.concat(used, ignore_index=True), fingerprint_here=self.here,
                   seconds=self.seconds)
-        probes = len(self.tables)
-        self.emit(cal.line(applied=True) + (f" ({probes} probes, one per round)" if probes > 1 else ""))
+        probes, left = len(used), len(self.tables) - len(used)
+        self.emit(cal.line(applied=True) + (f" ({probes} probes, one per round)" if probes > 1 else "")
+                  + (f"; {left} probe(s) of repeated or left-out rounds not used" if left else ""))
         return Calibrated(profile=rescale(self.prof, cal), points=cal.points,
-                          record={"status": "rescaled", "probes": probes, **cal.to_dict(applied=True)})
+                          record={"status": "rescaled", "probes": probes, "probes_taken": len(self.tables),
+                                  **cal.to_dict(applied=True)})
 
 
 def calibrate_profile(cfg: RunConfig, *, as_is: bool, measure: Callable | None = None,

@@ -22,10 +22,15 @@ from sparsebalance.cli import main as cli
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _step(title: str, argv: list[str]) -> None:
+def _step(title: str, argv: list[str], cores: int = 1) -> None:
+    """One step, then its wall time and the host's load over it (other processes' cores, judged
+    against the ``cores`` the step uses): a figure quoted from the demo carries its host load."""
+    from sparsebalance.commands._hostload import judged_window
+
     print(f"\n=== {title}\n$ sparsebalance {' '.join(argv)}", flush=True)
     t0 = time.perf_counter()
-    rc = cli(argv)
+    with judged_window("this step", cores=cores, emit=lambda line: print(line, flush=True)):
+        rc = cli(argv)
     if rc != 0:
         print(f"demo: step failed with exit code {rc}: sparsebalance {' '.join(argv)}", file=sys.stderr)
         sys.exit(rc)
@@ -41,9 +46,9 @@ def main() -> None:
     _step("2. the paper's ablation (Table I), simulated", ["ablation"])
     _step("3. anchor x p sweep (SAB + DST, MEAN/MIN/MAX x p in {0.1, 0.2, 0.3}, 2 seeds)",
           ["sweep", "--grid", str(ROOT / "examples" / "sweep_anchor_p.toml"), "--iterations", "5",
-           "--jobs", "2", "--out", "results/sweep-anchor-p", "--no-progress"])
+           "--jobs", "2", "--out", "results/sweep-anchor-p", "--no-progress"], cores=2)
     _step("4. predicted vs measured on this CPU (real torchrun, gloo, PP 2: baseline and SAB + DST)",
-          ["validate", "--config", str(ROOT / "examples" / "cpu_pp2.toml"), "--no-progress"])
+          ["validate", "--config", str(ROOT / "examples" / "cpu_pp2.toml"), "--no-progress"], cores=2)
     _step("5. does DST keep accuracy? (tiny recall model on this CPU, quick: fixed k0 vs MEAN0.1)",
           ["accuracy", "--quick", "--out", "results/accuracy-quick", "--force", "--no-progress"])
     print(f"\nDone in {time.perf_counter() - t0:.0f} s. Results are under results/: demo/ (simulation: "

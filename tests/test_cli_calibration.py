@@ -4,6 +4,7 @@ fingerprints written by ``profile``. The probe is replaced by an exact fake (no 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pandas as pd
@@ -110,6 +111,15 @@ def test_profile_writes_the_machine_fingerprint(tmp_path, run_cli):
     from sparsebalance.simulator.cost.calibration import fingerprint_mismatch
 
     assert fingerprint_mismatch(fp, machine_fingerprint("cpu", threads=1)) == []
+    # the measurement judged itself: its host load and verdict in the sidecar and beside the summary
+    from sparsebalance.analysis.disturbance import judge
+
+    host = json.loads((out / "profile.json").read_text())["host"]
+    assert host["own_cpu_s"] > 0 and host["run_cores"] == 1 and host["foreign_cores"] is not None
+    want = judge([host], cores=1, host_cores=os.cpu_count())
+    assert (host["disturbed"], host["disturbed_reasons"]) == (want.disturbed, want.reasons)
+    assert "host during the measurement: other processes used" in r.out
+    assert ("DISTURBED (" in next(ln for ln in r.out.splitlines() if ln.startswith("wrote"))) == host["disturbed"]
 
 
 def test_probes_between_rounds_enter_one_fit(tmp_path, measured, scaled_probe):

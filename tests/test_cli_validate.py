@@ -159,7 +159,7 @@ def test_end_to_end_replays_the_runs_own_plans(tmp_path, run_cli):
 
     out = tmp_path / "val"
     r = run_cli("validate", "--config", _cfg(tmp_path), "--json", "--out", out, "--master-port", "29677",
-                "--rounds", "2", "--profile-as-is")
+                "--rounds", "2", "--profile-as-is", "--retries", "0")
     assert r.code == 0, r.err[-3000:]
     summary = json.loads(r.out)
     for key in ("mean_abs_error", "predicted_speedup", "measured_speedup", "ranking_agrees",
@@ -167,6 +167,10 @@ def test_end_to_end_replays_the_runs_own_plans(tmp_path, run_cli):
                 "measured_speedup_ci95", "ranking_resolved", "host", "calibration"):
         assert key in summary
     assert summary["calibration"]["status"] == "as-is"
+    # the call judged itself (no repeats asked): flagged exactly when one of its rounds was disturbed
+    assert [(t["round"], t["attempt"], t["kept"]) for t in summary["round_tries"]] == [(0, 0, True), (1, 0, True)]
+    assert summary["disturbed"] == any(t["disturbed"] for t in summary["round_tries"])
+    assert bool(summary["disturbed_reasons"]) == summary["disturbed"] and summary["rounds_dropped"] == []
     # a CI needs 2 rounds: it brackets the pooled figure's per-round values' geometric mean
     lo, hi = summary["measured_speedup_ci95"]
     assert lo <= np.exp(np.mean(np.log(list(summary["measured_speedup_by_round"].values())))) <= hi

@@ -5,6 +5,8 @@ read the host's busy CPU seconds (``/proc/stat``) and the CPU seconds of our fin
 processes (``getrusage(RUSAGE_CHILDREN)``: torchrun and the workers it waited for); the rest is
 **foreign** CPU: other jobs competing for the cores (in cores, averaged over the run). Steal time
 (the hypervisor running other guests) is recorded too. Linux only; elsewhere the fields are None.
+:func:`judged_window` times a block, judges it (``analysis/disturbance.py``) and prints the host
+line beside the figures: what the benchmarks use.
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ from __future__ import annotations
 import os
 import resource
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 
 def _stat() -> tuple[float, float] | None:
@@ -44,6 +49,8 @@ class HostLoad:
     foreign_cores: float | None = None
     """Other processes' CPU over the window / its wall time (0 = a quiet host)."""
     steal_cores: float | None = None
+    verdict: Any = None
+    """The :class:`~sparsebalance.analysis.disturbance.Verdict` once :func:`judged_window` ends."""
     _t0: float = 0.0
     _s0: tuple[float, float] | None = None
     _o0: float = 0.0
@@ -65,3 +72,23 @@ class HostLoad:
     def record(self) -> dict:
         return {"wall_s": self.wall_s, "own_cpu_s": self.own_cpu_s, "foreign_cores": self.foreign_cores,
                 "steal_cores": self.steal_cores}
+
+
+def host_cores() -> int:
+    """The host's CPUs: /proc/stat's busy time sums over all of them, whatever our affinity."""
+    return os.cpu_count() or 1
+
+
+@contextmanager
+def judged_window(what: str, *, cores: int = 1, emit: Callable[[str], None] = print) -> Iterator[HostLoad]:
+    """Record the host's load over the ``with`` block (``cores``: the cores the timed work uses),
+    then judge it and ``emit`` one host line, with DISTURBED and the reason when the judge says so;
+    the verdict is left on the yielded record. A block that raises is not judged."""
+    from sparsebalance.analysis.disturbance import host_line, judge
+
+    load = HostLoad().start()
+    yield load
+    load.stop()
+    rec = [load.record()]
+    load.verdict = judge(rec, cores=cores, host_cores=host_cores())
+    emit(host_line(rec, load.verdict, cores=cores, what=what))

@@ -4,6 +4,10 @@ Measures the ops of the profile format (see ``sparsebalance.kernels.profiler``) 
 ``DIR/profile.csv`` + ``DIR/profile.json`` (sidecar with device, dtype, model dims, command, versions;
 docs/formats.md). ``--config`` takes the model (and its block size) from a run config. The output
 directory is checked before measuring: an existing profile is refused unless ``--force``.
+On the CPU the measurement judges itself: other processes' load over its window
+(``commands/_hostload.py``, ``analysis/disturbance.py``) is recorded in the sidecar's ``host``
+(``disturbed``, ``disturbed_reasons``) and printed beside the summary line; a disturbed profile is
+kept (the measurement is not lost) but says so.
 """
 
 from __future__ import annotations
@@ -94,13 +98,25 @@ def run(args: argparse.Namespace) -> int:
     # before measuring: a bad --out must not cost the measurement
     out_dir = resolve_out(args.out, args.out, force=args.force, verb="profile",
                           ours=lambda p: {c.name for c in p.iterdir()} <= {"profile.csv", "profile.json"})
+    from sparsebalance.commands._hostload import judged_window
     from sparsebalance.kernels.measure import measure_profile
 
     command = "sparsebalance profile " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 else [])
-    prof = measure_profile(model, grid, tp=args.tp, concurrency=args.concurrency, command=command,
-                           progress=progress_enabled(args))
+    lines: list[str] = []
+    cores = args.concurrency * args.threads  # what the copies run on; the judge caps it at the host's
+    with judged_window("the measurement", cores=cores, emit=lines.append) as load:
+        prof = measure_profile(model, grid, tp=args.tp, concurrency=args.concurrency, command=command,
+                               progress=progress_enabled(args))
+    judged = args.device == "cpu"  # a GPU's timings are the device's; the host's load is not judged there
+    if judged:
+        prof = replace(prof, meta=replace(prof.meta, host={**load.record(), "run_cores": cores,
+                                                            **load.verdict.to_dict()}))
     out = prof.save(out_dir)
-    print(f"wrote {out}/profile.csv ({len(prof.table)} rows) and profile.json")
+    print(f"wrote {out}/profile.csv ({len(prof.table)} rows) and profile.json"
+          + (f" -- {load.verdict.tag()}: re-measure on a quiet machine" if judged and load.verdict.disturbed
+             else ""))
+    if judged:
+        print(lines[0])
     from sparsebalance.simulator.cost.profile import monotone_violations
 
     bad = monotone_violations(prof, model.block_size)

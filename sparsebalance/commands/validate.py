@@ -14,12 +14,15 @@ rounds; warm-up iteration 0 excluded when there is more than one iteration: see
 analysis/validate.py) and the speedups side by side, the measured one with a 95 % CI over rounds
 (is the ranking resolved at all?) and the predicted one with its range from the profile's per-point
 error (``analysis/uncertainty.py``); each run's host load (other processes' cores) and the workers'
-CPU share of their F/B wall time (``runs.csv``).
+CPU share of their F/B wall time (``runs.csv``). (5) Each round is judged (``commands/_rounds.py``):
+other processes' load during its runs, its probe against the others; a disturbed round is run again
+(``--retries``, default 2), and the result is reported from undisturbed rounds when there are two,
+else flagged ``DISTURBED (reason)`` in the summary line and ``disturbed`` in ``summary.json``.
 
 Outputs under ``--out`` (default ``results/validate-<name>/``): ``config.toml`` (resolved, the
 config's policy), ``iterations.csv``, ``stages.csv``, ``ops.csv``, ``op_summary.csv``,
 ``actions.csv``, ``speedup.csv``, ``runs.csv``, ``summary.json``, ``validate.png`` / ``.svg``,
-``calibration.csv`` + ``profile-calibrated/`` (when probed) and ``runs/``.
+``calibration.csv`` + ``profile-calibrated/`` (when probed) and ``runs/`` (``round<r>-try<a>/``: repeats).
 """
 
 from __future__ import annotations
@@ -35,7 +38,14 @@ BASELINE = {"batching": "sequential", "tuning": "fixed"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from sparsebalance.commands._args import add_config, add_out, add_output_flags, port, positive_int
+    from sparsebalance.commands._args import (
+        add_config,
+        add_out,
+        add_output_flags,
+        nonneg_int,
+        port,
+        positive_int,
+    )
 
     add_config(p, help="run config (TOML or JSON) with a [realrun] table", positional=True)
     p.add_argument("--json", action="store_true", help="print one JSON object (stdout) only")
@@ -44,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=positive_int, default=4,
                    help="real runs per policy, interleaved ABBA (baseline, policy, policy, baseline, ...) "
                         "so that drift of the machine's speed falls on both alike (default 4)")
+    p.add_argument("--retries", type=nonneg_int, default=2,
+                   help="run a round again when other processes' load or a probe's disagreement says it "
+                        "was disturbed, at most this many more times (default 2; 0 = never)")
     add_out(p, "<output_dir>/validate-<name>")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set data.max_length=1024 (repeatable)")
@@ -114,61 +127,6 @@ def replay_side(cfg, policy: str, round_: int, run_dir: Path):
                   measured_trace=pd.read_csv(run_dir / "measured_trace.csv"))
 
 
-def _print_report(out: Path, tables: dict, summary: dict) -> None:
-    from sparsebalance.analysis.validate import round_means
-
-    its, stages, ops = tables["iterations"], tables["stages"], tables["op_summary"]
-    cols = ["policy", "iteration", "predicted", "measured", "delta_pct", "rounds"]
-    print(f"per iteration: iteration time (s), mean over {summary['rounds']} round(s); "
-          "delta = (predicted - measured) / measured")
-    print(round_means(its)[cols].round(4).to_string(index=False))
-    st = stages[~stages["warmup"]].groupby(["policy", "dp_rank", "stage"], sort=False)[
-        ["predicted", "measured"]].mean().reset_index()
-    st["delta_pct"] = (st["predicted"] - st["measured"]) / st["measured"] * 100
-    print("\nper stage: F + B busy seconds per iteration (mean over counted iterations)")
-    print(st.round(4).to_string(index=False))
-    # P2P and untraced mean different things on the two sides (a real receive wait vs a simulated
-    # transfer; framework time vs pipeline idle), so they are listed measured-only.
-    same = ops["op"].isin(["F", "B", "I", "W", "ALLREDUCE", "OPTIM", "idle"])
-    # a schedule without split backward has no I/W rows on either side: not listed
-    same &= ~(ops["op"].isin(["I", "W", "B"]) & (ops["predicted"] == 0) & (ops["measured"] == 0))
-    print("\nper op: seconds per iteration (idle = iteration time - F - B, or F - I - W)")
-    print(ops[same].round(4).to_string(index=False))
-    extra = ops[~same][["policy", "stage", "op", "measured"]]
-    print("measured only: P2P = receive wait, untraced = time outside any traced action")
-    print(extra.round(4).to_string(index=False))
-    w = "excluded (first-iteration one-off costs)" if summary["warmup_excluded"] else "included"
-    print(f"\nmean absolute iteration-time error: {summary['mean_abs_error'] * 100:.1f} % "
-          f"(round means; warm-up iteration 0 {w}; with it: "
-          f"{summary['mean_abs_error_with_warmup'] * 100:.1f} %; over single runs' iterations: "
-          f"{summary['mean_abs_error_per_run'] * 100:.1f} %)")
-    print(f"speedup of {summary['policy']} over {summary['baseline']}: predicted "
-          f"{summary['predicted_speedup']:.3f}x{_range(summary.get('predicted_speedup_ci95'), 'range')}, "
-          f"measured {summary['measured_speedup']:.3f}x{_range(summary.get('measured_speedup_ci95'), 'CI')} "
-          f"(delta {summary['speedup_delta_pct']:+.1f} %; per round: "
-          f"{', '.join(f'{v:.3f}' for v in summary['measured_speedup_by_round'].values())}); ranking "
-          f"{'agrees' if summary['ranking_agrees'] else 'DISAGREES'}, "
-          f"{_word(summary.get('ranking_resolved'), 'resolved', 'NOT resolved (CI contains 1)', 'unresolved: 1 round')}"
-          f"; measured inside the predicted range: "
-          f"{_word(summary.get('measured_in_predicted_range'), 'yes', 'NO', 'unknown')}, within the "
-          f"combined uncertainty: {_word(summary.get('speedup_consistent'), 'yes', 'NO', 'unknown')}")
-    h = summary.get("host") or {}
-    if h.get("foreign_cores_mean") is not None:
-        print(f"host during the runs: other processes used {h['foreign_cores_mean']:.2f} cores on average "
-              f"(max {h['foreign_cores_max']:.2f}); the workers ran "
-              f"{100 * (h.get('cpu_busy_mean') or float('nan')):.0f} % of their F/B wall time "
-              "(runs.csv; quiet machine: ~0 cores and ~100 %)")
-    print(f"tables and figure: {out} (validate.png)")
-
-
-def _range(iv, what: str) -> str:
-    return f" (95 % {what} {iv[0]:.3f}-{iv[1]:.3f})" if iv else ""
-
-
-def _word(flag, yes: str, no: str, none: str) -> str:
-    return none if flag is None else (yes if flag else no)
-
-
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
@@ -176,9 +134,12 @@ def run(args: argparse.Namespace) -> int:
 
     from sparsebalance.analysis import validate as V
     from sparsebalance.analysis.compare import speedup_table
+    from sparsebalance.analysis.disturbance import run_cores
     from sparsebalance.calibrate import Prober
     from sparsebalance.commands._args import resolve_out, take_positional_config
     from sparsebalance.commands._calibrate import save_calibrated
+    from sparsebalance.commands._hostload import host_cores
+    from sparsebalance.commands._rounds import LaunchFailed, run_rounds, tries_record
     from sparsebalance.commands.train import validate_for_launch
     from sparsebalance.errors import ConfigError
     from sparsebalance.realrun.config import world_size
@@ -207,19 +168,18 @@ def run(args: argparse.Namespace) -> int:
     prober = Prober(cfg, as_is=args.profile_as_is, emit=emit)
     warmup_excluded = cfg.iterations > 1
     pair = ((base_label, base_cfg, base_sets), (label, cfg, sets))
-    done, loads = [], []
-    for r in range(args.rounds):
-        prober.probe()
-        # ABBA: linear drift of a shared machine over the call cancels in the pooled means
-        for name, c, s in (pair if r % 2 == 0 else pair[::-1]):
-            run_dir = out / "runs" / name.replace("+", "_") / f"round{r}"
-            rc, load = _launch(args.config, s, world_size(c), run_dir, args)
-            if rc != 0:
-                return rc
-            loads.append({"policy": name, "round": r, **load})
-            done.append((name, r, c, run_dir))
-    probed = prober.finish()
+    hc = host_cores()
+    cores = run_cores(world_size(cfg), int((cfg.realrun or {}).get("threads", 1)), hc)
+    try:
+        chosen, tries = run_rounds(
+            pair, out, rounds=args.rounds, retries=args.retries, prober=prober, cores=cores, host_cores=hc,
+            emit=emit, launch=lambda s, c, d: _launch(args.config, s, world_size(c), d, args))
+    except LaunchFailed as e:
+        return e.code
+    probed = prober.finish(only=[t.payload.probe for t in chosen.kept if t.payload.probe is not None])
     calibrated, calibration = save_calibrated(cfg, out, probed), probed.record
+    done = [(name, t.round, c, d) for t in chosen.kept for name, c, d in t.payload.runs]
+    loads = [ld for t in chosen.kept for ld in t.payload.loads]
     sides = [replay_side(dataclasses.replace(c, profile=calibrated.profile), name, r, run_dir)
              for name, r, c, run_dir in done]
     sides.sort(key=lambda sd: (sd.policy != base_label, sd.round))
@@ -235,9 +195,15 @@ def run(args: argparse.Namespace) -> int:
     its = tables["iterations"]
     tables["speedup"] = speedup_table(its[~its["warmup"]], base_label)
     summary = V.headline(its, base_label, label, **kw)
-    summary.update(_uncertainty(calibrated, out, summary, calibration, base_label, label, warmup_excluded))
+    dirs = {name: [d for n, _, _, d in done if n == name] for name in (base_label, label)}
+    summary.update(_uncertainty(calibrated, out, summary, calibration, dirs, base_label, label,
+                                warmup_excluded))
     summary["calibration"] = calibration
-    summary["host"] = V.host_summary(tables["runs"])
+    summary["host"] = {**V.host_summary(tables["runs"]), "run_cores": cores, "host_cores": hc}
+    summary.update(chosen.verdict.to_dict())
+    summary["rounds_dropped"] = chosen.dropped
+    summary["retries"] = args.retries
+    summary["round_tries"] = tries_record(tries, chosen, prober.scales())
     summary["load_average"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     summary["out"] = str(out)
     for name, t in tables.items():
@@ -249,14 +215,17 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, default=str))
     else:
-        _print_report(out, tables, summary)
+        from sparsebalance.commands._validate_report import print_report
+
+        print_report(out, tables, summary)
     return 0
 
 
-def _uncertainty(cfg, out: Path, summary: dict, calibration: dict, base_label: str, label: str,
-                 warmup_excluded: bool) -> dict:
+def _uncertainty(cfg, out: Path, summary: dict, calibration: dict, dirs: dict[str, list[Path]],
+                 base_label: str, label: str, warmup_excluded: bool) -> dict:
     """The predicted speedup's 95 % range from the calibration's per-point error (redrawn profiles,
-    the runs' own plans replayed), and whether the measured speedup lies within both uncertainties."""
+    the reported runs' own plans replayed: ``dirs`` per policy), and whether the measured speedup
+    lies within both uncertainties."""
     import pandas as pd
 
     from sparsebalance.analysis.uncertainty import consistent, pooled_spread, predicted_interval
@@ -275,7 +244,7 @@ def _uncertainty(cfg, out: Path, summary: dict, calibration: dict, base_label: s
         runs: dict[str, list] = {base_label: [], label: []}
         seen: dict[str, tuple] = {}
         for name, lst in runs.items():
-            for f in sorted((out / "runs" / name.replace("+", "_")).glob("round*/plans.json")):
+            for f in (d / "plans.json" for d in dirs[name]):
                 text = f.read_text()
                 seen.setdefault(text, load_plans(f))
                 lst.append(seen[text])

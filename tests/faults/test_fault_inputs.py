@@ -106,6 +106,7 @@ TABLE = [
     ("train-port-out-of-range", ("train", "--config", "{example}", "--master-port", "99999"), "--master-port"),
     ("train-nproc-0", ("train", "--config", "{example}", "--nproc", "0"), "--nproc"),
     ("validate-rounds-0", ("validate", "--config", "{example}", "--rounds", "0"), "--rounds"),
+    ("validate-retries-negative", ("validate", "--config", "{example}", "--retries", "-1"), "--retries"),
     ("validate-without-config", ("validate",), "--config"),
     ("profile-repeats-0", ("profile", "--out", "{tmp}/p", "--repeats", "0"), "--repeats"),
     # results paths that are not a directory of their own (tests/faults/test_fault_out_paths.py)

@@ -67,6 +67,9 @@ class ProfileMeta:
     """Why points where latency falls as work grows are acceptable (runs then only warn)."""
     date: str | None = None
     """UTC day the measurement ended (ISO 8601)."""
+    host: dict[str, Any] | None = None
+    """CPU measurements: the host's load while measuring and the verdict on it (``disturbed``,
+    ``disturbed_reasons``; ``analysis/disturbance.py``), so a disturbed table says so where it is kept."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Sidecar keys this version does not know, kept so that writing gives them back."""
 

@@ -15,12 +15,24 @@ sab-order < 50 ms, dst-cp < 100 ms. ``--reference`` also times the logic they re
 in tests/policies/reference_decisions.py, same decisions) on a few iterations.
 
     python benchmarks/bench_policies.py [--iterations 20] [--reference] [--only-beyond]
+    python benchmarks/bench_policies.py --only-beyond --baseline main~3   # side by side with a revision
+
+``--baseline REV`` checks REV out in a temporary git worktree and times the same sab-order and dst-cp
+decisions with its package, size by size, the two sides alternating in fresh processes (so neither
+keeps the other's warm caches), and says whether the decisions (orders and budgets) are the same.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -109,10 +121,11 @@ def bench_beyond(gb: int, iterations: int, reference: bool = False) -> dict:
         order, cp = ScheduleAwareOrder(pol), CriticalPathDST(pol)
     sab = SparsityAware(pol)
     t_order, t_sab, t_cp, c_order, c_cp = [], [], [], [], []
+    digest = hashlib.sha256()
     for it in range(iterations + 1):
         batch = seqs[(it % 8) * gb:(it % 8 + 1) * gb]
         t0, c0 = time.perf_counter(), time.process_time()
-        order.plan(batch, ctx)
+        ordered = order.plan(batch, ctx)
         t1, c1 = time.perf_counter(), time.process_time()
         plan = sab.plan(batch, ctx)
         t2, c2 = time.perf_counter(), time.process_time()
@@ -125,12 +138,55 @@ def bench_beyond(gb: int, iterations: int, reference: bool = False) -> dict:
         t_order.append((t1 - t0) * 1e3)
         t_sab.append((t2 - t1) * 1e3)
         t_cp.append((t3 - t2) * 1e3)
+        digest.update(_decision_bytes(ordered, budgets))
     med = lambda x: float(np.median(x[1:])) if len(x) > 1 else float(x[0])
     return {"global_batch": gb, "microbatches": plan.dp * plan.num_microbatches,
             "sab_order_ms": med(t_order), "sab_ms": med(t_sab),
             "reorder_ms": med(t_order) - med(t_sab), "dst_cp_ms": med(t_cp),
             "dst_cp_min_ms": float(np.min(t_cp[1:] or t_cp)), "first_dst_cp_ms": t_cp[0],
-            "sab_order_cpu_ms": med(c_order), "dst_cp_cpu_ms": med(c_cp)}
+            "sab_order_cpu_ms": med(c_order), "dst_cp_cpu_ms": med(c_cp),
+            "decisions": digest.hexdigest()[:16]}
+
+
+def _decision_bytes(plan, budgets) -> bytes:
+    """sab-order's orders and dst-cp's budgets as bytes, the same for a revision whose budgets are
+    plain ints (before the Budget type) and one whose budgets are Budget values."""
+    ids = [[[s.id for s in mb.sequences] for mb in r] for r in plan.ranks]
+    ks = [[b.to_json() if hasattr(b, "to_json") else (list(b) if isinstance(b, tuple) else int(b)) for b in r]
+          for r in budgets]
+    return json.dumps([ids, ks]).encode()
+
+
+def _beyond_in(tree: Path | None, gb: int, iterations: int) -> dict:
+    """:func:`bench_beyond` in a fresh process importing ``sparsebalance`` from ``tree`` (None: this
+    checkout)."""
+    env = dict(os.environ)
+    root = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = str(tree or root)
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--_one", str(gb), str(iterations)],
+                         env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def side_by_side(rev: str, iterations: int, sizes=(16, 256, 4096)) -> pd.DataFrame:
+    """Decision times of this checkout and of git revision ``rev``, size by size, alternating."""
+    root = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "baseline"
+        subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", "-q", str(tree), rev], check=True)
+        try:
+            rows = []
+            for gb in sizes:
+                its = iterations if gb < 4096 else max(5, iterations // 2)
+                base = _beyond_in(tree, gb, its)
+                this = _beyond_in(None, gb, its)
+                rows.append({"global_batch": gb, "microbatches": this["microbatches"],
+                             "sab_order_ms": this["sab_order_ms"], f"sab_order_ms@{rev}": base["sab_order_ms"],
+                             "dst_cp_ms": this["dst_cp_ms"], f"dst_cp_ms@{rev}": base["dst_cp_ms"],
+                             "same_decisions": this["decisions"] == base["decisions"]})
+            return pd.DataFrame(rows)
+        finally:
+            subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(tree)], check=False)
 
 
 def main(argv=None) -> int:
@@ -138,7 +194,12 @@ def main(argv=None) -> int:
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--reference", action="store_true", help="also time the replaced logic")
     ap.add_argument("--only-beyond", action="store_true", help="only sab-order and dst-cp")
+    ap.add_argument("--baseline", metavar="REV", help="time sab-order and dst-cp beside git revision REV")
+    ap.add_argument("--_one", nargs=2, type=int, help=argparse.SUPPRESS)  # a worker of --baseline
     args = ap.parse_args(argv)
+    if args._one:  # a worker of --baseline: its parent judges the host
+        print(json.dumps(bench_beyond(*args._one)))
+        return 0
     from sparsebalance.commands._hostload import judged_window
 
     # one thread times the decisions: other processes' load beside the figures, and the verdict
@@ -149,6 +210,10 @@ def main(argv=None) -> int:
 
 def _run(args) -> None:
     sizes = (16, 256, 4096)
+    if args.baseline:
+        print(f"sab-order plan and dst-cp budgets per iteration (ms, median), this checkout beside {args.baseline}")
+        print(side_by_side(args.baseline, args.iterations, sizes).round(2).to_string(index=False))
+        return
     beyond = pd.DataFrame([bench_beyond(gb, args.iterations if gb < 4096 else max(5, args.iterations // 2))
                            for gb in sizes])
     print("sab-order plan and dst-cp budgets per iteration (ms, median)")

@@ -36,9 +36,9 @@ from sparsebalance.simulator.config import (
     check_tp,
     cluster_from_mapping,
     h200_4x8,
-    model_from_mapping,
     qwen25_3b,
 )
+from sparsebalance.simulator.hfconfig import model_from_table
 
 MAX_ITERATIONS = 10_000_000
 """Most iterations a run may ask for (a simulated iteration at global batch 16 takes ~1 ms)."""
@@ -116,7 +116,7 @@ def run_config_from_mapping(data: dict[str, Any], base_dir: str = ".") -> RunCon
                               f"got {type(data[section]).__name__} {data[section]!r}")
     kwargs: dict[str, Any] = {}
     if "model" in data:
-        kwargs["model"] = model_from_mapping(data.pop("model"))
+        kwargs["model"] = model_from_table(data.pop("model"), base_dir=base_dir)
     if "cluster" in data:
         kwargs["cluster"] = cluster_from_mapping(data.pop("cluster"))
     if "data" in data:

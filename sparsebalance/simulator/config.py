@@ -24,9 +24,17 @@ DEFAULT_ENGINE = "core"
 """Schedules with two virtual stages per device placed in a V (device d: vstages d, 2 pp - 1 - d)."""
 
 
+#: The values of ModelConfig's architecture fields.
+MLP_KINDS = ("swiglu", "gelu")
+NORM_KINDS = ("rmsnorm", "layernorm")
+POSITION_KINDS = ("rotary", "learned")
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class ModelConfig:
-    """Decoder dimensions (Qwen2 architecture) plus the MoBA block size."""
+    """Decoder dimensions plus the MoBA block size. The defaults of the architecture fields are
+    Qwen2's (SwiGLU MLP, QKV biases only, RMSNorm, rotary positions); Llama, Mistral, GPT-2 and
+    GPT-NeoX differ in them (``simulator/hfconfig.py`` reads them from an HF ``config.json``)."""
 
     name: str = "custom"
     """Preset name or a label for a custom model."""
@@ -41,7 +49,7 @@ class ModelConfig:
     head_dim: int
     """Dimension of one head."""
     ffn: int
-    """Intermediate size of the SwiGLU MLP."""
+    """Intermediate size of the MLP."""
     vocab: int
     """Vocabulary size (embedding and LM head rows)."""
     tie_embeddings: bool = False
@@ -50,6 +58,21 @@ class ModelConfig:
     """MoBA key-block size in tokens (the paper uses 256)."""
     dtype_bytes: int = 2
     """Bytes per activation/gradient element (2 for bf16)."""
+    mlp: str = "swiglu"
+    """MLP kind: ``swiglu`` (gate, up and down projections: 3 x hidden x ffn weights; Llama, Qwen2,
+    Mistral) or ``gelu`` (up and down: 2 x hidden x ffn; GPT-2, GPT-NeoX)."""
+    qkv_bias: bool = True
+    """Biases on the Q, K and V projections (Qwen2 and GPT-style models have them, Llama and Mistral
+    do not)."""
+    bias: bool = False
+    """Biases on the output projection, the MLP and the norms too (GPT-2, GPT-NeoX)."""
+    norm: str = "rmsnorm"
+    """``rmsnorm`` (a weight per channel) or ``layernorm`` (a weight and a bias per channel)."""
+    positions: str = "rotary"
+    """``rotary`` (no weights) or ``learned`` (a ``max_positions`` x ``hidden`` table beside the token
+    embedding, GPT-2)."""
+    max_positions: int = 0
+    """Rows of a learned position table (``positions = "learned"``); unused with rotary positions."""
 
     def __post_init__(self) -> None:
         for f in ("hidden", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab", "block_size"):
@@ -57,18 +80,38 @@ class ModelConfig:
         check(self.heads % self.kv_heads == 0, "kv_heads",
               f"must divide heads ({self.heads}), got {self.kv_heads}")
         check_choice(self.dtype_bytes, "dtype_bytes", (1, 2, 4, 8))
+        check_choice(self.mlp, "mlp", MLP_KINDS)
+        check_choice(self.norm, "norm", NORM_KINDS)
+        check_choice(self.positions, "positions", POSITION_KINDS)
+        check_positive(self.max_positions, "max_positions", allow_zero=True)
+        check(self.positions != "learned" or self.max_positions > 0, "max_positions",
+              "must be > 0 with learned positions (the rows of the position table)")
+
+    @property
+    def norm_params(self) -> int:
+        """Weights of one norm (RMSNorm: a scale per channel; LayerNorm: a scale and a bias)."""
+        return self.hidden * (2 if self.norm == "layernorm" else 1)
 
     @property
     def params_per_layer(self) -> int:
-        """Weights of one decoder layer (QKV with biases as in Qwen2, O, SwiGLU MLP, two RMSNorms)."""
-        q = self.hidden * self.heads * self.head_dim + self.heads * self.head_dim
-        kv = 2 * (self.hidden * self.kv_heads * self.head_dim + self.kv_heads * self.head_dim)
-        o = self.heads * self.head_dim * self.hidden
-        mlp = 3 * self.hidden * self.ffn
-        return q + kv + o + mlp + 2 * self.hidden
+        """Weights of one decoder layer: QKV (with their biases where ``qkv_bias``), O, the MLP, two
+        norms (and the other biases where ``bias``)."""
+        h, q_out, kv_out = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        q = h * q_out + (q_out if self.qkv_bias else 0)
+        kv = 2 * (h * kv_out + (kv_out if self.qkv_bias else 0))
+        o = q_out * h + (h if self.bias else 0)
+        inner = 2 if self.mlp == "swiglu" else 1  # gate and up, or up alone
+        mlp = (inner + 1) * h * self.ffn + ((inner * self.ffn + h) if self.bias else 0)
+        return q + kv + o + mlp + 2 * self.norm_params
 
     @property
     def embedding_params(self) -> int:
+        """The token embedding (and a learned position table); the LM head has ``vocab x hidden``."""
+        return (self.vocab + (self.max_positions if self.positions == "learned" else 0)) * self.hidden
+
+    @property
+    def head_params(self) -> int:
+        """The LM head's weights (``vocab x hidden``; the same matrix as the embedding when tied)."""
         return self.vocab * self.hidden
 
 
@@ -253,7 +296,8 @@ def _with_preset(kind: str, presets: dict, cls: type, data: dict[str, Any], wher
 
 
 def model_from_mapping(data: dict[str, Any], where: str = "model") -> ModelConfig:
-    """A ``[model]`` table: ``preset = "qwen2.5-3b"`` plus optional overrides, or every field."""
+    """A ``[model]`` table: ``preset = "qwen2.5-3b"`` plus optional overrides, or every field (a
+    Hugging Face ``config.json``: ``simulator/hfconfig.model_from_table``)."""
     return _with_preset("model", MODEL_PRESETS, ModelConfig, data, where)
 
 

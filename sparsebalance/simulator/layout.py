@@ -102,9 +102,9 @@ class Layout:
         if device == dev[0]:
             params += m.embedding_params
         if device == dev[-1]:
-            params += m.hidden  # final RMSNorm
+            params += m.norm_params  # the final norm
             if not m.tie_embeddings or dev[0] != dev[-1]:
-                params += m.embedding_params
+                params += m.head_params
         return params
 
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +46,7 @@ from sparsebalance.errors import check, check_positive
 from sparsebalance.simulator.config import ModelConfig, qwen25_3b
 from sparsebalance.simulator.cost import kernelcost as kc
 from sparsebalance.simulator.cost.profile import Profile, monotone_violations
-from sparsebalance.simulator.cost.profilemeta import FORMAT_VERSION, MODEL_DIMS, ProfileMeta
+from sparsebalance.simulator.cost.profilemeta import FORMAT_VERSION, MODEL_ARCH, MODEL_DIMS, ProfileMeta
 
 COMMAND = "python -m sparsebalance.simulator.cost.roofline --out sparsebalance/data/profiles"
 
@@ -202,15 +202,23 @@ def attention_time(seq_len, budget, model: ModelConfig, tp: int, block_size: int
     return sum(attention_parts(seq_len, budget, model, tp, block_size, hw, backward=backward, path=path).values())
 
 
-def dense_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: bool = False):
-    """Seconds of one layer's dense part (norms, QKV/O, SwiGLU MLP) on ``tokens`` tokens."""
-    T = np.asarray(tokens, dtype=float)
+def _dense_work(T: np.ndarray, model: ModelConfig, tp: int) -> tuple[np.ndarray, np.ndarray]:
+    """(FLOPs, bytes) of one layer's dense forward on ``T`` tokens: 2 x tokens x weights, and the
+    weights read once + the activation traffic of each op (norms, residuals, QKV/O in and out, the
+    MLP's projections in and out and its activation: 6 x ffn per token for SwiGLU's gate, up, the
+    product and down; 4 x ffn for a GELU MLP's up, activation and down)."""
     h, db = model.hidden, model.dtype_bytes
     qkv = (model.heads + 2 * model.kv_heads) * model.head_dim / tp
     flops = 2 * T * model.params_per_layer / tp
-    # weights once + activation traffic of each op (norms, residuals, QKV/O in/out, MLP in/act/out)
-    act = T * (14 * h + qkv + model.heads * model.head_dim / tp + 6 * model.ffn / tp) * db
-    nbytes = model.params_per_layer / tp * db + act
+    mlp_act = 6 if model.mlp == "swiglu" else 4
+    act = T * (14 * h + qkv + model.heads * model.head_dim / tp + mlp_act * model.ffn / tp) * db
+    return flops, model.params_per_layer / tp * db + act
+
+
+def dense_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: bool = False):
+    """Seconds of one layer's dense part (norms, QKV/O, MLP) on ``tokens`` tokens."""
+    T = np.asarray(tokens, dtype=float)
+    flops, nbytes = _dense_work(T, model, tp)
     mult = 2 if backward else 1
     kernels = KERNELS["layer_bwd" if backward else "layer_fwd"]
     return _roof(mult * flops, mult * nbytes, hw.gemm_efficiency, hw, kernels) + _tp_allreduce(
@@ -218,9 +226,12 @@ def dense_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: b
 
 
 def embed_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: bool = False):
-    """Seconds of the (vocab-parallel) embedding lookup, or its gradient scatter-add."""
+    """Seconds of the (vocab-parallel) embedding lookup, or its gradient scatter-add (a learned
+    position table: a second lookup of the same size)."""
     T = np.asarray(tokens, dtype=float)
     nbytes = 2 * T * model.hidden * model.dtype_bytes * (2 if backward else 1)
+    if model.positions == "learned":
+        nbytes = 2 * nbytes
     kernels = KERNELS["embed_bwd" if backward else "embed_fwd"]
     return _roof(0.0 * T, nbytes, hw.gemm_efficiency, hw, kernels) + _tp_allreduce(
         T, model, tp, hw, 0 if backward else 1)
@@ -245,11 +256,7 @@ def dense_split_time(tokens, model: ModelConfig, tp: int, hw: Hardware, part: st
     (forward FLOPs and bytes, half of ``layer_bwd``'s launches); the input part also carries the
     layer's two TP all-reduces. ``input + weight == dense_time(backward=True)``."""
     T = np.asarray(tokens, dtype=float)
-    h, db = model.hidden, model.dtype_bytes
-    qkv = (model.heads + 2 * model.kv_heads) * model.head_dim / tp
-    flops = 2 * T * model.params_per_layer / tp
-    act = T * (14 * h + qkv + model.heads * model.head_dim / tp + 6 * model.ffn / tp) * db
-    nbytes = model.params_per_layer / tp * db + act
+    flops, nbytes = _dense_work(T, model, tp)
     t = _roof(flops, nbytes, hw.gemm_efficiency, hw, KERNELS["layer_bwd"] // 2)
     return t + _tp_allreduce(T, model, tp, hw, 2) if part == "input" else t
 
@@ -320,6 +327,12 @@ def build_profile(hw: Hardware, model: ModelConfig, tp: int, block_size: int | N
     return prof
 
 
+def _arch(model: ModelConfig) -> dict:
+    """The architecture fields that differ from Qwen2's defaults (:data:`MODEL_ARCH`: absent = default)."""
+    default = {f.name: f.default for f in fields(ModelConfig) if f.name in MODEL_ARCH}
+    return {k: getattr(model, k) for k in MODEL_ARCH if getattr(model, k) != default[k]}
+
+
 def sidecar(hw: Hardware, model: ModelConfig, tp: int, block_size: int) -> ProfileMeta:
     import numpy
     import pandas
@@ -329,7 +342,7 @@ def sidecar(hw: Hardware, model: ModelConfig, tp: int, block_size: int) -> Profi
     return ProfileMeta(
         format_version=FORMAT_VERSION, device=hw.device, dtype="bf16", analytical=True,
         model={"name": model.name} | {k: getattr(model, k) for k in MODEL_DIMS}
-              | {"dtype_bytes": model.dtype_bytes},
+              | {"dtype_bytes": model.dtype_bytes} | _arch(model),
         block_size=block_size, tp=tp,
         how=("analytical roofline of our MoBA kernel (simulator/cost/kernelcost.py): executed tile pairs "
              "(key-block-major gather, own block, dense path at full budget), gate and index "

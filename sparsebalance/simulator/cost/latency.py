@@ -392,17 +392,12 @@ class LatencyModel(ScalarStageLatency):
         stage 0, + LM head on the last virtual stage. ``part`` ("input" / "weight", backward only):
         that part of the split backward (attention is all input gradient)."""
         layers = self.stage_layers(stage, chunk)
-        tokens = sum(lengths)
-        total = 0.0
+        attention = 0.0
         if part != "weight":
             for k, n in self._budget_counts(self._plain(budget), layers):
-                total += n * sum(self.attention(L, k, backward=backward) for L in lengths)
-        total += len(layers) * self.dense(tokens, backward=backward, part=part)
-        if stage == 0 and chunk == 0:
-            total += self.embed(tokens, backward=backward, part=part)
-        if stage == self.cluster.pp - 1 and chunk == self.cluster.virtual_stages - 1:
-            total += self.head(tokens, backward=backward, part=part)
-        return total
+                attention += n * sum(self.attention(L, k, backward=backward) for L in lengths)
+        return self.cost.stage(attention, sum(lengths), chunk * self.cluster.pp + stage, backward=backward,
+                               part=part)
 
     def stage_times(self, microbatches, budgets, modes=("F", "B")) -> dict[str, np.ndarray]:
         """Seconds [V, M] per mode ("F", "B", and a split backward's "I", "W") of micro-batch i (a

@@ -7,10 +7,11 @@ A stage's forward (or backward, or one part of a split backward) for a micro-bat
     + embedding(tokens) on virtual stage 0  + LM head(tokens) on the last virtual stage
 
 with the terms added in that order and a micro-batch's attention summed over its sequences left to
-right -- the order ``stage_time`` adds them, so every array here equals the scalar method bit for
-bit (tests/simulator/test_stagecost.py). The executor (every simulated iteration), dst-cp's stage
-tables and schedule-aware ordering ask this class; none restates the formula. A new cost term (a
-recompute forward, a context-parallel exchange) is added here and in ``stage_time``.
+right. The executor (every simulated iteration), dst-cp's stage tables and schedule-aware ordering
+ask this class, and ``LatencyModel.stage_time`` is its one-element view (:meth:`StageCost.stage`,
+the same additions on one micro-batch, so the same bits: tests/simulator/test_stagecost.py); none
+restates the formula. A new cost term (a recompute forward, a context-parallel exchange) is added in
+:meth:`StageCost.compose_terms` alone.
 
 Shapes: M micro-batches, V = pp x virtual_stages virtual stages; seconds throughout.
 """
@@ -35,6 +36,7 @@ class StageCost:
         self.lm = lm
         self.layers = np.array([len(r) for r in lm.layout.vstage_ranges], dtype=np.int64)
         """[V] layers of each virtual stage (``Layout.vstage_ranges``)."""
+        self._n = self.layers.tolist()  # the same counts as Python ints: cheaper in the scalar view
 
     def attention_sums(self, lengths: np.ndarray, counts: np.ndarray, k: np.ndarray, *,
                        backward: bool) -> np.ndarray:
@@ -60,20 +62,45 @@ class StageCost:
         """[V, M] seconds of every virtual stage: ``attention`` [M] (one layer's, already summed
         over each micro-batch's sequences) x the stage's layers + its dense layers, embedding and
         head at ``tokens`` [M]. ``part`` "weight" wants ``attention`` zero (it has no weights)."""
+        attention = np.asarray(attention, dtype=float)
+        return self.compose_terms(self.layers[:, None] * attention[None, :], tokens, backward=backward,
+                                  part=part)
+
+    def compose_terms(self, attention: np.ndarray, tokens: np.ndarray, *, backward: bool,
+                      part: str | None = None, stages=None) -> np.ndarray:
+        """[len(stages), M] seconds of virtual stages ``stages`` (all when None) from each one's
+        whole attention term ``attention`` [len(stages), M] (its layers' attention, summed): the
+        one place the terms of a stage are added, in the order the module docstring gives."""
         lm = self.lm
         tokens = np.asarray(tokens, dtype=np.int64)
+        stages = range(len(self.layers)) if stages is None else stages
         dense = lm.per_token_many("layer", tokens, backward=backward, part=part)
-        nv = len(self.layers)
-        out = np.empty((nv, len(tokens)))
-        for vs in range(nv):
-            st = 0.0 + self.layers[vs] * attention
-            st = st + self.layers[vs] * dense
-            if vs == 0:
-                st = st + lm.per_token_many("embed", tokens, backward=backward, part=part)
-            if vs == nv - 1:
-                st = st + lm.per_token_many("head", tokens, backward=backward, part=part)
-            out[vs] = st
+        out = np.empty((len(stages), len(tokens)))
+        for row, vs in enumerate(stages):
+            out[row] = self._add(attention[row], dense, vs,
+                                 lambda op: lm.per_token_many(op, tokens, backward=backward, part=part))
         return out
+
+    def stage(self, attention: float, tokens: int, vstage: int, *, backward: bool,
+              part: str | None = None) -> float:
+        """Seconds of virtual stage ``vstage`` for one micro-batch of ``tokens`` tokens whose layers'
+        attention there sums to ``attention``: :meth:`compose_terms`'s additions on one element,
+        with the latency model's scalar look-ups (the same values as its vectorised ones)."""
+        lm = self.lm
+        per_token = {"embed": lm.embed, "head": lm.head}
+        return float(self._add(attention, lm.dense(tokens, backward=backward, part=part), vstage,
+                               lambda op: per_token[op](tokens, backward=backward, part=part)))
+
+    def _add(self, attention, dense, vs: int, per_token):
+        """The terms of virtual stage ``vs``, added in this order (arrays or scalars alike): its
+        attention, its layers' dense parts, the embedding on the first, the LM head on the last."""
+        st = 0.0 + attention
+        st = st + self._n[vs] * dense
+        if vs == 0:
+            st = st + per_token("embed")
+        if vs == len(self._n) - 1:
+            st = st + per_token("head")
+        return st
 
     def times(self, microbatches, k: np.ndarray, modes=("F", "B")) -> dict[str, np.ndarray]:
         """Seconds [V, M] per mode of micro-batch i (a tuple of lengths) at the int budget ``k[i]``

@@ -70,7 +70,12 @@ class Prober:
             return
         # threads as the run uses them (realrun.threads), else as the probe measures (the profile's)
         threads = (cfg.realrun or {}).get("threads", 1) if cfg.realrun else profile_threads(self.prof)
-        self.here = machine_fingerprint("cuda" if meta.device_kind == "cuda" else "cpu", threads=threads)
+        import torch
+
+        # a CUDA profile on a machine without CUDA: this machine's fingerprint says cpu, so the
+        # profile is used as is (a probe would fail to build its model on the GPU)
+        cuda = meta.device_kind == "cuda" and torch.cuda.is_available()
+        self.here = machine_fingerprint("cuda" if cuda else "cpu", threads=threads)
         mismatch = fingerprint_mismatch(meta.machine, self.here)
         fp_note = (f"fingerprint differs: {'; '.join(mismatch)}" if mismatch else
                    "the profile records no machine fingerprint" if not meta.machine else

@@ -9,6 +9,7 @@ implement it without importing policies.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from sparsebalance.data.sequence import Sequence
+from sparsebalance.errors import ConfigError
 from sparsebalance.policies.base import BatchingPolicy, PolicyContext, TuningPolicy
 from sparsebalance.simulator.engine.iteration import Executor
 from sparsebalance.simulator.engine.trace import TRACE_COLUMNS
@@ -56,10 +58,30 @@ class LoopResult:
     budgets: list[Budgets]
 
 
+class NonFiniteLoss(ConfigError):
+    """A training loss that is not a finite number: the run diverged. A bad input (exit code 2: the
+    same config diverges again wherever it runs), raised by an executor at the first such iteration;
+    :func:`run_loop` stops there and attaches the iterations before it as ``partial``, for the caller
+    to write (marked incomplete)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.partial: LoopResult | None = None
+
+
+def check_loss(loss: float, iteration: int, *, where: str = "", hint: str = "") -> None:
+    """Raise :class:`NonFiniteLoss` naming the iteration (and ``where``: rank, micro-batch) unless
+    ``loss`` is finite. ``hint``: the fields that tame it (learning rate, clipping)."""
+    if not math.isfinite(loss):
+        raise NonFiniteLoss(f"training loss is {loss!r} at iteration {iteration}{where}: the training "
+                            f"diverged{'; ' + hint if hint else ''}")
+
+
 def run_loop(*, batches: Iterator[list[Sequence]], batching: BatchingPolicy, tuning: TuningPolicy,
              executor: Executor, ctx: PolicyContext, iterations: int,
              progress: bool = True) -> LoopResult:
-    """Run ``iterations`` iterations; returns per-iteration metrics and the concatenated trace."""
+    """Run ``iterations`` iterations; returns per-iteration metrics and the concatenated trace. An
+    executor's :class:`NonFiniteLoss` stops the loop with the iterations before it attached."""
     from tqdm import tqdm
 
     rows, traces, plans, all_budgets = [], [], [], []
@@ -82,7 +104,11 @@ def run_loop(*, batches: Iterator[list[Sequence]], batching: BatchingPolicy, tun
                         for r, row in enumerate(budgets))
         if big:
             bar.set_postfix_str(f"executing {len(batch):,} sequences", refresh=True)
-        result = executor.execute(it, plan, budgets)
+        try:
+            result = executor.execute(it, plan, budgets)
+        except NonFiniteLoss as e:
+            e.partial = _result(rows, traces, plans, all_budgets)
+            raise
         for seq_id, curve in result.coverage.items():  # real gate scores feed the next floors
             ctx.coverage.observe(seq_id, curve)
         batching.observe(plan, budgets, result)
@@ -106,5 +132,10 @@ def run_loop(*, batches: Iterator[list[Sequence]], batching: BatchingPolicy, tun
             traces.append(tr)
         plans.append(plan)
         all_budgets.append(budgets)
+    return _result(rows, traces, plans, all_budgets)
+
+
+def _result(rows: list[dict], traces: list[pd.DataFrame], plans: list[Plan],
+            budgets: list[Budgets]) -> LoopResult:
     trace = pd.concat(traces, ignore_index=True) if traces else pd.DataFrame(columns=TRACE_COLUMNS)
-    return LoopResult(metrics=pd.DataFrame(rows), trace=trace, plans=plans, budgets=all_budgets)
+    return LoopResult(metrics=pd.DataFrame(rows), trace=trace, plans=list(plans), budgets=list(budgets))

@@ -178,3 +178,28 @@ def test_prober_as_is_never_probes(tmp_path, measured):
         prober.probe()
     probed = prober.finish()
     assert probed.record["status"] == "as-is" and probed.profile is None and len(lines) == 1
+
+
+def test_cuda_profile_without_cuda_here_is_used_as_is(tmp_path, monkeypatch):
+    """A measured GPU profile on a machine without CUDA: no probe (it would build its model on a
+    GPU that is not there), one line saying so, the profile used as measured."""
+    import torch
+
+    from sparsebalance.calibrate import Prober
+    from sparsebalance.runconfig import load_run_config
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg_path = tmp_path / "run.toml"
+    cfg_path.write_text(SIM.format(profile="h100-measured-0.5b", out=tmp_path / "res")
+                        .replace('preset = "tiny"', 'preset = "qwen2.5-0.5b"'))
+    cfg = load_run_config(str(cfg_path))
+
+    def no_probe(*a, **k):
+        raise AssertionError("a CUDA profile must not be probed without CUDA")
+
+    lines: list[str] = []
+    prober = Prober(cfg, as_is=False, measure=no_probe, emit=lines.append)
+    prober.probe()
+    probed = prober.finish()
+    assert probed.record["status"] == "device-not-here" and probed.profile is None
+    assert len(lines) == 1 and "which this machine cannot run; used as is" in lines[0], lines

@@ -103,6 +103,7 @@ class TrainExecutor:
         import torch
 
         from sparsebalance.kernels.qwen2 import lm_loss_sum
+        from sparsebalance.loop import check_loss
 
         t0 = time.process_time()
         mbs = list(plan.microbatches())
@@ -115,8 +116,11 @@ class TrainExecutor:
             logits, moba = forward(self.model, batch, budgets[r][j], self.block_size,
                                    self.coverage_layer)
             loss = lm_loss_sum(logits[None], batch.labels)
+            value = float(loss.detach())
+            # stop before the step: a NaN step would only poison the weights further
+            check_loss(value, iteration, where=f" (dp_rank {r}, micro-batch {j})", hint="lower lr")
             (loss / answers).backward()
-            loss_sum += float(loss.detach())
+            loss_sum += value
             gated.append((mb.sequences, moba))
         if self.clip:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)

@@ -73,6 +73,7 @@ class ExperimentConfig:
         for f in ("steps", "k0", "pool", "global_batch", "scale", "token_cap"):
             check_positive(getattr(self, f), f)
         check_positive(self.lr, "lr")
+        check(math.isfinite(self.lr), "lr", f"must be a finite number > 0, got {self.lr!r}")
         check(len(self.seeds) > 0, "seeds", "give at least one seed")
         for a in self.anchors:
             check_choice(a, "anchors", ANCHORS)
@@ -134,7 +135,7 @@ def run_job(args: tuple[Job, ExperimentConfig, str | None]) -> dict[str, Any]:
     from sparsebalance.accuracy.model import load
     from sparsebalance.data.recall import RecallTask
     from sparsebalance.data.sequence import Sequence
-    from sparsebalance.loop import global_batches, run_loop
+    from sparsebalance.loop import NonFiniteLoss, global_batches, run_loop
     from sparsebalance.policies.base import PolicyContext
     from sparsebalance.policies.config import PolicyConfig
     from sparsebalance.policies.coverage import make_coverage_model
@@ -168,10 +169,13 @@ def run_job(args: tuple[Job, ExperimentConfig, str | None]) -> dict[str, Any]:
     ex = TrainExecutor(model, opt, task, SimulatorExecutor(latency, big, cluster), scale=cfg.scale,
                        block_size=ckpt.net.dims.block_size,
                        coverage_layer=int(ckpt.meta["coverage_layer"]), step_hook=sched.step)
-    res = run_loop(batches=global_batches(seqs, cfg.global_batch, shuffle=True,
-                                          rng=np.random.default_rng(job.seed)),
-                   batching=make_batching(policy), tuning=make_tuning(policy), executor=ex, ctx=ctx,
-                   iterations=cfg.steps, progress=False)
+    try:
+        res = run_loop(batches=global_batches(seqs, cfg.global_batch, shuffle=True,
+                                              rng=np.random.default_rng(job.seed)),
+                       batching=make_batching(policy), tuning=make_tuning(policy), executor=ex,
+                       ctx=ctx, iterations=cfg.steps, progress=False)
+    except NonFiniteLoss as e:  # which run diverged: the jobs finished before it stay in jobs.jsonl
+        raise NonFiniteLoss(f"accuracy run {job.config} seed {job.seed}: {e}") from None
     m = res.metrics
     acc = {b: evaluate(model, task.heldout(b, cfg.heldout), cfg.k0, ckpt.net.dims.block_size)
            for b in cfg.buckets}

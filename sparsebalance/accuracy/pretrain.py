@@ -19,6 +19,7 @@ with the lowest coverage at k0: its floors are the most cautious) and its rate g
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -68,6 +69,7 @@ class PretrainConfig:
         for f in ("warmup_steps", "moba_steps", "extra_steps"):
             check_positive(getattr(self, f), f, allow_zero=True)
         check_positive(self.lr, "lr")
+        check(math.isfinite(self.lr), "lr", f"must be a finite number > 0, got {self.lr!r}")
         check(0.0 < self.target <= 1.0, "target", f"must lie in (0, 1], got {self.target}")
 
 
@@ -132,6 +134,8 @@ def pretrain(net: NetConfig, task_cfg: RecallConfig, cfg: PretrainConfig, bucket
     """Train, fit coverage, save the checkpoint to ``out``; returns the record written."""
     import torch
 
+    from sparsebalance.loop import check_loss
+
     torch.set_num_threads(1)
     task = RecallTask(task_cfg)
     model = build(net)
@@ -151,6 +155,8 @@ def pretrain(net: NetConfig, task_cfg: RecallConfig, cfg: PretrainConfig, bucket
             exs = [source.example(TRAIN, i, source.train_length(i))
                    for i in range(first * cfg.batch + s * batch, first * cfg.batch + (s + 1) * batch)]
             loss = _step(model, opt, exs, k, B)
+            # nothing is written before the end: a diverged pretraining leaves no checkpoint
+            check_loss(loss, step, where=f" (pretraining phase {phase})", hint="lower the learning rate")
             step += 1
             if (s + 1) % cfg.eval_every == 0 or s == steps - 1:
                 acc = {b: evaluate(model, ex, cfg.k0, B) for b, ex in heldout.items()}

@@ -59,7 +59,7 @@ def validate_for_launch(config: str, overrides: list[str]):
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from sparsebalance.commands._args import progress_enabled, resolve_out
+    from sparsebalance.commands._args import finish_outputs, progress_enabled, resolve_out
     from sparsebalance.errors import ConfigError
     from sparsebalance.realrun.config import world_size
     from sparsebalance.realrun.launch import check_port_free, launch
@@ -78,4 +78,5 @@ def run(args: argparse.Namespace) -> int:
                      quiet=False, progress=progress_enabled(args), what="train")
     if outcome.returncode != 0:
         print(f"sparsebalance {outcome.message}", file=sys.stderr)
+        finish_outputs(False)  # what the failed run wrote stays, marked incomplete (not a result)
     return outcome.returncode

@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     from sparsebalance.analysis.compare import speedup_table
     from sparsebalance.analysis.disturbance import run_cores
     from sparsebalance.calibrate import Prober
-    from sparsebalance.commands._args import resolve_out, take_positional_config
+    from sparsebalance.commands._args import finish_outputs, resolve_out, take_positional_config
     from sparsebalance.commands._calibrate import save_calibrated
     from sparsebalance.commands._hostload import host_cores
     from sparsebalance.commands._rounds import LaunchFailed, run_rounds, tries_record
@@ -175,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
             pair, out, rounds=args.rounds, retries=args.retries, prober=prober, cores=cores, host_cores=hc,
             emit=emit, launch=lambda s, c, d: _launch(args.config, s, world_size(c), d, args))
     except LaunchFailed as e:
+        finish_outputs(False)  # the runs before the failed one stay, marked incomplete (not a result)
         return e.code
     probed = prober.finish(only=[t.payload.probe for t in chosen.kept if t.payload.probe is not None])
     calibrated, calibration = save_calibrated(cfg, out, probed), probed.record

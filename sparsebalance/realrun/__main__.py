@@ -4,7 +4,9 @@ r = (dp_rank x pp + stage) x tp + tp_rank (``config.rank_layout``).
 
 Rank 0 loads data, latency model and policies, runs ``sparsebalance.loop.run_loop`` with a
 RealrunExecutor and writes ``<output_dir>/<name>/``; the other ranks follow its broadcast plans.
-A bad config is one line and exit code 2 (``ConfigError``, before any collective). A failing rank
+A bad config is one line and exit code 2 (``ConfigError``, before any collective), and so is a training
+loss that turns NaN or infinite (rank 0 stops at that iteration, releases the others and writes the
+iterations before it). A failing rank
 prints one line naming itself and the error, then exits 1; torchrun then stops the other workers, and collectives are bounded by ``realrun.timeout_s`` where no launcher does.
 """
 
@@ -53,23 +55,39 @@ def run_leader(rt, prepared, *, output_dir: str | None, progress: bool):
     """Rank 0: the shared iteration loop with the real executor; returns (LoopResult, directory)."""
     import numpy as np
 
-    from sparsebalance.loop import global_batches, run_loop
-    from sparsebalance.realrun.results import write_realrun_results
+    from sparsebalance.loop import NonFiniteLoss, global_batches, run_loop
     from sparsebalance.realrun.runtime import RealrunExecutor
 
     cfg = rt.cfg
     executor = RealrunExecutor(rt, prepared.ctx.coverage)
     batches = global_batches(prepared.sequences, cfg.cluster.global_batch, shuffle=cfg.data.shuffle,
                              rng=np.random.default_rng(cfg.data.seed))
-    result = run_loop(batches=batches, batching=prepared.batching, tuning=prepared.tuning,
-                      executor=executor, ctx=prepared.ctx, iterations=cfg.iterations, progress=progress)
-    executor.close()  # not on failure: followers are then blocked elsewhere; the exit frees them
-    out = write_realrun_results(cfg, result, output_dir)
+    try:
+        result = run_loop(batches=batches, batching=prepared.batching, tuning=prepared.tuning,
+                          executor=executor, ctx=prepared.ctx, iterations=cfg.iterations,
+                          progress=progress)
+    except NonFiniteLoss as e:
+        # a diverged loss is found after the gather: every follower waits for the next plan, so it
+        # can be released cleanly, and the iterations before it are written (the launcher marks
+        # the directory incomplete)
+        executor.close()
+        if e.partial is not None and len(e.partial.metrics):
+            _write(rt, e.partial, executor, output_dir)
+        raise
+    executor.close()  # not on other failures: followers are then blocked elsewhere; the exit frees them
+    return result, _write(rt, result, executor, output_dir)
+
+
+def _write(rt, result, executor, output_dir: str | None):
+    """The run's files (``realrun/results.py``) and the coverage curves measured so far."""
     import json
 
+    from sparsebalance.realrun.results import write_realrun_results
+
+    out = write_realrun_results(rt.cfg, result, output_dir)
     (out / "measured_coverage.json").write_text(json.dumps(
         {"layer": rt.rr.coverage_layer, "curves": {str(k): v for k, v in executor.measured_coverage.items()}}))
-    return result, out
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,11 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:
         if isinstance(e, SystemExit) and not e.code:
             raise
-        first = (str(e).strip().splitlines() or [""])[0]
-        worker_failed(f"{type(e).__name__}: {first}", traceback.format_exc())
         from sparsebalance.errors import ConfigError
 
-        if isinstance(e, ConfigError):  # bad input (found before any collective): one line, exit 2
+        first = (str(e).strip().splitlines() or [""])[0]
+        bad_input = isinstance(e, ConfigError)
+        worker_failed(f"{type(e).__name__}: {first}", traceback.format_exc(), code=2 if bad_input else 1)
+        if bad_input:  # bad input (before any collective, or a diverged loss): one line, exit 2
             print(f"realrun: error: {e}", file=sys.stderr, flush=True)
             os._exit(2)
         print(f"realrun: {where} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)

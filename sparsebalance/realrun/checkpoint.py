@@ -4,11 +4,13 @@ Formats: ``model.safetensors``, sharded safetensors (``model.safetensors.index.j
 ``pytorch_model.bin`` and sharded bin (``pytorch_model.bin.index.json``). safetensors files are opened
 lazily (``safe_open`` reads one tensor at a time); ``.bin`` files are memory-mapped
 (``torch.load(mmap=True, weights_only=True)``), so neither reads the whole model into memory.
-Never downloads: the directory must exist locally.
+Never downloads: the directory must exist locally. Before launch every weight file is opened (its
+header or zip index only), so a garbage or truncated file is one line naming it, not N workers failing.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 from typing import Any
@@ -36,18 +38,46 @@ def weight_map(directory: Path) -> tuple[str, dict[str, Path]]:
     for single, kind in _SINGLE:
         p = directory / single
         if p.is_file():
-            return kind, {name: p for name in _names(p, kind)}
+            return kind, {name: p for name in _open(p, kind, keys=True)}
     raise ConfigError(f"{FIELD}: {directory} holds no weights (expected model.safetensors, "
                       "pytorch_model.bin or their .index.json for sharded checkpoints)")
 
 
-def _names(path: Path, kind: str) -> list[str]:
-    if kind == "safetensors":
-        from safetensors import safe_open
+def _open(path: Path, kind: str, *, keys: bool = False) -> Any:
+    """The opened weight file (``keys``: its tensor names); one line naming the file when it cannot be
+    read: ConfigError for the file's own fault (garbage, cut short), HostError for the machine's."""
+    try:
+        if kind == "safetensors":
+            from safetensors import safe_open
 
-        with safe_open(str(path), framework="pt") as f:
-            return list(f.keys())
-    return list(_load_bin(path))
+            f = safe_open(str(path), framework="pt")  # parses the header, checks the file covers it
+        else:
+            f = _load_bin(path)  # reads the zip index: a truncated or foreign file fails here
+        return list(f.keys()) if keys else f
+    except Exception as e:  # noqa: BLE001  (SafetensorError, pickle, zip and Runtime errors)
+        if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EIO, errno.ENOMEM):
+            from sparsebalance.readfile import os_error
+
+            raise os_error(e, FIELD, f"cannot read {path}") from None
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:160]
+        raise ConfigError(f"{FIELD}: {path} is not a readable {kind} weights file (garbage or "
+                          f"truncated?): {first}") from None
+
+
+def check_weight_files(directory: Path) -> None:
+    """Open every file the checkpoint's weights live in, and check each holds the tensors its index
+    names (a shard replaced by another model's is found here, not inside a worker)."""
+    kind, files = weight_map(directory)
+    by_file: dict[Path, set[str]] = {}
+    for name, f in files.items():
+        by_file.setdefault(f, set()).add(name)
+    for f, names in sorted(by_file.items()):
+        if not f.is_file():
+            raise ConfigError(f"{FIELD}: {f} is named by the weight index but is not a file")
+        missing = sorted(names - set(_open(f, kind, keys=True)))
+        if missing:
+            raise ConfigError(f"{FIELD}: {f} does not hold {missing[0]!r}, which the weight index "
+                              f"places there ({len(missing)} tensor(s) missing)")
 
 
 def _load_bin(path: Path) -> dict:
@@ -89,7 +119,7 @@ def check_checkpoint(directory: Path, model: Any) -> None:
     if bad:
         raise ConfigError(f"{FIELD}: does not match the run's [model]: " + "; ".join(bad)
                           + " (set model.preset to the checkpoint's model)")
-    weight_map(directory)
+    check_weight_files(directory)
 
 
 class CheckpointReader:
@@ -103,12 +133,7 @@ class CheckpointReader:
 
     def _source(self, path: Path) -> Any:
         if path not in self._open:
-            if self.kind == "safetensors":
-                from safetensors import safe_open
-
-                self._open[path] = safe_open(str(path), framework="pt")
-            else:
-                self._open[path] = _load_bin(path)
+            self._open[path] = _open(path, self.kind)
         return self._open[path]
 
     def tensor(self, name: str) -> Any:

@@ -18,6 +18,12 @@ ATTENTION_BACKENDS = ("auto", "torch", "naive", "triton")
 DTYPES = ("float32", "bfloat16", "float64")
 REALRUN_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 """What the real run executes (the V-placed zbv and dualpipev are simulated only)."""
+MAX_THREADS = 1024
+"""More torch threads per process than any node has cores: a typo (100000 makes thread creation fail
+inside a worker, after torchrun started)."""
+TIMEOUT_RANGE_S = (1.0, 7 * 86400.0)
+"""``timeout_s`` bounds: under a second the rendezvous itself times out (0 ms sockets); past a week
+the value overflows torch's millisecond timer (an OverflowError in a worker) and bounds no hang."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -68,8 +74,11 @@ class RealrunConfig:
         check_choice(self.device, "device", DEVICES)
         check_choice(self.attention_backend, "attention_backend", ATTENTION_BACKENDS)
         check_choice(self.dtype, "dtype", DTYPES)
-        check_positive(self.threads, "threads")
-        check_positive(self.timeout_s, "timeout_s")
+        check(1 <= self.threads <= MAX_THREADS, "threads",
+              f"must lie in [1, {MAX_THREADS}] (torch threads per process), got {self.threads}")
+        lo, hi = TIMEOUT_RANGE_S
+        check(lo <= self.timeout_s <= hi, "timeout_s",
+              f"must lie in [{lo:g}, {hi:g}] seconds (1 s to a week), got {self.timeout_s!r}")
         check_positive(self.lr, "lr")
         check_positive(self.weight_decay, "weight_decay", allow_zero=True)
         if self.grad_clip is not None:
@@ -91,6 +100,10 @@ def realrun_config(cfg) -> RealrunConfig:
     if rr.fail_rank is not None:
         check(0 <= rr.fail_rank < world_size(cfg), "realrun.fail_rank",
               f"must lie in [0, {world_size(cfg) - 1}], got {rr.fail_rank}")
+        # an injection past the last iteration never fires: the test that asked for it passes unfailed
+        check(rr.fail_iteration < cfg.iterations, "realrun.fail_iteration",
+              f"must lie in [0, {cfg.iterations - 1}] (iterations = {cfg.iterations}) with "
+              f"realrun.fail_rank set, got {rr.fail_iteration}")
     check(cfg.data.source != "distribution", "data.source",
           "realrun trains on real tokens; use text_dir, jsonl, parquet or hf_disk "
           "(e.g. source = \"text_dir\", path = \"stdlib\")")

@@ -121,7 +121,10 @@ def launch(config: str, nproc: int, *, out_dir: Path, sets: list[str] | None = N
             tee.join(timeout=2.0)
     if proc.returncode == 0:
         return Outcome(returncode=0, log=log_path)
-    return Outcome(returncode=proc.returncode or 1, log=log_path,
+    # torchrun says 1 whatever its workers said: a bad input found by a worker (a diverged loss) is
+    # the run's 2, as every bad input is
+    code = 2 if proc.returncode > 0 and first_failure_code(rank_dir, deaths) == 2 else proc.returncode or 1
+    return Outcome(returncode=code, log=log_path,
                    message=first_failure(rank_dir, deaths, nproc, proc.returncode, what, log_path))
 
 
@@ -185,19 +188,34 @@ def stop_tree(proc: subprocess.Popen, rank_dir: Path | None = None) -> None:
         proc.wait()
 
 
+def _failures(st: dict[int, dict], deaths: dict[int, float]) -> list[tuple[bool, float, int, str, int]]:
+    """(secondary?, time, rank, text, exit code) of each failed or vanished rank, first failure first."""
+    cands = []
+    for r, d in st.items():
+        where = f"rank {r}" + (f" (dp_rank {d['dp_rank']}, stage {d['stage']})" if "stage" in d else "")
+        if d.get("state") == "failed":
+            err, code = d.get("error", ""), int(d.get("code", 1))
+            text = f"{where} failed: {err}"
+            if code == 2:  # a bad input (ConfigError and kin): the line says what, as the CLI's own do
+                text = "error: " + err.partition(": ")[2]
+            cands.append((bool(SECONDARY.search(err)), d.get("time", 0.0), r, text, code))
+        elif d.get("state") == "running" and r in deaths:
+            text = f"{where} (pid {d['pid']}) died without a Python error (killed by a signal or crashed)"
+            cands.append((False, deaths[r], r, text, 1))
+    return sorted(cands)
+
+
+def first_failure_code(rank_dir: Path, deaths: dict[int, float]) -> int:
+    """The exit code the rank that failed first recorded (2: bad input; 1 otherwise or unknown)."""
+    cands = _failures(_statuses(rank_dir), deaths)
+    return cands[0][4] if cands else 1
+
+
 def first_failure(rank_dir: Path, deaths: dict[int, float], nproc: int, returncode: int,
                   what: str, log: Path) -> str:
     """One line naming the rank that failed first (see the module docstring for the order)."""
     st = _statuses(rank_dir)
-    cands = []  # (secondary?, time, rank, text)
-    for r, d in st.items():
-        where = f"rank {r}" + (f" (dp_rank {d['dp_rank']}, stage {d['stage']})" if "stage" in d else "")
-        if d.get("state") == "failed":
-            err = d.get("error", "")
-            cands.append((bool(SECONDARY.search(err)), d.get("time", 0.0), r, f"{where} failed: {err}"))
-        elif d.get("state") == "running" and r in deaths:
-            text = f"{where} (pid {d['pid']}) died without a Python error (killed by a signal or crashed)"
-            cands.append((False, deaths[r], r, text))
+    cands = _failures(st, deaths)
     if not cands:
         if returncode < 0:
             return (f"{what}: torchrun was stopped by {signal.Signals(-returncode).name}; all workers "
@@ -205,9 +223,8 @@ def first_failure(rank_dir: Path, deaths: dict[int, float], nproc: int, returnco
         missing = sorted(set(range(nproc)) - set(st))
         hint = f" (ranks {missing} never started)" if missing else ""
         return f"{what}: torchrun failed with exit code {returncode}{hint}. Log: {log}"
-    cands.sort()
     text = cands[0][3]
-    others = sorted(r for _, _, r, _ in cands[1:])
+    others = sorted(c[2] for c in cands[1:])
     after = f"; rank(s) {', '.join(map(str, others))} failed after it" if others else ""
     return f"{what}: {text}{after}. Log: {log}"
 
@@ -262,8 +279,9 @@ def worker_info(**info) -> None:
     _write_status(**info)
 
 
-def worker_failed(error: str, traceback_text: str = "") -> None:
-    _write_status(state="failed", error=error, time=time.time())
+def worker_failed(error: str, traceback_text: str = "", code: int = 1) -> None:
+    """Record the failure; ``code`` 2 = a bad input (the launcher's exit code), 1 = anything else."""
+    _write_status(state="failed", error=error, time=time.time(), code=code)
     d = os.environ.get(RANK_DIR_ENV)
     if d and traceback_text and "rank" in _STATUS:
         try:

@@ -16,6 +16,7 @@ interleaved 1F1B), then shards its decoder layers over the TP group.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -205,6 +206,7 @@ class RealrunExecutor:
         reports = _gather(self.rt, self.rt.worker.run(msg))
         res = iteration_result(reports, pp=self.rt.cfg.cluster.pp, dp=self.rt.cfg.cluster.dp,
                                microbatches=plan.num_microbatches)
+        check_reported_loss(iteration, reports, res.extra["loss"])
         self.measured_coverage.update(res.coverage)
         if self.coverage_model is not None:
             for sid, curve in res.coverage.items():
@@ -213,3 +215,19 @@ class RealrunExecutor:
 
     def close(self) -> None:
         _broadcast(self.rt, None)
+
+
+def check_reported_loss(iteration: int, reports: list, loss: float) -> None:
+    """NonFiniteLoss naming the iteration and the first rank and micro-batch whose loss was NaN or
+    infinite. Raised after the gather: every rank has finished the iteration and waits for the next
+    broadcast, so rank 0 can still release them (``close``) and write the iterations before it."""
+    from sparsebalance.loop import check_loss
+
+    bad = [r for r in reports if getattr(r, "nonfinite_microbatch", None) is not None]
+    where = ""
+    if bad:
+        r = min(bad, key=lambda r: r.rank)
+        where = (f" (rank {r.rank}: dp_rank {r.dp_rank}, stage {r.stage}, micro-batch "
+                 f"{r.nonfinite_microbatch})")
+    check_loss(loss if not bad else math.nan, iteration, where=where,
+               hint="lower realrun.lr or set realrun.grad_clip")

@@ -10,6 +10,7 @@ running the same micro-batches take the same step (up to float summation order).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -45,6 +46,8 @@ class RankReport:
     (kernels/cpuclock.py)."""
     loss: float = 0.0
     """Sum of this rank's micro-batch losses (non-zero on last stages only)."""
+    nonfinite_microbatch: int | None = None
+    """The first micro-batch whose loss was NaN or infinite (rank 0 stops the run naming it)."""
     coverage: dict = field(default_factory=dict)
     """seq id -> coverage curve (tuple) measured on this rank's coverage layer."""
     start_s: float = 0.0
@@ -139,7 +142,10 @@ class StageWorker:
                                    coverage_layer=self.rr.coverage_layer if gate else None)
                 loss, moba = acts.forward(vs, j, make_batch, moba_for, msg.label_tokens, split, row)
                 if loss is not None and report:
-                    rep.loss += float(loss)
+                    value = float(loss)
+                    rep.loss += value
+                    if rep.nonfinite_microbatch is None and not math.isfinite(value):
+                        rep.nonfinite_microbatch = j
                 if gate:
                     gated.append((seqs, moba))
             elif kind == "B":

@@ -110,6 +110,8 @@ def test_raising_rank_is_blamed_not_its_peer(tmp_path):
     line = _one_line(err)
     assert "rank 1 (dp_rank 0, stage 1) failed: RuntimeError: injected fault" in line
     assert wait_gone(tree(p.pid)) == []
+    # what the failed run wrote stays, never taken for a result
+    assert json.loads((tmp_path / "out" / ".sparsebalance.json").read_text())["complete"] is False
 
 
 def test_busy_master_port_is_refused_before_anything_starts(tmp_path, run_cli):

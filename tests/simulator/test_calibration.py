@@ -81,7 +81,8 @@ def test_fingerprints_are_compared_key_by_key():
 def test_device_kind_decides_whether_a_probe_can_run():
     prof = load_profile("cpu-tiny")
     assert C.needs_probe(prof) and C.same_device_kind(prof, {"device_kind": "cpu"})
-    gpu_prof = replace(prof, meta=replace(prof.meta, device="NVIDIA H200", machine={"device_kind": "cuda"}))
+    gpu_prof = replace(prof, meta=replace(prof.meta, device="NVIDIA H200", machine={"device_kind": "cuda"},
+                                          concurrency=None))  # one copy: a GPU is measured alone
     assert not C.same_device_kind(gpu_prof, {"device_kind": "cpu"})
     assert C.same_device_kind(gpu_prof, {"device_kind": "cuda", "gpu_name": "NVIDIA H100"})
     assert not C.needs_probe(load_profile("analytical-h200"))

@@ -63,6 +63,7 @@ class Profile:
     def __post_init__(self) -> None:
         self.table = validate_table(self.table, self.source)
         check_split_ops(self.table, self.meta, self.source)
+        self.meta.check_consistent(self.source)
 
     def save(self, directory: str | Path) -> Path:
         """Write ``profile.csv`` + ``profile.json`` into ``directory`` (the one writer of profiles);
@@ -137,7 +138,29 @@ def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profil
     data = load_json(json_path, "profile")  # undecodable, invalid, nested too deep: one line
     table = validate_table(table, str(csv_path))
     meta = ProfileMeta.from_json(data, str(json_path))
-    return Profile(table=table, meta=meta, source=str(csv_path))
+    prof = Profile(table=table, meta=meta, source=str(csv_path))
+    if not meta.analytical:
+        _warn_foreign_blocks(prof)
+    return prof
+
+
+def _warn_foreign_blocks(prof: Profile) -> None:
+    """A measured table whose attention budgets pass the block count of its longest length under the
+    sidecar's block size measured dense work in those rows: the sign of a table measured with another
+    block size (another model) under this sidecar. A user's grid may do it on purpose, so a shown
+    warning (MeaningWarning), not an error."""
+    import warnings
+
+    from sparsebalance.errors import MeaningWarning
+
+    attn = prof.table[prof.table["op"].isin(ATTENTION_OPS)]
+    longest, top = int(attn["seq_len"].max()), int(attn["budget"].max())
+    n = blocks(longest, prof.meta.block_size)
+    if top > n:
+        warnings.warn(f"profile {prof.source}: attention budgets reach {top} blocks, but its longest "
+                      f"length ({longest} tokens) has {n} block(s) of {prof.meta.block_size} (the sidecar's "
+                      "block_size): rows past it repeat dense work. Was the table measured for another "
+                      "model than its sidecar names?", MeaningWarning, stacklevel=3)
 
 
 def check_split_ops(table: pd.DataFrame, meta: ProfileMeta, where: str) -> None:

@@ -114,6 +114,30 @@ class ProfileMeta:
         out = {name: getattr(self, name) for name in SIDECAR_FIELDS if getattr(self, name) is not None}
         return {**self.extra, **out}
 
+    def check_consistent(self, where: str) -> None:
+        """A measured sidecar's records say the same device: the label, the machine fingerprint (which
+        the measurement itself writes) and the concurrency (copies at once: CPU measurements only).
+        A contradiction means the sidecar was edited or belongs to another table, and nothing says
+        which record describes the table: one line, ConfigError. Analytical sidecars have no
+        fingerprint and are left alone."""
+        kind = (self.machine or {}).get("device_kind")
+        if self.analytical or kind is None:
+            return
+        fix = "restore the sidecar written with the table, or re-measure (sparsebalance profile)"
+        if kind not in ("cpu", "cuda"):
+            raise ConfigError(f"profile: {where}: machine.device_kind must be cpu or cuda, got {kind!r}")
+        label_cpu = self.device.lower().startswith("cpu")
+        if label_cpu != (kind == "cpu"):
+            raise ConfigError(f"profile: {where}: device {self.device!r} names a {'CPU' if label_cpu else 'GPU'} "
+                              f"but machine.device_kind, written by the measurement, is {kind}; {fix}")
+        gpu = (self.machine or {}).get("gpu_name")
+        if kind == "cuda" and gpu and self.device != gpu:
+            raise ConfigError(f"profile: {where}: device {self.device!r} but the table was measured on "
+                              f"machine.gpu_name {gpu!r}; {fix}")
+        if kind == "cuda" and (self.concurrency or 1) > 1:
+            raise ConfigError(f"profile: {where}: concurrency {self.concurrency} (copies measured at once) "
+                              f"is how CPU tables are measured, but machine.device_kind is cuda; {fix}")
+
     @property
     def device_kind(self) -> str:
         """``cpu`` or ``cuda``: the fingerprint's record, else read from the device label."""

@@ -47,6 +47,9 @@ def validate_for_launch(config: str, overrides: list[str]):
 
     cfg = load_run_config(config, parse_overrides(overrides))
     realrun_config(cfg)
+    from sparsebalance.kernels.qwen2 import check_qwen2_architecture
+
+    check_qwen2_architecture(cfg.model)  # the simulator prices any decoder; the real run builds Qwen2
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401

@@ -129,3 +129,13 @@ def test_bad_files_exit_2_in_one_line(tmp_path, run_cli):
         r = run_cli("simulate", "--config", tmp_path / "run.toml", "--out", tmp_path / "o", "--no-progress")
         assert r.code == 2 and want in r.err and len(r.err.strip().splitlines()) == 1, r.err
         assert not (tmp_path / "o").exists()
+
+
+def test_train_refuses_another_architecture_before_launch(tmp_path, run_cli):
+    (tmp_path / "run.toml").write_text(
+        'iterations = 1\nprofile = "cpu-tiny"\n[model]\npreset = "tiny"\nmlp = "gelu"\n'
+        '[cluster]\ndevice = "cpu"\npp = 2\nglobal_batch = 4\n'
+        '[data]\nsource = "text_dir"\npath = "stdlib"\nglob = "**/__init__.py"\n')
+    r = run_cli("train", "--config", tmp_path / "run.toml", "--out", tmp_path / "o")
+    assert r.code == 2 and "Qwen2-architecture decoders only" in r.err and "mlp = 'gelu'" in r.err, r.err
+    assert not (tmp_path / "o").exists()

@@ -179,12 +179,26 @@ def _gather(rt: Runtime, report: Any) -> list | None:
 
 
 def follower_loop(rt: Runtime) -> None:
-    """Ranks other than 0: run each broadcast iteration until rank 0 sends None."""
+    """Ranks other than 0: run each broadcast iteration until rank 0 sends None; then say this rank
+    is done and meet rank 0 once more (:meth:`RealrunExecutor.close`)."""
     while True:
         msg = _broadcast(rt, None)
         if msg is None:
+            _farewell(rt)
             return
         _gather(rt, rt.worker.run(msg))
+
+
+def _farewell(rt: Runtime) -> None:
+    """Every rank's status says done before rank 0 goes on: when rank 0 then exits with an error (a
+    diverged loss), torchrun's teardown of the other workers finds them finished, not mid-exit."""
+    import torch.distributed as dist
+
+    from sparsebalance.realrun.launch import worker_done
+
+    if rt.rank != 0:
+        worker_done()
+    dist.barrier(group=rt.groups["control"])
 
 
 class RealrunExecutor:
@@ -214,7 +228,9 @@ class RealrunExecutor:
         return res
 
     def close(self) -> None:
+        """Release the followers and wait until each has recorded that it is done."""
         _broadcast(self.rt, None)
+        _farewell(self.rt)
 
 
 def check_reported_loss(iteration: int, reports: list, loss: float) -> None:

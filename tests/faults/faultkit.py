@@ -84,6 +84,27 @@ def wait_for(cond, timeout: float, step: float = 0.05) -> bool:
 
 
 
+#: A real-run config of the tiny model on stdlib text (PP 2, 4 sequences a batch) that torchrun runs
+#: in seconds on this CPU; format ``iterations`` and ``extra`` (more TOML, appended).
+TINY_REALRUN = """
+name = "f"
+iterations = {iterations}
+profile = "analytical-h200"
+[model]
+preset = "tiny"
+[cluster]
+pp = 2
+global_batch = 4
+[data]
+source = "text_dir"
+path = "stdlib"
+num_sequences = 16
+max_length = 128
+[realrun]
+timeout_s = 30
+{extra}
+"""
+
 #: A run config of the tiny model on the CPU that simulates in about a second; format ``name`` and
 #: ``profile`` (a shipped name or a path).
 TINY_RUN = """

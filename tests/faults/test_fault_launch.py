@@ -10,38 +10,17 @@ import signal
 import socket
 
 import pytest
-from faultkit import sparsebalance, tree, wait_for, wait_gone
+from faultkit import TINY_REALRUN, sparsebalance, tree, wait_for, wait_gone
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-RUN = """
-name = "f"
-iterations = {iterations}
-profile = "analytical-h200"
-[model]
-preset = "tiny"
-[cluster]
-pp = 2
-global_batch = 4
-[data]
-source = "text_dir"
-path = "stdlib"
-num_sequences = 16
-max_length = 128
-[policy]
-tuning = "dst"
-k0 = 2
-k_max = 8
-[realrun]
-timeout_s = 30
-{extra}
-"""
+POLICY = '[policy]\ntuning = "dst"\nk0 = 2\nk_max = 8\n'
 
 
 def _config(tmp_path, iterations=2000, extra=""):
     p = tmp_path / "run.toml"
-    p.write_text(RUN.format(iterations=iterations, extra=extra))
+    p.write_text(TINY_REALRUN.format(iterations=iterations, extra=POLICY + extra))
     return p
 
 

@@ -12,26 +12,11 @@ import random
 import subprocess
 
 import pytest
+from faultkit import TINY_REALRUN
 
 from sparsebalance.realrun.config import MAX_THREADS, TIMEOUT_RANGE_S
 
-RUN = """
-name = "f"
-iterations = 3
-profile = "analytical-h200"
-[model]
-preset = "tiny"
-[cluster]
-pp = 2
-global_batch = 4
-[data]
-source = "text_dir"
-path = "stdlib"
-num_sequences = 16
-max_length = 128
-[realrun]
-timeout_s = 30
-"""
+RUN = TINY_REALRUN.format(iterations=3, extra="")
 LAYERS, WORLD, ITERATIONS = 4, 2, 3  # the tiny preset's layers, pp x dp x tp, iterations above
 SEEDS = range(4)
 

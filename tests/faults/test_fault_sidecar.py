@@ -13,24 +13,12 @@ import shutil
 import warnings
 
 import pytest
+from faultkit import TINY_RUN
 
 from sparsebalance.errors import ConfigError, MeaningWarning
 from sparsebalance.simulator.cost.profile import SHIPPED_DIR, load_profile, shipped_profiles
 
-RUN = """
-name = "s"
-iterations = 1
-profile = "{profile}"
-[model]
-preset = "tiny"
-[cluster]
-pp = 2
-global_batch = 4
-[data]
-distribution = "chatqa2-like"
-num_sequences = 16
-max_length = 2048
-"""
+RUN = TINY_RUN.replace('device = "cpu"\n', "").replace("{name}", "s")  # the cluster's device is its default
 GPUS = ("NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 4090", "h20")
 
 

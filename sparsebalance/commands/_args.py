@@ -172,6 +172,40 @@ def _isatty(stream) -> bool:
 
 
 # -- results directories --------------------------------------------------------------------------
+def check_out(requested: str | None, default: str | Path, *, force: bool, ours=None) -> None:
+    """:func:`resolve_out`'s refusals without touching the disk, for a verb to call before slow
+    checks of its own (``simulate``'s calibration probe): a bad ``--out`` then costs nothing.
+    ``resolve_out`` decides again when it creates the directory."""
+    if requested is not None and not str(requested).strip():
+        raise ConfigError("--out: empty path (an unset shell variable?); name a directory of its own")
+    path = Path(requested) if requested else Path(default)
+    _refuse_shared(path)
+    _check_parents(path)
+    if not path.exists() or not any(path.iterdir()):
+        return
+    if _marker_for(path) is True and (_read_marker(path) or {}).get("complete") is False:
+        return  # an unfinished run of ours: replaced
+    if force:
+        _refuse_foreign(path, ours)
+    elif requested:
+        raise _holds_results(path)
+
+
+def _refuse_foreign(path: Path, ours) -> None:
+    """``--force`` clears only a directory whose marker was written for it (or that ``ours`` knows)."""
+    mine = _marker_for(path)
+    if mine is False or (mine is None and not (ours is not None and ours(path))):
+        why = ("its results marker was written for another directory" if mine is False
+               else "it holds files sparsebalance did not write")
+        raise ConfigError(f"--out: {path}: {why}; refusing to replace them even with --force "
+                          "(choose another --out)")
+
+
+def _holds_results(path: Path) -> ConfigError:
+    return ConfigError(f"--out: {path} already holds results; pass --force to replace them, "
+                       "or leave --out out for a new timestamped directory")
+
+
 def resolve_out(requested: str | None, default: str | Path, *, force: bool, verb: str,
                 reuse=None, ours=None) -> Path:
     """The directory a verb writes, created, probed for writing, locked and marked; before any work.
@@ -203,16 +237,10 @@ def resolve_out(requested: str | None, default: str | Path, *, force: bool, verb
             clear = True
         elif force:
             _lock(path)
-            mine = _marker_for(path)
-            if mine is False or (mine is None and not (ours is not None and ours(path))):
-                why = ("its results marker was written for another directory" if mine is False
-                       else "it holds files sparsebalance did not write")
-                raise ConfigError(f"--out: {path}: {why}; refusing to replace them even with --force "
-                                  "(choose another --out)")
+            _refuse_foreign(path, ours)
             clear = True
         elif requested:
-            raise ConfigError(f"--out: {path} already holds results; pass --force to replace them, "
-                              "or leave --out out for a new timestamped directory")
+            raise _holds_results(path)
         else:
             path = _timestamped(path)
             print(f"sparsebalance: {Path(default)} exists; writing to {path}", file=sys.stderr)

@@ -18,6 +18,7 @@ from sparsebalance.commands._args import (
     add_config,
     add_out,
     add_output_flags,
+    check_out,
     positive_int,
     progress_enabled,
     resolve_out,
@@ -87,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--output: give --out only (--output is its deprecated spelling)")
         overrides["output_dir"] = args.output_root
     cfg = load_run_config(args.config, overrides)
+    # a bad --out is refused before the probe (seconds) below
+    check_out(args.out, Path(cfg.output_dir) / cfg.name, force=args.force)
     # a measured profile is probed on this machine and rescaled before it is trusted, so that the
     # run is prepared once, with the profile it runs on
     calibrated = calibrate_profile(cfg, as_is=args.profile_as_is)

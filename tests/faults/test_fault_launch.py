@@ -20,7 +20,7 @@ POLICY = '[policy]\ntuning = "dst"\nk0 = 2\nk_max = 8\n'
 
 def _config(tmp_path, iterations=2000, extra=""):
     p = tmp_path / "run.toml"
-    p.write_text(TINY_REALRUN.format(iterations=iterations, extra=POLICY + extra))
+    p.write_text(TINY_REALRUN.format(iterations=iterations, extra=extra + "\n" + POLICY))  # extra: [realrun] keys
     return p
 
 

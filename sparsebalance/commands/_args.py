@@ -176,11 +176,7 @@ def check_out(requested: str | None, default: str | Path, *, force: bool, ours=N
     """:func:`resolve_out`'s refusals without touching the disk, for a verb to call before slow
     checks of its own (``simulate``'s calibration probe): a bad ``--out`` then costs nothing.
     ``resolve_out`` decides again when it creates the directory."""
-    if requested is not None and not str(requested).strip():
-        raise ConfigError("--out: empty path (an unset shell variable?); name a directory of its own")
-    path = Path(requested) if requested else Path(default)
-    _refuse_shared(path)
-    _check_parents(path)
+    path = _out_path(requested, default)
     if not path.exists() or not any(path.iterdir()):
         return
     if _marker_for(path) is True and (_read_marker(path) or {}).get("complete") is False:
@@ -189,6 +185,16 @@ def check_out(requested: str | None, default: str | Path, *, force: bool, ours=N
         _refuse_foreign(path, ours)
     elif requested:
         raise _holds_results(path)
+
+
+def _out_path(requested: str | None, default: str | Path) -> Path:
+    """``--out`` (None: ``default``) as a path, refused when it is empty or not a directory of its own."""
+    if requested is not None and not str(requested).strip():
+        raise ConfigError("--out: empty path (an unset shell variable?); name a directory of its own")
+    path = Path(requested) if requested else Path(default)
+    _refuse_shared(path)
+    _check_parents(path)
+    return path
 
 
 def _refuse_foreign(path: Path, ours) -> None:
@@ -220,11 +226,7 @@ def resolve_out(requested: str | None, default: str | Path, *, force: bool, verb
     (``flock`` on the directory itself, held until the verb ends), so ``--force`` never clears a
     directory another sparsebalance process is writing; and ``--force`` clears only a directory whose
     marker was written for that very directory (a marker copied elsewhere does not count)."""
-    if requested is not None and not str(requested).strip():
-        raise ConfigError("--out: empty path (an unset shell variable?); name a directory of its own")
-    path = Path(requested) if requested else Path(default)
-    _refuse_shared(path)
-    _check_parents(path)
+    path = _out_path(requested, default)
     clear = False
     fresh = not path.exists() or not any(path.iterdir())
     if not fresh:

@@ -7,7 +7,7 @@ errors name the field and what is allowed (see ``sparsebalance.errors``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from sparsebalance.configmap import from_mapping
@@ -24,7 +24,8 @@ DEFAULT_ENGINE = "core"
 """Schedules with two virtual stages per device placed in a V (device d: vstages d, 2 pp - 1 - d)."""
 
 
-#: The values of ModelConfig's architecture fields.
+#: ModelConfig's architecture fields (their defaults are Qwen2's) and the values they take.
+ARCH_FIELDS = ("mlp", "qkv_bias", "bias", "norm", "positions", "max_positions")
 MLP_KINDS = ("swiglu", "gelu")
 NORM_KINDS = ("rmsnorm", "layernorm")
 POSITION_KINDS = ("rotary", "learned")
@@ -88,6 +89,12 @@ class ModelConfig:
               "must be > 0 with learned positions (the rows of the position table)")
 
     @property
+    def arch(self) -> dict[str, Any]:
+        """The architecture fields that differ from Qwen2's defaults (empty for a Qwen2 decoder):
+        what a profile's sidecar records and what the real run refuses."""
+        return {k: getattr(self, k) for k, v in QWEN2_ARCH.items() if getattr(self, k) != v}
+
+    @property
     def norm_params(self) -> int:
         """Weights of one norm (RMSNorm: a scale per channel; LayerNorm: a scale and a bias)."""
         return self.hidden * (2 if self.norm == "layernorm" else 1)
@@ -113,6 +120,10 @@ class ModelConfig:
     def head_params(self) -> int:
         """The LM head's weights (``vocab x hidden``; the same matrix as the embedding when tied)."""
         return self.vocab * self.hidden
+
+
+#: The architecture fields' defaults: a Qwen2 decoder's (and that of every profile that records none).
+QWEN2_ARCH = {f.name: f.default for f in fields(ModelConfig) if f.name in ARCH_FIELDS}
 
 
 def qwen25_05b() -> ModelConfig:

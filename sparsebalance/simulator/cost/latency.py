@@ -42,7 +42,6 @@ parameters in its sidecar (``sparsebalance.simulator.cost.roofline``).
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from bisect import bisect_right
 from collections import Counter
@@ -53,9 +52,9 @@ import numpy as np
 from sparsebalance.data.sequence import blocks
 from sparsebalance.errors import ConfigError, MeaningWarning, check_choice
 from sparsebalance.simulator.budget import Budget
-from sparsebalance.simulator.config import ClusterConfig, ModelConfig
+from sparsebalance.simulator.config import QWEN2_ARCH, ClusterConfig, ModelConfig
 from sparsebalance.simulator.cost.profile import Profile, load_profile, monotone_violations
-from sparsebalance.simulator.cost.profilemeta import MODEL_ARCH, ProfileMeta
+from sparsebalance.simulator.cost.profilemeta import ProfileMeta
 from sparsebalance.simulator.cost.query import ScalarStageLatency
 from sparsebalance.simulator.cost.stagecost import StageCost
 from sparsebalance.simulator.layout import layout_of
@@ -570,9 +569,9 @@ def _mismatches(meta: ProfileMeta, model: ModelConfig, cluster: ClusterConfig) -
     for dim in _CHECKED_DIMS:
         if dim in meta.model and meta.model[dim] != getattr(model, dim):
             out.append(f"model.{dim} {meta.model[dim]} (run: {getattr(model, dim)})")
-    qwen2 = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.name in MODEL_ARCH}
-    for key in MODEL_ARCH:  # a profile without them was made for a Qwen2-architecture model
-        have = meta.model.get(key, qwen2[key])
+    # a sidecar records only the architecture fields that differ from Qwen2's (ModelConfig.arch)
+    for key, default in QWEN2_ARCH.items():
+        have = meta.model.get(key, default)
         if have != getattr(model, key):
             out.append(f"model.{key} {have!r} (run: {getattr(model, key)!r})")
     return out

@@ -23,9 +23,6 @@ READ_VERSIONS = (1, 2)
 (I = W = half of the whole, B = I + W) and says so once."""
 #: Model dimensions a sidecar's ``model`` dict records (names of ``ModelConfig`` fields).
 MODEL_DIMS = ("hidden", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab")
-#: Architecture fields of ``ModelConfig`` a sidecar's ``model`` dict records where they differ from
-#: the Qwen2 defaults; absent means the default (every profile written before they existed is Qwen2's).
-MODEL_ARCH = ("mlp", "qkv_bias", "bias", "norm", "positions", "max_positions")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +46,7 @@ from sparsebalance.errors import check, check_positive
 from sparsebalance.simulator.config import ModelConfig, qwen25_3b
 from sparsebalance.simulator.cost import kernelcost as kc
 from sparsebalance.simulator.cost.profile import Profile, monotone_violations
-from sparsebalance.simulator.cost.profilemeta import FORMAT_VERSION, MODEL_ARCH, MODEL_DIMS, ProfileMeta
+from sparsebalance.simulator.cost.profilemeta import FORMAT_VERSION, MODEL_DIMS, ProfileMeta
 
 COMMAND = "python -m sparsebalance.simulator.cost.roofline --out sparsebalance/data/profiles"
 
@@ -327,12 +327,6 @@ def build_profile(hw: Hardware, model: ModelConfig, tp: int, block_size: int | N
     return prof
 
 
-def _arch(model: ModelConfig) -> dict:
-    """The architecture fields that differ from Qwen2's defaults (:data:`MODEL_ARCH`: absent = default)."""
-    default = {f.name: f.default for f in fields(ModelConfig) if f.name in MODEL_ARCH}
-    return {k: getattr(model, k) for k in MODEL_ARCH if getattr(model, k) != default[k]}
-
-
 def sidecar(hw: Hardware, model: ModelConfig, tp: int, block_size: int) -> ProfileMeta:
     import numpy
     import pandas
@@ -342,7 +336,7 @@ def sidecar(hw: Hardware, model: ModelConfig, tp: int, block_size: int) -> Profi
     return ProfileMeta(
         format_version=FORMAT_VERSION, device=hw.device, dtype="bf16", analytical=True,
         model={"name": model.name} | {k: getattr(model, k) for k in MODEL_DIMS}
-              | {"dtype_bytes": model.dtype_bytes} | _arch(model),
+              | {"dtype_bytes": model.dtype_bytes} | model.arch,
         block_size=block_size, tp=tp,
         how=("analytical roofline of our MoBA kernel (simulator/cost/kernelcost.py): executed tile pairs "
              "(key-block-major gather, own block, dense path at full budget), gate and index "

@@ -17,6 +17,8 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev")
 SPLIT_SCHEDULES = ("zb-h1", "zbv", "dualpipev")
 """Schedules that split (some) backwards into an input-gradient I and a deferred weight-gradient W."""
 V_SCHEDULES = ("zbv", "dualpipev")
+RECOMPUTE = ("none", "selective", "full")
+"""Activation recomputation: ``cluster.recompute`` (docs/costmodel.md, 'Recomputation')."""
 #: The engines that time an iteration (``engine.ENGINES``, in this order) and the one runs use by
 #: default: the exact timing core; "simpy" is the SimPy event model (same times, for events).
 ENGINE_NAMES = ("core", "simpy")
@@ -200,10 +202,22 @@ class ClusterConfig:
     """Bytes of memory per device (the presets carry it: H200 141 GB, H20 96 GB, H100 80 GB);
     None = unknown, plans are not checked against it."""
     zero1: bool = False
-    """ZeRO-1: fp32 master weights and Adam moments sharded over the DP group (memory model)."""
-    recompute: bool = False
-    """Full activation recomputation: a layer keeps only its input for the backward (memory model;
-    the latency profile is not changed by it)."""
+    """ZeRO-1 (Megatron's distributed optimizer): fp32 master weights and Adam moments sharded over
+    the DP group; gradients reduce-scattered instead of all-reduced, each rank steps its 1/dp shard,
+    then the updated bf16 parameters are all-gathered (priced in time and memory)."""
+    dp_overlap: bool = False
+    """Bucketed DP gradient reduction overlapped with each device's last backward action
+    (Megatron's ``overlap_grad_reduce``): only what is left after that action is exposed
+    (docs/costmodel.md, 'Gradient synchronisation'). False: one collective after the backward."""
+    grad_bucket_params: int | None = None
+    """Parameters per gradient bucket with ``dp_overlap``; None = Megatron-Core's default
+    max(40,000,000, 1,000,000 x dp) (megatron/core/distributed/distributed_data_parallel.py)."""
+    recompute: str | bool = "none"
+    """Activation recomputation, priced in time and memory: ``none``; ``selective`` (the attention
+    core, Megatron's selective recomputation: a layer drops the attention output and its softmax
+    statistics, and each layer's backward runs its attention forward again); ``full`` (a layer
+    keeps only its input, and each layer's backward runs the whole layer's forward again, TP
+    all-reduces included). ``true`` / ``false`` (older configs) read as ``full`` / ``none``."""
 
     def __post_init__(self) -> None:
         for f in ("pp", "dp", "tp", "virtual_stages", "micro_batch_size", "global_batch",
@@ -230,8 +244,15 @@ class ClusterConfig:
             check(isinstance(self.device_memory, (int, float)) and not isinstance(self.device_memory, bool)
                   and self.device_memory > 0, "device_memory",
                   f"must be a number of bytes > 0 (e.g. 141e9), got {self.device_memory!r}")
-        for f in ("zero1", "recompute"):
+        for f in ("zero1", "dp_overlap"):
             check(isinstance(getattr(self, f), bool), f, f"must be true or false, got {getattr(self, f)!r}")
+        if self.grad_bucket_params is not None:
+            check(isinstance(self.grad_bucket_params, int) and not isinstance(self.grad_bucket_params, bool)
+                  and self.grad_bucket_params > 0, "grad_bucket_params",
+                  f"must be a whole number of parameters > 0 (or absent), got {self.grad_bucket_params!r}")
+        if isinstance(self.recompute, bool):  # older configs: a memory switch
+            object.__setattr__(self, "recompute", "full" if self.recompute else "none")
+        check_choice(self.recompute, "recompute", RECOMPUTE)
         if self.schedule == "interleaved":
             check(self.virtual_stages >= 2, "virtual_stages",
                   f"the interleaved schedule needs >= 2, got {self.virtual_stages}")

@@ -172,3 +172,35 @@ def test_split_schedules_price_input_and_weight_parts(schedule, pp, v, m):
     res = ex.execute(0, plan, budgets)
     ops = set(res.trace.op)
     assert {"I", "W"} <= ops and ("B" in ops) == (schedule == "dualpipev")
+
+
+class OverlapLatency(LinearLatency):
+    """Records the windows the executor hands to ``grad_sync_exposed`` (exposed = 1 ms + 10 % of it)."""
+
+    def __init__(self, cluster):
+        super().__init__(cluster)
+        self.windows: dict[int, float] = {}
+
+    def grad_sync_exposed(self, stage, window):
+        self.windows[stage] = window
+        return 0.001 + 0.1 * window
+
+
+def test_dp_overlap_exposes_what_each_devices_last_backward_leaves():
+    """With dp_overlap the gradient synchronisation after a device's last action is the latency
+    model's exposed part, overlapped with that last action (1F1B: the backward of micro-batch
+    m - 1), the shortest over DP replicas; without it, allreduce_time."""
+    dp, pp, m, schedule = 2, 3, 4, "1f1b"
+    cl = ClusterConfig(pp=pp, dp=dp, schedule=schedule, global_batch=dp * m, dp_overlap=True)
+    lat = OverlapLatency(cl)
+    # replica 1's last micro-batch is shorter: its backward is the window
+    plan = Plan.from_lists([[[Sequence(id=r * m + j, length=2000 if (r, j) != (1, m - 1) else 500)]
+                             for j in range(m)] for r in range(dp)])
+    ex = SimulatorExecutor(lat, tiny(), cl)
+    inp = ex.build_input(0, plan, uniform_budgets(plan, 4))
+    last_bwd = 2 * 500 * 1e-4  # LinearLatency: backward = 2 x tokens x 1e-4
+    assert lat.windows == pytest.approx({s: last_bwd for s in range(pp)})
+    assert inp.allreduce == pytest.approx([0.001 + 0.1 * last_bwd] * pp)
+    off = SimulatorExecutor(lat, tiny(), ClusterConfig(pp=pp, dp=dp, schedule=schedule, global_batch=dp * m))
+    assert off.build_input(0, plan, uniform_budgets(plan, 4)).allreduce == pytest.approx(
+        [0.01 * (s + 1) for s in range(pp)])

@@ -398,3 +398,93 @@ def test_tp_allreduces_are_added_to_a_shard_profile_only():
     assert lat == pytest.approx(plain.microbatch_latency((200, 300), 4) + 6 * 4 * shard.tp_allreduce_time(500),
                                 rel=1e-12)
     assert shard.microbatch_latencies([(200, 300)], 4)[0] == pytest.approx(lat, rel=1e-12)
+
+
+def test_recompute_prices_the_forward_again_in_the_backward_by_hand():
+    """cluster.recompute: selective adds one attention forward per layer to each backward, full also
+    one dense forward per layer; forwards, embedding and head unchanged; the policies' fused
+    micro-batch latency gains exactly the same (docs/costmodel.md, 'Recomputation')."""
+    lengths, T = [100, 300], 400
+    att = {L: f_attn(L, min(4, math.ceil(L / 32))) for L in lengths}  # budget 4
+    base, sel, full = lm(), lm(recompute="selective"), lm(recompute="full")
+    again_attn = 3 * sum(att.values())  # 3 layers per stage
+    for s in (0, 1):
+        f = base.stage_time(lengths, 4, s, backward=False)
+        b = base.stage_time(lengths, 4, s, backward=True)
+        assert sel.stage_time(lengths, 4, s, backward=False) == f == full.stage_time(lengths, 4, s, backward=False)
+        assert sel.stage_time(lengths, 4, s, backward=True) == pytest.approx(b + again_attn, rel=1e-12)
+        assert full.stage_time(lengths, 4, s, backward=True) == pytest.approx(
+            b + again_attn + 3 * g_dense(T), rel=1e-12)
+        # the split backward: the forward again is in the input part; the weight part is unchanged
+        w = base.stage_time(lengths, 4, s, backward=True, part="weight")
+        assert full.stage_time(lengths, 4, s, backward=True, part="weight") == w
+        assert full.stage_time(lengths, 4, s, backward=True, part="input") == pytest.approx(
+            base.stage_time(lengths, 4, s, backward=True, part="input") + again_attn + 3 * g_dense(T), rel=1e-12)
+    whole = base.microbatch_latency(lengths, 4)
+    assert sel.microbatch_latency(lengths, 4) == pytest.approx(whole + 6 * sum(att.values()), rel=1e-12)
+    assert full.microbatch_latency(lengths, 4) == pytest.approx(
+        whole + 6 * sum(att.values()) + 6 * g_dense(T), rel=1e-12)
+    got = full.microbatch_latencies([lengths, [64]], [4, 2])
+    assert got[0] == pytest.approx(full.microbatch_latency(lengths, 4), rel=1e-12)
+
+
+def test_full_recompute_runs_the_forward_tp_all_reduces_again():
+    """A measured one-shard profile at tp 2: the model adds 2 TP all-reduces per layer forward, 2 per
+    backward, and under full recomputation the forward's 2 again in the backward."""
+    m2 = meta(tp=2)
+    base = load_latency_model(Profile(table=table(), meta=m2, source="x"), MODEL, cluster(tp=2))
+    full = load_latency_model(Profile(table=table(), meta=m2, source="x"), MODEL, cluster(tp=2, recompute="full"))
+    ar = base.tp_allreduce_time(500)
+    assert ar > 0
+    assert full.dense(500) == base.dense(500) == pytest.approx(g_dense(500) + 2 * ar, rel=1e-12)
+    assert full.dense(500, backward=True) == pytest.approx(2 * g_dense(500) + g_dense(500) + 4 * ar, rel=1e-12)
+    assert full.dense(500, backward=True, part="weight") == base.dense(500, backward=True, part="weight")
+    assert full.microbatch_latency([500], 1) == pytest.approx(
+        base.microbatch_latency([500], 1) + 6 * (f_attn(500, 1) + g_dense(500) + 2 * ar), rel=1e-12)
+
+
+def test_recompute_field_reads_old_booleans_and_refuses_other_values():
+    from sparsebalance.configmap import from_mapping
+
+    assert from_mapping(ClusterConfig, {"recompute": True}, "cluster").recompute == "full"
+    assert from_mapping(ClusterConfig, {"recompute": False}, "cluster").recompute == "none"
+    with pytest.raises(ConfigError, match="cluster.recompute: 'some' is not allowed; choose one of none, selective, full"):
+        from_mapping(ClusterConfig, {"recompute": "some"}, "cluster")
+
+
+def test_grad_sync_buckets_against_the_closed_form_and_zero1_collectives():
+    """Bucketed reduction overlapped with the last backward action of length W: equal buckets
+    (n_b, T seconds in all) leave max(T / n_b, T - W (n_b - 1) / n_b) exposed; ZeRO-1 replaces the
+    all-reduce by a reduce-scatter ((n-1)/n x bytes / bw) and adds the parameters' all-gather."""
+    p0 = 3 * PARAMS_PER_LAYER + EMBED  # stage 0's parameters (tp 1)
+    bucket = p0 // 4 + 1  # four buckets: three full ones and a smaller last one
+    plain, ov = lm(), lm(dp_overlap=True, grad_bucket_params=bucket)
+    ring = 2 * 3 / 4 * p0 * 2 / 2e10 + 7e-6
+    assert plain.allreduce_time(0) == pytest.approx(ring, rel=1e-12)
+    n_b = 4
+    a = [2 * 3 / 4 * p * 2 / 2e10 + 7e-6 for p in (bucket, bucket, bucket, p0 - 3 * bucket)]
+    total = sum(a)
+    assert ov.allreduce_time(0) == pytest.approx(total, rel=1e-12)  # 4 latencies, not one
+    for window in (0.0, 1e-6, 1e-5, 1e-4, 1.0):  # comm-bound and compute-bound
+        ready = [window * min(1.0, (i + 1) * bucket / p0) for i in range(n_b)]
+        end = 0.0
+        for r, sec in zip(ready, a):  # brute force: collectives one at a time
+            end = max(end, r) + sec
+        assert ov.grad_sync_exposed(0, window) == pytest.approx(max(0.0, end - window), rel=1e-12, abs=1e-15)
+    eq = lm(dp_overlap=True, grad_bucket_params=p0 // 2 + p0 % 2)  # two (almost) equal buckets
+    t, w = eq.allreduce_time(0), 3e-5
+    assert eq.grad_sync_exposed(0, w) == pytest.approx(max(t / 2, t - w / 2), rel=1e-6)
+    assert lm(dp_overlap=True).grad_sync_exposed(0, 1.0) == pytest.approx(ring, rel=1e-12)  # default: 1 bucket
+    z = lm(zero1=True, optim=True)
+    assert z.allreduce_time(0) == pytest.approx(3 / 4 * p0 * 2 / 2e10 + 7e-6, rel=1e-12)
+    shard = round(p0 / 4)
+    step = 1e-4 + (shard - 100_000) * (1e-3 - 1e-4) / 900_000  # the optim rows, linear
+    assert z.optimizer_time(0) == pytest.approx(step + 3 / 4 * p0 * 2 / 2e10 + 7e-6, rel=1e-9)
+    assert lm(zero1=True, dp=1).optimizer_time(0) == lm(dp=1).optimizer_time(0)
+
+
+@pytest.mark.parametrize("field,value", [("grad_bucket_params", 0), ("grad_bucket_params", 1.5),
+                                         ("dp_overlap", "yes")])
+def test_bad_gradient_sync_fields(field, value):
+    with pytest.raises(ConfigError, match=field):
+        cluster(**{field: value})

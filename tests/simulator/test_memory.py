@@ -20,14 +20,15 @@ from sparsebalance.simulator.schedule.graph import schedule_graph
 TOKENS = [[100, 300, 200, 50], [10, 20, 30, 40]]
 
 
-def hand(schedule: str, zero1: bool = False, recompute: bool = False) -> np.ndarray:
+def hand(schedule: str, zero1: bool = False, recompute: str = "none") -> np.ndarray:
     """Peak bytes per device [dp, pp] of tiny() on PP2 x DP2, worked out by hand from its dims:
     hidden 64, 4 layers, 4 heads of 16 (q = 64), 2 kv heads (kv = 32), ffn 128, vocab 256, untied."""
     per_layer_params = (64 * 64 + 64) + 2 * (64 * 32 + 32) + 64 * 64 + 3 * 64 * 128 + 2 * 64  # 37,120
     params = [2 * per_layer_params + 256 * 64, 2 * per_layer_params + 64 + 256 * 64]
     per_param = 2 + 2 + (4 + 8) / (2 if zero1 else 1)
     act_layer = 2 * (4 * 64 + 2 * 64 + 2 * 32 + 3 * 128) + 4 * 4  # 1,680 bytes per token
-    kept_layer = 2 * 64 if recompute else act_layer
+    dropped = {"none": 0, "selective": 2 * 64 + 4 * 4, "full": act_layer - 2 * 64}[recompute]
+    kept_layer = act_layer - dropped  # full: the layer's input alone; selective: less O and the LSE
     kept = [2 * kept_layer + 2 * 64, 2 * kept_layer]  # stage 0 also keeps the embedding output
     out = np.zeros((2, 2))
     for r, tok in enumerate(TOKENS):
@@ -36,13 +37,15 @@ def hand(schedule: str, zero1: bool = False, recompute: bool = False) -> np.ndar
         else:  # 1F1B: stage 0 (two warm-up F) peaks at two in flight: F0 F1 B0 F2 B1 F3 B2 B3
             held = [max(tok[0] + tok[1], tok[1] + tok[2], tok[2] + tok[3]), max(tok)]
         for s in range(2):
-            transient = max(tok) * ((act_layer if recompute else 0) + (2 * 256 if s == 1 else 0))
+            rebuilt = act_layer if recompute == "full" else dropped  # one layer re-materialised
+            transient = max(tok) * (rebuilt + (2 * 256 if s == 1 else 0))
             out[r, s] = params[s] * per_param + held[s] * kept[s] + transient
     return out
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
-@pytest.mark.parametrize("zero1,recompute", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("zero1,recompute", [(False, "none"), (True, "none"), (False, "full"), (True, "full"),
+                                             (False, "selective")])
 def test_peak_equals_hand_calculation(schedule, zero1, recompute):
     cl = ClusterConfig(pp=2, dp=2, global_batch=8, schedule=schedule, zero1=zero1, recompute=recompute)
     rep = memory_report(tiny(), cl, schedule_graph(schedule, 2, 4), np.array(TOKENS))
@@ -113,7 +116,7 @@ def test_memory_aware_sab_packs_under_the_limit():
     from sparsebalance.simulator.cost.latency import load_latency_model
 
     model = qwen25_3b()
-    cl = ClusterConfig(pp=4, dp=2, global_batch=32, device_memory=50e9, recompute=True)
+    cl = ClusterConfig(pp=4, dp=2, global_batch=32, device_memory=50e9, recompute="full")
     rng = np.random.default_rng(0)
     seqs = [Sequence(id=i, length=int(x)) for i, x in enumerate(rng.integers(4096, 65536, 32))]
     lm = load_latency_model("analytical-h200", model, cl)

@@ -33,6 +33,16 @@ row-parallel attention output and MLP down projections) and 2 in the input-gradi
 backward (the column-parallel inputs' gradients), each ``tp_latency + 2 (tp - 1) / tp x bytes /
 tp_bandwidth`` (:meth:`LatencyModel.tp_allreduce_time`).
 
+Recomputation (``cluster.recompute``, docs/costmodel.md 'Recomputation'): the forward a backward
+runs again is priced inside the backward ops, once, when the model is built, so every consumer of a
+backward (stage times, the policies' fused micro-batch latency, dst-cp's tables) includes it:
+``selective`` adds ``attn_fwd`` to ``attn_bwd`` at every grid point (the attention core is run
+again); ``full`` also adds ``layer_fwd`` to ``layer_bwd`` and to its input part
+``layer_bwd_input`` (the weight part needs no activations the input part has not rebuilt), and the
+forward's 2 TP all-reduces to the backward's (measured-shard profiles). Embedding and LM head are
+not recomputed (Megatron recomputes the transformer layers). Sums on the profile's grid, so
+interpolating the sum equals summing the interpolations wherever the two ops share a grid.
+
 Profile vs run: a measured profile must match the run's ``model.block_size``, ``cluster.tp`` and the
 per-layer dims (hidden, heads, kv_heads, head_dim, ffn, vocab) or loading fails with ConfigError, since
 its numbers cannot be rescaled faithfully; ``layers`` may differ (the table is per layer). An
@@ -127,6 +137,10 @@ class LatencyModel(ScalarStageLatency):
         self.notes: list[str] = []
         """What the model derived rather than read from the profile (e.g. the split backward)."""
         self._derived_split = self._derive_split()
+        self._tp_bwd = 4 if cluster.recompute == "full" else 2
+        """TP all-reduces in a layer's backward (input part): its own 2, + the forward's 2 again
+        under full recomputation."""
+        self._fold_recompute()
         self._warned: set[str] = set()
         self._attn: dict[tuple[int, int, bool], float] = {}
         self._attn_fb: dict[tuple[int, int], float] = {}
@@ -155,6 +169,22 @@ class LatencyModel(ScalarStageLatency):
             self._curves[f"{name}_bwd_input"] = self._curves[f"{name}_bwd_weight"] = half
             derived.append(name)
         return derived
+
+    def _fold_recompute(self) -> None:
+        """Add the forward that recomputation runs again to the backward ops (module docstring)."""
+        mode = self.cluster.recompute
+        if mode == "none":
+            return
+        f, b = self._surfaces["attn_fwd"], self._surfaces["attn_bwd"]
+        if f.xs != b.xs or f.ks != b.ks:
+            raise ConfigError(f"cluster.recompute: {mode!r} needs the profile's attn_fwd and attn_bwd on the "
+                              f"same (seq_len, budget) grid ({self.profile.source} has different grids)")
+        b.zs = [[v + u for u, v in zip(ru, rv)] for ru, rv in zip(f.zs, b.zs)]
+        fwd = self._curves.get("layer_fwd")
+        if mode == "full" and fwd is not None:
+            for op in ("layer_bwd", "layer_bwd_input"):
+                c = self._curves[op]
+                self._curves[op] = _Curve(c.xs, [y + fwd(x) for x, y in zip(c.xs, c.ys)])
 
     def _note_split(self) -> None:
         if self._derived_split and not self.notes:
@@ -316,7 +346,7 @@ class LatencyModel(ScalarStageLatency):
             return self.op_many("embed_bwd" if backward else "embed_fwd", tokens)
         out = self.op_many(self._bwd_op(name, backward, part), tokens)
         if name == "layer" and self._tp_comm and part != "weight":
-            out = out + 2 * self.tp_allreduce_time(tokens.astype(float))
+            out = out + (self._tp_bwd if backward else 2) * self.tp_allreduce_time(tokens.astype(float))
         return out
 
     def dense(self, tokens: int, *, backward: bool = False, part: str | None = None) -> float:
@@ -325,7 +355,7 @@ class LatencyModel(ScalarStageLatency):
         layer's two TP all-reduces (none in the weight part)."""
         t = self._op(self._bwd_op("layer", backward, part), tokens)
         if self._tp_comm and part != "weight":
-            t += 2 * self.tp_allreduce_time(tokens)
+            t += (self._tp_bwd if backward else 2) * self.tp_allreduce_time(tokens)
         return t
 
     def tp_allreduce_time(self, tokens):
@@ -426,8 +456,8 @@ class LatencyModel(ScalarStageLatency):
             fast = self._fast_dense
             if fast is not None and fast.xs[0] <= tokens <= fast.xs[-1]:
                 hit = fast(tokens)
-                if self._tp_comm:  # the fused table holds the ops alone: 2 + 2 all-reduces per layer
-                    hit += self.model.layers * 4 * self.tp_allreduce_time(tokens)
+                if self._tp_comm:  # the fused table holds the ops alone: 2 + 2 (+ 2) all-reduces per layer
+                    hit += self.model.layers * (2 + self._tp_bwd) * self.tp_allreduce_time(tokens)
             else:
                 hit = (self.model.layers * (self.dense(tokens) + self.dense(tokens, backward=True))
                        + self.embed(tokens) + self.embed(tokens, backward=True)
@@ -519,7 +549,8 @@ class LatencyModel(ScalarStageLatency):
             inside = (tokens >= xs[0]) & (tokens <= xs[-1])
             out[inside] = np.interp(tokens[inside].astype(float), xs, ys)
             if self._tp_comm:
-                out[inside] += self.model.layers * 4 * self.tp_allreduce_time(tokens[inside].astype(float))
+                out[inside] += self.model.layers * (2 + self._tp_bwd) * self.tp_allreduce_time(
+                    tokens[inside].astype(float))
         for idx in np.flatnonzero(~inside):
             out[idx] = self._dense_fb(int(tokens[idx]))
         return out
@@ -534,20 +565,63 @@ class LatencyModel(ScalarStageLatency):
         """Parameters held by device ``stage`` before TP splitting (:meth:`Layout.device_params`)."""
         return self.layout.device_params(stage)
 
-    def allreduce_time(self, stage: int) -> float:
-        """Seconds of the ring all-reduce of stage ``stage``'s gradients across the DP group:
-        2 (n-1)/n x bytes / bandwidth + latency, bytes = params / tp x dtype bytes; 0 when dp = 1."""
+    def _grad_buckets(self, stage: int) -> list[tuple[float, float]]:
+        """(share of the device's parameters up to and including the bucket, seconds of its
+        collective) per gradient bucket, in the order the backward fills them: one bucket without
+        ``dp_overlap``; each a ring all-reduce ``2 (n-1)/n x bytes / bw + latency``, or with
+        ``zero1`` a reduce-scatter ``(n-1)/n x bytes / bw + latency`` (bytes = params / tp x dtype
+        bytes). Empty at dp = 1."""
         c = self.cluster
         n = c.dp
         if n == 1:
-            return 0.0
-        nbytes = self.stage_params(stage) / c.tp * self.model.dtype_bytes
-        return 2 * (n - 1) / n * nbytes / c.allreduce_bandwidth + c.allreduce_latency
+            return []
+        params = self.stage_params(stage) / c.tp
+        size = params
+        if c.dp_overlap:
+            size = c.grad_bucket_params or max(40_000_000, 1_000_000 * n)
+        steps = (n - 1) / n if c.zero1 else 2 * (n - 1) / n
+        out, done = [], 0.0
+        while done < params:
+            p = min(size, params - done)
+            done += p
+            out.append((done / params, steps * (p * self.model.dtype_bytes) / c.allreduce_bandwidth
+                        + c.allreduce_latency))
+        return out
+
+    def allreduce_time(self, stage: int) -> float:
+        """Seconds of the DP gradient synchronisation of stage ``stage`` when nothing overlaps it:
+        its buckets' collectives one after another (:meth:`_grad_buckets`; without ``dp_overlap``
+        one ring all-reduce ``2 (n-1)/n x bytes / bandwidth + latency``); 0 when dp = 1."""
+        buckets = self._grad_buckets(stage)
+        if len(buckets) == 1:
+            return buckets[0][1]
+        return sum(sec for _, sec in buckets)
+
+    def grad_sync_exposed(self, stage: int, window: float) -> float:
+        """Seconds of stage ``stage``'s gradient synchronisation left after its last backward action
+        (``window`` seconds long) with ``dp_overlap``: bucket i is ready when the action has run
+        its share of the parameters (gradients come out evenly over it), and the collectives run
+        one at a time, ``end_i = max(ready_i, end_(i-1)) + seconds_i``; exposed = end - window.
+        Equal buckets (n_b of them, T seconds in all): ``max(T / n_b, T - window (n_b - 1) / n_b)``."""
+        end = 0.0
+        for share, sec in self._grad_buckets(stage):
+            end = max(end, window * share) + sec
+        return max(0.0, end - window)
 
     def optimizer_time(self, stage: int) -> float:
-        """Seconds of one AdamW step over stage ``stage``'s parameters (its TP shard): the profile's
-        ``optim`` op at that parameter count, else params x 16 bytes / the sidecar's memory_bandwidth."""
-        params = round(self.stage_params(stage) / self.cluster.tp)
+        """Seconds of one AdamW step over stage ``stage``'s parameters (its TP shard; with ``zero1``
+        its 1/dp share, then the ring all-gather of the updated bf16 parameters, ``(n-1)/n x bytes
+        / bandwidth + latency``): the profile's ``optim`` op at that parameter count, else params x
+        16 bytes / the sidecar's memory_bandwidth."""
+        c = self.cluster
+        params = round(self.stage_params(stage) / c.tp)
+        if c.zero1 and c.dp > 1:
+            gather = ((c.dp - 1) / c.dp * params * self.model.dtype_bytes / c.allreduce_bandwidth
+                      + c.allreduce_latency)
+            return self._optimizer_step(round(params / c.dp)) + gather
+        return self._optimizer_step(params)
+
+    def _optimizer_step(self, params: int) -> float:
         if "optim" in self._curves:
             return self._op("optim", params)
         bw = self.profile.meta.memory_bandwidth
@@ -556,7 +630,7 @@ class LatencyModel(ScalarStageLatency):
         if "optim" not in self._warned:
             self._warned.add("optim")
             warnings.warn(f"profile {self.profile.source} has neither optim rows nor memory_bandwidth; "
-                          "the optimizer step costs 0 s", RuntimeWarning, stacklevel=2)
+                          "the optimizer step costs 0 s", RuntimeWarning, stacklevel=3)
         return 0.0
 
 

@@ -3,7 +3,9 @@
 Durations come from the latency model (docs/architecture.md): ``stage_times`` (its StageCost) per (virtual stage,
 micro-batch) forward and backward (and, for a schedule that splits the backward, its input- and
 weight-gradient parts), ``p2p_time`` of the micro-batch's tokens for every stage boundary,
-``allreduce_time`` and ``optimizer_time`` per physical stage. Every iteration also reports the peak
+``allreduce_time`` and ``optimizer_time`` per physical stage (with ``cluster.dp_overlap`` the
+gradient synchronisation's exposed part, ``grad_sync_exposed``, overlapped with each device's last
+backward action: the shortest over DP replicas, an upper bound on what is exposed). Every iteration also reports the peak
 memory per device (``sparsebalance.simulator.engine.memory``): ``extra`` holds ``peak_memory_gb`` (the
 largest device), ``peak_memory_gb_s<stage>`` (largest over DP ranks) and ``memory_exceeded`` (devices
 over ``cluster.device_memory``). Imports no torch.
@@ -20,6 +22,8 @@ from sparsebalance.simulator.engine import PipelineInput, PipelineResult, simula
 from sparsebalance.simulator.engine.iteration import IterationResult
 from sparsebalance.simulator.engine.memory import GB, MemoryReport, check_fits, memory_report
 from sparsebalance.simulator.plan import Budget, Budgets, Plan
+from sparsebalance.simulator.schedule.graph import schedule_graph
+from sparsebalance.simulator.schedule.timing import kind_durations
 from sparsebalance.simulator.schedule.schedules import splits_backward
 
 
@@ -71,9 +75,23 @@ class SimulatorExecutor:
         times = {mode: t.reshape(nv, dp, m).transpose(1, 0, 2) for mode, t in got.items()}
         return PipelineInput(schedule=c.schedule, pp=c.pp, virtual_stages=c.virtual_stages,
                              forward=times["F"], backward=times["B"], backward_input=times.get("I"),
-                             backward_weight=times.get("W"), p2p=p2p, allreduce=self._fixed[0],
+                             backward_weight=times.get("W"), p2p=p2p, allreduce=self._grad_sync(times, m),
                              optimizer=self._fixed[1], tokens=tokens, budget=mean_budget,
                              iteration=iteration)
+
+    def _grad_sync(self, times: dict[str, np.ndarray], m: int) -> np.ndarray:
+        """[pp] seconds of gradient synchronisation after each device's last action: all of it, or
+        with ``dp_overlap`` what its last backward action (the shortest over replicas) leaves."""
+        c = self.cluster
+        if not (c.dp_overlap and c.dp > 1):
+            return self._fixed[0]
+        g = schedule_graph(c.schedule, c.pp, m, c.virtual_stages)
+        nv = c.pp * c.virtual_stages
+        kind, rest = np.divmod(np.asarray(g.last), nv * m)
+        vs, j = np.divmod(rest, m)
+        per_kind = kind_durations(g, times["F"], times["B"], times.get("I"), times.get("W"))  # as the engine runs them
+        window = [float(per_kind[g.kinds[k]][:, v, i].min()) for k, v, i in zip(kind, vs, j)]
+        return np.array([self.latency.grad_sync_exposed(s, w) for s, w in enumerate(window)], dtype=float)
 
     def execute(self, iteration: int, plan: Plan, budgets: Budgets) -> IterationResult:
         inp = self.build_input(iteration, plan, budgets)

@@ -15,8 +15,10 @@ with ``q = heads x head_dim``, ``kv = kv_heads x head_dim``, ``f = ffn``, ``h = 
 MLP projections (4 h), Q, K, V (q + 2 kv), the attention output (q), the gate, up and gated
 products of the SwiGLU MLP (3 f), and the fp32 softmax log-sum-exp per head; all divided by ``tp``
 (sequence parallelism). Virtual stage 0 also keeps the embedding output (2 h). With full activation
-recomputation (``cluster.recompute``) a layer keeps only its input (2 h / tp) and the backward
-re-materialises one layer of one micro-batch at a time (a transient of one layer's full bytes).
+recomputation (``cluster.recompute = "full"``) a layer keeps only its input (2 h / tp) and the
+backward re-materialises one layer of one micro-batch at a time (a transient of one layer's full
+bytes); with selective recomputation (the attention core) a layer drops the attention output and
+the log-sum-exp (2 q + 4 heads), which the backward re-materialises one layer at a time.
 The last stage's LM head logits (``2 vocab / tp`` bytes per token, bf16) are live for one
 micro-batch at a time (transient).
 
@@ -66,9 +68,22 @@ def layer_bytes_per_token(model: ModelConfig, tp: int = 1) -> float:
     return (2 * (4 * model.hidden + 2 * q + 2 * kv + 3 * model.ffn) + 4 * model.heads) / tp
 
 
+def recomputed_bytes_per_token(model: ModelConfig, cluster: ClusterConfig) -> float:
+    """Bytes per token of one layer that recomputation drops and its backward re-materialises:
+    all but the layer's input (full), the attention output and log-sum-exp (selective), none."""
+    if cluster.recompute == "full":
+        return layer_bytes_per_token(model, cluster.tp) - 2 * model.hidden / cluster.tp
+    if cluster.recompute == "selective":
+        return (2 * model.heads * model.head_dim + 4 * model.heads) / cluster.tp
+    return 0.0
+
+
 def kept_bytes_per_token(model: ModelConfig, cluster: ClusterConfig) -> np.ndarray:
     """[V] bytes a micro-batch leaves on each virtual stage per token until its backward there."""
-    per_layer = 2 * model.hidden / cluster.tp if cluster.recompute else layer_bytes_per_token(model, cluster.tp)
+    if cluster.recompute == "full":
+        per_layer = 2 * model.hidden / cluster.tp
+    else:
+        per_layer = layer_bytes_per_token(model, cluster.tp) - recomputed_bytes_per_token(model, cluster)
     out = layout_of(model, cluster).layer_counts * per_layer
     out[0] += 2 * model.hidden / cluster.tp  # embedding output
     return out
@@ -78,8 +93,10 @@ def transient_bytes_per_token(model: ModelConfig, cluster: ClusterConfig) -> np.
     """[pp] bytes per token of the one micro-batch being worked on: the recomputed layer (with
     recomputation) and, on the last stage, the LM head logits."""
     out = np.zeros(cluster.pp)
-    if cluster.recompute:
+    if cluster.recompute == "full":
         out += layer_bytes_per_token(model, cluster.tp)
+    elif cluster.recompute == "selective":
+        out += recomputed_bytes_per_token(model, cluster)
     out[layout_of(model, cluster).devices[-1]] += 2 * model.vocab / cluster.tp
     return out
 

@@ -23,8 +23,8 @@ from sparsebalance.simulator.engine.iteration import IterationResult
 from sparsebalance.simulator.engine.memory import GB, MemoryReport, check_fits, memory_report
 from sparsebalance.simulator.plan import Budget, Budgets, Plan
 from sparsebalance.simulator.schedule.graph import schedule_graph
-from sparsebalance.simulator.schedule.timing import kind_durations
 from sparsebalance.simulator.schedule.schedules import splits_backward
+from sparsebalance.simulator.schedule.timing import kind_durations
 
 
 class SimulatorExecutor:

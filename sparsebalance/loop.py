@@ -22,6 +22,7 @@ from sparsebalance.errors import ConfigError
 from sparsebalance.policies.base import BatchingPolicy, PolicyContext, TuningPolicy
 from sparsebalance.simulator.engine.iteration import Executor
 from sparsebalance.simulator.engine.trace import TRACE_COLUMNS
+from sparsebalance.simulator.flops import model_flops
 from sparsebalance.simulator.plan import Budget, Budgets, Plan
 
 
@@ -124,6 +125,7 @@ def run_loop(*, batches: Iterator[list[Sequence]], batching: BatchingPolicy, tun
             "mean_budget": float(np.mean(flat_b)),
             "mean_coverage": float(np.mean(covs)),
             "tokens": sum(s.length for s in batch),
+            "model_flops": model_flops(ctx.model, (s.length for s in batch)),
             **{f"tuning_{k}": v for k, v in tuning.stats.items()},
             **result.extra,
         })

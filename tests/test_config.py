@@ -32,7 +32,11 @@ def test_qwen25_3b_public_dims_and_param_count():
 @pytest.mark.parametrize("name", sorted(CLUSTER_PRESETS))
 def test_cluster_presets(name):
     c = CLUSTER_PRESETS[name]()
-    assert c.gpus == 32 and c.microbatches_per_rank == 4
+    if name.startswith("dgx-"):  # one node's hardware: the run sets its own plan
+        assert c.gpus == c.gpus_per_node == 8 and c.device == name[len("dgx-"):]
+        assert c.device_memory == {"dgx-a100-80gb": 80e9, "dgx-a100-40gb": 40e9}[name]
+    else:  # the paper's 4 x 8 settings
+        assert c.gpus == 32 and c.microbatches_per_rank == 4
 
 
 @pytest.mark.parametrize(

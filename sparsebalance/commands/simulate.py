@@ -45,6 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write no trace.csv / trace.json / timeline (big runs)")
     p.add_argument("--trace-limit", type=positive_int, default=TRACE_LIMIT, metavar="N",
                    help=f"write at most N traced actions, whole iterations first (default {TRACE_LIMIT:,})")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (iteration time, achieved model FLOP/s per GPU, ...) instead of the table")
     p.add_argument("--profile-as-is", action="store_true",
                    help="trust a measured profile as it is: no calibration probe on this machine "
                         "(by default a measured CPU/GPU profile whose device this machine has is probed "
@@ -105,12 +107,28 @@ def run(args: argparse.Namespace) -> int:
         atomic_write_text(out / "calibration.json", json.dumps(calibration, indent=2, default=str))
     m = result.metrics
     c = cfg.cluster
+    # achieved model FLOP/s per GPU (simulator/flops.py: Megatron's convention, no recompute forward)
+    tflops = m["model_flops"] / m["iteration_time_s"] / c.gpus / 1e12
+    if args.json:
+        print(json.dumps({
+            "name": cfg.name, "results": str(out), "iterations": len(m), "gpus": c.gpus,
+            "iteration_time_s": {"mean": float(m["iteration_time_s"].mean()),
+                                 "min": float(m["iteration_time_s"].min()),
+                                 "max": float(m["iteration_time_s"].max())},
+            "model_tflops_per_gpu": float(tflops.mean()),
+            "flop_convention": "model FLOPs (Megatron, Korthikanti et al. 2022 Eq. 7): 3 x forward, full "
+                               "L x L attention, LM head included, recompute forward not counted",
+            "bubble_fraction": float(m["bubble_fraction"].mean()),
+            "peak_memory_gb": float(m["peak_memory_gb"].max()) if "peak_memory_gb" in m else None,
+        }))
+        return 0
     print(f"{cfg.name}: {cfg.model.name} on {c.name} (DP{c.dp} x PP{c.pp} x TP{c.tp}, {c.schedule}), "
           f"policy {cfg.policy.batching}+{cfg.policy.tuning}, {len(m)} iterations")
     rows = [
         ("iteration time (s)", m["iteration_time_s"]),
         ("imbalance (max/mean)", m["imbalance"]),
         ("bubble fraction", m["bubble_fraction"]),
+        ("model TFLOP/s per GPU", tflops),
     ]
     if "peak_memory_gb" in m:
         rows.append(("peak memory (GB)", m["peak_memory_gb"]))

@@ -24,7 +24,10 @@ class DataConfig:
     source: str = "distribution"
     """One of distribution, jsonl, parquet, hf_disk, text_dir."""
     distribution: str = "chatqa2-like"
-    """For source = distribution: chatqa2-like, longalign-like (see sparsebalance.data.distributions)."""
+    """For source = distribution: chatqa2-like, longalign-like (see sparsebalance.data.distributions),
+    or fixed (every sequence ``length`` tokens: dense pretraining data cut to the context length)."""
+    length: int | None = None
+    """For distribution = fixed: tokens of every sequence (required there, refused elsewhere)."""
     path: str | None = None
     """File or directory for the file-based sources (relative paths are relative to the config)."""
     num_sequences: int = 1024
@@ -50,6 +53,17 @@ class DataConfig:
         check_positive(self.num_sequences, "num_sequences", allow_zero=self.source != "distribution")
         check(self.num_sequences <= MAX_SEQUENCES, "num_sequences",
               f"must be <= {MAX_SEQUENCES:,} (each sequence is held in memory), got {self.num_sequences:,}")
+        if self.source == "distribution":
+            from sparsebalance.data.distributions import DISTRIBUTIONS
+
+            check_choice(self.distribution, "distribution", [*DISTRIBUTIONS, "fixed"])
+            fixed = self.distribution == "fixed"
+            check((self.length is not None) == fixed, "length",
+                  "is required for distribution = \"fixed\" (tokens per sequence)" if fixed
+                  else f"applies only to distribution = \"fixed\", not {self.distribution!r}")
+            if fixed:
+                check(isinstance(self.length, int) and 1 <= self.length <= MAX_LENGTH, "length",
+                      f"must be a whole number of tokens in 1..{MAX_LENGTH:,}, got {self.length!r}")
         check_positive(self.min_length, "min_length")
         check(self.min_length <= MAX_LENGTH, "min_length",
               f"must be <= {MAX_LENGTH:,} tokens, got {self.min_length:,}")

@@ -162,6 +162,16 @@ def simulated_sequences(name: str, n: int, seed: int, *, min_length: int = 1,
             for i, (l, s) in enumerate(zip(lengths, sens))]
 
 
+def fixed_sequences(length: int, n: int, seed: int) -> list:
+    """``n`` sequences of ``length`` tokens each (dense pretraining data cut to the context length),
+    with sensitivities drawn as :func:`simulated_sequences` draws them."""
+    from sparsebalance.data.sequence import Sequence
+
+    check_positive(n, "num_sequences")
+    sens = sample_sensitivity(n, np.random.default_rng([seed, 0x5E]))
+    return [Sequence(id=i, length=int(length), sensitivity=float(s)) for i, s in enumerate(sens)]
+
+
 def describe():
     """One row per mixture component of every distribution, plus the sensitivity model (DataFrame).
 

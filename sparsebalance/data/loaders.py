@@ -37,9 +37,12 @@ TEXT_BATCH = 256
 def load_sequences(cfg: DataConfig, base_dir: str | Path = ".") -> list[Sequence]:
     """The sequences ``cfg`` describes; relative paths are resolved against ``base_dir``."""
     if cfg.source == "distribution":
-        from sparsebalance.data.distributions import simulated_sequences
+        from sparsebalance.data.distributions import fixed_sequences, simulated_sequences
 
-        return simulated_sequences(cfg.distribution, cfg.num_sequences, 0 if cfg.seed is None else cfg.seed,
+        seed = 0 if cfg.seed is None else cfg.seed
+        if cfg.distribution == "fixed":
+            return fixed_sequences(cfg.length, cfg.num_sequences, seed)
+        return simulated_sequences(cfg.distribution, cfg.num_sequences, seed,
                                    min_length=cfg.min_length, max_length=cfg.max_length)
     if cfg.source == "text_dir":
         from sparsebalance.data.corpus import load_text_dir

@@ -27,10 +27,11 @@ DEFAULT_ENGINE = "core"
 
 
 #: ModelConfig's architecture fields (their defaults are Qwen2's) and the values they take.
-ARCH_FIELDS = ("mlp", "qkv_bias", "bias", "norm", "positions", "max_positions")
+ARCH_FIELDS = ("mlp", "qkv_bias", "bias", "norm", "positions", "max_positions", "attention_kernel")
 MLP_KINDS = ("swiglu", "gelu")
 NORM_KINDS = ("rmsnorm", "layernorm")
 POSITION_KINDS = ("rotary", "learned")
+ATTENTION_KERNELS = ("moba", "unfused")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -76,6 +77,12 @@ class ModelConfig:
     embedding, GPT-2)."""
     max_positions: int = 0
     """Rows of a learned position table (``positions = "learned"``); unused with rotary positions."""
+    attention_kernel: str = "moba"
+    """How attention is computed, for the cost model: ``moba`` (our MoBA kernels: block-sparse at
+    the budget, FlashAttention-style dense at a full budget) or ``unfused`` (dense attention as
+    Megatron-LM ran it before FlashAttention, e.g. Korthikanti et al. 2022: Q K^T and the product
+    with V as batched GEMMs and the L x L scores written to memory by softmax and dropout; the
+    budget is ignored). Only ``moba`` runs in the real run."""
 
     def __post_init__(self) -> None:
         for f in ("hidden", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab", "block_size"):
@@ -86,6 +93,7 @@ class ModelConfig:
         check_choice(self.mlp, "mlp", MLP_KINDS)
         check_choice(self.norm, "norm", NORM_KINDS)
         check_choice(self.positions, "positions", POSITION_KINDS)
+        check_choice(self.attention_kernel, "attention_kernel", ATTENTION_KERNELS)
         check_positive(self.max_positions, "max_positions", allow_zero=True)
         check(self.positions != "learned" or self.max_positions > 0, "max_positions",
               "must be > 0 with learned positions (the rows of the position table)")
@@ -205,10 +213,19 @@ class ClusterConfig:
     """ZeRO-1 (Megatron's distributed optimizer): fp32 master weights and Adam moments sharded over
     the DP group; gradients reduce-scattered instead of all-reduced, each rank steps its 1/dp shard,
     then the updated bf16 parameters are all-gathered (priced in time and memory)."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism with TP (Korthikanti et al. 2022): the norms, dropouts and
+    residual adds run on 1/tp of the tokens per rank, and their activations are kept 1/tp per rank;
+    each TP all-reduce becomes an all-gather + reduce-scatter (the same bytes per rank on a ring).
+    Without it those parts are replicated on every TP rank."""
     dp_overlap: bool = False
     """Bucketed DP gradient reduction overlapped with each device's last backward action
     (Megatron's ``overlap_grad_reduce``): only what is left after that action is exposed
     (docs/costmodel.md, 'Gradient synchronisation'). False: one collective after the backward."""
+    grad_reduce_bytes: int | None = None
+    """Bytes per gradient element in the DP reduction; None = ``model.dtype_bytes``. Megatron-LM
+    accumulates and all-reduces a bf16 model's gradients in fp32 (4): "bfloat16 requires gradient
+    accumulation and all-reduce to be done in fp32" (megatron/training/arguments.py)."""
     grad_bucket_params: int | None = None
     """Parameters per gradient bucket with ``dp_overlap``; None = Megatron-Core's default
     max(40,000,000, 1,000,000 x dp) (megatron/core/distributed/distributed_data_parallel.py)."""
@@ -244,8 +261,10 @@ class ClusterConfig:
             check(isinstance(self.device_memory, (int, float)) and not isinstance(self.device_memory, bool)
                   and self.device_memory > 0, "device_memory",
                   f"must be a number of bytes > 0 (e.g. 141e9), got {self.device_memory!r}")
-        for f in ("zero1", "dp_overlap"):
+        for f in ("zero1", "dp_overlap", "sequence_parallel"):
             check(isinstance(getattr(self, f), bool), f, f"must be true or false, got {getattr(self, f)!r}")
+        if self.grad_reduce_bytes is not None:
+            check_choice(self.grad_reduce_bytes, "grad_reduce_bytes", (1, 2, 4, 8))
         if self.grad_bucket_params is not None:
             check(isinstance(self.grad_bucket_params, int) and not isinstance(self.grad_bucket_params, bool)
                   and self.grad_bucket_params > 0, "grad_bucket_params",
@@ -310,7 +329,24 @@ def h100_4x8() -> ClusterConfig:
     return replace(h200_4x8(), name="h100-4x8", device="h100", device_memory=80e9)
 
 
-CLUSTER_PRESETS = {"h200-4x8": h200_4x8, "h20-4x8": h20_4x8, "h100-4x8": h100_4x8}
+def dgx_a100_80gb() -> ClusterConfig:
+    """DGX A100 80 GB nodes (Selene, as in Narayanan et al. 2021 and Korthikanti et al. 2022): 8 GPUs on
+    NVLink 3 (12 links x 50 GB/s = 600 GB/s bidirectional; NCCL's all-reduce reaches a bus bandwidth of
+    230 GB/s on one node: ``roofline.A100_80GB``) and 8 HDR InfiniBand 200 Gb/s HCAs per node, one per
+    GPU, which P2P and DP rings cross: 24 GB/s each ("we usually consider 24GB/s is the peak
+    performance per 200G NIC", NVIDIA's NCCL maintainer, NVIDIA/nccl-tests issue #119). Set pp, dp,
+    tp, schedule and batch for the run."""
+    return ClusterConfig(name="dgx-a100-80gb", device="a100-80gb", pp=1, dp=1, tp=8, gpus_per_node=8,
+                         p2p_bandwidth=24e9, allreduce_bandwidth=24e9, tp_bandwidth=230e9, device_memory=80e9)
+
+
+def dgx_a100_40gb() -> ClusterConfig:
+    """DGX A100 40 GB nodes: as :func:`dgx_a100_80gb` with 40 GB per GPU."""
+    return replace(dgx_a100_80gb(), name="dgx-a100-40gb", device="a100-40gb", device_memory=40e9)
+
+
+CLUSTER_PRESETS = {"h200-4x8": h200_4x8, "h20-4x8": h20_4x8, "h100-4x8": h100_4x8,
+                   "dgx-a100-80gb": dgx_a100_80gb, "dgx-a100-40gb": dgx_a100_40gb}
 
 
 def _with_preset(kind: str, presets: dict, cls: type, data: dict[str, Any], where: str):

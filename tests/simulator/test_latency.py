@@ -488,3 +488,10 @@ def test_grad_sync_buckets_against_the_closed_form_and_zero1_collectives():
 def test_bad_gradient_sync_fields(field, value):
     with pytest.raises(ConfigError, match=field):
         cluster(**{field: value})
+
+
+def test_gradients_reduced_in_fp32_double_the_ring_bytes():
+    p0 = 3 * PARAMS_PER_LAYER + EMBED
+    assert lm(grad_reduce_bytes=4).allreduce_time(0) == pytest.approx(2 * 3 / 4 * p0 * 4 / 2e10 + 7e-6, rel=1e-12)
+    with pytest.raises(ConfigError, match="grad_reduce_bytes: 3 is not allowed"):
+        cluster(grad_reduce_bytes=3)

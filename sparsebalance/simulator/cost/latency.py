@@ -569,8 +569,8 @@ class LatencyModel(ScalarStageLatency):
         """(share of the device's parameters up to and including the bucket, seconds of its
         collective) per gradient bucket, in the order the backward fills them: one bucket without
         ``dp_overlap``; each a ring all-reduce ``2 (n-1)/n x bytes / bw + latency``, or with
-        ``zero1`` a reduce-scatter ``(n-1)/n x bytes / bw + latency`` (bytes = params / tp x dtype
-        bytes). Empty at dp = 1."""
+        ``zero1`` a reduce-scatter ``(n-1)/n x bytes / bw + latency`` (bytes = params / tp x
+        ``cluster.grad_reduce_bytes``, default the model's dtype bytes). Empty at dp = 1."""
         c = self.cluster
         n = c.dp
         if n == 1:
@@ -580,11 +580,12 @@ class LatencyModel(ScalarStageLatency):
         if c.dp_overlap:
             size = c.grad_bucket_params or max(40_000_000, 1_000_000 * n)
         steps = (n - 1) / n if c.zero1 else 2 * (n - 1) / n
+        db = c.grad_reduce_bytes or self.model.dtype_bytes
         out, done = [], 0.0
         while done < params:
             p = min(size, params - done)
             done += p
-            out.append((done / params, steps * (p * self.model.dtype_bytes) / c.allreduce_bandwidth
+            out.append((done / params, steps * (p * db) / c.allreduce_bandwidth
                         + c.allreduce_latency))
         return out
 
@@ -661,14 +662,18 @@ def load_latency_model(profile: str | Profile, model: ModelConfig, cluster: Clus
     points) unless ``allow_nonmonotone`` or its sidecar carries a ``nonmonotone`` note saying why the
     points are acceptable; then a warning lists them."""
     check_choice(extrapolate, "extrapolate", EXTRAPOLATE)
-    prof = profile if isinstance(profile, Profile) else load_profile(profile, base_dir)
+    prof = profile if isinstance(profile, Profile) else _built(profile, model, cluster, base_dir)
+    prof = prof if prof is not None else load_profile(profile, base_dir)
     bad = _mismatches(prof.meta, model, cluster)
+    sp = cluster.sequence_parallel and cluster.tp > 1
+    if prof.meta.analytical and bool(prof.meta.sequence_parallel) != sp:  # a measured table is as measured
+        bad.append(f"sequence_parallel {bool(prof.meta.sequence_parallel)} (run: {sp})")
     if bad and prof.meta.analytical and prof.meta.roofline is not None:
         from sparsebalance.simulator.cost.roofline import Hardware, build_profile
 
         hw = Hardware(**prof.meta.roofline)
         _check_derivable(prof, hw, build_profile)
-        derived = build_profile(hw, model, cluster.tp)
+        derived = build_profile(hw, model, cluster.tp, sequence_parallel=sp)
         derived.source = f"{prof.source} (analytical, re-derived for {model.name}, tp {cluster.tp})"
         prof = derived
     elif bad:
@@ -685,6 +690,21 @@ def load_latency_model(profile: str | Profile, model: ModelConfig, cluster: Clus
     return LatencyModel(prof, model, cluster, extrapolate=extrapolate)
 
 
+def _built(name: str, model: ModelConfig, cluster: ClusterConfig, base_dir: str) -> Profile | None:
+    """``analytical-<gpu>`` with no shipped profile or directory of that name: the roofline's profile
+    for this model and TP on that GPU, built now (None: load ``name`` as a file)."""
+    from sparsebalance.simulator.cost.profile import built_gpu
+
+    gpu = built_gpu(name, base_dir)
+    if gpu is None:
+        return None
+    from sparsebalance.simulator.cost.roofline import HARDWARE, build_profile
+
+    prof = build_profile(HARDWARE[gpu], model, cluster.tp, sequence_parallel=cluster.sequence_parallel)
+    prof.source = f"{name} (analytical, built for {model.name}, tp {cluster.tp})"
+    return prof
+
+
 def _check_derivable(prof: Profile, hw, build_profile) -> None:
     """An analytical profile is re-derived for another model from its sidecar; that is only the same
     profile if its table is what the sidecar derives for the sidecar's own model. An edited table
@@ -692,7 +712,7 @@ def _check_derivable(prof: Profile, hw, build_profile) -> None:
     meta = prof.meta
     try:
         own = ModelConfig(**meta.model, block_size=meta.block_size)
-        want = build_profile(hw, own, meta.tp).table
+        want = build_profile(hw, own, meta.tp, sequence_parallel=bool(meta.sequence_parallel)).table
     except (TypeError, KeyError, ValueError, ConfigError) as e:
         raise ConfigError(f"profile: {prof.source}: its sidecar cannot re-derive it ({e}); "
                           "regenerate it with python -m sparsebalance.simulator.cost.roofline") from None

@@ -109,12 +109,42 @@ def _locate(name_or_path: str | Path, base_dir: str | Path) -> tuple[Path, Path]
                       f"nor an existing directory or CSV file (looked in {p})")
 
 
+def built_gpu(name_or_path: str | Path, base_dir: str | Path = ".") -> str | None:
+    """The GPU of ``analytical-<gpu>`` when no shipped profile, directory or file has that name (the
+    roofline builds it: ``roofline.HARDWARE``), else None. An unknown GPU is one line."""
+    text = str(name_or_path)
+    if not text.startswith("analytical-") or "/" in text or "\\" in text:
+        return None
+    try:
+        csv_path, _ = _locate(text, base_dir)
+        if csv_path.is_file():
+            return None
+    except ConfigError:
+        pass
+    from sparsebalance.simulator.cost.roofline import HARDWARE
+
+    gpu = text[len("analytical-"):]
+    if gpu not in HARDWARE:
+        raise ConfigError(f"profile: unknown GPU {gpu!r} in {text!r}; analytical profiles exist for: "
+                          + ", ".join(f"analytical-{g}" for g in HARDWARE))
+    return gpu
+
+
 def profile_fingerprint(name_or_path: str | Path, base_dir: str | Path = ".") -> str:
     """SHA-256 of the profile's CSV and sidecar bytes: changes whenever a profile is re-measured (a
     sweep's run id includes it, so a new profile never reuses old results)."""
     import hashlib
 
     h = hashlib.sha256()
+    gpu = built_gpu(name_or_path, base_dir)
+    if gpu is not None:  # built by the roofline: its hardware and the code that builds it
+        from dataclasses import asdict
+
+        from sparsebalance import __version__
+        from sparsebalance.simulator.cost.roofline import HARDWARE
+
+        h.update(f"{name_or_path} {asdict(HARDWARE[gpu])} {__version__}".encode())
+        return h.hexdigest()
     for p in _locate(name_or_path, base_dir):
         h.update(p.read_bytes() if p.is_file() else b"-")
     return h.hexdigest()
@@ -123,6 +153,14 @@ def profile_fingerprint(name_or_path: str | Path, base_dir: str | Path = ".") ->
 def load_profile(name_or_path: str | Path, base_dir: str | Path = ".") -> Profile:
     """Load and validate a profile: a shipped name, a directory with profile.csv + profile.json,
     or the CSV path itself (sidecar ``<stem>.json`` or ``profile.json`` beside it)."""
+    gpu = built_gpu(name_or_path, base_dir)
+    if gpu is not None:  # the roofline's profile of the reference model; runs re-derive it for theirs
+        from sparsebalance.simulator.config import qwen25_3b
+        from sparsebalance.simulator.cost.roofline import HARDWARE, build_profile
+
+        prof = build_profile(HARDWARE[gpu], qwen25_3b(), 1)
+        prof.source = str(name_or_path)
+        return prof
     csv_path, json_path = _locate(name_or_path, base_dir)
     if not csv_path.is_file():
         raise ConfigError(f"profile: {csv_path}: no such file (a profile directory holds profile.csv)")

@@ -59,6 +59,8 @@ class ProfileMeta:
     """Copies measured at once (CPU; absent = 1)."""
     tp_comm_included: bool | None = None
     """Whether the dense ops include the TP all-reduces (absent = ``analytical``)."""
+    sequence_parallel: bool | None = None
+    """Megatron sequence parallelism at ``tp`` (norms and residuals on 1/tp of the tokens); absent = no."""
     machine: dict[str, Any] | None = None
     """Fingerprint of the machine measured on (``kernels/calibrate.machine_fingerprint``)."""
     calibration: dict[str, Any] | None = None

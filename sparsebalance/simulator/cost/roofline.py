@@ -4,8 +4,10 @@ Attention ops price what ``kernels/moba/triton_impl.py`` executes (``simulator/c
 executed tile pairs, the PyTorch gate and index building of a sparse sequence, the LSE-merge traffic
 of partial outputs, FlashAttention-2's five backward matmuls, and every launch. Each kernel's time is
 ``max(FLOPs / (peak x efficiency), bytes / (HBM bandwidth x memory efficiency))``, PyTorch phases
-add ``(ops + syncs) x launch_overhead``. Dense layer parts: ``max(FLOPs / (peak x gemm_efficiency),
-bytes / (bandwidth x memory_efficiency)) + launches`` (+ the TP all-reduces of a Megatron layer).
+add ``(ops + syncs) x launch_overhead``. Dense layer parts: the GEMMs at ``max(FLOPs / (peak x
+gemm_efficiency), bytes / (bandwidth x memory_efficiency))``, then the elementwise kernels (norms,
+residual adds, the MLP's activation) at the streaming bandwidth, + launches (+ the TP all-reduces of
+a Megatron layer).
 
 Every constant states its source below and in docs/costmodel.md (data sheets, published figures,
 measurements with their commands); ``launch_overhead`` only partly (a measured floor, docs/costmodel.md
@@ -70,8 +72,11 @@ class Hardware:
     """Dense bf16 tensor-core FLOP/s (data-sheet figure without structured sparsity)."""
     memory_bandwidth: float
     """HBM bandwidth in bytes/s (data sheet)."""
-    tp_bandwidth: float = 450e9
-    """Bytes/s per direction between the TP ranks (NVLink 4: 900 GB/s bidirectional, data sheets)."""
+    tp_bandwidth: float = 370e9
+    """Bus bandwidth (bytes/s) of the TP ring all-reduce, as NCCL measures it (busbw: time = 2 (n-1)/n x
+    bytes / busbw). Hopper, NVLink 4: 450 GB/s per direction is the line rate; "with the protocol
+    overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s" with the ring algorithm
+    (NVIDIA's NCCL maintainer, NVIDIA/nccl-tests issue #212)."""
     gemm_efficiency: float = 957.0 / 989.0
     """Share of peak of the layers' GEMMs: cublasLt bf16/fp16 GEMM on H100 SXM measured at 957-966
     TFLOP/s for M = 16-32K, N = 512-2048, K = 32K (https://189505.xyz/?p=618, benchmark code linked
@@ -115,7 +120,27 @@ H200 = Hardware(device="h200", peak_flops=989e12, memory_bandwidth=4.8e12,
 # efficiencies are applied (an assumption, stated in docs/costmodel.md).
 H20 = Hardware(device="h20", peak_flops=148e12, memory_bandwidth=4.0e12,
                source="NVIDIA HGX H20 product brief: 148 TFLOP/s dense bf16, 4.0 TB/s HBM3")
-HARDWARE = {"h100": H100, "h200": H200, "h20": H20}
+# NVIDIA A100 Tensor Core GPU data sheet: BF16/FP16 Tensor Core 312 TFLOP/s dense (624 with sparsity);
+# A100 80GB SXM HBM2e 2,039 GB/s, A100 40GB SXM HBM2 1,555 GB/s; NVLink 3: 12 links x 50 GB/s = 600 GB/s
+# bidirectional (NVIDIA Ampere tuning guide), 300 GB/s per direction. Efficiencies measured on A100:
+# GEMM: best-shape bf16 torch.mm 271.2 of 312 TFLOP/s (stas00/ml-engineering, compute/accelerator/
+# README.md, "Maximum Achievable Matmul FLOPS", torch 2.6.0+cu126); attention: FlashAttention-2 paper
+# (Dao, arXiv 2307.08691): forward "up to 230 TFLOPs/s, 73% of the theoretical maximum", backward up
+# to 63 %; HBM: copy kernel 1,737 of 2,039 GB/s (80 GB) and 1,382 of 1,555 GB/s (40 GB), gpu-stream
+# (RRZE-HPC/gpu-benches raw data). Launch overhead as the H100's (no A100 host-side figure found).
+A100_GEMM = 271.2 / 312.0
+# TP all-reduce on one 8 x A100 SXM node: nccl-tests all_reduce_perf busbw 228.1 GB/s at 1 GB and 231.6 at
+# 8 GB (Azure/AI-benchmarking-guide, Azure_Results/ND_A100_v4_results.md, NCCL 2.18.5); 231.45 at 1 GB
+# (microsoft/mscclpp docs/performance-ndmv4.md): 230 GB/s of NVLink 3's 300 per direction.
+A100_80GB = Hardware(device="a100-80gb", peak_flops=312e12, memory_bandwidth=2.039e12, tp_bandwidth=230e9,
+                     gemm_efficiency=A100_GEMM, attention_fwd_efficiency=0.73, attention_bwd_efficiency=0.63,
+                     memory_efficiency=1737.0 / 2039.0,
+                     source="NVIDIA A100 data sheet (SXM 80 GB): 312 TFLOP/s dense bf16, 2,039 GB/s HBM2e, NVLink 600 GB/s")
+A100_40GB = replace(A100_80GB, device="a100-40gb", memory_bandwidth=1.555e12, memory_efficiency=1382.0 / 1555.0,
+                    source="NVIDIA A100 data sheet (SXM 40 GB): 312 TFLOP/s dense bf16, 1,555 GB/s HBM2, NVLink 600 GB/s")
+HARDWARE = {"h100": H100, "h200": H200, "h20": H20, "a100-80gb": A100_80GB, "a100-40gb": A100_40GB}
+"""Analytical hardware by name: ``profile = "analytical-<name>"`` builds a profile for the run's model on
+the fly where no shipped profile of that name exists (docs/costmodel.md)."""
 
 #: Kernel launches per dense op (norms, GEMMs, activations, ...; embedding; final norm, head, loss).
 KERNELS = {"layer_fwd": 10, "layer_bwd": 20, "embed_fwd": 1, "embed_bwd": 2, "head_fwd": 4, "head_bwd": 6}
@@ -195,33 +220,79 @@ def attention_parts(seq_len, budget, model: ModelConfig, tp: int, block_size: in
                           path=path)
 
 
+#: Bytes moved per element of one head's L x L score matrix by the unfused attention core
+#: (``unfused_attention_time``): forward Q K^T written (2), softmax read + write (4), dropout read +
+#: write + 1-byte mask (5), read by the product with V (2); backward dP written (2), dropout's
+#: backward (read dP and the mask, write: 5), softmax's (read P and dP, write dS: 6), dS read by the
+#: dQ and dK GEMMs (4), the dropped-out P re-read for dV (2).
+UNFUSED_SCORE_BYTES = {False: 13, True: 19}
+#: Kernels of the unfused core: bmm, softmax, dropout, bmm; backward bmm x 4, dropout, softmax.
+UNFUSED_KERNELS = {False: 4, True: 6}
+
+
+def unfused_attention_time(seq_len, model: ModelConfig, tp: int, hw: Hardware, *, backward: bool = False):
+    """Seconds of one layer's dense attention for one sequence the way Megatron-LM computed it before
+    FlashAttention (``model.attention_kernel = "unfused"``; Korthikanti et al. 2022, section 4.1,
+    lists its tensors): per TP rank (heads / tp heads), the two batched GEMMs over the full L x L
+    square (4 L^2 head_dim FLOPs per head forward, twice that backward: dV, dP, dQ, dK) at the GEMM
+    efficiency, plus the score traffic (``UNFUSED_SCORE_BYTES`` per element per head) at the
+    streaming bandwidth, plus Q, K, V read and the output written; each kernel launched once."""
+    L = np.asarray(seq_len, dtype=float)
+    heads = math.ceil(model.heads / tp)
+    mult = 2 if backward else 1
+    flops = mult * 4 * L * L * model.head_dim * heads
+    gemm_bytes = mult * 4 * L * heads * model.head_dim * model.dtype_bytes
+    scores = UNFUSED_SCORE_BYTES[backward] * L * L * heads
+    bw = hw.memory_bandwidth * hw.memory_efficiency
+    return (np.maximum(flops / (hw.peak_flops * hw.gemm_efficiency), gemm_bytes / bw) + scores / bw
+            + UNFUSED_KERNELS[backward] * hw.launch_overhead)
+
+
 def attention_time(seq_len, budget, model: ModelConfig, tp: int, block_size: int, hw: Hardware, *,
                    backward: bool = False, path=None):
-    """Seconds of one layer's MoBA attention for one sequence (numpy-broadcastable): the sum of
-    :func:`attention_parts` (by default on the path the dispatcher picks)."""
+    """Seconds of one layer's attention for one sequence (numpy-broadcastable): the sum of
+    :func:`attention_parts` (by default on the path the dispatcher picks), or for
+    ``model.attention_kernel = "unfused"`` :func:`unfused_attention_time` (dense, any budget)."""
+    if model.attention_kernel == "unfused":
+        return unfused_attention_time(seq_len, model, tp, hw, backward=backward) + 0 * np.asarray(budget)
     return sum(attention_parts(seq_len, budget, model, tp, block_size, hw, backward=backward, path=path).values())
 
 
-def _dense_work(T: np.ndarray, model: ModelConfig, tp: int) -> tuple[np.ndarray, np.ndarray]:
-    """(FLOPs, bytes) of one layer's dense forward on ``T`` tokens: 2 x tokens x weights, and the
-    weights read once + the activation traffic of each op (norms, residuals, QKV/O in and out, the
-    MLP's projections in and out and its activation: 6 x ffn per token for SwiGLU's gate, up, the
-    product and down; 4 x ffn for a GELU MLP's up, activation and down)."""
+def _dense_work(T: np.ndarray, model: ModelConfig, tp: int, sp: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(GEMM FLOPs, GEMM bytes, elementwise bytes) of one layer's dense forward on ``T`` tokens, one
+    TP rank. GEMMs: 2 x tokens x weights, the weights read once and each projection's input and
+    output (QKV: h in, q + 2 kv out; O: q in, h out; MLP up: h in, ffn (GELU) or 2 ffn (SwiGLU's gate
+    and up) out; down: ffn in, h out; projection outputs and the MLP width split over tp). Elementwise
+    kernels, which stream after the GEMMs rather than hide under them: 2 norms (read + write h), 2
+    residual adds (read 2 h, write h), the MLP's activation (GELU: read + write ffn; SwiGLU: read 2
+    ffn, write ffn). The norms' and residuals' 10 x hidden per token are replicated on every TP rank,
+    or 1/tp each with sequence parallelism."""
     h, db = model.hidden, model.dtype_bytes
+    hn = h / tp if sp and tp > 1 else h
     qkv = (model.heads + 2 * model.kv_heads) * model.head_dim / tp
+    q = model.heads * model.head_dim / tp
+    up = (2 if model.mlp == "swiglu" else 1) * model.ffn / tp
     flops = 2 * T * model.params_per_layer / tp
-    mlp_act = 6 if model.mlp == "swiglu" else 4
-    act = T * (14 * h + qkv + model.heads * model.head_dim / tp + mlp_act * model.ffn / tp) * db
-    return flops, model.params_per_layer / tp * db + act
+    gemm = model.params_per_layer / tp * db + T * (4 * h + qkv + q + up + model.ffn / tp) * db
+    act = (3 if model.mlp == "swiglu" else 2) * model.ffn / tp
+    elementwise = T * (10 * hn + act) * db
+    return flops, gemm, elementwise
 
 
-def dense_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: bool = False):
-    """Seconds of one layer's dense part (norms, QKV/O, MLP) on ``tokens`` tokens."""
+def _dense_roof(flops, gemm, elementwise, hw: Hardware, kernels: int):
+    """GEMMs at their roofline, then the elementwise kernels at the streaming bandwidth, + launches."""
+    return (_roof(flops, gemm, hw.gemm_efficiency, hw, kernels)
+            + elementwise / (hw.memory_bandwidth * hw.memory_efficiency))
+
+
+def dense_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: bool = False, sp: bool = False):
+    """Seconds of one layer's dense part (norms, QKV/O, MLP) on ``tokens`` tokens (``sp``: sequence
+    parallelism, :func:`_dense_work`); the backward moves twice the forward's FLOPs and bytes."""
     T = np.asarray(tokens, dtype=float)
-    flops, nbytes = _dense_work(T, model, tp)
+    flops, gemm, elementwise = _dense_work(T, model, tp, sp)
     mult = 2 if backward else 1
     kernels = KERNELS["layer_bwd" if backward else "layer_fwd"]
-    return _roof(mult * flops, mult * nbytes, hw.gemm_efficiency, hw, kernels) + _tp_allreduce(
+    return _dense_roof(mult * flops, mult * gemm, mult * elementwise, hw, kernels) + _tp_allreduce(
         T, model, tp, hw, 2)
 
 
@@ -251,14 +322,17 @@ def head_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: bo
 # -- split backward (input gradient I / weight gradient W) of the dense ops -------------------------
 # Kept apart from the attention model above: zero-bubble schedules price I and W separately.
 
-def dense_split_time(tokens, model: ModelConfig, tp: int, hw: Hardware, part: str):
+def dense_split_time(tokens, model: ModelConfig, tp: int, hw: Hardware, part: str, sp: bool = False):
     """Seconds of the ``part`` ("input" or "weight") of one layer's dense backward: one GEMM pass
     (forward FLOPs and bytes, half of ``layer_bwd``'s launches); the input part also carries the
-    layer's two TP all-reduces. ``input + weight == dense_time(backward=True)``."""
+    layer's two TP all-reduces and the elementwise backward. ``input + weight ==
+    dense_time(backward=True)`` up to rounding."""
     T = np.asarray(tokens, dtype=float)
-    flops, nbytes = _dense_work(T, model, tp)
-    t = _roof(flops, nbytes, hw.gemm_efficiency, hw, KERNELS["layer_bwd"] // 2)
-    return t + _tp_allreduce(T, model, tp, hw, 2) if part == "input" else t
+    flops, gemm, elementwise = _dense_work(T, model, tp, sp)
+    if part == "input":  # the elementwise backward (norms, activation) is on the input-gradient path
+        return _dense_roof(flops, gemm, 2 * elementwise, hw, KERNELS["layer_bwd"] // 2) + _tp_allreduce(
+            T, model, tp, hw, 2)
+    return _roof(flops, gemm, hw.gemm_efficiency, hw, KERNELS["layer_bwd"] // 2)
 
 
 def head_split_time(tokens, model: ModelConfig, tp: int, hw: Hardware, part: str):
@@ -271,19 +345,19 @@ def head_split_time(tokens, model: ModelConfig, tp: int, hw: Hardware, part: str
     return _roof(flops, weights + logits, hw.gemm_efficiency, hw, KERNELS["head_bwd"] // 2)
 
 
-def split_backward_rows(tokens, model: ModelConfig, tp: int, hw: Hardware) -> list[pd.DataFrame]:
+def split_backward_rows(tokens, model: ModelConfig, tp: int, hw: Hardware, sp: bool = False) -> list[pd.DataFrame]:
     """Profile rows of the split backward ops at ``tokens``."""
     out = []
-    for name, fn in (("layer", dense_split_time), ("head", head_split_time)):
-        for part in ("input", "weight"):
-            out.append(pd.DataFrame({"op": f"{name}_bwd_{part}", "seq_len": tokens, "budget": 0,
-                                     "latency_s": fn(tokens, model, tp, hw, part)}))
+    for name, part in (("layer", "input"), ("layer", "weight"), ("head", "input"), ("head", "weight")):
+        lat = (dense_split_time(tokens, model, tp, hw, part, sp) if name == "layer"
+               else head_split_time(tokens, model, tp, hw, part))
+        out.append(pd.DataFrame({"op": f"{name}_bwd_{part}", "seq_len": tokens, "budget": 0, "latency_s": lat}))
     return out
 
 
 def build_table(hw: Hardware, model: ModelConfig, tp: int, block_size: int, *,
                 seq_lens: np.ndarray | None = None, budgets: np.ndarray | None = None,
-                tokens: np.ndarray | None = None) -> pd.DataFrame:
+                tokens: np.ndarray | None = None, sequence_parallel: bool = False) -> pd.DataFrame:
     """The profile rows of one (hardware, model, tp, block size).
 
     Attention rows price the path the kernel's dispatcher runs (:func:`kernelcost.choose_path`, the
@@ -303,18 +377,24 @@ def build_table(hw: Hardware, model: ModelConfig, tp: int, block_size: int, *,
         frames.append(pd.DataFrame({"op": op, "seq_len": S.ravel(), "budget": K.ravel(), "latency_s": lat}))
     for name, fn in (("layer", dense_time), ("embed", embed_time), ("head", head_time)):
         for suffix, bwd in (("fwd", False), ("bwd", True)):
-            lat = fn(tokens, model, tp, hw, backward=bwd)
+            lat = (dense_time(tokens, model, tp, hw, backward=bwd, sp=sequence_parallel) if name == "layer"
+                   else fn(tokens, model, tp, hw, backward=bwd))
             frames.append(pd.DataFrame({"op": f"{name}_{suffix}", "seq_len": tokens, "budget": 0,
                                         "latency_s": lat}))
-    frames += split_backward_rows(tokens, model, tp, hw)
+    frames += split_backward_rows(tokens, model, tp, hw, sequence_parallel)
     return pd.concat(frames, ignore_index=True)
 
 
-def build_profile(hw: Hardware, model: ModelConfig, tp: int, block_size: int | None = None) -> Profile:
-    """An analytical profile (table + sidecar) for ``model`` at ``tp`` on ``hw``."""
+def build_profile(hw: Hardware, model: ModelConfig, tp: int, block_size: int | None = None, *,
+                  sequence_parallel: bool = False) -> Profile:
+    """An analytical profile (table + sidecar) for ``model`` at ``tp`` on ``hw`` (with Megatron's
+    sequence parallelism where ``sequence_parallel`` and tp > 1)."""
     block = model.block_size if block_size is None else block_size
-    table = build_table(hw, model, tp, block)
+    sp = bool(sequence_parallel and tp > 1)
+    table = build_table(hw, model, tp, block, sequence_parallel=sp)
     meta = sidecar(hw, model, tp, block)
+    if sp:  # absent when off: the shipped sidecars stay as they are
+        meta = replace(meta, sequence_parallel=True)
     prof = Profile(table=table, meta=meta, source=f"analytical-{hw.device}")
     bad = monotone_violations(prof, block)
     if bad:  # the note is read from the table just built, so it joins the sidecar after building

@@ -13,8 +13,9 @@ attention: no L x L matrices; MoBA's gate scores are per block, negligible), fro
 with ``q = heads x head_dim``, ``kv = kv_heads x head_dim``, ``f = ffn``, ``h = hidden``:
 ``2 (4 h + 2 q + 2 kv + 3 f) + 4 heads`` bytes: the inputs of the two RMSNorms and of the QKV and
 MLP projections (4 h), Q, K, V (q + 2 kv), the attention output (q), the gate, up and gated
-products of the SwiGLU MLP (3 f), and the fp32 softmax log-sum-exp per head; all divided by ``tp``
-(sequence parallelism). Virtual stage 0 also keeps the embedding output (2 h). With full activation
+products of the SwiGLU MLP (3 f), and the fp32 softmax log-sum-exp per head; all divided by ``tp``,
+the norms' inputs (4 h) only with ``cluster.sequence_parallel`` (else each TP rank holds them whole,
+as in Korthikanti et al. 2022). Virtual stage 0 also keeps the embedding output (2 h). With full activation
 recomputation (``cluster.recompute = "full"``) a layer keeps only its input (2 h / tp) and the
 backward re-materialises one layer of one micro-batch at a time (a transient of one layer's full
 bytes); with selective recomputation (the attention core) a layer drops the attention output and
@@ -62,17 +63,27 @@ def static_bytes(model: ModelConfig, cluster: ClusterConfig) -> np.ndarray:
     return np.array([lay.device_params(s) / cluster.tp * per_param for s in range(cluster.pp)])
 
 
-def layer_bytes_per_token(model: ModelConfig, tp: int = 1) -> float:
-    """Activation bytes one decoder layer keeps per token without recomputation (module docstring)."""
+def layer_bytes_per_token(model: ModelConfig, tp: int = 1, sequence_parallel: bool = True) -> float:
+    """Activation bytes one decoder layer keeps per token without recomputation (module docstring);
+    without ``sequence_parallel`` the norms' inputs (4 h) are whole on every TP rank."""
     q, kv = model.heads * model.head_dim, model.kv_heads * model.head_dim
-    return (2 * (4 * model.hidden + 2 * q + 2 * kv + 3 * model.ffn) + 4 * model.heads) / tp
+    if sequence_parallel or tp == 1:
+        return (2 * (4 * model.hidden + 2 * q + 2 * kv + 3 * model.ffn) + 4 * model.heads) / tp
+    return 2 * 4 * model.hidden + (2 * (2 * q + 2 * kv + 3 * model.ffn) + 4 * model.heads) / tp
+
+
+def input_bytes_per_token(model: ModelConfig, cluster: ClusterConfig) -> float:
+    """Bytes per token of a layer's input (bf16 hidden state) on one TP rank: 1/tp with sequence
+    parallelism, whole on every rank without it."""
+    split = cluster.sequence_parallel or cluster.tp == 1
+    return 2 * model.hidden / cluster.tp if split else 2.0 * model.hidden
 
 
 def recomputed_bytes_per_token(model: ModelConfig, cluster: ClusterConfig) -> float:
     """Bytes per token of one layer that recomputation drops and its backward re-materialises:
     all but the layer's input (full), the attention output and log-sum-exp (selective), none."""
     if cluster.recompute == "full":
-        return layer_bytes_per_token(model, cluster.tp) - 2 * model.hidden / cluster.tp
+        return layer_bytes_per_token(model, cluster.tp, cluster.sequence_parallel) - input_bytes_per_token(model, cluster)
     if cluster.recompute == "selective":
         return (2 * model.heads * model.head_dim + 4 * model.heads) / cluster.tp
     return 0.0
@@ -81,11 +92,12 @@ def recomputed_bytes_per_token(model: ModelConfig, cluster: ClusterConfig) -> fl
 def kept_bytes_per_token(model: ModelConfig, cluster: ClusterConfig) -> np.ndarray:
     """[V] bytes a micro-batch leaves on each virtual stage per token until its backward there."""
     if cluster.recompute == "full":
-        per_layer = 2 * model.hidden / cluster.tp
+        per_layer = input_bytes_per_token(model, cluster)
     else:
-        per_layer = layer_bytes_per_token(model, cluster.tp) - recomputed_bytes_per_token(model, cluster)
+        per_layer = (layer_bytes_per_token(model, cluster.tp, cluster.sequence_parallel)
+                     - recomputed_bytes_per_token(model, cluster))
     out = layout_of(model, cluster).layer_counts * per_layer
-    out[0] += 2 * model.hidden / cluster.tp  # embedding output
+    out[0] += input_bytes_per_token(model, cluster)  # embedding output
     return out
 
 
@@ -94,7 +106,7 @@ def transient_bytes_per_token(model: ModelConfig, cluster: ClusterConfig) -> np.
     recomputation) and, on the last stage, the LM head logits."""
     out = np.zeros(cluster.pp)
     if cluster.recompute == "full":
-        out += layer_bytes_per_token(model, cluster.tp)
+        out += layer_bytes_per_token(model, cluster.tp, cluster.sequence_parallel)
     elif cluster.recompute == "selective":
         out += recomputed_bytes_per_token(model, cluster)
     out[layout_of(model, cluster).devices[-1]] += 2 * model.vocab / cluster.tp

@@ -1,16 +1,17 @@
 """Guards on the headline results: they fail if the policies regress.
 
 Setting: the ablation's (Qwen2.5-3B, chatqa2-like, DP2 x PP4, global batch 16, analytical H200,
-64K token cap), 20 simulated iterations per seed, seeds 0-3, all deterministic.
+64K token cap, full activation recomputation), 20 simulated iterations per seed, seeds 0-3, all
+deterministic.
 
 Margins come from the measured seed-to-seed spread, not from the paper. Over seeds 0-29 (20
-iterations each; `benchmarks/policy_spread.py --iterations 20 --seeds 30`, on the analytical profiles
-regenerated with the kernel cost model): SAB+DST's per-seed speedup over the baseline had mean 1.234,
-standard deviation 0.041, minimum 1.128; DST's drop of the mean micro-batch imbalance (baseline -
-DST) had mean 0.103, standard deviation 0.058, minimum -0.005 (one seed of 30 slightly negative).
-Thresholds: every seed's speedup >= 1.10 (below the minimum seen and below mean - 3 sd = 1.112); the
-4-seed mean drop >= 0.015 (mean - 3 sd / sqrt(4) = 0.016). A policy that stops helping (speedup 1.0,
-drop 0) fails both by several standard deviations.
+iterations each; `benchmarks/policy_spread.py --iterations 20 --seeds 30`, re-run 2026-11-26 on the
+regenerated analytical profiles with full recomputation): SAB+DST's per-seed speedup over the
+baseline had mean 1.252, standard deviation 0.040, minimum 1.149; DST's drop of the mean micro-batch
+imbalance (baseline - DST) had mean 0.083, standard deviation 0.055, minimum -0.023 (two seeds of 30
+slightly negative). Thresholds: every seed's speedup >= 1.10 (below the minimum seen and below mean
+- 3 sd = 1.132); the 4-seed mean drop >= 0.015 (mean - 2.5 sd / sqrt(4) = 0.014; seeds 0-3 give
+0.076). A policy that stops helping (speedup 1.0, drop 0) fails both.
 """
 
 import json

@@ -7,8 +7,8 @@ deterministic.
 Margins come from the measured seed-to-seed spread, not from the paper. Over seeds 0-29 (20
 iterations each; `benchmarks/policy_spread.py --iterations 20 --seeds 30`, re-run 2026-11-26 on the
 regenerated analytical profiles with full recomputation): SAB+DST's per-seed speedup over the
-baseline had mean 1.252, standard deviation 0.040, minimum 1.149; DST's drop of the mean micro-batch
-imbalance (baseline - DST) had mean 0.083, standard deviation 0.055, minimum -0.023 (two seeds of 30
+baseline had mean 1.252, standard deviation 0.040, minimum 1.152; DST's drop of the mean micro-batch
+imbalance (baseline - DST) had mean 0.082, standard deviation 0.054, minimum -0.022 (two seeds of 30
 slightly negative). Thresholds: every seed's speedup >= 1.10 (below the minimum seen and below mean
 - 3 sd = 1.132); the 4-seed mean drop >= 0.015 (mean - 2.5 sd / sqrt(4) = 0.014; seeds 0-3 give
 0.076). A policy that stops helping (speedup 1.0, drop 0) fails both.

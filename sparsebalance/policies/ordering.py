@@ -80,7 +80,7 @@ class ScheduleAwareOrder(SparsityAware):
             if frac.any():
                 up = lm.attention_many(L[frac], lo[frac] + 1, backward=bw)
                 a[frac] = a[frac] + (k[frac] - lo[frac]) * (up - a[frac])
-            attn = lm.cost.per_microbatch(a, counts)
+            attn = lm.cost.with_call(lm.cost.per_microbatch(a, counts), counts, backward=bw)
             attn1 = lm.cost.attention_sums(L, counts, np.ones_like(L), backward=bw)
             st = lm.cost.compose(attn1, tok, backward=bw)  # [V, M] at budget 1
             out.append((st - n_layers[:, None] * attn1) + n_layers[:, None] * attn)

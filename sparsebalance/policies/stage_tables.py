@@ -148,7 +148,7 @@ class StageTable:
             acc = np.zeros(len(by))
             for at in reads:  # left to right over positions, as stage_time sums them
                 acc[:len(at)] = acc[:len(at)] + vals[at]
-            out[half][by] = acc
+            out[half][by] = lm.cost.with_call(acc, per_row[by], backward=bw)  # the call, once per micro-batch
         return out
 
     def _assemble(self, which: np.ndarray, acc: np.ndarray) -> np.ndarray:

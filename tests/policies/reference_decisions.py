@@ -120,6 +120,8 @@ class OldCriticalPathDST:
         out = []
         for bw in (False, True):
             a = np.array([sum(lm.attention(L, k, backward=bw) for L in lengths) for k in ks])
+            if lm.call[bw]:  # the attention call's fixed part, once per micro-batch (the cost model since 2026-11-26)
+                a = a + lm.call[bw]
             base = np.array([lm.stage_time(lengths, k_lo, vs % pp, backward=bw, chunk=vs // pp)
                              for vs in range(nv)]) - n_layers * a[0]
             out.append(base[None, :] + a[:, None] * n_layers[None, :])
@@ -300,6 +302,8 @@ class OldScheduleAwareOrder(SparsityAware):
                     a += (k - lo) * (lm.attention(L, lo + 1, backward=bw) - a)
                 attn += a
                 attn1 += lm.attention(L, 1, backward=bw)
+            if lm.call[bw]:  # the attention call's fixed part, once per micro-batch (the cost model since 2026-11-26)
+                attn, attn1 = attn + lm.call[bw], attn1 + lm.call[bw]
             base = np.array([lm.stage_time(mb.lengths, 1, vs % pp, backward=bw, chunk=vs // pp)
                              for vs in range(nv)]) - n_layers * attn1
             out.append(base + n_layers * attn)

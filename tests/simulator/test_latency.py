@@ -271,8 +271,9 @@ def test_analytical_profile_is_re_derived_for_another_model():
     model = load_latency_model("analytical-h200", MODEL, cluster(tp=1, device="h200"))
     assert "re-derived" in model.profile.source
     # tables price the path the kernel's dispatcher picks (roofline.build_table, kernelcost.choose_path)
-    for L in (1024, 8192):
-        assert model.attention(L, 4) == pytest.approx(float(attention_time(L, 4, MODEL, 1, 32, H200)), rel=1e-12)
+    for L in (1024, 8192):  # a sequence alone is a call of its own: its row + the call's fixed part
+        assert model.attention(L, 4) + model.call[False] == pytest.approx(
+            float(attention_time(L, 4, MODEL, 1, 32, H200)), rel=1e-12)
     assert model.dense(4096, backward=True) == pytest.approx(
         float(dense_time(4096, MODEL, 1, H200, backward=True)), rel=1e-12)
 
@@ -495,3 +496,29 @@ def test_gradients_reduced_in_fp32_double_the_ring_bytes():
     assert lm(grad_reduce_bytes=4).allreduce_time(0) == pytest.approx(2 * 3 / 4 * p0 * 4 / 2e10 + 7e-6, rel=1e-12)
     with pytest.raises(ConfigError, match="grad_reduce_bytes: 3 is not allowed"):
         cluster(grad_reduce_bytes=3)
+
+
+def test_an_attention_call_is_paid_once_per_packed_microbatch():
+    """An analytical profile's rows leave out the call's fixed seconds (launch, index and glue ops:
+    kernelcost.call_fixed) and the model adds them once per layer and micro-batch, however many
+    sequences it packs: stage times, the fused micro-batch latency and the arrays agree."""
+    from sparsebalance.simulator.cost.kernelcost import call_fixed
+    from sparsebalance.simulator.cost.roofline import H200
+
+    model = load_latency_model("analytical-h200", MODEL, cluster(tp=1, device="h200"))
+    assert model.call == {False: call_fixed(H200), True: call_fixed(H200, backward=True)}
+    assert model.call[False] == 6 * H200.launch_overhead and model.call[True] == 12 * H200.launch_overhead
+    lengths = [128] * 8  # eight short sequences in one micro-batch: one call, not eight
+    for bw in (False, True):
+        attn = sum(model.attention(L, 2, backward=bw) for L in lengths) + model.call[bw]
+        want = 3 * attn + 3 * model.dense(1024, backward=bw) + model.embed(1024, backward=bw)  # stage 0
+        assert model.stage_time(lengths, 2, 0, backward=bw) == pytest.approx(want, rel=1e-12)
+    whole = sum(model.stage_time(lengths, 2, s, backward=b) for s in (0, 1) for b in (False, True))
+    assert model.microbatch_latency(lengths, 2) == pytest.approx(whole, rel=1e-12)
+    arr = model.stage_times([tuple(lengths), (4000,)], [2, 2])
+    assert arr["B"][0, 0] == model.stage_time(lengths, 2, 0, backward=True)  # bit for bit
+    assert model.microbatch_latencies([lengths, [4000]], 2)[0] == pytest.approx(whole, rel=1e-12)
+    # a measured table's rows include the call (one sequence per timed call): nothing is added
+    assert lm().call == {False: 0.0, True: 0.0}
+    full = load_latency_model("analytical-h200", MODEL, cluster(tp=1, device="h200", recompute="full"))
+    assert full.call[True] == pytest.approx(model.call[True] + model.call[False], rel=1e-15)

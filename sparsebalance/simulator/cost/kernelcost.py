@@ -297,6 +297,17 @@ def phase_times(L, k, s: Shape, hw, *, backward: bool = False, path=None) -> dic
     return parts
 
 
+def call_fixed(hw, *, backward: bool = False) -> float:
+    """Seconds of one attention call (one layer, one packed micro-batch) that do not repeat per
+    sequence: one kernel launch (every path launches at least one), and in the forward the index's
+    per-call ops and host syncs (``INDEX_OPS_PER_CALL``, ``INDEX_SYNCS_PER_CALL``), in the backward
+    the glue's ops (``BWD_GLUE_OPS``). :func:`phase_times` prices a sequence as a call of its own, so
+    it includes these once; an analytical profile's attention rows leave them out and its sidecar
+    carries them (``attention_call_s``), paid once per micro-batch (docs/costmodel.md section 3)."""
+    ops = (BWD_GLUE_OPS + 1) if backward else (INDEX_OPS_PER_CALL + INDEX_SYNCS_PER_CALL + 1)
+    return ops * hw.launch_overhead
+
+
 def path_time(L, k, s: Shape, hw, path) -> np.ndarray:
     """Forward + backward seconds of one sequence's attention on ``path``."""
     return sum(phase_times(L, k, s, hw, path=path).values()) + sum(

@@ -137,6 +137,10 @@ class LatencyModel(ScalarStageLatency):
         self.notes: list[str] = []
         """What the model derived rather than read from the profile (e.g. the split backward)."""
         self._derived_split = self._derive_split()
+        call = meta.attention_call_s or {}
+        self.call = {False: float(call.get("fwd", 0.0)), True: float(call.get("bwd", 0.0))}
+        """Seconds of one layer's attention call paid once per packed micro-batch (forward, backward;
+        the sidecar's ``attention_call_s``, 0 for a measured table whose rows include it)."""
         self._tp_bwd = 4 if cluster.recompute == "full" else 2
         """TP all-reduces in a layer's backward (input part): its own 2, + the forward's 2 again
         under full recomputation."""
@@ -180,6 +184,7 @@ class LatencyModel(ScalarStageLatency):
             raise ConfigError(f"cluster.recompute: {mode!r} needs the profile's attn_fwd and attn_bwd on the "
                               f"same (seq_len, budget) grid ({self.profile.source} has different grids)")
         b.zs = [[v + u for u, v in zip(ru, rv)] for ru, rv in zip(f.zs, b.zs)]
+        self.call[True] = self.call[True] + self.call[False]  # the forward call again
         fwd = self._curves.get("layer_fwd")
         if mode == "full" and fwd is not None:
             for op in ("layer_bwd", "layer_bwd_input"):
@@ -423,8 +428,10 @@ class LatencyModel(ScalarStageLatency):
         layers = self.stage_layers(stage, chunk)
         attention = 0.0
         if part != "weight":
+            call = self.call[backward] if lengths else 0.0
             for k, n in self._budget_counts(self._plain(budget), layers):
-                attention += n * sum(self.attention(L, k, backward=backward) for L in lengths)
+                one = sum(self.attention(L, k, backward=backward) for L in lengths)
+                attention += n * (one + call if call else one)
         return self.cost.stage(attention, sum(lengths), chunk * self.cluster.pp + stage, backward=backward,
                                part=part)
 
@@ -474,14 +481,17 @@ class LatencyModel(ScalarStageLatency):
         if hit is not None:
             return hit
         lengths = key[0]
+        call = self.call[False] + self.call[True] if lengths else 0.0
         if type(budget) is int:
             if budget < 1:
                 raise ConfigError(f"budget: must be >= 1 (MoBA top-k), got {budget}")
-            total = self.model.layers * sum(self._attention_fb(L, budget) for L in lengths)
+            one = sum(self._attention_fb(L, budget) for L in lengths)
+            total = self.model.layers * (one + call if call else one)
         else:
             total = 0.0
             for k, n in self._budget_counts(budget):
-                total += n * sum(self._attention_fb(L, k) for L in lengths)
+                one = sum(self._attention_fb(L, k) for L in lengths)
+                total += n * (one + call if call else one)
         total += self._dense_fb(sum(lengths))
         if len(self._mb) > 1_000_000:  # bound memory in very long runs
             self._mb.clear()
@@ -516,6 +526,9 @@ class LatencyModel(ScalarStageLatency):
         attn[nonempty] = np.add.reduceat(per_seq, starts[nonempty]) if per_seq.size else 0.0
         tokens = np.zeros(len(counts), dtype=np.int64)
         tokens[nonempty] = np.add.reduceat(lengths, starts[nonempty]) if lengths.size else 0
+        call = self.call[False] + self.call[True]
+        if call:
+            attn = attn + np.where(nonempty, self.model.layers * call, 0.0)
         return attn + self._dense_fb_array(tokens)
 
     def _attention_fb_array(self, L: np.ndarray, k: np.ndarray) -> np.ndarray:

@@ -59,6 +59,10 @@ class ProfileMeta:
     """Copies measured at once (CPU; absent = 1)."""
     tp_comm_included: bool | None = None
     """Whether the dense ops include the TP all-reduces (absent = ``analytical``)."""
+    attention_call_s: dict[str, float] | None = None
+    """Seconds of one attention call that the attention rows leave out, ``{"fwd": s, "bwd": s}``:
+    paid once per layer and packed micro-batch, not per sequence (analytical profiles); absent = 0
+    (a measured table times each sequence as a call of its own, so its rows include it)."""
     sequence_parallel: bool | None = None
     """Megatron sequence parallelism at ``tp`` (norms and residuals on 1/tp of the tokens); absent = no."""
     machine: dict[str, Any] | None = None
@@ -87,6 +91,10 @@ class ProfileMeta:
                if k in MODEL_DIMS and (isinstance(v, bool) or not isinstance(v, int) or v <= 0)]
         if bad:
             raise ConfigError(f"model: dims {', '.join(bad)} must be positive integers")
+        call = self.attention_call_s
+        if call is not None and (set(call) != {"fwd", "bwd"} or any(
+                isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 for v in call.values())):
+            raise ConfigError(f"attention_call_s: must be {{\"fwd\": seconds, \"bwd\": seconds}} (>= 0), got {call!r}")
         bw = self.memory_bandwidth
         if bw is not None and bw <= 0:  # configmap already refused a non-number and inf
             raise ConfigError(f"memory_bandwidth: must be a positive number of bytes/s, got {bw!r}")

@@ -392,7 +392,15 @@ def build_profile(hw: Hardware, model: ModelConfig, tp: int, block_size: int | N
     block = model.block_size if block_size is None else block_size
     sp = bool(sequence_parallel and tp > 1)
     table = build_table(hw, model, tp, block, sequence_parallel=sp)
-    meta = sidecar(hw, model, tp, block)
+    # the fixed cost of a call is paid once per packed micro-batch (the varlen kernel's launch, index
+    # and glue ops), not per sequence: the rows leave it out and the sidecar carries it
+    call = {"fwd": kc.call_fixed(hw), "bwd": kc.call_fixed(hw, backward=True)}
+    if model.attention_kernel == "unfused":  # Megatron's batched kernels: launched once per micro-batch
+        call = {"fwd": UNFUSED_KERNELS[False] * hw.launch_overhead, "bwd": UNFUSED_KERNELS[True] * hw.launch_overhead}
+    for op, key in (("attn_fwd", "fwd"), ("attn_bwd", "bwd")):
+        rows = table["op"] == op
+        table.loc[rows, "latency_s"] = np.maximum(0.0, table.loc[rows, "latency_s"] - call[key])
+    meta = replace(sidecar(hw, model, tp, block), attention_call_s=call)
     if sp:  # absent when off: the shipped sidecars stay as they are
         meta = replace(meta, sequence_parallel=True)
     prof = Profile(table=table, meta=meta, source=f"analytical-{hw.device}")

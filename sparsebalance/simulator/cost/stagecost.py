@@ -43,7 +43,17 @@ class StageCost:
         """[M] one layer's attention of each micro-batch: its sequences' attention summed left to
         right. ``lengths`` [sum counts] the sequences of micro-batch 0, then 1, ...; ``counts`` [M];
         ``k`` [sum counts] an int budget per sequence (one vectorised look-up)."""
-        return self.per_microbatch(self.lm.attention_many(lengths, k, backward=backward), counts)
+        return self.with_call(self.per_microbatch(self.lm.attention_many(lengths, k, backward=backward), counts),
+                              counts, backward=backward)
+
+    def with_call(self, sums: np.ndarray, counts, *, backward: bool) -> np.ndarray:
+        """[M] one layer's attention of each micro-batch from its sequences' sum ``sums``: + the call's
+        fixed seconds once for every non-empty micro-batch (``LatencyModel.call``: the varlen kernel
+        launches once per packed micro-batch, not per sequence)."""
+        call = self.lm.call[backward]
+        if not call:
+            return sums
+        return sums + np.where(np.asarray(counts) > 0, call, 0.0)
 
     @staticmethod
     def per_microbatch(values: np.ndarray, counts) -> np.ndarray:

@@ -73,8 +73,12 @@ EXTRAPOLATE = ("warn", "error", "clamp")
 PARTS = ("input", "weight")
 """Parts of a split backward: input gradient (I) and weight gradient (W)."""
 _CHECKED_DIMS = ("hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab")
-ADAMW_BYTES_PER_PARAM = 16
-"""HBM bytes one AdamW step moves per parameter (fallback optimizer estimate)."""
+ADAMW_BYTES_PER_PARAM = 32
+"""HBM bytes one mixed-precision AdamW step moves per parameter (the optimizer estimate of a profile
+without ``optim`` rows): read the fp32 master weight, Adam's two fp32 moments (12) and the bf16
+gradient (2); write the master and the moments (12) and the bf16 weight the next forward uses (2);
+read the gradient once more for the global norm of gradient clipping (2) and zero it (2). (It was 16
+until 2026-11-26, fewer bytes than even a fused fp32 AdamW's 28.)"""
 
 
 def _segment(xs: list[float], x: float) -> tuple[int, float]:
@@ -626,7 +630,7 @@ class LatencyModel(ScalarStageLatency):
         """Seconds of one AdamW step over stage ``stage``'s parameters (its TP shard; with ``zero1``
         its 1/dp share, then the ring all-gather of the updated bf16 parameters, ``(n-1)/n x bytes
         / bandwidth + latency``): the profile's ``optim`` op at that parameter count, else params x
-        16 bytes / the sidecar's memory_bandwidth."""
+        ``ADAMW_BYTES_PER_PARAM`` / the sidecar's memory_bandwidth."""
         c = self.cluster
         params = round(self.stage_params(stage) / c.tp)
         if c.zero1 and c.dp > 1:

@@ -96,6 +96,8 @@ def realrun_config(cfg) -> RealrunConfig:
           f"must lie in [0, {m.layers - 1}] (model.layers = {m.layers}) or be -1 (off), "
           f"got {rr.coverage_layer}")
     check_choice(c.schedule, "cluster.schedule", REALRUN_SCHEDULES)
+    check(c.cp == 1, "cluster.cp", f"the real run has no context parallelism yet (the simulator prices it: "
+          f"docs/costmodel.md section 11); set cp = 1, got {c.cp}")
     check_mesh(m, c)
     if rr.fail_rank is not None:
         check(0 <= rr.fail_rank < world_size(cfg), "realrun.fail_rank",

@@ -18,6 +18,12 @@ SPLIT_SCHEDULES = ("zb-h1", "zbv", "dualpipev")
 """Schedules that split (some) backwards into an input-gradient I and a deferred weight-gradient W."""
 V_SCHEDULES = ("zbv", "dualpipev")
 RECOMPUTE = ("none", "selective", "full")
+CP_LAYOUTS = ("contiguous", "zigzag", "stripe")
+"""How a sequence's blocks are dealt to the ranks of a CP group (``cluster.cp_layout``)."""
+CP_COMMS = ("ring", "hierarchical", "allgather")
+"""How the ranks of a CP group exchange K/V (``cluster.cp_comm``)."""
+CP_SELECTIONS = ("uniform", "local")
+"""Where a query block's chosen past blocks lie (``cluster.cp_selection``)."""
 """Activation recomputation: ``cluster.recompute`` (docs/costmodel.md, 'Recomputation')."""
 #: The engines that time an iteration (``engine.ENGINES``, in this order) and the one runs use by
 #: default: the exact timing core; "simpy" is the SimPy event model (same times, for events).
@@ -184,6 +190,21 @@ class ClusterConfig:
     """Sequences per micro-batch for policies that do not pack by a token cap."""
     global_batch: int = 16
     """Sequences per iteration across all DP ranks."""
+    cp: int = 1
+    """Context-parallel degree: every sequence of a micro-batch split over ``cp`` GPUs of a stage
+    (mesh order dp x pp x cp x tp, TP innermost; docs/costmodel.md section 11)."""
+    cp_layout: str = "zigzag"
+    """How a sequence's key blocks are dealt to the CP ranks: ``contiguous``, ``zigzag`` (runs r and
+    2 cp - 1 - r) or ``stripe`` (block j on rank j mod cp). A sequence with too few blocks for the
+    layout (cp; 2 cp for zigzag) stays whole on one rank."""
+    cp_comm: str = "ring"
+    """How the CP ranks exchange K/V: ``ring`` (P2P, next step's transfer overlapped with this
+    step's compute), ``hierarchical`` (a ring inside each node, one inter-node transfer hidden behind
+    each inner ring; needs the group to span nodes) or ``allgather`` (K/V gathered, dK/dV
+    reduce-scattered)."""
+    cp_selection: str = "uniform"
+    """Where a query block's chosen past key blocks lie, for the work per ring step: ``uniform`` over
+    its past blocks or ``local`` (the most recent)."""
     p2p_bandwidth: float = 50e9
     """Bytes/s between adjacent pipeline stages."""
     p2p_latency: float = 10e-6
@@ -237,7 +258,7 @@ class ClusterConfig:
     all-reduces included). ``true`` / ``false`` (older configs) read as ``full`` / ``none``."""
 
     def __post_init__(self) -> None:
-        for f in ("pp", "dp", "tp", "virtual_stages", "micro_batch_size", "global_batch",
+        for f in ("pp", "dp", "tp", "cp", "virtual_stages", "micro_batch_size", "global_batch",
                   "p2p_bandwidth", "allreduce_bandwidth", "gpus_per_node"):
             check_positive(getattr(self, f), f)
         for f in ("p2p_bandwidth", "p2p_latency", "allreduce_bandwidth", "allreduce_latency",
@@ -249,9 +270,9 @@ class ClusterConfig:
               f"got {self.tp}")
         if self.nodes is not None:
             check_positive(self.nodes, "nodes")
-            need = self.pp * self.dp * self.tp
-            check(need <= self.nodes * self.gpus_per_node, "tp",
-                  f"pp x dp x tp = {self.pp} x {self.dp} x {self.tp} = {need} GPUs exceeds the cluster's "
+            need = self.gpus
+            check(need <= self.nodes * self.gpus_per_node, "cp" if self.cp > 1 else "tp",
+                  f"pp x dp x cp x tp = {self.pp} x {self.dp} x {self.cp} x {self.tp} = {need} GPUs exceeds the cluster's "
                   f"nodes x gpus_per_node = {self.nodes} x {self.gpus_per_node} = "
                   f"{self.nodes * self.gpus_per_node}")
         for f in ("p2p_latency", "allreduce_latency", "tp_latency"):
@@ -261,6 +282,14 @@ class ClusterConfig:
             check(isinstance(self.device_memory, (int, float)) and not isinstance(self.device_memory, bool)
                   and self.device_memory > 0, "device_memory",
                   f"must be a number of bytes > 0 (e.g. 141e9), got {self.device_memory!r}")
+        check_choice(self.cp_layout, "cp_layout", CP_LAYOUTS)
+        check_choice(self.cp_comm, "cp_comm", CP_COMMS)
+        check_choice(self.cp_selection, "cp_selection", CP_SELECTIONS)
+        if self.cp > 1 and self.cp_comm == "hierarchical":
+            inner = self.cp_ranks_per_node
+            check(self.cp > inner and self.cp % inner == 0, "cp_comm",
+                  f"'hierarchical' rings over nodes: cp ({self.cp}) must be a multiple > 1 of the CP ranks a node "
+                  f"holds (gpus_per_node / tp = {inner}); use 'ring' inside one node")
         for f in ("zero1", "dp_overlap", "sequence_parallel"):
             check(isinstance(getattr(self, f), bool), f, f"must be true or false, got {getattr(self, f)!r}")
         if self.grad_reduce_bytes is not None:
@@ -291,8 +320,13 @@ class ClusterConfig:
         return self.global_batch // (self.dp * self.micro_batch_size)
 
     @property
+    def cp_ranks_per_node(self) -> int:
+        """CP ranks of one group inside a node (TP innermost, then CP): gpus_per_node / tp, at most cp."""
+        return max(1, min(self.cp, self.gpus_per_node // self.tp))
+
+    @property
     def gpus(self) -> int:
-        return self.pp * self.dp * self.tp
+        return self.pp * self.dp * self.cp * self.tp
 
 
 def check_tp(model: ModelConfig, cluster: ClusterConfig) -> None:

@@ -148,6 +148,13 @@ class LatencyModel(ScalarStageLatency):
         self._tp_bwd = 4 if cluster.recompute == "full" else 2
         """TP all-reduces in a layer's backward (input part): its own 2, + the forward's 2 again
         under full recomputation."""
+        self._cp_floor = {op == "attn_bwd": min(min(row) for row in self._surfaces[op].zs)
+                          for op in ("attn_fwd", "attn_bwd")}
+        self._cp_reports: dict[tuple[int, int, bool], object] = {}
+        self._one_gpu: dict[bool, _Surface] = {}
+        self._whole_max = 0
+        """Longest sequence (tokens) that stays whole on one CP rank: too few blocks for the layout."""
+        self._fold_cp()
         self._fold_recompute()
         self._warned: set[str] = set()
         self._attn: dict[tuple[int, int, bool], float] = {}
@@ -177,6 +184,64 @@ class LatencyModel(ScalarStageLatency):
             self._curves[f"{name}_bwd_input"] = self._curves[f"{name}_bwd_weight"] = half
             derived.append(name)
         return derived
+
+    def _fold_cp(self) -> None:
+        """Context parallelism (``cluster.cp > 1``, docs/costmodel.md section 11): every per-token
+        op runs on 1/cp of the tokens (its curve's token axis stretched by cp), and attention at each
+        profiled (length, budget) becomes the CP group's layer time (:meth:`cp_report`, from the
+        profile's one-GPU time at that point), so every consumer prices CP through the usual ops."""
+        c = self.cluster
+        if c.cp == 1:
+            return
+        from sparsebalance.simulator.cost.contextparallel import min_blocks
+
+        self._whole_max = (min_blocks(c.cp_layout, c.cp) - 1) * self.block_size
+        for op, curve in list(self._curves.items()):
+            if op != "optim":
+                self._curves[op] = _Curve([x * c.cp for x in curve.xs], curve.ys)
+        for op, bw in (("attn_fwd", False), ("attn_bwd", True)):
+            surf = self._surfaces[op]
+            one = self._one_gpu[bw] = _Surface.__new__(_Surface)  # the one-GPU surface, kept for cp_report
+            one.xs, one.ks, one.zs = surf.xs, surf.ks, [list(row) for row in surf.zs]
+            surf.zs = [[self._cp_time(int(x), int(k), z, bw) for k, z in zip(surf.ks, row)]
+                       for x, row in zip(surf.xs, surf.zs)]
+
+    def _cp_time(self, L: int, k: int, seconds: float, backward: bool) -> float:
+        rep = self.cp_report(L, k, backward=backward, seconds=seconds)
+        return seconds if rep is None else rep.time
+
+    def cp_report(self, L: int, k: int, *, backward: bool = False, seconds: float | None = None):
+        """One layer of a sequence of ``L`` tokens at budget ``k`` on the CP group
+        (``contextparallel.RingReport``), or None when the sequence is too short for the layout and
+        stays whole on one rank. ``seconds``: its attention on one GPU (default: the profile's)."""
+        from sparsebalance.simulator.cost import contextparallel as cpm
+
+        c, m = self.cluster, self.model
+        k = self.effective_budget(L, k)
+        key = (L, k, backward)
+        if seconds is None and key in self._cp_reports:
+            return self._cp_reports[key]
+        n = blocks(L, self.block_size)
+        if c.cp == 1 or n < cpm.min_blocks(c.cp_layout, c.cp):
+            return None
+        if seconds is None:  # the one-GPU attention at this point, as the profile prices it
+            one = self._one_gpu[backward]
+            seconds = one(self._place("attn_bwd" if backward else "attn_fwd", "seq_len", float(L), one.xs[0],
+                                      one.xs[-1]), self._place("attn", "budget", float(k), one.ks[0], one.ks[-1]))
+        pairs = cpm.rank_pairs(L, self.block_size, k, c.cp, c.cp_layout, c.cp_selection)
+        if c.cp_comm == "allgather":
+            steps = pairs.sum(axis=1, keepdims=True)
+        else:
+            steps = np.take_along_axis(pairs, cpm.ring_order(c.cp, c.cp_comm, c.cp_ranks_per_node), axis=1)
+        sizes = cpm.block_sizes(L, self.block_size)
+        tokens = np.array([sizes[part].sum() for part in cpm.shards(n, c.cp, c.cp_layout)])
+        kv_dim = -(-m.kv_heads // c.tp) * m.head_dim
+        rep = cpm.layer_time(steps, seconds, self._cp_floor[backward], comm=c.cp_comm,
+                             kv_bytes=tokens * 2 * kv_dim * m.dtype_bytes, intra=c.tp_bandwidth,
+                             inter=c.p2p_bandwidth, latency=c.p2p_latency, inner=c.cp_ranks_per_node,
+                             backward=backward)
+        self._cp_reports[key] = rep
+        return rep
 
     def _fold_recompute(self) -> None:
         """Add the forward that recomputation runs again to the backward ops (module docstring)."""
@@ -254,7 +319,8 @@ class LatencyModel(ScalarStageLatency):
             raise ConfigError(f"latency: attention needs seq_len >= 1 and budget >= 1, "
                               f"got {seq_len} and {budget}")
         op = "attn_bwd" if backward else "attn_fwd"
-        surf = self._surfaces[op]
+        # with CP a sequence too short for the layout stays whole on one rank: the one-GPU surface
+        surf = self._one_gpu[backward] if seq_len <= self._whole_max else self._surfaces[op]
         k = self.effective_budget(seq_len, budget)
         x = self._place(op, "seq_len", float(seq_len), surf.xs[0], surf.xs[-1])
         kk = self._place(op, "budget", float(k), surf.ks[0], surf.ks[-1])
@@ -287,7 +353,8 @@ class LatencyModel(ScalarStageLatency):
         t = (x - xs[i]) / (xs[i + 1] - xs[i])
         kn = np.minimum(k, np.repeat(blocks(L, self.block_size), counts))  # the effective budget, an int
         kk = kn.astype(float)
-        inside = np.repeat((x >= xs[0]) & (x <= xs[-1]), counts) & (kk >= ks[0]) & (kk <= ks[-1])
+        inside = np.repeat((x >= xs[0]) & (x <= xs[-1]) & (x > self._whole_max), counts) \
+            & (kk >= ks[0]) & (kk <= ks[-1])  # sequences whole on one CP rank: the scalar path
         kf = np.arange(int(kn.max()) + 1 if kn.size else 1).astype(float)
         j = np.clip(np.searchsorted(ks, kf, side="right") - 1, 0, len(ks) - 2)
         u = (kf - ks[j]) / (ks[j + 1] - ks[j])
@@ -373,7 +440,7 @@ class LatencyModel(ScalarStageLatency):
         c = self.cluster
         if c.tp == 1:
             return 0.0 * tokens
-        nbytes = tokens * self.model.hidden * self.model.dtype_bytes
+        nbytes = (tokens / c.cp if c.cp > 1 else tokens) * self.model.hidden * self.model.dtype_bytes
         return c.tp_latency + 2 * (c.tp - 1) / c.tp * nbytes / c.tp_bandwidth
 
     def embed(self, tokens: int, *, backward: bool = False, part: str | None = None) -> float:
@@ -453,7 +520,8 @@ class LatencyModel(ScalarStageLatency):
         if hit is None:
             fast = self._fast_attn
             ke = min(k, blocks(L, self.block_size))
-            if fast is not None and fast.xs[0] <= L <= fast.xs[-1] and fast.ks[0] <= ke <= fast.ks[-1]:
+            if fast is not None and fast.xs[0] <= L <= fast.xs[-1] and fast.ks[0] <= ke <= fast.ks[-1] \
+                    and L > self._whole_max:
                 hit = fast(L, ke)
             else:
                 hit = self.attention(L, k) + self.attention(L, k, backward=True)
@@ -543,7 +611,7 @@ class LatencyModel(ScalarStageLatency):
             inside = np.zeros(L.shape, dtype=bool)
         else:
             xs, ks, zs = np.asarray(fast.xs), np.asarray(fast.ks), np.asarray(fast.zs)
-            inside = (L >= xs[0]) & (L <= xs[-1]) & (ke >= ks[0]) & (ke <= ks[-1])
+            inside = (L >= xs[0]) & (L <= xs[-1]) & (ke >= ks[0]) & (ke <= ks[-1]) & (L > self._whole_max)
             x, kk = L[inside].astype(float), ke[inside].astype(float)
             i = np.clip(np.searchsorted(xs, x, side="right") - 1, 0, len(xs) - 2)
             j = np.clip(np.searchsorted(ks, kk, side="right") - 1, 0, len(ks) - 2)
@@ -576,6 +644,8 @@ class LatencyModel(ScalarStageLatency):
     def p2p_time(self, tokens: int) -> float:
         """Seconds to send one micro-batch's activations (tokens x hidden x dtype bytes) to the next stage."""
         c = self.cluster
+        if c.cp > 1:  # each CP rank sends its own share, all at once
+            tokens = tokens / c.cp
         return c.p2p_latency + tokens * self.model.hidden * self.model.dtype_bytes / c.p2p_bandwidth
 
     def stage_params(self, stage: int) -> int:
@@ -589,7 +659,7 @@ class LatencyModel(ScalarStageLatency):
         ``zero1`` a reduce-scatter ``(n-1)/n x bytes / bw + latency`` (bytes = params / tp x
         ``cluster.grad_reduce_bytes``, default the model's dtype bytes). Empty at dp = 1."""
         c = self.cluster
-        n = c.dp
+        n = c.dp * c.cp  # the CP ranks of a stage hold the same weights: they reduce together
         if n == 1:
             return []
         params = self.stage_params(stage) / c.tp
@@ -633,10 +703,11 @@ class LatencyModel(ScalarStageLatency):
         ``ADAMW_BYTES_PER_PARAM`` / the sidecar's memory_bandwidth."""
         c = self.cluster
         params = round(self.stage_params(stage) / c.tp)
-        if c.zero1 and c.dp > 1:
-            gather = ((c.dp - 1) / c.dp * params * self.model.dtype_bytes / c.allreduce_bandwidth
+        n = c.dp * c.cp  # the data-parallel group of a stage's weights: DP x CP
+        if c.zero1 and n > 1:
+            gather = ((n - 1) / n * params * self.model.dtype_bytes / c.allreduce_bandwidth
                       + c.allreduce_latency)
-            return self._optimizer_step(round(params / c.dp)) + gather
+            return self._optimizer_step(round(params / n)) + gather
         return self._optimizer_step(params)
 
     def _optimizer_step(self, params: int) -> float:

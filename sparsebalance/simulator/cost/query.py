@@ -74,6 +74,11 @@ class LatencyQuery(MicrobatchLatency, Protocol):
 
     def optimizer_time(self, stage: int) -> float: ...
 
+    def cp_report(self, L: int, k: int, *, backward: bool = False):
+        """One layer of a sequence on the context-parallel group (``contextparallel.RingReport``), or
+        None without CP or when the sequence stays whole on one rank."""
+        ...
+
 
 class ScalarMicrobatchLatency:
     """``microbatch_latencies`` from a subclass's ``microbatch_latency``, one call per micro-batch."""
@@ -87,7 +92,11 @@ class ScalarMicrobatchLatency:
 class ScalarStageLatency:
     """``stage_times`` from a subclass's ``stage_time`` and ``cluster`` (pp, virtual_stages), one
     call per (micro-batch, virtual stage, mode), memoised (per-layer budgets recur across
-    iterations; ``LatencyModel`` takes this path for them)."""
+    iterations; ``LatencyModel`` takes this path for them). A model without context parallelism
+    answers ``cp_report`` with None."""
+
+    def cp_report(self, L: int, k: int, *, backward: bool = False):
+        return None
 
     _MEMO_LIMIT = 200_000
 

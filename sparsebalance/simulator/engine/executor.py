@@ -93,6 +93,20 @@ class SimulatorExecutor:
         window = [float(per_kind[g.kinds[k]][:, v, i].min()) for k, v, i in zip(kind, vs, j)]
         return np.array([self.latency.grad_sync_exposed(s, w) for s, w in enumerate(window)], dtype=float)
 
+    def _cp_figures(self, plan: Plan, mean_budget: np.ndarray) -> dict[str, float]:
+        """Per iteration, over its micro-batches (mean): one layer's forward on the CP group --
+        worker and step imbalance, exposed communication (s), ring efficiency
+        (``contextparallel.combine``), each micro-batch at its mean budget."""
+        from sparsebalance.simulator.cost.contextparallel import combine
+
+        rows = []
+        for r, j, mb in plan.microbatches():
+            k = max(1, round(float(mean_budget[r, j])))
+            reps = [rep for L in mb.lengths if (rep := self.latency.cp_report(L, k)) is not None]
+            rows.append(combine(reps))
+        keys = ("cp_worker_imbalance", "cp_step_imbalance", "cp_exposed_s", "cp_efficiency")
+        return {key: float(np.mean([row[key] for row in rows])) for key in keys}
+
     def execute(self, iteration: int, plan: Plan, budgets: Budgets) -> IterationResult:
         inp = self.build_input(iteration, plan, budgets)
         res = simulate(inp, method=self.engine)
@@ -101,6 +115,8 @@ class SimulatorExecutor:
         peak = mem.peak
         memory = {"peak_memory_gb": float(peak.max()) / GB, "memory_exceeded": float(mem.exceeded)}
         memory |= {f"peak_memory_gb_s{s}": float(v) / GB for s, v in enumerate(peak.max(axis=0))}
+        if self.cluster.cp > 1:
+            memory |= self._cp_figures(plan, inp.budget)
         return IterationResult(
             iteration_time_s=res.iteration_time,
             trace=res.trace,

@@ -58,7 +58,7 @@ GB = 1e9
 
 def static_bytes(model: ModelConfig, cluster: ClusterConfig) -> np.ndarray:
     """[pp] weights + gradients + optimizer states of one device of each stage."""
-    per_param = PARAM_BYTES + GRAD_BYTES + (MASTER_BYTES + ADAM_BYTES) / (cluster.dp if cluster.zero1 else 1)
+    per_param = PARAM_BYTES + GRAD_BYTES + (MASTER_BYTES + ADAM_BYTES) / (cluster.dp * cluster.cp if cluster.zero1 else 1)
     lay = layout_of(model, cluster)
     return np.array([lay.device_params(s) / cluster.tp * per_param for s in range(cluster.pp)])
 
@@ -98,7 +98,7 @@ def kept_bytes_per_token(model: ModelConfig, cluster: ClusterConfig) -> np.ndarr
                      - recomputed_bytes_per_token(model, cluster))
     out = layout_of(model, cluster).layer_counts * per_layer
     out[0] += input_bytes_per_token(model, cluster)  # embedding output
-    return out
+    return out / cluster.cp if cluster.cp > 1 else out  # a CP rank keeps its 1/cp of the tokens
 
 
 def transient_bytes_per_token(model: ModelConfig, cluster: ClusterConfig) -> np.ndarray:
@@ -110,6 +110,12 @@ def transient_bytes_per_token(model: ModelConfig, cluster: ClusterConfig) -> np.
     elif cluster.recompute == "selective":
         out += recomputed_bytes_per_token(model, cluster)
     out[layout_of(model, cluster).devices[-1]] += 2 * model.vocab / cluster.tp
+    if cluster.cp > 1:  # 1/cp of the tokens per rank, + the K/V a CP layer holds beside its own
+        kv = 2 * -(-model.kv_heads // cluster.tp) * model.head_dim * model.dtype_bytes  # K and V, bf16
+        extra = {"ring": 2 * kv + 2 * 2 * kv,  # two shards in flight, + dK/dV (fp32) travelling in the backward
+                 "hierarchical": 3 * kv + 2 * 2 * kv,  # + the next node's shard arriving
+                 "allgather": cluster.cp * kv + 2 * cluster.cp * kv}[cluster.cp_comm]  # all K/V, dK/dV
+        out = out / cluster.cp + extra / cluster.cp
     return out
 
 

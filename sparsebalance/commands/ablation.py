@@ -59,6 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedules", default=None, metavar="LIST",
                    help="run the schedule study instead: SAB+DST and SAB+DST-CP under each of these "
                         "schedules (e.g. 1f1b,interleaved,zb-h1,zbv,dualpipev) on DP4 x PP4 x TP2")
+    p.add_argument("--cp", action="store_true",
+                   help="run the context-parallel study instead: dense zigzag ring, MTraining-like, SAB+DST "
+                        "and SAB+DST with the best layout per sequence, PP2 x CP16 at 32K-512K tokens")
     p.add_argument("--global-batch", type=positive_int, default=32,
                    help="schedule study: sequences per iteration (default 32: DualPipeV needs 8 "
                         "micro-batches per rank)")
@@ -150,6 +153,14 @@ def run(args) -> int:
     from sparsebalance.errors import ConfigError
     from sparsebalance.runconfig import dump_toml
 
+    if args.cp:  # the context-parallel study lives in its own module
+        if args.schedules is not None or args.anchors:
+            raise ConfigError("ablation: give one of --cp, --schedules, --anchors")
+        from sparsebalance.commands.ablation_cp import run_cp
+
+        if args.iterations == 20:  # the default of Table I; 512K-token iterations take longer to simulate
+            args.iterations = 10
+        return run_cp(args)
     if args.schedules is not None:  # the schedule study lives in its own module
         from sparsebalance.commands.ablation_schedules import run_schedules
 

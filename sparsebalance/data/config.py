@@ -24,7 +24,7 @@ class DataConfig:
     source: str = "distribution"
     """One of distribution, jsonl, parquet, hf_disk, text_dir."""
     distribution: str = "chatqa2-like"
-    """For source = distribution: chatqa2-like, longalign-like (see sparsebalance.data.distributions),
+    """For source = distribution: chatqa2-like, longalign-like, longctx-512k (see sparsebalance.data.distributions),
     or fixed (every sequence ``length`` tokens: dense pretraining data cut to the context length)."""
     length: int | None = None
     """For distribution = fixed: tokens of every sequence (required there, refused elsewhere)."""

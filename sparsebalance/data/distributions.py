@@ -107,7 +107,19 @@ LONGALIGN_LIKE = LengthDistribution(
     approximates="LongAlign-10k: long-tailed, about 8K-72K tokens",
 )
 
-DISTRIBUTIONS: dict[str, LengthDistribution] = {d.name: d for d in (CHATQA2_LIKE, LONGALIGN_LIKE)}
+# Context-parallel training data: MTraining (Microsoft, arXiv 2510.18830) trains Qwen2.5-3B on
+# sequences from 32K to 512K tokens. No histogram of its data is published, so the shape is ours: one
+# log-normal with median 128K (the range's geometric middle) and sigma 0.7, clipped to [32K, 512K]
+# (about 3 % of samples on each clip).
+LONGCTX_512K = LengthDistribution(
+    name="longctx-512k",
+    components=(LogNormalComponent(weight=1.0, median=131072.0, sigma=0.7),),
+    low=32768,
+    high=524288,
+    approximates="MTraining's training range, 32K-512K tokens (shape assumed: no histogram published)",
+)
+
+DISTRIBUTIONS: dict[str, LengthDistribution] = {d.name: d for d in (CHATQA2_LIKE, LONGALIGN_LIKE, LONGCTX_512K)}
 
 SENSITIVITY_MEDIAN = 1.0
 """Median of the per-sequence sparsity sensitivity (dimensionless decay-rate multiplier)."""

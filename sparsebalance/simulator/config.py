@@ -18,7 +18,7 @@ SPLIT_SCHEDULES = ("zb-h1", "zbv", "dualpipev")
 """Schedules that split (some) backwards into an input-gradient I and a deferred weight-gradient W."""
 V_SCHEDULES = ("zbv", "dualpipev")
 RECOMPUTE = ("none", "selective", "full")
-CP_LAYOUTS = ("contiguous", "zigzag", "stripe")
+CP_LAYOUTS = ("contiguous", "zigzag", "stripe", "best")
 """How a sequence's blocks are dealt to the ranks of a CP group (``cluster.cp_layout``)."""
 CP_COMMS = ("ring", "hierarchical", "allgather")
 """How the ranks of a CP group exchange K/V (``cluster.cp_comm``)."""
@@ -195,8 +195,10 @@ class ClusterConfig:
     (mesh order dp x pp x cp x tp, TP innermost; docs/costmodel.md section 11)."""
     cp_layout: str = "zigzag"
     """How a sequence's key blocks are dealt to the CP ranks: ``contiguous``, ``zigzag`` (runs r and
-    2 cp - 1 - r) or ``stripe`` (block j on rank j mod cp). A sequence with too few blocks for the
-    layout (cp; 2 cp for zigzag) stays whole on one rank."""
+    2 cp - 1 - r), ``stripe`` (block j on rank j mod cp), or ``best``: per sequence and budget the
+    fastest by simulated layer time of zigzag and stripe on ``cp_comm`` and all-gather (the choice
+    a planner makes from this model). A sequence with too few blocks for the layout (cp; 2 cp for
+    zigzag) stays whole on one rank."""
     cp_comm: str = "ring"
     """How the CP ranks exchange K/V: ``ring`` (P2P, next step's transfer overlapped with this
     step's compute), ``hierarchical`` (a ring inside each node, one inter-node transfer hidden behind

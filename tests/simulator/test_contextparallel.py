@@ -212,3 +212,16 @@ def test_cp_run_reports_ring_figures(run_cli, tmp_path):
     m = pd.read_csv(tmp_path / "cp" / "metrics.csv")
     assert (m["cp_worker_imbalance"] >= 1).all() and (m["cp_step_imbalance"] >= 1).all()
     assert ((m["cp_efficiency"] > 0) & (m["cp_efficiency"] <= 1)).all() and (m["cp_exposed_s"] >= 0).all()
+
+
+def test_best_layout_is_the_fastest_candidate_per_sequence():
+    """cp_layout = "best": per (length, budget) the candidate (zigzag or stripe on the configured comm,
+    or all-gather) with the least forward + backward layer time, the same for both passes."""
+    _, best = _models(cp=4, cp_layout="best")
+    cands = {(lay, comm): _models(cp=4, cp_layout=lay, cp_comm=comm)[1]
+             for lay, comm in (("zigzag", "ring"), ("stripe", "ring"), ("stripe", "allgather"))}
+    for L, k in ((65536, 16), (131072, 8), (32768, 128)):
+        f, b = best.cp_report(L, k), best.cp_report(L, k, backward=True)
+        totals = {key: m.cp_report(L, k).time + m.cp_report(L, k, backward=True).time for key, m in cands.items()}
+        assert (f.layout, f.comm) == (b.layout, b.comm) == min(totals, key=totals.get)
+        assert f.time + b.time == pytest.approx(min(totals.values()), rel=1e-12)

@@ -125,10 +125,10 @@ def test_shipped_profiles_are_labelled_and_current(tmp_path, name, hw):
             assert t == pytest.approx(want - call, rel=1e-12)
     pd.testing.assert_frame_equal(fresh.table, shipped.table, rtol=1e-12)
     sl = sorted(shipped.rows("attn_fwd")["seq_len"].unique())
-    assert sl[0] <= 512 and sl[-1] == 131072
-    assert max(shipped.rows("attn_fwd")["budget"].unique()) == 128
+    assert sl[0] <= 512 and sl[-1] == 524288
+    assert max(shipped.rows("attn_fwd")["budget"].unique()) == 2048
     tok = shipped.rows("layer_fwd")["seq_len"]
-    assert tok.min() <= 256 and tok.max() == 262144
+    assert tok.min() <= 256 and tok.max() == 1048576
 
 
 def meta_model(meta: ProfileMeta) -> ModelConfig:

@@ -55,7 +55,7 @@ __all__ = ["COMMS", "LAYOUTS", "SELECTIONS", "RingReport", "combine", "layer_tim
 
 def min_blocks(layout: str, cp: int) -> int:
     """Fewest key blocks a sequence needs to be split by ``layout`` over ``cp`` ranks (a shorter one
-    stays whole on one rank)."""
+    stays whole on one rank; ``best`` takes the fewest of its candidates')."""
     return 2 * cp if layout == "zigzag" else cp
 
 
@@ -164,6 +164,10 @@ class RingReport:
     """Ideal (total compute / W) / ``time``."""
     steps: np.ndarray
     """[W, S] seconds of each rank's step."""
+    layout: str = ""
+    """The layout it ran on."""
+    comm: str = ""
+    """The exchange it ran on."""
 
 
 def _recurrence(t: np.ndarray, hop: np.ndarray, comm: str, inner: int, inter: np.ndarray) -> np.ndarray:
@@ -190,7 +194,8 @@ def _recurrence(t: np.ndarray, hop: np.ndarray, comm: str, inner: int, inter: np
 
 
 def layer_time(pairs: np.ndarray, seconds: float, floor: float, *, comm: str, kv_bytes: np.ndarray,
-               intra: float, inter: float, latency: float, inner: int, backward: bool) -> RingReport:
+               intra: float, inter: float, latency: float, inner: int, backward: bool,
+               layout: str = "") -> RingReport:
     """One layer on a CP group. ``pairs`` [W, S] per (rank, step) (:func:`rank_step_pairs`; for
     ``allgather`` S = 1: each rank's pairs against every key); ``seconds``: the attention of the
     whole on one GPU (the profile's), split in proportion to the pairs, each step at least
@@ -213,7 +218,7 @@ def layer_time(pairs: np.ndarray, seconds: float, floor: float, *, comm: str, kv
         ideal = float(busy.sum()) / cp
         return RingReport(time=time, worker_imbalance=float(busy.max() / busy.mean()) if busy.mean() > 0 else 1.0,
                           step_imbalance=1.0, exposed=gather + scatter, efficiency=ideal / time if time > 0 else 1.0,
-                          steps=t)
+                          steps=t, layout=layout, comm=comm)
     src = (np.arange(cp) - 1) % cp
     if comm == "hierarchical":
         g, i = np.divmod(np.arange(cp), inner)
@@ -230,7 +235,8 @@ def layer_time(pairs: np.ndarray, seconds: float, floor: float, *, comm: str, kv
     ideal = float(busy.sum()) / cp
     return RingReport(time=time, worker_imbalance=float(busy.max() / busy.mean()) if busy.mean() > 0 else 1.0,
                       step_imbalance=float(steps_max / steps_mean) if steps_mean > 0 else 1.0,
-                      exposed=time - float(free.max()), efficiency=ideal / time if time > 0 else 1.0, steps=t)
+                      exposed=time - float(free.max()), efficiency=ideal / time if time > 0 else 1.0, steps=t,
+                      layout=layout, comm=comm)
 
 
 def combine(reports: list[RingReport]) -> dict[str, float]:

@@ -199,49 +199,69 @@ class LatencyModel(ScalarStageLatency):
         for op, curve in list(self._curves.items()):
             if op != "optim":
                 self._curves[op] = _Curve([x * c.cp for x in curve.xs], curve.ys)
+        for op, bw in (("attn_fwd", False), ("attn_bwd", True)):  # the one-GPU surfaces, kept for cp_report
+            surf = self._surfaces[op]
+            one = self._one_gpu[bw] = _Surface.__new__(_Surface)
+            one.xs, one.ks, one.zs = surf.xs, surf.ks, [list(row) for row in surf.zs]
         for op, bw in (("attn_fwd", False), ("attn_bwd", True)):
             surf = self._surfaces[op]
-            one = self._one_gpu[bw] = _Surface.__new__(_Surface)  # the one-GPU surface, kept for cp_report
-            one.xs, one.ks, one.zs = surf.xs, surf.ks, [list(row) for row in surf.zs]
-            surf.zs = [[self._cp_time(int(x), int(k), z, bw) for k, z in zip(surf.ks, row)]
-                       for x, row in zip(surf.xs, surf.zs)]
+            surf.zs = [[z if (rep := self.cp_report(int(x), int(k), backward=bw)) is None else rep.time
+                        for k, z in zip(surf.ks, row)] for x, row in zip(surf.xs, surf.zs)]
 
-    def _cp_time(self, L: int, k: int, seconds: float, backward: bool) -> float:
-        rep = self.cp_report(L, k, backward=backward, seconds=seconds)
-        return seconds if rep is None else rep.time
+    def _one_gpu_seconds(self, L: int, k: int, backward: bool) -> float:
+        """The profile's attention of one sequence on one GPU (before the CP fold)."""
+        one = self._one_gpu[backward]
+        op = "attn_bwd" if backward else "attn_fwd"
+        return one(self._place(op, "seq_len", float(L), one.xs[0], one.xs[-1]),
+                   self._place(op, "budget", float(k), one.ks[0], one.ks[-1]))
 
-    def cp_report(self, L: int, k: int, *, backward: bool = False, seconds: float | None = None):
+    def cp_report(self, L: int, k: int, *, backward: bool = False):
         """One layer of a sequence of ``L`` tokens at budget ``k`` on the CP group
-        (``contextparallel.RingReport``), or None when the sequence is too short for the layout and
-        stays whole on one rank. ``seconds``: its attention on one GPU (default: the profile's)."""
+        (``contextparallel.RingReport``, with the layout and comm it ran on), or None when the
+        sequence is too short for the layout and stays whole on one rank. ``cp_layout = "best"``:
+        the candidate (zigzag or stripe on ``cp_comm``, or all-gather) with the least forward +
+        backward time for this sequence and budget, the same for both passes."""
+        from sparsebalance.simulator.cost import contextparallel as cpm
+
+        c = self.cluster
+        k = self.effective_budget(L, k)
+        key = (L, k, backward)
+        hit = self._cp_reports.get(key)
+        if hit is not None or c.cp == 1:
+            return hit
+        n = blocks(L, self.block_size)
+        if n < cpm.min_blocks(c.cp_layout, c.cp):
+            return None
+        if c.cp_layout != "best":
+            rep = self._cp_layer(L, k, c.cp_layout, c.cp_comm, backward)
+        else:
+            cands = [(lay, c.cp_comm) for lay in ("zigzag", "stripe") if n >= cpm.min_blocks(lay, c.cp)]
+            cands += [("stripe", "allgather")] if c.cp_comm != "allgather" else []
+            both = [(self._cp_layer(L, k, lay, comm, False), self._cp_layer(L, k, lay, comm, True))
+                    for lay, comm in dict.fromkeys(cands)]
+            f, b = min(both, key=lambda fb: fb[0].time + fb[1].time)
+            self._cp_reports[(L, k, False)], self._cp_reports[(L, k, True)] = f, b
+            return b if backward else f
+        self._cp_reports[key] = rep
+        return rep
+
+    def _cp_layer(self, L: int, k: int, layout: str, comm: str, backward: bool):
         from sparsebalance.simulator.cost import contextparallel as cpm
 
         c, m = self.cluster, self.model
-        k = self.effective_budget(L, k)
-        key = (L, k, backward)
-        if seconds is None and key in self._cp_reports:
-            return self._cp_reports[key]
         n = blocks(L, self.block_size)
-        if c.cp == 1 or n < cpm.min_blocks(c.cp_layout, c.cp):
-            return None
-        if seconds is None:  # the one-GPU attention at this point, as the profile prices it
-            one = self._one_gpu[backward]
-            seconds = one(self._place("attn_bwd" if backward else "attn_fwd", "seq_len", float(L), one.xs[0],
-                                      one.xs[-1]), self._place("attn", "budget", float(k), one.ks[0], one.ks[-1]))
-        pairs = cpm.rank_pairs(L, self.block_size, k, c.cp, c.cp_layout, c.cp_selection)
-        if c.cp_comm == "allgather":
+        pairs = cpm.rank_pairs(L, self.block_size, k, c.cp, layout, c.cp_selection)
+        if comm == "allgather":
             steps = pairs.sum(axis=1, keepdims=True)
         else:
-            steps = np.take_along_axis(pairs, cpm.ring_order(c.cp, c.cp_comm, c.cp_ranks_per_node), axis=1)
+            steps = np.take_along_axis(pairs, cpm.ring_order(c.cp, comm, c.cp_ranks_per_node), axis=1)
         sizes = cpm.block_sizes(L, self.block_size)
-        tokens = np.array([sizes[part].sum() for part in cpm.shards(n, c.cp, c.cp_layout)])
+        tokens = np.array([sizes[part].sum() for part in cpm.shards(n, c.cp, layout)])
         kv_dim = -(-m.kv_heads // c.tp) * m.head_dim
-        rep = cpm.layer_time(steps, seconds, self._cp_floor[backward], comm=c.cp_comm,
-                             kv_bytes=tokens * 2 * kv_dim * m.dtype_bytes, intra=c.tp_bandwidth,
-                             inter=c.p2p_bandwidth, latency=c.p2p_latency, inner=c.cp_ranks_per_node,
-                             backward=backward)
-        self._cp_reports[key] = rep
-        return rep
+        return cpm.layer_time(steps, self._one_gpu_seconds(L, k, backward), self._cp_floor[backward], comm=comm,
+                              kv_bytes=tokens * 2 * kv_dim * m.dtype_bytes, intra=c.tp_bandwidth,
+                              inter=c.p2p_bandwidth, latency=c.p2p_latency, inner=c.cp_ranks_per_node,
+                              backward=backward, layout=layout)
 
     def _fold_recompute(self) -> None:
         """Add the forward that recomputation runs again to the backward ops (module docstring)."""

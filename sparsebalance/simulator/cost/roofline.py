@@ -146,7 +146,7 @@ the fly where no shipped profile of that name exists (docs/costmodel.md)."""
 KERNELS = {"layer_fwd": 10, "layer_bwd": 20, "embed_fwd": 1, "embed_bwd": 2, "head_fwd": 4, "head_bwd": 6}
 
 
-def default_seq_lens(lo: int = 16, hi: int = 131072) -> np.ndarray:
+def default_seq_lens(lo: int = 16, hi: int = 524288) -> np.ndarray:
     """Powers of two and the 1.5x points between them, from ``lo`` to ``hi`` tokens."""
     pts = set()
     p = 1
@@ -158,8 +158,11 @@ def default_seq_lens(lo: int = 16, hi: int = 131072) -> np.ndarray:
     return np.array(sorted(pts), dtype=np.int64)
 
 
-DEFAULT_BUDGETS = np.array(list(range(1, 17)) + [20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128],
-                           dtype=np.int64)
+DEFAULT_BUDGETS = np.array(list(range(1, 17)) + [20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128]
+                           + [192, 256, 384, 512, 768, 1024, 1536, 2048], dtype=np.int64)
+"""Budgets of an analytical profile: dense below 16, then every length's block count up to 512K tokens
+at block 256 (the grid's 2^i and 1.5 x 2^i lengths have 2^j and 1.5 x 2^j blocks), so a dense budget
+(k >= blocks) of a grid length is a grid point."""
 
 
 def moba_pairs(seq_len, block_size: int, budget):
@@ -368,7 +371,7 @@ def build_table(hw: Hardware, model: ModelConfig, tp: int, block_size: int, *,
     the full budget's (docs/costmodel.md, "Budget and the dense path"; noted in the sidecar)."""
     seq_lens = default_seq_lens() if seq_lens is None else np.asarray(seq_lens, dtype=np.int64)
     budgets = DEFAULT_BUDGETS if budgets is None else np.asarray(budgets, dtype=np.int64)
-    tokens = default_seq_lens(16, 262144) if tokens is None else np.asarray(tokens, dtype=np.int64)
+    tokens = default_seq_lens(16, 1048576) if tokens is None else np.asarray(tokens, dtype=np.int64)
     S, K = np.meshgrid(seq_lens, budgets, indexing="ij")
     path = kc.choose_path(S.ravel(), K.ravel(), attention_shape(model, tp, block_size), hw)
     frames = []

@@ -1,0 +1,201 @@
+"""``sparsebalance ablation --cp``: long-context training with context parallelism at 32K-512K tokens.
+
+Setting: Qwen2.5-3B on 4 nodes x 8 H200 (``h200-4x8``) as PP 2 x CP 16 x DP 1 x TP 1 -- a CP group
+spans two nodes, 8 of its ranks in each -- full activation recomputation, ``longctx-512k`` lengths
+(MTraining's 32K-512K range, shape assumed: ``data/distributions.py``), the analytical-h200 profile,
+global batch 8 sequences, micro-batches of one sequence.
+
+Rows (every row the same global batches, per data seed):
+
+* ``dense zigzag ring``: dense attention (budget 2,048 blocks: every length up to 512K at block 256),
+  zigzag layout, P2P ring over the 16 ranks: the dense CP baseline;
+* ``MTraining-like``: a fixed MoBA budget (32 blocks), stripe layout, hierarchical ring (an inner
+  ring in each node, one inter-node transfer hidden behind it);
+* ``SAB+DST (CP)``: SAB batching and DST budgets (MEAN, p = 0.1) on the hierarchical ring with the
+  zigzag layout (balanced for dense attention, not for sparse);
+* ``SAB+DST (CP, best layout)``: the same with ``cp_layout = "best"``: per sequence and budget the
+  fastest of zigzag and stripe on the hierarchical ring and all-gather, by the model's layer times;
+* ``SAB+DST-CP (CP, best layout)``: critical-path DST instead of DST.
+
+Per row: mean iteration time and speedup over the dense ring and over the MTraining-like row, each
+with a 95 % t-interval over the data seeds (per seed the ratio of mean iteration times), the CP figures (worker and step imbalance,
+exposed communication per layer, ring efficiency), mean coverage and budget, peak memory. Outputs in
+``--out``: ``cp.csv``, ``cp_seeds.csv``, ``cp.png``/``.svg`` and ``config.toml`` (the resolved
+baseline). CP policies beyond the budget (a CP degree per sequence, short sequences packed onto
+fewer ranks) are not rows yet: docs/costmodel.md section 11.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+BASE: dict[str, Any] = {
+    "name": "ablation-cp",
+    "profile": "analytical-h200",
+    "model": {"preset": "qwen2.5-3b"},
+    "cluster": {"preset": "h200-4x8", "name": "h200-4x8-pp2cp16", "pp": 2, "dp": 1, "tp": 1, "cp": 16,
+                "global_batch": 8, "recompute": "full"},
+    "data": {"distribution": "longctx-512k", "num_sequences": 256},
+    "policy": {"k_max": 64},
+}
+ROWS: dict[str, dict[str, dict[str, Any]]] = {
+    "dense zigzag ring": {"cluster": {"cp_layout": "zigzag", "cp_comm": "ring"},
+                          "policy": {"batching": "sequential", "tuning": "fixed", "k0": 2048, "k_max": 2048}},
+    "MTraining-like": {"cluster": {"cp_layout": "stripe", "cp_comm": "hierarchical"},
+                       "policy": {"batching": "sequential", "tuning": "fixed", "k0": 32}},
+    "SAB+DST (CP)": {"cluster": {"cp_layout": "zigzag", "cp_comm": "hierarchical"},
+                     "policy": {"batching": "sab", "tuning": "dst", "k0": 32}},
+    "SAB+DST (CP, best layout)": {"cluster": {"cp_layout": "best", "cp_comm": "hierarchical"},
+                                  "policy": {"batching": "sab", "tuning": "dst", "k0": 32}},
+    "SAB+DST-CP (CP, best layout)": {"cluster": {"cp_layout": "best", "cp_comm": "hierarchical"},
+                                     "policy": {"batching": "sab", "tuning": "dst-cp", "k0": 32}},
+}
+"""Row -> overrides of :data:`BASE`."""
+BASELINE = "dense zigzag ring"
+MTRAINING = "MTraining-like"
+CP_FIGURES = ("cp_worker_imbalance", "cp_step_imbalance", "cp_exposed_s", "cp_efficiency")
+
+
+def configs(args, row: str, seeds: list[int]):
+    """Run configs of one row, one per seed (validated here, before anything runs)."""
+    from sparsebalance.runconfig import load_run_config, run_config_from_mapping
+
+    over = ROWS[row]
+    out = []
+    for seed in seeds:
+        if args.config:
+            flat = {f"{s}.{k}": v for s, t in over.items() for k, v in t.items()}
+            cfg = load_run_config(args.config, flat | {"seed": seed, "data.seed": seed, "iterations": args.iterations})
+        else:
+            data = json.loads(json.dumps(BASE))
+            for section, table in over.items():
+                data[section].update(table)
+            data |= {"seed": seed, "iterations": args.iterations}
+            data["data"]["seed"] = seed
+            cfg = run_config_from_mapping(data)
+        out.append(cfg)
+    return out
+
+
+def measure(cfgs) -> pd.DataFrame:
+    """Per seed: means over the run's iterations. The latency model of a row is built once (its
+    CP fold is the costly part) and shared by the row's seeds, which differ only in data."""
+    from dataclasses import replace
+
+    from sparsebalance.commands._common import run_simulation
+    from sparsebalance.runner import prepare
+
+    rows, latency = [], None
+    for cfg in cfgs:
+        p = prepare(cfg) if latency is None else prepare(cfg, profile=latency.profile)
+        if latency is None:
+            latency = p.latency
+        p = replace(p, latency=latency)
+        p.ctx.latency = latency
+        m = run_simulation(cfg, progress=False, prepared=p).metrics
+        rows.append({"seed": cfg.seed, "iteration_time_s": float(m["iteration_time_s"].mean()),
+                     "mean_coverage": float(m["mean_coverage"].mean()),
+                     "mean_budget": float(m["mean_budget"].mean()),
+                     "peak_memory_gb": float(m["peak_memory_gb"].max()),
+                     **{f: float(m[f].mean()) for f in CP_FIGURES}})
+    return pd.DataFrame(rows)
+
+
+def summarise(per_seed: pd.DataFrame) -> pd.DataFrame:
+    """One row per config: means over seeds; speedup over the dense ring and over the MTraining-like
+    row (ratios of the means), each with a 95 % t-interval of the per-seed ratios (paired by seed)."""
+    from sparsebalance.analysis.schedules import t_interval
+
+    base = per_seed[per_seed.config == BASELINE].set_index("seed")
+    mt = per_seed[per_seed.config == MTRAINING].set_index("seed")
+    out = []
+    for row in ROWS:
+        d = per_seed[per_seed.config == row].set_index("seed")
+        ratio = base.loc[d.index, "iteration_time_s"] / d["iteration_time_s"]
+        lo, hi = t_interval(ratio.to_numpy())
+        vs = mt.loc[d.index, "iteration_time_s"] / d["iteration_time_s"]
+        vlo, vhi = t_interval(vs.to_numpy())
+        out.append({"config": row, "iteration_time_s": float(d["iteration_time_s"].mean()),
+                    "speedup": float(base["iteration_time_s"].mean() / d["iteration_time_s"].mean()),
+                    "speedup_ci_low": lo, "speedup_ci_high": hi,
+                    "vs_mtraining": float(mt["iteration_time_s"].mean() / d["iteration_time_s"].mean()),
+                    "vs_mtraining_ci_low": vlo, "vs_mtraining_ci_high": vhi,
+                    "speedup_min": float(ratio.min()), "speedup_max": float(ratio.max()),
+                    **{f: float(d[f].mean()) for f in (*CP_FIGURES, "mean_coverage", "mean_budget")},
+                    "peak_memory_gb": float(d["peak_memory_gb"].max()), "seeds": len(d)})
+    return pd.DataFrame(out)
+
+
+def format_table(t: pd.DataFrame) -> str:
+    lines = [f"{'config':<30}{'iteration (s)':>14}{'vs dense [95% CI]':>24}{'vs MTraining-like':>24}"
+             f"{'worker imb':>11}{'step imb':>9}"
+             f"{'exposed ms':>11}{'ring eff':>9}{'coverage':>9}{'budget':>8}{'mem GB':>8}"]
+    for _, r in t.iterrows():
+        ci = f"[{r.speedup_ci_low:.3f}, {r.speedup_ci_high:.3f}]"
+        vci = f"[{r.vs_mtraining_ci_low:.3f}, {r.vs_mtraining_ci_high:.3f}]"
+        lines.append(f"{r.config:<30}{r.iteration_time_s:14.3f}{r.speedup:8.3f} {ci:>15}{r.vs_mtraining:8.3f} {vci:>15}"
+                     f"{r.cp_worker_imbalance:11.3f}"
+                     f"{r.cp_step_imbalance:9.3f}{1e3 * r.cp_exposed_s:11.3f}{r.cp_efficiency:9.3f}"
+                     f"{r.mean_coverage:9.4f}{r.mean_budget:8.1f}{r.peak_memory_gb:8.1f}")
+    return "\n".join(lines)
+
+
+def plot(t: pd.DataFrame, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    x = np.arange(len(t))
+    err = np.vstack([t.speedup - t.speedup_ci_low, t.speedup_ci_high - t.speedup]).clip(min=0)
+    a.bar(x, t.speedup, yerr=err, capsize=4, color=[f"C{i}" for i in range(len(t))])
+    a.axhline(1.0, color="k", lw=0.8)
+    a.set(xticks=x, ylabel="speedup over the dense zigzag ring (95 % CI)")
+    a.set_xticklabels(t.config, rotation=15, ha="right", fontsize=8)
+    b.bar(x - 0.2, t.cp_worker_imbalance, 0.4, label="worker imbalance")
+    b.bar(x + 0.2, t.cp_step_imbalance, 0.4, label="step imbalance")
+    b.set(xticks=x, ylabel="max / mean (1 = balanced)", ylim=(0.9, None))
+    b.set_xticklabels(t.config, rotation=15, ha="right", fontsize=8)
+    b.legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path.with_suffix(".png"), dpi=130)
+    fig.savefig(path.with_suffix(".svg"))
+    plt.close(fig)
+
+
+def run_cp(args) -> int:
+    from tqdm import tqdm
+
+    from sparsebalance.commands._args import progress_enabled, resolve_out
+    from sparsebalance.commands.ablation_schedules import parse_seeds
+    from sparsebalance.runconfig import dump_toml
+
+    seeds = parse_seeds(args.seeds)
+    cfgs = {row: configs(args, row, seeds) for row in ROWS}  # every config validated first
+    out = resolve_out(args.out, "results/ablation-cp", force=args.force, verb="ablation")
+    (out / "config.toml").write_text(dump_toml(cfgs[BASELINE][0]))
+    per_seed = []
+    for row in tqdm(ROWS, desc="cp rows", disable=args.json or not progress_enabled(args), file=sys.stderr):
+        per_seed.append(measure(cfgs[row]).assign(config=row))
+    seeds_df = pd.concat(per_seed, ignore_index=True)
+    seeds_df.to_csv(out / "cp_seeds.csv", index=False)
+    table = summarise(seeds_df)
+    table.to_csv(out / "cp.csv", index=False)
+    c = cfgs[BASELINE][0]
+    plot(table, out / "cp", f"{c.model.name}, PP{c.cluster.pp} x CP{c.cluster.cp} x DP{c.cluster.dp}, "
+                            f"{c.data.distribution}, {c.profile}, {len(seeds)} seeds x {c.iterations} iterations")
+    if args.json:
+        print(json.dumps(table.replace({np.nan: None}).to_dict("records")))
+        return 0
+    print(format_table(table))
+    print(f"mean over {len(seeds)} seeds; [95 % CI over seeds, Student t]; per seed: {out / 'cp_seeds.csv'}")
+    print(f"table: {out / 'cp.csv'}  figure: {out / 'cp.png'}")
+    return 0

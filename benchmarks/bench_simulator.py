@@ -9,7 +9,8 @@ Rows (1F1B, random heterogeneous F/B durations, P2P, all-reduce and optimizer):
   builds the trace table (F, B, P2P, ALLREDUCE, OPTIM rows) as ``result.trace`` does on access;
 * iteration PP 8 x DP 128 x 64 (131,072 F/B actions, 1,024 devices): replay, and the full
   ``SimulatorExecutor`` path for Qwen2.5-3B with the analytical H200 profile (latency look-ups +
-  core + memory model + trace);
+  core + memory model + trace); and the same 1,024 GPUs as PP 8 x DP 16 x CP 8 (zigzag ring: the
+  latency model prices each CP group's layer, the iteration adds the CP figures; target < 0.2 s);
 * ``pipeline --json`` end to end (a fresh ``sparsebalance`` process reading a 65,536-action
   durations file), without and with ``--ops``;
 * the SimPy model of record on the 65,536-action replay (one run: it is the slow, event path);
@@ -69,7 +70,7 @@ def replay(dp: int, pp: int, m: int, repeats: int, trace: bool) -> float:
     return best(lambda: simulate(inp).trace if trace else simulate(inp), repeats)
 
 
-def executor_iteration(dp: int, pp: int, m: int, repeats: int) -> float:
+def executor_iteration(dp: int, pp: int, m: int, repeats: int, cp: int = 1) -> float:
     from dataclasses import replace
 
     from sparsebalance.data import load_sequences
@@ -81,8 +82,8 @@ def executor_iteration(dp: int, pp: int, m: int, repeats: int) -> float:
     from sparsebalance.simulator.plan import Plan, uniform_budgets
 
     model = qwen25_3b()
-    cluster = replace(h200_4x8(), name="pp8-dp128", pp=pp, dp=dp, tp=1, global_batch=dp * m,
-                      nodes=pp * dp // 8)
+    cluster = replace(h200_4x8(), name=f"pp{pp}-dp{dp}-cp{cp}", pp=pp, dp=dp, tp=1, cp=cp, global_batch=dp * m,
+                      nodes=pp * dp * cp // 8)
     lm = load_latency_model("analytical-h200", model, cluster, extrapolate="clamp")
     seqs = load_sequences(DataConfig(distribution="chatqa2-like", num_sequences=dp * m, seed=0))
     plan = Plan.from_lists([[[Sequence(id=r * m + j, length=seqs[r * m + j].length)] for j in range(m)]
@@ -141,6 +142,8 @@ def _run(r: int) -> None:
     add("replay 64 x 8 x 64, core + trace", 65_536, replay(64, 8, 64, r, True))
     add("iteration PP8 x DP128 x 64, core + trace", 131_072, replay(128, 8, 64, r, True))
     add("iteration PP8 x DP128 x 64, executor", 131_072, executor_iteration(128, 8, 64, r))
+    # context parallelism on as many GPUs: the engine sees 128 CP groups, the latency model prices the rings
+    add("iteration PP8 x DP16 x CP8 x 64, executor", 16_384, executor_iteration(16, 8, 64, r, cp=8))
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "d65k.json"
         write_durations(path, 64, 8, 64)

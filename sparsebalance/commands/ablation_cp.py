@@ -133,9 +133,10 @@ def summarise(per_seed: pd.DataFrame) -> pd.DataFrame:
 
 
 def format_table(t: pd.DataFrame) -> str:
-    lines = [f"{'config':<30}{'iteration (s)':>14}{'vs dense [95% CI]':>24}{'vs MTraining-like':>24}"
-             f"{'worker imb':>11}{'step imb':>9}"
-             f"{'exposed ms':>11}{'ring eff':>9}{'coverage':>9}{'budget':>8}{'mem GB':>8}"]
+    head = (f"{'config':<30}{'iteration (s)':>14}{'vs dense [95% CI]':>24}{'vs MTraining-like':>24}"
+            f"{'worker imb':>11}{'step imb':>9}{'exposed ms':>11}{'ring eff':>9}{'coverage':>9}{'budget':>8}"
+            f"{'mem GB':>8}")
+    lines = [head]
     for _, r in t.iterrows():
         ci = f"[{r.speedup_ci_low:.3f}, {r.speedup_ci_high:.3f}]"
         vci = f"[{r.vs_mtraining_ci_low:.3f}, {r.vs_mtraining_ci_high:.3f}]"

@@ -1,4 +1,4 @@
-"""MoBA on a context-parallel group (kernels/moba/cp.py, the all-gather variant) against the
+"""MoBA on a context-parallel group (kernels/moba/cp.py: the all-gather and the P2P ring variants) against the
 single-process float64 reference: forward and every gradient, on 2 and 4 gloo ranks, for each
 layout, with packed ragged sequences, GQA and per-sequence budgets (fresh random inputs, no zeros)."""
 
@@ -33,17 +33,18 @@ def inputs(seed: int):
 def _worker(rank: int, world: int, store: str, out: str) -> None:
     import torch.distributed as dist
 
-    from sparsebalance.kernels.moba.cp import cp_token_index, moba_attention_cp
+    from sparsebalance.kernels.moba.cp import cp_token_index, moba_attention_cp, moba_attention_cp_ring
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     res = {}
-    for layout in LAYOUTS:
-        q, k, v, up, cu = inputs(7)
-        idx = cp_token_index(cu, BLOCK, world, layout)[rank]
-        ql, kl, vl = (x[idx].clone().requires_grad_(True) for x in (q, k, v))
-        o = moba_attention_cp(ql, kl, vl, idx, cu, BLOCK, torch.tensor(TOPK))
-        (o * up[idx]).sum().backward()
-        res[layout] = {"index": idx, "out": o.detach(), "dq": ql.grad, "dk": kl.grad, "dv": vl.grad}
+    for comm, fn in (("allgather", moba_attention_cp), ("ring", moba_attention_cp_ring)):
+        for layout in LAYOUTS:
+            q, k, v, up, cu = inputs(7)
+            idx = cp_token_index(cu, BLOCK, world, layout)[rank]
+            ql, kl, vl = (x[idx].clone().requires_grad_(True) for x in (q, k, v))
+            o = fn(ql, kl, vl, idx, cu, BLOCK, torch.tensor(TOPK))
+            (o * up[idx]).sum().backward()
+            res[(comm, layout)] = {"index": idx, "out": o.detach(), "dq": ql.grad, "dk": kl.grad, "dv": vl.grad}
     with open(f"{out}.{rank}", "wb") as f:
         pickle.dump(res, f)
     dist.barrier()
@@ -64,14 +65,15 @@ def test_cp_attention_matches_the_float64_reference(world, tmp_path):
     q, k, v = (x.clone().requires_grad_(True) for x in (q, k, v))
     ref = moba_attention_naive(q, k, v, cu, BLOCK, torch.tensor(TOPK))
     (ref * up).sum().backward()
-    for layout in LAYOUTS:
-        got = [pickle.loads((tmp_path / f"res.{r}").read_bytes())[layout] for r in range(world)]
+    for key in [(c, lay) for c in ("allgather", "ring") for lay in LAYOUTS]:
+        layout = key[1]
+        got = [pickle.loads((tmp_path / f"res.{r}").read_bytes())[key] for r in range(world)]
         idx = torch.cat([g["index"] for g in got])
         assert sorted(idx.tolist()) == list(range(sum(LENGTHS)))  # every token on exactly one rank
         assert [g["index"].tolist() for g in got] == [t.tolist() for t in cp_token_index(cu, BLOCK, world, layout)]
         for name, want in (("out", ref.detach()), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
             mine = torch.cat([g[name] for g in got])
-            assert torch.allclose(mine, want[idx], rtol=1e-10, atol=1e-12), (layout, name)
+            assert torch.allclose(mine, want[idx], rtol=1e-10, atol=1e-12), (key, name)
 
 
 def test_token_index_deals_blocks_by_layout():

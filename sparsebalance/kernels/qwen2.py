@@ -47,6 +47,13 @@ class MobaArgs:
     """Global layer index whose q/k are kept for :meth:`coverage_curves` (None = none)."""
     captured: Any = None
     """(q [T, H, D], k [T, Hkv, D], cu_seqlens) of ``coverage_layer`` from the last forward, detached."""
+    cp_index: Any = None
+    """int64 [T_r]: under context parallelism, the packed positions of this rank's tokens (its rows of
+    q/k/v, in order; ``kernels/moba/cp.py``); ``cu_seqlens`` stays the whole micro-batch's. None: no CP."""
+    cp_group: Any = None
+    """The context-parallel process group (with ``cp_index``)."""
+    cp_comm: str = "ring"
+    """``ring`` (P2P, K/V passed around) or ``allgather`` (K/V gathered)."""
 
     def __post_init__(self) -> None:
         self.budget = Budget.of(self.budget, "MobaArgs.budget")
@@ -87,6 +94,12 @@ def moba_attention_forward(module, query, key, value, attention_mask, scaling=No
     v = value[0].transpose(0, 1)
     cu = moba.cu_seqlens
     layer = int(getattr(module, "layer_idx", 0))
+    if moba.cp_index is not None:  # this rank's share of every sequence on a context-parallel group
+        from sparsebalance.kernels.moba.cp import moba_attention_cp, moba_attention_cp_ring
+
+        fn = moba_attention_cp_ring if moba.cp_comm == "ring" else moba_attention_cp
+        out = fn(q, k, v, moba.cp_index, cu, moba.block_size, moba.budget.at(layer), group=moba.cp_group)
+        return out.unsqueeze(0), None
     # one int per layer: the kernel's API validates it and makes the tensor its backend needs
     out = moba_attention(q, k, v, cu, block_size=moba.block_size, topk=moba.budget.at(layer),
                          backend=moba.backend)
@@ -200,6 +213,15 @@ def pack(token_lists: list[np.ndarray], device: str = "cpu") -> PackedBatch:
     t = lambda x: torch.from_numpy(x).to(device)
     return PackedBatch(input_ids=t(ids)[None], labels=t(labels)[None], position_ids=t(pos)[None],
                        cu_seqlens=t(cu))
+
+
+def cp_slice(batch: PackedBatch, index: Any) -> PackedBatch:
+    """This context-parallel rank's share of a packed micro-batch: its tokens' ids, labels and
+    positions (``index``: packed positions, ``kernels/moba/cp.cp_token_index``); the labels are the
+    next tokens of the whole sequence and the positions its own, so RoPE and the loss are unchanged by
+    the split. ``cu_seqlens`` stays the whole micro-batch's."""
+    return PackedBatch(input_ids=batch.input_ids[:, index], labels=batch.labels[:, index],
+                       position_ids=batch.position_ids[:, index], cu_seqlens=batch.cu_seqlens)
 
 
 def lm_loss_sum(logits, labels):

@@ -104,8 +104,10 @@ def main(argv: list[str] | None = None) -> int:
 
         cfg = load_run_config(args.config, parse_overrides(args.set))
         rr = realrun_config(cfg)
-        d, s, t = rank_layout(rank, cfg.cluster.pp, cfg.cluster.tp)
-        where = f"rank {rank} (dp_rank {d}, stage {s}" + (f", tp_rank {t})" if cfg.cluster.tp > 1 else ")")
+        c = cfg.cluster
+        d, s, t = rank_layout(rank, c.pp, c.cp if c.cp > 1 else c.tp)
+        lane = f", cp_rank {t})" if c.cp > 1 else (f", tp_rank {t})" if c.tp > 1 else ")")
+        where = f"rank {rank} (dp_rank {d}, stage {s}" + lane
         worker_info(dp_rank=d, stage=s)
         prepared = None
         if rank == 0:  # data, latency model, policies: fail here, before any collective

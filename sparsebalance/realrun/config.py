@@ -96,8 +96,11 @@ def realrun_config(cfg) -> RealrunConfig:
           f"must lie in [0, {m.layers - 1}] (model.layers = {m.layers}) or be -1 (off), "
           f"got {rr.coverage_layer}")
     check_choice(c.schedule, "cluster.schedule", REALRUN_SCHEDULES)
-    check(c.cp == 1, "cluster.cp", f"the real run has no context parallelism yet (the simulator prices it: "
-          f"docs/costmodel.md section 11); set cp = 1, got {c.cp}")
+    if c.cp > 1:  # what the real run's context parallelism covers (kernels/moba/cp.py)
+        check(c.tp == 1, "cluster.tp", f"context parallelism in the real run needs tp = 1, got {c.tp}")
+        check_choice(c.cp_layout, "cluster.cp_layout", ("contiguous", "zigzag", "stripe"))
+        check_choice(c.cp_comm, "cluster.cp_comm", ("ring", "allgather"))
+        check_choice(c.schedule, "cluster.schedule", ("gpipe", "1f1b", "interleaved"))
     check_mesh(m, c)
     if rr.fail_rank is not None:
         check(0 <= rr.fail_rank < world_size(cfg), "realrun.fail_rank",
@@ -140,8 +143,8 @@ def check_mesh(m, c) -> None:
 
 
 def world_size(cfg) -> int:
-    """Processes a run needs: one per (dp replica, stage, TP rank)."""
-    return cfg.cluster.pp * cfg.cluster.dp * cfg.cluster.tp
+    """Processes a run needs: one per (dp replica, stage, CP rank, TP rank)."""
+    return cfg.cluster.pp * cfg.cluster.dp * cfg.cluster.cp * cfg.cluster.tp
 
 
 def rank_layout(rank: int, pp: int, tp: int = 1) -> tuple[int, int, int]:

@@ -1,6 +1,8 @@
 """Process groups, the model on each rank, and the two roles: rank 0's RealrunExecutor and followers.
 
-Rank layout: global rank = (dp_rank * pp + stage) * tp + tp_rank (see ``config.rank_layout``).
+Rank layout: global rank = (dp_rank * pp + stage) * tp + tp_rank (see ``config.rank_layout``); with
+context parallelism (tp = 1) the CP rank takes the TP rank's place: (dp_rank * pp + stage) * cp + cp_rank,
+the simulator's mesh order dp x pp x cp x tp.
 Groups, created in the same order on every rank: ``control`` (gloo, all ranks: plan broadcast and
 report gather, so objects never touch NCCL), ``fwd`` / ``bwd`` (all ranks: activations and
 gradients, see p2p.py), ``dp`` (the DP replicas of one stage and TP rank: gradient all-reduce),
@@ -53,7 +55,9 @@ def init_runtime(cfg: Any, rr: RealrunConfig) -> Runtime:
     from sparsebalance.simulator.schedule.schedules import placement
 
     c = cfg.cluster
-    pp, dp, tp = c.pp, c.dp, c.tp
+    pp, dp, tp, cp = c.pp, c.dp, c.tp, c.cp
+    # the innermost mesh coordinate: the TP rank, or with context parallelism (tp = 1) the CP rank
+    lanes = cp if cp > 1 else tp
     _cpu_setup(rr)
     torch.set_num_threads(rr.threads)
     timeout = timedelta(seconds=rr.timeout_s)
@@ -64,25 +68,34 @@ def init_runtime(cfg: Any, rr: RealrunConfig) -> Runtime:
         device = torch.device("cpu")
     dist.init_process_group(rr.backend, timeout=timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
-    if world != pp * dp * tp:
-        raise RuntimeError(f"world size {world} != cluster.pp x cluster.dp x cluster.tp = {pp * dp * tp}; "
-                           f"launch with --nproc-per-node {pp * dp * tp} (or nodes x procs = {pp * dp * tp})")
-    dp_rank, stage, tp_rank = rank_layout(rank, pp, tp)
+    need = pp * dp * lanes
+    if world != need:
+        raise RuntimeError(f"world size {world} != cluster.pp x cluster.dp x cluster.cp x cluster.tp = {need}; "
+                           f"launch with --nproc-per-node {need} (or nodes x procs = {need})")
+    dp_rank, stage, lane = rank_layout(rank, pp, lanes)
+    tp_rank, cp_rank = (0, lane) if cp > 1 else (lane, 0)
     where = placement(c.schedule, pp, c.virtual_stages)
     groups = {"world": None,
               "control": dist.new_group(backend="gloo", timeout=timeout),
               "fwd": dist.new_group(timeout=timeout),
               "bwd": dist.new_group(timeout=timeout)}
-    for s in range(pp):
+    for s in range(pp):  # gradients are summed over the DP replicas (and the CP ranks) of a stage
         for t in range(tp):
-            g = dist.new_group([global_rank(r, s, pp, t, tp) for r in range(dp)], timeout=timeout)
+            g = dist.new_group([global_rank(r, s, pp, lane_ if cp > 1 else t, lanes)
+                                for r in range(dp) for lane_ in (range(cp) if cp > 1 else [t])], timeout=timeout)
             if (s, t) == (stage, tp_rank):
                 groups["dp"] = g
+    if cp > 1:  # the CP group of each (replica, stage): the ring of kernels/moba/cp.py
+        for r in range(dp):
+            for s in range(pp):
+                g = dist.new_group([global_rank(r, s, pp, lane_, lanes) for lane_ in range(cp)], timeout=timeout)
+                if (r, s) == (dp_rank, stage):
+                    groups["cp"] = g
     for r in range(dp):
-        for t in range(tp):
-            members = sorted({global_rank(r, where[0], pp, t, tp), global_rank(r, where[-1], pp, t, tp)})
+        for lane_ in range(lanes):
+            members = sorted({global_rank(r, where[0], pp, lane_, lanes), global_rank(r, where[-1], pp, lane_, lanes)})
             g = dist.new_group(members, timeout=timeout) if len(members) > 1 else None
-            if (r, t) == (dp_rank, tp_rank):
+            if (r, lane_) == (dp_rank, lane):
                 groups["tied"] = g
     tp_mesh = None
     if tp > 1:
@@ -107,7 +120,7 @@ def init_runtime(cfg: Any, rr: RealrunConfig) -> Runtime:
         manual_gc()
     dist.barrier()
     origin = time.perf_counter()  # one shared origin: every rank leaves the barrier together
-    worker = StageWorker(rank=rank, dp_rank=dp_rank, stage=stage, tp_rank=tp_rank, cluster=c,
+    worker = StageWorker(rank=rank, dp_rank=dp_rank, stage=stage, tp_rank=tp_rank, cp_rank=cp_rank, cluster=c,
                          chunks=chunks, rr=rr, model=cfg.model, groups=groups,
                          device=device, origin=origin)
     return Runtime(rank=rank, world=world, dp_rank=dp_rank, stage=stage, cfg=cfg, rr=rr,

@@ -55,9 +55,9 @@ class RankReport:
 
 
 class StageWorker:
-    """One rank: (dp_rank, stage, tp_rank) of a PP x DP x TP run, with its model chunks."""
+    """One rank: (dp_rank, stage, tp_rank or cp_rank) of a PP x DP x (CP x) TP run, with its model chunks."""
 
-    def __init__(self, *, rank: int, dp_rank: int, stage: int, tp_rank: int = 0, cluster: Any,
+    def __init__(self, *, rank: int, dp_rank: int, stage: int, tp_rank: int = 0, cp_rank: int = 0, cluster: Any,
                  chunks: dict, rr: RealrunConfig, model: Any, groups: dict, device: Any,
                  origin: float) -> None:
         import torch
@@ -69,6 +69,9 @@ class StageWorker:
         c = cluster
         self.rank, self.dp_rank, self.stage, self.tp_rank = rank, dp_rank, stage, tp_rank
         self.pp, self.dp, self.tp = c.pp, c.dp, c.tp
+        self.cp, self.cp_rank, self.cp_layout, self.cp_comm = c.cp, cp_rank, c.cp_layout, c.cp_comm
+        self.lane, self.lanes = (cp_rank, c.cp) if c.cp > 1 else (tp_rank, c.tp)
+        """The innermost mesh coordinate and its size: the TP rank, or the CP rank (tp = 1)."""
         self.schedule, self.virtual_stages = c.schedule, c.virtual_stages
         self.placement = placement(c.schedule, c.pp, c.virtual_stages)
         self.chunks, self.rr = chunks, rr
@@ -106,9 +109,10 @@ class StageWorker:
         m = len(mbs)
         order = stage_orders(self.schedule, self.pp, m, self.virtual_stages)[s]
         rep = RankReport(rank=self.rank, dp_rank=d, stage=s)
-        report = self.tp_rank == 0  # TP peers compute the same values: one of them reports
+        report = self.tp_rank == 0 and self.cp_rank == 0  # TP peers compute the same values; CP: see loss
         route = Route(placement=self.placement, me=s,
-                      rank_of=lambda dev: global_rank(d, dev, self.pp, self.tp_rank, self.tp))
+                      rank_of=lambda dev: global_rank(d, dev, self.pp, self.lane, self.lanes))
+        cp_loss = 0.0  # with CP every rank's share of the loss, summed over the CP group below
         acts = DeviceActions(chunks=self.chunks, route=route, p2p=self.p2p, m=m, now=self.now)
         split = any(k in ("I", "W") for k, _, _ in order)
         batches: dict[int, Any] = {}
@@ -131,16 +135,36 @@ class StageWorker:
                         rep.cpu.append((len(rep.rows) - 1, usage_delta(u0, thread_usage())))
 
             if kind == "F":
-                def make_batch(seqs=seqs, j=j) -> Any:  # packed inside F's timed span, once per j
+                held: dict[str, Any] = {}  # under CP: this rank's token index of micro-batch j, once packed
+
+                def make_batch(seqs=seqs, j=j, held=held) -> Any:  # packed inside F's timed span, once per j
                     if j not in batches:
                         batches[j] = pack([t for _, t in seqs], device=self.device)
+                        if self.cp > 1:  # this rank's share of every sequence, once per micro-batch
+                            from sparsebalance.kernels.moba.cp import cp_token_index
+                            from sparsebalance.kernels.qwen2 import cp_slice
+
+                            idx = cp_token_index(batches[j].cu_seqlens, self.block_size, self.cp,
+                                                 self.cp_layout)[self.cp_rank]
+                            batches[j] = (cp_slice(batches[j], idx), idx)
+                    if self.cp > 1:
+                        held["index"] = batches[j][1]
+                        return batches[j][0]
                     return batches[j]
 
-                gate = vs == self.coverage_vs  # every TP rank: each holds a share of the heads
+                # every TP rank gates: each holds a share of the heads; under CP no rank sees whole sequences
+                gate = vs == self.coverage_vs and self.cp == 1
                 moba_for = partial(MobaArgs, budget=budget, block_size=self.block_size,
                                    backend=self.rr.attention_backend,
                                    coverage_layer=self.rr.coverage_layer if gate else None)
+                if self.cp > 1:
+                    def moba_for(cu_seqlens, base_for=moba_for, held=held):  # the index is known once packed
+                        return base_for(cu_seqlens=cu_seqlens, cp_index=held["index"], cp_group=self.groups["cp"],
+                                        cp_comm=self.cp_comm)
                 loss, moba = acts.forward(vs, j, make_batch, moba_for, msg.label_tokens, split, row)
+                if loss is not None and self.cp > 1:
+                    cp_loss += float(loss)
+                    loss = None
                 if loss is not None and report:
                     value = float(loss)
                     rep.loss += value
@@ -156,6 +180,15 @@ class StageWorker:
                 acts.backward_weight(vs, j, row)
         acts.check_done()
         self.p2p.wait_sends()
+        if self.cp > 1 and self.stage == self.placement[-1]:  # the loss of the whole sequences
+            import torch
+
+            total = torch.tensor([cp_loss], dtype=torch.float64)
+            dist.all_reduce(total, group=self.groups["cp"])
+            if report:
+                rep.loss = float(total)
+                if not math.isfinite(rep.loss):
+                    rep.nonfinite_microbatch = 0
         t0 = self.now()
         self._allreduce()
         if report:
@@ -227,7 +260,7 @@ class StageWorker:
             dist.all_reduce(local_grad(tied), group=self.groups["tied"])
         if self.kv_params:
             sum_replicated_kv(self.kv_params, self.groups["kv"])
-        if self.dp > 1:
+        if self.dp * self.cp > 1:  # DP replicas and CP ranks hold the same weights
             grads = [local_grad(p) for p in self.params]
             flat = torch.cat([g.reshape(-1) for g in grads])
             dist.all_reduce(flat, group=self.groups["dp"])
@@ -250,7 +283,7 @@ class StageWorker:
                 if tied is not None and mod.last:  # counted once, on the first stage
                     sq = sq - local_grad(tied).double().pow(2).sum() / self.tp
             dist.all_reduce(sq, group=self.groups["world"])
-            norm = float(sq / self.dp) ** 0.5
+            norm = float(sq / (self.dp * self.cp)) ** 0.5
             if norm > self.rr.grad_clip:
                 for p in self.params:
                     p.grad.mul_(self.rr.grad_clip / (norm + 1e-6))

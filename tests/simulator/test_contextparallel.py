@@ -225,3 +225,24 @@ def test_best_layout_is_the_fastest_candidate_per_sequence():
         totals = {key: m.cp_report(L, k).time + m.cp_report(L, k, backward=True).time for key, m in cands.items()}
         assert (f.layout, f.comm) == (b.layout, b.comm) == min(totals, key=totals.get)
         assert f.time + b.time == pytest.approx(min(totals.values()), rel=1e-12)
+
+
+def test_cp_trace_rows_one_per_ring_step_inside_their_action(run_cli, tmp_path):
+    import json
+
+    import pandas as pd
+
+    r = run_cli("simulate", "--config", "examples/qwen25-3b_h200_dp4pp4.toml", "--iterations", 1, "--out",
+                tmp_path / "t", "--no-progress", "--set", "cluster.dp=1", "--set", "cluster.cp=4",
+                "--set", "cluster.global_batch=4", "--set", "data.distribution=\"longctx-512k\"")
+    assert r.code == 0, r.err
+    tr = pd.read_csv(tmp_path / "t" / "trace.csv")
+    cp, fb = tr[tr.op == "CP"], tr[tr.op.isin(["F", "B"])]
+    assert len(cp) == 4 * len(fb)  # every sequence split (32K-512K tokens): 4 ring steps per F and B
+    for row in fb.itertuples():
+        mine = cp[(cp.stage == row.stage) & (cp.microbatch == row.microbatch)
+                  & (cp.start_s >= row.start_s - 1e-12) & (cp.end_s <= row.end_s + 1e-12)]
+        assert len(mine) >= 4
+    events = json.loads((tmp_path / "t" / "trace.json").read_text())["traceEvents"]
+    names = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert {"stage 0 CP", "stage 3 CP"} <= names

@@ -107,6 +107,40 @@ class SimulatorExecutor:
         keys = ("cp_worker_imbalance", "cp_step_imbalance", "cp_exposed_s", "cp_efficiency")
         return {key: float(np.mean([row[key] for row in rows])) for key in keys}
 
+    def _cp_rows(self, res, plan: Plan, mean_budget: np.ndarray):
+        """Trace rows ``CP``, one per ring step of each F and backward (B or I) action: the step's
+        slowest rank's compute summed over the micro-batch's sequences and the stage's layers,
+        drawn back to back from the action's start (the dense parts are not drawn) and clipped to
+        the action's end."""
+        import pandas as pd
+
+        from sparsebalance.simulator.engine.trace import TRACE_COLUMNS
+        from sparsebalance.simulator.layout import layout_of
+
+        lay = layout_of(self.model, self.cluster)
+        n_layers, devices = lay.layer_counts, lay.devices
+        mbs = {(r, j): mb for r, j, mb in plan.microbatches()}
+        rows = []
+        for kind in [k for k in res.kinds if k in ("F", "B", "I")]:
+            ki = res.kinds.index(kind)
+            for (r, j), mb in mbs.items():
+                k = max(1, round(float(mean_budget[r, j])))
+                reps = [rep for L in mb.lengths
+                        if (rep := self.latency.cp_report(L, k, backward=kind != "F")) is not None]
+                if not reps:
+                    continue
+                width = max(rep.steps.shape[1] for rep in reps)
+                step = np.zeros(width)
+                for rep in reps:
+                    step[: rep.steps.shape[1]] += rep.steps.max(axis=0)
+                for vs in range(len(n_layers)):
+                    t, end = float(res.start[r, ki, vs, j]), float(res.end[r, ki, vs, j])
+                    for dur in step * n_layers[vs]:
+                        t1 = min(t + dur, end)
+                        rows.append((res.inp.iteration, r, devices[vs], j, "CP", t, t1, mb.tokens, float(k)))
+                        t = t1
+        return pd.DataFrame(rows, columns=list(TRACE_COLUMNS))
+
     def execute(self, iteration: int, plan: Plan, budgets: Budgets) -> IterationResult:
         inp = self.build_input(iteration, plan, budgets)
         res = simulate(inp, method=self.engine)
@@ -117,9 +151,14 @@ class SimulatorExecutor:
         memory |= {f"peak_memory_gb_s{s}": float(v) / GB for s, v in enumerate(peak.max(axis=0))}
         if self.cluster.cp > 1:
             memory |= self._cp_figures(plan, inp.budget)
+        trace = res.trace
+        if self.cluster.cp > 1:
+            import pandas as pd
+
+            trace = pd.concat([trace, self._cp_rows(res, plan, inp.budget)], ignore_index=True)
         return IterationResult(
             iteration_time_s=res.iteration_time,
-            trace=res.trace,
+            trace=trace,
             microbatch_latency_s=res.microbatch_latency.tolist(),
             stage_busy_s=res.stage_busy.tolist(),
             bubble_fraction=res.bubble_fraction,

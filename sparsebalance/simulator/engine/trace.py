@@ -14,11 +14,13 @@ TRACE_COLUMNS = (
 )
 #: Allowed values of the ``op`` column: forward, backward (whole, or split into its input-gradient
 #: part I and weight-gradient part W by the zero-bubble schedules), transfers, all-reduce, optimizer.
-TRACE_OPS = ("F", "B", "I", "W", "P2P", "ALLREDUCE", "OPTIM")
+TRACE_OPS = ("F", "B", "I", "W", "P2P", "ALLREDUCE", "OPTIM", "CP")
+"""``CP``: one row per ring step of a context-parallel action's attention (simulator, ``cluster.cp > 1``)."""
 
 #: Chrome trace colour names (catapult's reserved palette) per op, so F and B differ at a glance.
 _CHROME_COLOURS = {"F": "thread_state_running", "B": "rail_animation", "I": "rail_animation",
-                   "W": "rail_idle", "P2P": "grey", "ALLREDUCE": "rail_load", "OPTIM": "yellow"}
+                   "W": "rail_idle", "P2P": "grey", "ALLREDUCE": "rail_load", "OPTIM": "yellow",
+                   "CP": "thread_state_iowait"}
 
 
 def check_trace(df) -> None:
@@ -71,7 +73,7 @@ def to_chrome_trace(df) -> dict[str, Any]:
         pid, stage = int(row.dp_rank), int(row.stage)
         start = row.start_s + offset[row.iteration]
         end = row.end_s + offset[row.iteration]
-        tid = _lane(lanes, tracks, pid, stage, op == "P2P", start, end)
+        tid = _lane(lanes, tracks, pid, stage, op if op in ("P2P", "CP") else "", start, end)
         events.append({
             "name": f"{op}{mb}" if op in ("F", "B", "I", "W") else op,
             "cat": op, "ph": "X", "pid": pid, "tid": tid,
@@ -87,25 +89,28 @@ def to_chrome_trace(df) -> dict[str, Any]:
                        "args": {"sort_index": int(r)}})
     for (pid, tid), name in sorted(tracks.items()):
         stage, sub = (tid, 0) if tid < P2P_TID_BASE else divmod(tid % P2P_TID_BASE, 10)
-        order = stage * 100 + (0 if tid < P2P_TID_BASE else (1 if tid < 2 * P2P_TID_BASE else 50) + sub)
+        band = {0: 0, 1: 1, 2: 50, 3: 25}[tid // P2P_TID_BASE]  # stage, its P2P, its CP steps, more lanes
+        order = stage * 100 + (0 if tid < P2P_TID_BASE else band + sub)
         events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
         events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
                        "args": {"sort_index": order}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def _lane(lanes, tracks, pid: int, stage: int, p2p: bool, start: float, end: float) -> int:
-    """The first lane of (pid, stage, kind) free at ``start`` (rows come sorted by start)."""
-    ends = lanes.setdefault((pid, stage, p2p), [])
+def _lane(lanes, tracks, pid: int, stage: int, side: str, start: float, end: float) -> int:
+    """The first lane of (pid, stage, side) free at ``start`` (rows come sorted by start); ``side``
+    "P2P" or "CP" for the tracks of their own under a stage, "" for the stage's compute."""
+    ends = lanes.setdefault((pid, stage, side), [])
     eps = 1e-12 * max(1.0, abs(end))
     lane = next((i for i, e in enumerate(ends) if e <= start + eps), len(ends))
     if lane == len(ends):
         ends.append(end)
     else:
         ends[lane] = end
-    if p2p:
-        tid = P2P_TID_BASE + 10 * stage + lane
-        name = f"stage {stage} P2P" + (f" ({lane + 1})" if lane else "")
+    if side:
+        base = P2P_TID_BASE if side == "P2P" else 3 * P2P_TID_BASE
+        tid = base + 10 * stage + lane
+        name = f"stage {stage} {side}" + (f" ({lane + 1})" if lane else "")
     elif lane == 0:
         tid, name = stage, f"stage {stage}"
     else:

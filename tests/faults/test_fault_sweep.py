@@ -180,7 +180,9 @@ def test_force_into_a_running_sweep_clears_nothing(tmp_path, sweep_base):
     p = sparsebalance("sweep", "--grid", _slow_grid(tmp_path), "--out", out, "--no-progress")
     try:
         assert wait_for(lambda: (out / "runs.sqlite").exists(), timeout=120)
-        before = sorted(x.name for x in out.iterdir())
+        # SQLite's -wal/-shm files come and go with the running sweep's transactions: not the store
+        transient = ("-wal", "-shm", "-journal")
+        before = sorted(x.name for x in out.iterdir() if not x.name.endswith(transient))
         q = sparsebalance("sweep", "--grid", _slow_grid(tmp_path), "--out", out, "--force", "--no-progress")
         _, err = q.communicate(timeout=120)
         assert q.returncode == 2 and "another sweep is writing" in err, err

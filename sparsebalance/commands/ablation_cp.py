@@ -64,23 +64,9 @@ CP_FIGURES = ("cp_worker_imbalance", "cp_step_imbalance", "cp_exposed_s", "cp_ef
 
 def configs(args, row: str, seeds: list[int]):
     """Run configs of one row, one per seed (validated here, before anything runs)."""
-    from sparsebalance.runconfig import load_run_config, run_config_from_mapping
+    from sparsebalance.commands.ablation_schedules import seeded_configs
 
-    over = ROWS[row]
-    out = []
-    for seed in seeds:
-        if args.config:
-            flat = {f"{s}.{k}": v for s, t in over.items() for k, v in t.items()}
-            cfg = load_run_config(args.config, flat | {"seed": seed, "data.seed": seed, "iterations": args.iterations})
-        else:
-            data = json.loads(json.dumps(BASE))
-            for section, table in over.items():
-                data[section].update(table)
-            data |= {"seed": seed, "iterations": args.iterations}
-            data["data"]["seed"] = seed
-            cfg = run_config_from_mapping(data)
-        out.append(cfg)
-    return out
+    return seeded_configs(args, BASE, ROWS[row], seeds)
 
 
 def measure(cfgs) -> pd.DataFrame:

@@ -60,12 +60,23 @@ def parse_seeds(text: str) -> list[int]:
 def configs(args, schedule: str, policy: tuple[str, str], seeds: list[int]):
     """Run configs of one (schedule, row), one per seed; the schedule is validated for the run's
     micro-batch count here, before anything runs (ConfigError: one line)."""
-    from sparsebalance.runconfig import load_run_config, run_config_from_mapping
     from sparsebalance.simulator.schedule.schedules import validate_schedule
 
     v = VIRTUAL.get(schedule, 1)
     over = {"cluster": {"schedule": schedule, "virtual_stages": v, "global_batch": args.global_batch},
             "policy": {"batching": policy[0], "tuning": policy[1]}}
+    out = seeded_configs(args, BASE, over, seeds)
+    for cfg in out:
+        c = cfg.cluster
+        validate_schedule(schedule, c.pp, c.microbatches_per_rank, c.virtual_stages)
+    return out
+
+
+def seeded_configs(args, base: dict[str, Any], over: dict[str, dict[str, Any]], seeds: list[int]):
+    """One run config per data seed: ``args.config`` (a TOML file) or the study's built-in ``base``,
+    with the section overrides ``over``, the seed (run and data) and ``args.iterations``."""
+    from sparsebalance.runconfig import load_run_config, run_config_from_mapping
+
     out = []
     for seed in seeds:
         if args.config:
@@ -73,14 +84,12 @@ def configs(args, schedule: str, policy: tuple[str, str], seeds: list[int]):
             cfg = load_run_config(args.config, flat | {"seed": seed, "data.seed": seed,
                                                        "iterations": args.iterations})
         else:
-            data = json.loads(json.dumps(BASE))
+            data = json.loads(json.dumps(base))
             for section, table in over.items():
                 data[section].update(table)
             data |= {"seed": seed, "iterations": args.iterations}
             data["data"]["seed"] = seed
             cfg = run_config_from_mapping(data)
-        c = cfg.cluster
-        validate_schedule(schedule, c.pp, c.microbatches_per_rank, c.virtual_stages)
         out.append(cfg)
     return out
 

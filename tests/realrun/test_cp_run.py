@@ -3,9 +3,6 @@ and post-step weights equal the single-process reference, for the ring and the a
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from weightcheck import assert_weights_match
+from weightcheck import assert_weights_match, torchrun_realrun
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,10 +59,7 @@ def _run(tmp: Path, pp: int, layout: str, comm: str) -> None:
 
     cfg_path = tmp / "run.toml"
     cfg_path.write_text(CONFIG.format(out=tmp / "results", pp=pp, layout=layout, comm=comm))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(2 * pp), "--standalone",
-           "-m", "sparsebalance.realrun", "--config", str(cfg_path), "--quiet", "--dump-state", str(tmp / "state")]
-    res = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
-                         text=True, timeout=300, check=False)
+    res = torchrun_realrun(cfg_path, 2 * pp, tmp / "state", timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     out = tmp / "results" / "t"
     cfg = load_run_config(cfg_path)

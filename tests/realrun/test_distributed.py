@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from weightcheck import assert_weights_match
+from weightcheck import assert_weights_match, torchrun_realrun
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,12 +55,7 @@ def _launch(tmp: Path, *, pp: int, dp: int, schedule: str = "1f1b", iterations: 
     cfg = tmp / "run.toml"
     cfg.write_text(CONFIG.format(iterations=iterations, out=tmp / "results", pp=pp, dp=dp,
                                  schedule=schedule, gb=4 * dp, extra=extra))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(pp * dp),
-           "--standalone", "-m", "sparsebalance.realrun",
-           "--config", str(cfg), "--quiet", "--dump-state", str(tmp / "state")]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    return torchrun_realrun(cfg, pp * dp, tmp / "state", timeout=timeout)
 
 
 def _check_against_reference(tmp: Path, pp: int, dp: int) -> None:

@@ -41,3 +41,18 @@ def assert_weights_match(merged: Mapping[str, torch.Tensor], ref: Mapping[str, t
         off += int((d > 2e-6 + 1e-4 * v.double().abs()).sum())
         total += d.numel()
     assert off <= max_off * total, (off, total, max_off)
+
+
+def torchrun_realrun(config, nproc: int, state_dir, *, timeout: float = 240):
+    """``torchrun --standalone`` of ``nproc`` realrun workers on ``config``, dumping each rank's
+    post-run weights into ``state_dir``; the CompletedProcess (stderr kept for the assertion)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--standalone",
+           "-m", "sparsebalance.realrun", "--config", str(config), "--quiet", "--dump-state", str(state_dir)]
+    return subprocess.run(cmd, cwd=root, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
+                          text=True, timeout=timeout, check=False)

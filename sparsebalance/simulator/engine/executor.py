@@ -118,28 +118,48 @@ class SimulatorExecutor:
         from sparsebalance.simulator.layout import layout_of
 
         lay = layout_of(self.model, self.cluster)
-        n_layers, devices = lay.layer_counts, lay.devices
-        mbs = {(r, j): mb for r, j, mb in plan.microbatches()}
-        rows = []
+        n_layers, devices = lay.layer_counts, np.asarray(lay.devices)
+        frames = []
         for kind in [k for k in res.kinds if k in ("F", "B", "I")]:
             ki = res.kinds.index(kind)
-            for (r, j), mb in mbs.items():
+            per_mb = {}  # (r, j) -> [W] seconds of each ring step, summed over the sequences, one layer
+            for r, j, mb in plan.microbatches():
                 k = max(1, round(float(mean_budget[r, j])))
                 reps = [rep for L in mb.lengths
                         if (rep := self.latency.cp_report(L, k, backward=kind != "F")) is not None]
-                if not reps:
-                    continue
-                width = max(rep.steps.shape[1] for rep in reps)
-                step = np.zeros(width)
-                for rep in reps:
-                    step[: rep.steps.shape[1]] += rep.steps.max(axis=0)
-                for vs in range(len(n_layers)):
-                    t, end = float(res.start[r, ki, vs, j]), float(res.end[r, ki, vs, j])
-                    for dur in step * n_layers[vs]:
-                        t1 = min(t + dur, end)
-                        rows.append((res.inp.iteration, r, devices[vs], j, "CP", t, t1, mb.tokens, float(k)))
-                        t = t1
-        return pd.DataFrame(rows, columns=list(TRACE_COLUMNS))
+                if reps:
+                    step = np.zeros(max(rep.steps.shape[1] for rep in reps))
+                    for rep in reps:
+                        step[: rep.steps.shape[1]] += rep.steps.max(axis=0)
+                    per_mb[(r, j)] = step
+            if not per_mb:
+                continue
+            width = max(len(v) for v in per_mb.values())
+            keys = list(per_mb)
+            steps = np.zeros((len(keys), width))
+            for i, key in enumerate(keys):
+                steps[i, : len(per_mb[key])] = per_mb[key]
+            r_of = np.array([key[0] for key in keys])
+            j_of = np.array([key[1] for key in keys])
+            dur = steps[:, None, :] * n_layers[None, :, None]  # [mbs, V, W]
+            t_start = res.start[r_of, ki, :, j_of]  # [mbs, V]
+            t_end = res.end[r_of, ki, :, j_of]
+            cum = np.cumsum(dur, axis=2)
+            t1 = np.minimum(t_start[..., None] + cum, t_end[..., None])
+            t0 = np.minimum(t_start[..., None] + cum - dur, t_end[..., None])
+            shape = dur.shape
+            real = (dur > 0).ravel()  # padding of micro-batches with fewer steps (all-gather: one) dropped
+            tokens = np.array([plan.ranks[r][j].tokens for r, j in keys])
+            budget = np.array([float(max(1, round(float(mean_budget[r, j])))) for r, j in keys])
+            frames.append(pd.DataFrame({
+                "iteration": np.full(int(real.sum()), res.inp.iteration, dtype=np.int64),
+                "dp_rank": np.broadcast_to(r_of[:, None, None], shape).ravel()[real],
+                "stage": np.broadcast_to(devices[None, :, None], shape).ravel()[real],
+                "microbatch": np.broadcast_to(j_of[:, None, None], shape).ravel()[real],
+                "op": "CP", "start_s": t0.ravel()[real], "end_s": t1.ravel()[real],
+                "tokens": np.broadcast_to(tokens[:, None, None], shape).ravel()[real],
+                "budget": np.broadcast_to(budget[:, None, None], shape).ravel()[real]}, columns=list(TRACE_COLUMNS)))
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(TRACE_COLUMNS))
 
     def execute(self, iteration: int, plan: Plan, budgets: Budgets) -> IterationResult:
         inp = self.build_input(iteration, plan, budgets)

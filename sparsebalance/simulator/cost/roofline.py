@@ -36,6 +36,7 @@ sparsebalance/data/profiles``.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -391,9 +392,16 @@ def build_table(hw: Hardware, model: ModelConfig, tp: int, block_size: int, *,
 def build_profile(hw: Hardware, model: ModelConfig, tp: int, block_size: int | None = None, *,
                   sequence_parallel: bool = False) -> Profile:
     """An analytical profile (table + sidecar) for ``model`` at ``tp`` on ``hw`` (with Megatron's
-    sequence parallelism where ``sequence_parallel`` and tp > 1)."""
+    sequence parallelism where ``sequence_parallel`` and tp > 1). A pure function of its arguments,
+    so it is computed once per process for each and handed out as a copy (a run, a sweep's points
+    and the re-derivation check ask for the same profile again and again)."""
     block = model.block_size if block_size is None else block_size
-    sp = bool(sequence_parallel and tp > 1)
+    table, meta = _built(hw, model, int(tp), int(block), bool(sequence_parallel and tp > 1))
+    return Profile(table=table.copy(), meta=meta, source=f"analytical-{hw.device}")
+
+
+@functools.lru_cache(maxsize=32)
+def _built(hw: Hardware, model: ModelConfig, tp: int, block: int, sp: bool) -> tuple[pd.DataFrame, ProfileMeta]:
     table = build_table(hw, model, tp, block, sequence_parallel=sp)
     # the fixed cost of a call is paid once per packed micro-batch (the varlen kernel's launch, index
     # and glue ops), not per sequence: the rows leave it out and the sidecar carries it
@@ -406,16 +414,15 @@ def build_profile(hw: Hardware, model: ModelConfig, tp: int, block_size: int | N
     meta = replace(sidecar(hw, model, tp, block), attention_call_s=call)
     if sp:  # absent when off: the shipped sidecars stay as they are
         meta = replace(meta, sequence_parallel=True)
-    prof = Profile(table=table, meta=meta, source=f"analytical-{hw.device}")
-    bad = monotone_violations(prof, block)
+    bad = monotone_violations(Profile(table=table, meta=meta, source=f"analytical-{hw.device}"), block)
     if bad:  # the note is read from the table just built, so it joins the sidecar after building
         note = (f"{len(bad)} attention point(s) fall as budget or length grows, as the kernel does: just below "
                 "the block count the dispatcher runs the masked dense path, which pays the gate on top of the "
                 "dense tiles that the full budget (dense, no gate) runs alone; and where the path changes "
                 "between neighbouring points (chosen by forward + backward) one pass can get cheaper while "
                 "the other gets dearer (docs/costmodel.md, 'Budget and the dense path')")
-        prof.meta = replace(meta, nonmonotone=note)
-    return prof
+        meta = replace(meta, nonmonotone=note)
+    return table, meta
 
 
 def sidecar(hw: Hardware, model: ModelConfig, tp: int, block_size: int) -> ProfileMeta:

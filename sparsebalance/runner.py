@@ -29,10 +29,11 @@ class Prepared:
     latency: Any
 
 
-def prepare(cfg: RunConfig, *, profile: Profile | None = None) -> Prepared:
+def prepare(cfg: RunConfig, *, profile: Profile | None = None, sequences: list | None = None) -> Prepared:
     """Load data, latency model, coverage model and policies for ``cfg`` (validates names first).
     ``profile``, where given, is the profile to run on instead of loading ``cfg.profile`` (a
-    calibrated one, still in memory)."""
+    calibrated one, still in memory); ``sequences``, where given, the data already loaded
+    (``load_sequences(cfg.data)``: a verb reads it before slow work, so bad data fails first)."""
     from sparsebalance.data import load_sequences
     from sparsebalance.policies.base import PolicyContext
     from sparsebalance.policies.coverage import make_coverage_model
@@ -48,7 +49,8 @@ def prepare(cfg: RunConfig, *, profile: Profile | None = None) -> Prepared:
         c = cfg.cluster
         validate_schedule(c.schedule, c.pp, c.microbatches_per_rank, c.virtual_stages)
     latency = _latency(cfg, profile)
-    sequences = load_sequences(cfg.data, base_dir=cfg.base_dir)
+    if sequences is None:
+        sequences = load_sequences(cfg.data, base_dir=cfg.base_dir)
     if len(sequences) < cfg.cluster.global_batch:
         raise ConfigError(f"data: {len(sequences)} sequence(s) cannot fill one global batch of "
                           f"cluster.global_batch = {cfg.cluster.global_batch}; give more data "

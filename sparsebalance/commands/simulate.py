@@ -92,11 +92,15 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_run_config(args.config, overrides)
     # a bad --out is refused before the probe (seconds) below
     check_out(args.out, Path(cfg.output_dir) / cfg.name, force=args.force)
+    # the data first (a bad file is one line in a second, not after the probe below)
+    from sparsebalance.data import load_sequences
+
+    sequences = load_sequences(cfg.data, base_dir=cfg.base_dir)
     # a measured profile is probed on this machine and rescaled before it is trusted, so that the
     # run is prepared once, with the profile it runs on
     calibrated = calibrate_profile(cfg, as_is=args.profile_as_is)
     # data, profile, policies: every input checked before any output
-    prepared = prepare(cfg, profile=calibrated.profile)
+    prepared = prepare(cfg, profile=calibrated.profile, sequences=sequences)
     # the results directory is created and probed before simulating: a bad path costs nothing
     out = resolve_out(args.out, Path(cfg.output_dir) / cfg.name, force=args.force, verb="simulate")
     cfg = save_calibrated(cfg, out, calibrated)  # the results' config names the profile it ran on

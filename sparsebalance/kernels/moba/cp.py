@@ -164,17 +164,16 @@ def _rotate(x: Any, group: Any) -> Any:
     import torch
     import torch.distributed as dist
 
+    def exchange(out, into, to, frm):  # send ``out`` to group rank ``to`` while receiving ``into``
+        glob = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
+        send = dist.isend(out, glob(to), group=group)
+        dist.recv(into, glob(frm), group=group)
+        send.wait()
+        return into
+
     def shift(t, to, frm):
-        n_out = torch.tensor([t.shape[0]], dtype=torch.int64)
-        n_in = torch.zeros(1, dtype=torch.int64)
-        send = dist.isend(n_out, dist.get_global_rank(group, to) if group is not None else to, group=group)
-        dist.recv(n_in, dist.get_global_rank(group, frm) if group is not None else frm, group=group)
-        send.wait()
-        got = t.new_empty((int(n_in), *t.shape[1:]))
-        send = dist.isend(t.contiguous(), dist.get_global_rank(group, to) if group is not None else to, group=group)
-        dist.recv(got, dist.get_global_rank(group, frm) if group is not None else frm, group=group)
-        send.wait()
-        return got
+        n_in = exchange(torch.tensor([t.shape[0]], dtype=torch.int64), torch.zeros(1, dtype=torch.int64), to, frm)
+        return exchange(t.contiguous(), t.new_empty((int(n_in), *t.shape[1:])), to, frm)
 
     class _Rotate(torch.autograd.Function):
         @staticmethod

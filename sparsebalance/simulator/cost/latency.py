@@ -148,8 +148,7 @@ class LatencyModel(ScalarStageLatency):
         self._tp_bwd = 4 if cluster.recompute == "full" else 2
         """TP all-reduces in a layer's backward (input part): its own 2, + the forward's 2 again
         under full recomputation."""
-        self._cp_floor = {op == "attn_bwd": min(min(row) for row in self._surfaces[op].zs)
-                          for op in ("attn_fwd", "attn_bwd")}
+        self._cp_floor: dict[bool, float] = {}
         self._cp_reports: dict[tuple[int, int, bool], object] = {}
         self._one_gpu: dict[bool, _Surface] = {}
         self._whole_max = 0
@@ -196,6 +195,9 @@ class LatencyModel(ScalarStageLatency):
         from sparsebalance.simulator.cost.contextparallel import min_blocks
 
         self._whole_max = (min_blocks(c.cp_layout, c.cp) - 1) * self.block_size
+        # a ring step costs at least the profile's cheapest attention point (a near-empty call)
+        self._cp_floor = {bw: min(min(row) for row in self._surfaces[op].zs)
+                          for op, bw in (("attn_fwd", False), ("attn_bwd", True))}
         for op, curve in list(self._curves.items()):
             if op != "optim":
                 self._curves[op] = _Curve([x * c.cp for x in curve.xs], curve.ys)
@@ -521,8 +523,7 @@ class LatencyModel(ScalarStageLatency):
         if part != "weight":
             call = self.call[backward] if lengths else 0.0
             for k, n in self._budget_counts(self._plain(budget), layers):
-                one = sum(self.attention(L, k, backward=backward) for L in lengths)
-                attention += n * (one + call if call else one)
+                attention += n * (sum(self.attention(L, k, backward=backward) for L in lengths) + call)
         return self.cost.stage(attention, sum(lengths), chunk * self.cluster.pp + stage, backward=backward,
                                part=part)
 
@@ -577,13 +578,11 @@ class LatencyModel(ScalarStageLatency):
         if type(budget) is int:
             if budget < 1:
                 raise ConfigError(f"budget: must be >= 1 (MoBA top-k), got {budget}")
-            one = sum(self._attention_fb(L, budget) for L in lengths)
-            total = self.model.layers * (one + call if call else one)
+            total = self.model.layers * (sum(self._attention_fb(L, budget) for L in lengths) + call)
         else:
             total = 0.0
             for k, n in self._budget_counts(budget):
-                one = sum(self._attention_fb(L, k) for L in lengths)
-                total += n * (one + call if call else one)
+                total += n * (sum(self._attention_fb(L, k) for L in lengths) + call)
         total += self._dense_fb(sum(lengths))
         if len(self._mb) > 1_000_000:  # bound memory in very long runs
             self._mb.clear()
@@ -700,10 +699,7 @@ class LatencyModel(ScalarStageLatency):
         """Seconds of the DP gradient synchronisation of stage ``stage`` when nothing overlaps it:
         its buckets' collectives one after another (:meth:`_grad_buckets`; without ``dp_overlap``
         one ring all-reduce ``2 (n-1)/n x bytes / bandwidth + latency``); 0 when dp = 1."""
-        buckets = self._grad_buckets(stage)
-        if len(buckets) == 1:
-            return buckets[0][1]
-        return sum(sec for _, sec in buckets)
+        return float(sum(sec for _, sec in self._grad_buckets(stage)))
 
     def grad_sync_exposed(self, stage: int, window: float) -> float:
         """Seconds of stage ``stage``'s gradient synchronisation left after its last backward action

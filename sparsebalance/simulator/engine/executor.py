@@ -101,11 +101,15 @@ class SimulatorExecutor:
 
         rows = []
         for r, j, mb in plan.microbatches():
-            k = max(1, round(float(mean_budget[r, j])))
-            reps = [rep for L in mb.lengths if (rep := self.latency.cp_report(L, k)) is not None]
-            rows.append(combine(reps))
+            rows.append(combine(self._cp_reports(mb, mean_budget[r, j], backward=False)))
         keys = ("cp_worker_imbalance", "cp_step_imbalance", "cp_exposed_s", "cp_efficiency")
         return {key: float(np.mean([row[key] for row in rows])) for key in keys}
+
+    def _cp_reports(self, mb, mean_budget: float, *, backward: bool) -> list:
+        """One layer of each of ``mb``'s sequences split over the CP group (``contextparallel.RingReport``),
+        at the micro-batch's mean budget; sequences that stay whole on one rank have none."""
+        k = max(1, round(float(mean_budget)))
+        return [rep for L in mb.lengths if (rep := self.latency.cp_report(L, k, backward=backward)) is not None]
 
     def _cp_rows(self, res, plan: Plan, mean_budget: np.ndarray):
         """Trace rows ``CP``, one per ring step of each F and backward (B or I) action: the step's
@@ -124,9 +128,7 @@ class SimulatorExecutor:
             ki = res.kinds.index(kind)
             per_mb = {}  # (r, j) -> [W] seconds of each ring step, summed over the sequences, one layer
             for r, j, mb in plan.microbatches():
-                k = max(1, round(float(mean_budget[r, j])))
-                reps = [rep for L in mb.lengths
-                        if (rep := self.latency.cp_report(L, k, backward=kind != "F")) is not None]
+                reps = self._cp_reports(mb, mean_budget[r, j], backward=kind != "F")
                 if reps:
                     step = np.zeros(max(rep.steps.shape[1] for rep in reps))
                     for rep in reps:
@@ -150,7 +152,7 @@ class SimulatorExecutor:
             shape = dur.shape
             real = (dur > 0).ravel()  # padding of micro-batches with fewer steps (all-gather: one) dropped
             tokens = np.array([plan.ranks[r][j].tokens for r, j in keys])
-            budget = np.array([float(max(1, round(float(mean_budget[r, j])))) for r, j in keys])
+            budget = np.array([float(max(1, round(float(mean_budget[r, j])))) for r, j in keys])  # as _cp_reports
             frames.append(pd.DataFrame({
                 "iteration": np.full(int(real.sum()), res.inp.iteration, dtype=np.int64),
                 "dp_rank": np.broadcast_to(r_of[:, None, None], shape).ravel()[real],

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "sparsebalance"
-SHARED = {"errors", "configmap", "fsutil", "procutil", "readfile"}
+SHARED = {"errors", "configmap", "fsutil", "procutil", "readfile", "jit"}
 ALLOWED = {
     "data": set(),
     "simulator": {"data"},

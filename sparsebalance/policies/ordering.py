@@ -68,12 +68,13 @@ class ScheduleAwareOrder(SparsityAware):
         the attention at the estimated budgets (sums over a micro-batch's sequences left to right)."""
         lm = ctx.latency
         n_layers = lm.layout.layer_counts
-        counts = [len(mb.lengths) for mb in mbs]
-        L = np.fromiter((x for mb in mbs for x in mb.lengths), dtype=np.int64, count=sum(counts))
-        k = np.maximum(1.0, np.array([self.expected_budget(int(x)) for x in L.tolist()], dtype=float))
+        counts = [len(mb.sequences) for mb in mbs]
+        L = np.fromiter((s.length for mb in mbs for s in mb.sequences), dtype=np.int64, count=sum(counts))
+        k = np.maximum(1.0, self.expected_budgets(L))
         lo = np.floor(k).astype(np.int64)
         frac = k > lo
-        tok = np.array([mb.tokens for mb in mbs], dtype=np.int64)
+        ends = np.cumsum(np.concatenate(([0], L)))[np.cumsum([0] + counts)]
+        tok = ends[1:] - ends[:-1]  # tokens per micro-batch (exact: integers)
         out = []
         for bw in (False, True):
             a = lm.attention_many(L, lo, backward=bw)
@@ -129,6 +130,17 @@ class ScheduleAwareOrder(SparsityAware):
         gap = np.array([[at1(mb, vs, None) - at1(mb, vs, "input") for mb in mbs] for vs in range(nv)])
         weight = np.array([[at1(mb, vs, "weight") for mb in mbs] for vs in range(nv)])
         return bwd - gap, weight
+
+    @staticmethod
+    def edge_pairs(m: int) -> list[tuple[int, int]]:
+        """The swaps tried when not all pairs fit the budget, sorted: adjacent positions, the first
+        slot with every other, every other with the last slot (each pair once)."""
+        out = [(0, j) for j in range(1, m)]
+        for i in range(1, m - 1):
+            out.append((i, i + 1))
+            if i + 1 < m - 1:
+                out.append((i, m - 1))
+        return out
 
     @staticmethod
     def seed_orders(m: int) -> list[list[int]]:
@@ -200,8 +212,7 @@ class ScheduleAwareOrder(SparsityAware):
                 best_i = i
         best, t_best = list(seeds[best_i]), float(vals[best_i])
         n_all = m * (m - 1) // 2  # all pairs (i < j), listed only when they fit the budget
-        edge_pairs = sorted({(i, i + 1) for i in range(m - 1)} | {(0, j) for j in range(1, m)}
-                            | {(i, m - 1) for i in range(m - 1)})
+        edge_pairs = self.edge_pairs(m)
         while used < budget:  # pairwise-swap local search
             if n_all <= budget - used:
                 pairs = [(i, j) for i in range(m) for j in range(i + 1, m)]

@@ -21,6 +21,8 @@ import heapq
 
 import numpy as np
 
+from sparsebalance.policies import packing_jit
+
 
 def lpt(costs: np.ndarray, bins: int, *, count: int | None = None, min_count: int = 0,
         tokens: np.ndarray | None = None, token_cap: int | None = None,
@@ -38,11 +40,20 @@ def lpt(costs: np.ndarray, bins: int, *, count: int | None = None, min_count: in
         raise ValueError(f"lpt: {n} items cannot fill {bins} bins of exactly {count}")
     if min_count * bins > n:
         raise ValueError(f"lpt: {n} items cannot give {bins} bins at least {min_count} each")
-    order = np.lexsort((np.arange(n), -cost)).tolist()  # cost desc, index asc
-    cost_l = cost.tolist()
-    tok_of = [0.0] * n if tokens is None else np.asarray(tokens, dtype=np.float64).tolist()
+    order_a = np.lexsort((np.arange(n), -cost))  # cost desc, index asc
+    tok_a = np.zeros(n) if tokens is None else np.asarray(tokens, dtype=np.float64)
     cap = float("inf") if token_cap is None or tokens is None else float(token_cap)
     full = n + 1 if count is None else count           # no bin ever reaches n + 1 items
+    if n >= packing_jit.MIN_ITEMS:  # the same loop compiled, where numba is at hand
+        placed = packing_jit.place(order_a, cost, tok_a, bins, full, min_count, count is None, cap, strict_cap)
+        if placed is not None:
+            if len(placed) != n:  # a status
+                if placed[0] == packing_jit.STRICT_CAP_FAILED:
+                    return None
+                raise ValueError(f"lpt: no bin can take another item ({bins} bins, count {count})")
+            items = order_a[np.argsort(placed, kind="stable")]  # per bin, in placement order
+            return [x.tolist() for x in np.split(items, np.cumsum(np.bincount(placed, minlength=bins))[:-1])]
+    order, cost_l, tok_of = order_a.tolist(), cost.tolist(), tok_a.tolist()
     heap = [(0.0, b) for b in range(bins)]
     cnt, tok = [0] * bins, [0.0] * bins
     out: list[list[int]] = [[] for _ in range(bins)]
@@ -73,6 +84,8 @@ def lpt(costs: np.ndarray, bins: int, *, count: int | None = None, min_count: in
                 break
             if chosen is None:  # nothing fits: the bin with the fewest tokens takes it (cap exceeded)
                 chosen = fallback
+                if chosen is None:
+                    raise ValueError(f"lpt: no bin can take another item ({bins} bins, count {count})")
                 if strict_cap and cnt[chosen]:
                     return None
             for entry in aside:

@@ -11,7 +11,7 @@ global batch of 4,096 sequences brings mostly lengths never seen before, so the 
 from __future__ import annotations
 
 import math
-from typing import Sequence as Seq
+from collections.abc import Sequence as Seq
 
 import numpy as np
 
@@ -70,7 +70,7 @@ class Predictor:
         ks = np.asarray(ks, dtype=np.float64)
         lo = np.floor(ks).astype(np.int64)
         frac = ks - lo
-        mbs = [(int(L),) for L in lengths.tolist()]
+        mbs = list(zip(lengths.tolist()))  # one-sequence micro-batches (1-tuples)
         v = self.many(mbs, lo)
         up = np.flatnonzero(frac != 0)
         if up.size:

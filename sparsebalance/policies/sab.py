@@ -56,15 +56,18 @@ class SparsityAware:
     def expected_budget(self, length: int) -> float:
         return self.ema.get(self.bucket(length), float(self.cfg.k0))
 
+    def expected_budgets(self, lengths: np.ndarray) -> np.ndarray:
+        """:meth:`expected_budget` of every length of ``lengths`` (int [N]) -> float [N]."""
+        uniq, inv = np.unique(np.asarray(lengths, dtype=np.int64), return_inverse=True)
+        return np.array([self.expected_budget(x) for x in uniq.tolist()], dtype=np.float64)[inv.reshape(-1)]
+
     def costs(self, batch: list[Sequence], ctx: PolicyContext) -> np.ndarray:
         """Predicted latency (seconds, shape [len(batch)]) of each sequence alone at its bucket's
         EMA budget: one vectorised prediction for the whole batch (two where k_est is fractional)."""
         if self._predict is None or self._predict.latency is not ctx.latency:
             self._predict = Predictor(ctx.latency)
-        lengths = [s.length for s in batch]
-        k_est = {L: self.expected_budget(L) for L in set(lengths)}
-        return self._predict.at_many(np.array(lengths, dtype=np.int64),
-                                     np.array([k_est[L] for L in lengths], dtype=np.float64))
+        lengths = np.fromiter((s.length for s in batch), dtype=np.int64, count=len(batch))
+        return self._predict.at_many(lengths, self.expected_budgets(lengths))
 
     def plan(self, batch: list[Sequence], ctx: PolicyContext) -> Plan:
         swaps = self.cfg.swap_rounds if self.cfg.packer == "lpt-swap" else 0

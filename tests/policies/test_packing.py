@@ -219,3 +219,35 @@ def test_at_many_interpolates_like_at():
     want = tables[np.arange(100), lo - 1] + (ks - lo) * (tables[np.arange(100), lo] -
                                                            tables[np.arange(100), lo - 1])
     np.testing.assert_allclose(got, want, rtol=1e-15)
+
+
+def _python_lpt(monkeypatch):
+    """Force lpt's Python loop (the compiled one is taken from MIN_ITEMS items where numba is at hand)."""
+    from sparsebalance.policies import packing_jit
+
+    monkeypatch.setattr(packing_jit, "MIN_ITEMS", 10**9)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_compiled_lpt_places_every_item_as_the_python_loop(seed, monkeypatch):
+    """Oracle: lpt's Python heap loop, on the same inputs: count, min-count, token cap (loose and
+    strict), with ties; identical lists (the compiled loop's heap pops bins in (load, bin) order)."""
+    from sparsebalance.policies import packing_jit
+
+    if not packing_jit._place.get():
+        pytest.skip("numba is not installed: lpt runs its Python loop only")
+    rng = np.random.default_rng(100 + seed)
+    n = int(rng.integers(1100, 2600))
+    bins = int(rng.integers(2, 300))
+    tokens = rng.integers(1, 4000, n).astype(float)
+    costs = np.round(tokens ** 1.3 * rng.uniform(0.8, 1.2, n), int(rng.integers(-2, 2)))  # ties
+    cap = float(tokens.sum() / bins * rng.uniform(0.9, 1.6))
+    mc = int(rng.integers(0, n // bins + 1))
+    count_n = n - n % bins
+    cases = [{"costs": costs, "bins": bins, "min_count": mc, "tokens": tokens, "token_cap": cap},
+             {"costs": costs, "bins": bins, "min_count": 1, "tokens": tokens, "token_cap": cap, "strict_cap": True},
+             {"costs": costs[:count_n], "bins": bins, "count": count_n // bins},
+             {"costs": costs, "bins": bins}]
+    compiled = [packing.lpt(**c) for c in cases]
+    _python_lpt(monkeypatch)
+    assert compiled == [packing.lpt(**c) for c in cases]

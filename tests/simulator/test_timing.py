@@ -164,3 +164,34 @@ def test_order_finish_equals_replica_finish_bitwise(schedule, pp, m, v):
     p = np.broadcast_to(p2p[orders][:, None, :], (len(orders), max(nv - 1, 0), m))
     want = replica_finish(g, *parts[:2], p, *parts[2:])
     assert got.shape == want.shape and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("schedule,pp,m,v", [("1f1b", 4, 9, 1), ("interleaved", 2, 6, 2), ("zb-h1", 3, 6, 1),
+                                             ("zbv", 2, 5, 2), ("gpipe", 3, 4, 1), ("dualpipev", 2, 6, 2)])
+def test_compiled_core_equals_numpy_levels_bitwise(schedule, pp, m, v, monkeypatch):
+    """The compiled recurrence (numba; taken for wide calls) against the numpy levels, every
+    schedule: starts, ends, and the order search's gathered form (order_finish)."""
+    from sparsebalance.simulator.schedule import compiled, timing
+
+    if not compiled.available():
+        pytest.skip("numba is not installed: the timing core runs its numpy and plain-loop paths only")
+    g = schedule_graph(schedule, pp, m, v)
+    rng = np.random.default_rng(pp * m + v)
+    c = 37
+    d = rng.uniform(0.1, 2, (g.n, c))
+    lag = np.vstack([rng.uniform(0, .3, (g.zero_lag, c)), np.zeros((1, c))])
+    f, b, bi, bw = (rng.uniform(0.1, 2, (g.nv, m)) for _ in range(4))
+    p2p = rng.uniform(0, 0.3, m)
+    orders = np.array([rng.permutation(m) for _ in range(c)])
+    split = (bi, bw) if g.split else ()
+    monkeypatch.setattr(compiled, "worth", lambda work: True)
+    fast = timing.time_graph(g, d, lag), timing.order_finish(g, orders, f, b, p2p, *split)
+    monkeypatch.setattr(compiled, "worth", lambda work: False)
+    monkeypatch.setattr(timing, "_narrow", lambda graph, columns: False)
+    slow = timing.time_graph(g, d, lag), timing.order_finish(g, orders, f, b, p2p, *split)
+    for x, y in zip(fast[0] + (fast[1],), slow[0] + (slow[1],)):
+        assert np.array_equal(x, y)
+    # and the ends are a longest path: no action starts before its device predecessor ends
+    start, end = fast[0]
+    prev_end = np.vstack([end, np.zeros((1, c))])[g.prev]
+    assert (start >= prev_end).all()

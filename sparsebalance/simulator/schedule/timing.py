@@ -33,6 +33,7 @@ import functools
 
 import numpy as np
 
+from sparsebalance.simulator.schedule import compiled
 from sparsebalance.simulator.schedule.graph import ActionGraph
 
 
@@ -47,6 +48,8 @@ def time_graph(graph: ActionGraph, duration: np.ndarray, lag: np.ndarray | None 
     c = duration.shape[1]
     if lag is None:
         lag = np.zeros((graph.zero_lag + 1, c))
+    if compiled.worth(n * c):
+        return compiled.time_compiled(graph, duration, lag, starts)
     if _narrow(graph, c) and _rows_paid(graph):
         return _time_scalar(graph, duration, lag, starts)
     end = np.zeros((n + 1, c))
@@ -195,14 +198,18 @@ def order_finish(graph: ActionGraph, orders: np.ndarray, fwd: np.ndarray, bwd: n
     (indices into the columns of ``fwd``, ``bwd`` (and for a split graph ``bwd_input``,
     ``bwd_weight``): [V, m] seconds; ``p2p`` [m]). The durations are gathered straight into the
     core's [n, C] layout (one take per kind, no per-candidate copies): the same numbers as
-    ``replica_finish`` on ``fwd[:, orders].transpose(1, 0, 2)``..., so the same result bit for bit."""
+    ``replica_finish`` on ``fwd[:, orders].transpose(1, 0, 2)``..., so the same result bit for bit.
+    Wide calls (a policy's few hundred candidates) run compiled, reading each candidate's durations
+    through its order inside the loop (:func:`.compiled.order_finish_compiled`; same numbers)."""
     orders = np.asarray(orders, dtype=np.int64)
     c, m, nv = orders.shape[0], graph.m, graph.nv
+    if graph.split and (bwd_input is None or bwd_weight is None):
+        raise ValueError("a split-backward schedule needs the input- and weight-gradient seconds")
+    if compiled.worth(graph.n * c):
+        return compiled.order_finish_compiled(graph, orders, fwd, bwd, p2p, bwd_input, bwd_weight)
     cols = orders.T  # [m, C]: node (kind, vs, j) of candidate c takes column orders[c, j]
     per_kind = {"F": fwd, "B": bwd}
     if graph.split:
-        if bwd_input is None or bwd_weight is None:
-            raise ValueError("a split-backward schedule needs the input- and weight-gradient seconds")
         fused = graph.fused[:, :, None]  # by position, as kind_durations
         per_kind = {"F": fwd, "I": np.where(fused, np.take(bwd, cols, axis=1), np.take(bwd_input, cols, axis=1)),
                     "W": np.where(fused, 0.0, np.take(bwd_weight, cols, axis=1))}

@@ -1,0 +1,164 @@
+"""The timing core's recurrence compiled (numba), for wide calls: many columns of a long graph.
+
+Why: a policy's order search prices a few hundred candidate orders of one replica in one call
+(``sab-order`` at global batch 4,096: 396 candidates x 3,272 nodes of a 1F1B graph with 824
+levels). The numpy levels of :func:`.timing.time_graph` pay a dozen numpy calls per level on
+arrays of only [4 nodes, 396 columns], so fixed costs and gathers dominate (20-30 ms per call on
+the project's VM); the same loop compiled runs the nodes in level order with the columns innermost
+and contiguous, about 8x faster.
+
+**Same numbers, bit for bit.** Every node's end is ``max(end of its device predecessor, end of
+each data predecessor + its lag) + duration``, the same floats combined in the same order as the
+numpy levels (a sentinel predecessor ends at 0 s and the zero lag is 0, which cannot raise a
+non-negative maximum); ``tests/simulator/test_timing.py`` holds the paths equal on every schedule.
+
+**Optional.** numba is a declared dependency, but where it cannot be imported (a machine that
+installs only what it needs, such as a lent GPU box) :func:`available` is False and the numpy
+levels run instead: same results, slower. The first call in a process imports numba and loads the
+compiled function from numba's on-disk cache (compiled once per machine, about a second), so the
+timing core uses this path only for calls wide enough to repay it (:data:`MIN_WORK`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from sparsebalance import jit
+
+MIN_WORK = 1 << 18
+"""Node x column updates from which a call loads the compiled path (the order search's 1.3 M;
+the executor's replicas and most policy calls stay far below and never import numba)."""
+LOADED_MIN_WORK = 1 << 12
+"""Once loaded, the compiled path also takes calls from this size (a few candidates of a long
+graph: sab-order's seed orders, 8 x 3,272), where it beats both other paths."""
+
+
+@jit.compiled
+def _run(order, prev, deps, lags, duration, lag, n, with_starts):  # pragma: no cover (compiled)
+    c = duration.shape[1]
+    end = np.zeros((n + 1, c))
+    start = np.empty((n if with_starts else 0, c))
+    width = deps.shape[1]
+    for x in range(order.shape[0]):
+        i = order[x]
+        row = end[i]
+        src = end[prev[i]]
+        for k in range(c):
+            row[k] = src[k]
+        for q in range(width):  # a sentinel predecessor (end 0) with the zero lag raises nothing
+            src = end[deps[i, q]]
+            lg = lag[lags[i, q]]
+            for k in range(c):
+                v = src[k] + lg[k]
+                row[k] = max(row[k], v)
+        if with_starts:
+            st = start[i]
+            for k in range(c):
+                st[k] = row[k]
+        du = duration[i]
+        for k in range(c):
+            row[k] = row[k] + du[k]
+    return start, end
+
+
+@jit.compiled
+def _run_orders(order, prev, deps, lags, table, node_vs, node_j, tables, p2p, cols, n, m, zero_lag,
+                last):  # pragma: no cover (compiled)
+    """:func:`_run` with each candidate's durations read through its order: node i of candidate c
+    lasts ``tables[table[i], node_vs[i], cols[node_j[i], c]]``; lag id q < zero_lag is the P2P of
+    the micro-batch in position q mod m. Returns the ends of the ``last`` nodes, [len(last), C]."""
+    c = cols.shape[1]
+    end = np.zeros((n + 1, c))
+    width = deps.shape[1]
+    lagrow = np.empty(c)
+    for x in range(order.shape[0]):
+        i = order[x]
+        row = end[i]
+        src = end[prev[i]]
+        for k in range(c):
+            row[k] = src[k]
+        for q in range(width):
+            src = end[deps[i, q]]
+            lid = lags[i, q]
+            if lid == zero_lag:
+                for k in range(c):
+                    lagrow[k] = 0.0
+            else:
+                pos = cols[lid % m]
+                for k in range(c):
+                    lagrow[k] = p2p[pos[k]]
+            for k in range(c):
+                v = src[k] + lagrow[k]
+                row[k] = max(row[k], v)
+        tab = tables[table[i], node_vs[i]]
+        pos = cols[node_j[i]]
+        for k in range(c):
+            row[k] = row[k] + tab[pos[k]]
+    out = np.empty((last.shape[0], c))
+    for s in range(last.shape[0]):
+        out[s] = end[last[s]]
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _node_tables(graph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per node: which of ``[F, B, I, W, zero]`` tables its duration comes from (the split graph's
+    fused positions read the whole backward for I and nothing for W, as ``timing.kind_durations``),
+    its vstage and its position."""
+    size = graph.nv * graph.m
+    kind = np.repeat(np.arange(len(graph.kinds)), size)
+    vs = np.tile(np.repeat(np.arange(graph.nv), graph.m), len(graph.kinds))
+    j = np.tile(np.arange(graph.m), len(graph.kinds) * graph.nv)
+    names = np.array(graph.kinds)[kind]
+    fused = np.tile(graph.fused.reshape(-1), len(graph.kinds))
+    table = np.select([names == "F", names == "B", (names == "I") & fused, names == "I", fused],
+                      [0, 1, 1, 2, 4], default=3)
+    return table.astype(np.int64), vs.astype(np.int64), j.astype(np.int64)
+
+
+def order_finish_compiled(graph, orders: np.ndarray, fwd, bwd, p2p, bwd_input=None, bwd_weight=None) -> np.ndarray:
+    """:func:`.timing.order_finish` compiled: [C, pp] ends of each device's last action for C
+    orders of one replica's micro-batches, durations gathered inside the loop (no [n, C] copies)."""
+    fwd = np.asarray(fwd, dtype=np.float64)
+    zero = np.zeros_like(fwd)
+    tables = np.stack([fwd, np.asarray(bwd, dtype=np.float64),
+                       zero if bwd_input is None else np.asarray(bwd_input, dtype=np.float64),
+                       zero if bwd_weight is None else np.asarray(bwd_weight, dtype=np.float64), zero])
+    table, vs, j = _node_tables(graph)
+    cols = np.ascontiguousarray(np.asarray(orders, dtype=np.int64).T)
+    out = _run_orders.get()(_order(graph), np.ascontiguousarray(graph.prev), np.ascontiguousarray(graph.deps),
+                            np.ascontiguousarray(graph.lags), table, vs, j, tables,
+                            np.ascontiguousarray(p2p, dtype=np.float64), cols, graph.n, graph.m,
+                            graph.zero_lag, np.ascontiguousarray(graph.last))
+    return out.T
+
+
+def available() -> bool:
+    """Whether the compiled path can run here (numba importable)."""
+    return _run.get() is not None
+
+
+def worth(work: int) -> bool:
+    """Whether a call of ``work`` node x column updates should take the compiled path: from
+    :data:`MIN_WORK` on (importing numba on the first such call), and from
+    :data:`LOADED_MIN_WORK` once it is loaded."""
+    if work >= MIN_WORK:
+        return available()
+    return work >= LOADED_MIN_WORK and _run.loaded and _run.get() is not None
+
+
+@functools.lru_cache(maxsize=64)
+def _order(graph) -> np.ndarray:
+    return np.ascontiguousarray(np.concatenate(graph.levels)) if graph.levels else np.zeros(0, np.int64)
+
+
+def time_compiled(graph, duration: np.ndarray, lag: np.ndarray, starts: bool):
+    """:func:`.timing.time_graph` compiled: (start or None, end), each [n, C]."""
+    run = _run.get()
+    n = graph.n
+    start, end = run(_order(graph), np.ascontiguousarray(graph.prev), np.ascontiguousarray(graph.deps),
+                     np.ascontiguousarray(graph.lags), np.ascontiguousarray(duration, dtype=np.float64),
+                     np.ascontiguousarray(lag, dtype=np.float64), n, starts)
+    return (start if starts else None), end[:n]

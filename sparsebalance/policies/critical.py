@@ -48,6 +48,7 @@ from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.policies.critical_phases import State, lower, raise_into_bubbles
 from sparsebalance.policies.stage_tables import StageTable, budget_monotone_range
 from sparsebalance.simulator.plan import Budget, Budgets, Plan
+from sparsebalance.simulator.schedule import compiled
 from sparsebalance.simulator.schedule.graph import ActionGraph, schedule_graph
 from sparsebalance.simulator.schedule.perturb import ReplicaTimes
 from sparsebalance.simulator.schedule.timing import pack_lags
@@ -89,6 +90,7 @@ class CriticalPathDST:
         dp, m = plan.dp, plan.num_microbatches
         pp, nv = cl.pp, cl.pp * cl.virtual_stages
         g = graph_for(cl, m)
+        compiled.warm(dp * m)
         if self._latency is not lm:
             self._latency = lm
             self._tail = np.array([lm.allreduce_time(s) + lm.optimizer_time(s) for s in range(pp)])

@@ -169,8 +169,9 @@ def test_order_finish_equals_replica_finish_bitwise(schedule, pp, m, v):
 @pytest.mark.parametrize("schedule,pp,m,v", [("1f1b", 4, 9, 1), ("interleaved", 2, 6, 2), ("zb-h1", 3, 6, 1),
                                              ("zbv", 2, 5, 2), ("gpipe", 3, 4, 1), ("dualpipev", 2, 6, 2)])
 def test_compiled_core_equals_numpy_levels_bitwise(schedule, pp, m, v, monkeypatch):
-    """The compiled recurrence (numba; taken for wide calls) against the numpy levels, every
-    schedule: starts, ends, and the order search's gathered form (order_finish)."""
+    """The compiled recurrences (numba; taken for wide calls) against the numpy levels, every
+    schedule: starts, ends, the order search's gathered form (order_finish) and the time to the
+    iteration's end (time_to_sink)."""
     from sparsebalance.simulator.schedule import compiled, timing
 
     if not compiled.available():
@@ -184,14 +185,20 @@ def test_compiled_core_equals_numpy_levels_bitwise(schedule, pp, m, v, monkeypat
     p2p = rng.uniform(0, 0.3, m)
     orders = np.array([rng.permutation(m) for _ in range(c)])
     split = (bi, bw) if g.split else ()
+    sink = rng.uniform(0, 1, pp)
+
+    def run():
+        return (*timing.time_graph(g, d, lag), timing.order_finish(g, orders, f, b, p2p, *split),
+                timing.time_to_sink(g, d, lag, sink))
+
     monkeypatch.setattr(compiled, "worth", lambda work: True)
-    fast = timing.time_graph(g, d, lag), timing.order_finish(g, orders, f, b, p2p, *split)
+    fast = run()
     monkeypatch.setattr(compiled, "worth", lambda work: False)
     monkeypatch.setattr(timing, "_narrow", lambda graph, columns: False)
-    slow = timing.time_graph(g, d, lag), timing.order_finish(g, orders, f, b, p2p, *split)
-    for x, y in zip(fast[0] + (fast[1],), slow[0] + (slow[1],)):
+    slow = run()
+    for x, y in zip(fast, slow):
         assert np.array_equal(x, y)
     # and the ends are a longest path: no action starts before its device predecessor ends
-    start, end = fast[0]
+    start, end = fast[0], fast[1]
     prev_end = np.vstack([end, np.zeros((1, c))])[g.prev]
     assert (start >= prev_end).all()

@@ -30,6 +30,8 @@ from sparsebalance import jit
 MIN_WORK = 1 << 18
 """Node x column updates from which a call loads the compiled path (the order search's 1.3 M;
 the executor's replicas and most policy calls stay far below and never import numba)."""
+WARM_MICROBATCHES = 256
+"""Micro-batches per decision from which the policies load the compiled path (:func:`warm`)."""
 LOADED_MIN_WORK = 1 << 12
 """Once loaded, the compiled path also takes calls from this size (a few candidates of a long
 graph: sab-order's seed orders, 8 x 3,272), where it beats both other paths."""
@@ -100,6 +102,52 @@ def _run_orders(order, prev, deps, lags, table, node_vs, node_j, tables, p2p, co
     for s in range(last.shape[0]):
         out[s] = end[last[s]]
     return out
+
+
+@jit.compiled
+def _run_sink(order, nxt, succ, succ_lag, last, sink, duration, lag, n):  # pragma: no cover (compiled)
+    """:func:`.timing.time_to_sink`'s recurrence, the levels last first (nodes of one level are
+    independent, so any order inside a level gives the same numbers)."""
+    c = duration.shape[1]
+    out = np.full((n + 1, c), -np.inf)
+    for s in range(last.shape[0]):
+        out[last[s]] = sink[s]
+    through = np.full((n + 1, c), -np.inf)
+    width = succ.shape[1]
+    for x in range(order.shape[0] - 1, -1, -1):
+        i = order[x]
+        row = out[i]
+        src = through[nxt[i]]
+        for k in range(c):
+            row[k] = max(row[k], src[k])
+        for q in range(width):
+            src = through[succ[i, q]]
+            lg = lag[succ_lag[i, q]]
+            for k in range(c):
+                v = lg[k] + src[k]
+                row[k] = max(row[k], v)
+        th = through[i]
+        du = duration[i]
+        for k in range(c):
+            th[k] = row[k] + du[k]
+    return out
+
+
+def to_sink_compiled(graph, nxt, succ, succ_lag, duration, lag, sink) -> np.ndarray:
+    """:func:`.timing.time_to_sink` compiled: [n, C]."""
+    out = _run_sink.get()(_order(graph), nxt, succ, succ_lag, np.ascontiguousarray(graph.last),
+                          np.ascontiguousarray(sink, dtype=np.float64),
+                          np.ascontiguousarray(duration, dtype=np.float64),
+                          np.ascontiguousarray(lag, dtype=np.float64), graph.n)
+    return out[:graph.n]
+
+
+def warm(microbatches: int) -> None:
+    """Load the compiled path ahead of a policy decision over ``microbatches`` micro-batches from
+    :data:`WARM_MICROBATCHES` on: such a decision times the same long graph hundreds of times in
+    calls too narrow to load it on their own, so numba's one-time load pays off there."""
+    if microbatches >= WARM_MICROBATCHES:
+        available()
 
 
 @functools.lru_cache(maxsize=64)

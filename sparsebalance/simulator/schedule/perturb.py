@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sparsebalance.simulator.schedule import compiled
 from sparsebalance.simulator.schedule.graph import ActionGraph
 from sparsebalance.simulator.schedule.levelcuts import level_cuts
 from sparsebalance.simulator.schedule.moves import REACH, Moves  # noqa: F401 (REACH: re-exported)
@@ -84,7 +85,8 @@ class ReplicaTimes(Moves):
         cols = list(replicas)
         if not cols:
             return
-        if _narrow(self.graph, len(cols)):  # the core's plain loops, over rows: no per-graph rows to build
+        # the core's plain loops over rows (no per-graph rows to build), unless the core runs compiled
+        if _narrow(self.graph, len(cols)) and not compiled.worth(self.graph.n * len(cols)):
             for r in cols:
                 self.E[:, r] = self._forward_all(r)
                 self.S[:, r] = self._backward_all(r)
@@ -134,7 +136,7 @@ class ReplicaTimes(Moves):
         """Finish of ``replicas`` from an exact forward re-timing (bitwise the timing core's)."""
         cols = list(replicas)
         last = self.cuts.last_rows
-        if _narrow(self.graph, len(cols)):
+        if _narrow(self.graph, len(cols)) and not compiled.worth(self.graph.n * len(cols)):
             ends = np.array([self._forward_all(r) for r in cols]).T
             return (ends[last] + self.sink[:, None]).max(axis=0)
         g = self.graph

@@ -225,9 +225,9 @@ def order_finish(graph: ActionGraph, orders: np.ndarray, fwd: np.ndarray, bwd: n
 
 
 @functools.lru_cache(maxsize=64)
-def _reverse_steps(graph: ActionGraph) -> tuple[tuple[np.ndarray, ...], ...]:
-    """Per level, last level first: (nodes, device successors, data successors [k, D'], their lag
-    ids [k, D']) - the successor view of the graph for :func:`time_to_sink`."""
+def _successors(graph: ActionGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The successor view of the graph: device successor ``nxt`` [n + 1] (the sentinel where
+    none), data successors ``succ`` [n, D'] (sentinel-padded) and their lag ids [n, D']."""
     n = graph.n
     nxt = np.full(n + 1, n, dtype=np.int64)
     nxt[graph.prev[graph.prev < n]] = np.flatnonzero(graph.prev < n)
@@ -241,6 +241,14 @@ def _reverse_steps(graph: ActionGraph) -> tuple[tuple[np.ndarray, ...], ...]:
     succ_lag = np.full((n, width), graph.zero_lag, dtype=np.int64)
     slot = np.arange(len(send)) - np.repeat(np.cumsum(counts) - counts, counts)
     succ[send, slot], succ_lag[send, slot] = recv, lag
+    return nxt, succ, succ_lag
+
+
+@functools.lru_cache(maxsize=64)
+def _reverse_steps(graph: ActionGraph) -> tuple[tuple[np.ndarray, ...], ...]:
+    """Per level, last level first: (nodes, device successors, data successors [k, D'], their lag
+    ids [k, D']) - the successor view of the graph for :func:`time_to_sink`."""
+    nxt, succ, succ_lag = _successors(graph)
     return tuple((idx, nxt[idx], succ[idx], succ_lag[idx]) for idx in reversed(graph.levels))
 
 
@@ -254,6 +262,8 @@ def time_to_sink(graph: ActionGraph, duration: np.ndarray, lag: np.ndarray | Non
     if lag is None:
         lag = np.zeros((graph.zero_lag + 1, c))
     sink = np.broadcast_to(np.asarray(sink, dtype=float), (graph.pp,))
+    if compiled.worth(n * c):
+        return compiled.to_sink_compiled(graph, *_successors(graph), duration, lag, sink)
     if _narrow(graph, c) and _rows_paid(graph):
         _, bwd = _rows(graph)
         res = np.empty((n, c))

@@ -42,13 +42,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from sparsebalance import jit
 from sparsebalance.data.sequence import blocks
 from sparsebalance.policies.base import PolicyContext
 from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.policies.critical_phases import State, lower, raise_into_bubbles
 from sparsebalance.policies.stage_tables import StageTable, budget_monotone_range
 from sparsebalance.simulator.plan import Budget, Budgets, Plan
-from sparsebalance.simulator.schedule import compiled
 from sparsebalance.simulator.schedule.graph import ActionGraph, schedule_graph
 from sparsebalance.simulator.schedule.perturb import ReplicaTimes
 from sparsebalance.simulator.schedule.timing import pack_lags
@@ -90,7 +90,7 @@ class CriticalPathDST:
         dp, m = plan.dp, plan.num_microbatches
         pp, nv = cl.pp, cl.pp * cl.virtual_stages
         g = graph_for(cl, m)
-        compiled.warm(dp * m)
+        jit.warm(dp * m >= 256)  # many exact re-timings of a long graph ahead (sparsebalance/jit.py)
         if self._latency is not lm:
             self._latency = lm
             self._tail = np.array([lm.allreduce_time(s) + lm.optimizer_time(s) for s in range(pp)])

@@ -21,6 +21,7 @@ import heapq
 
 import numpy as np
 
+from sparsebalance import jit
 from sparsebalance.policies import packing_jit
 
 
@@ -44,15 +45,14 @@ def lpt(costs: np.ndarray, bins: int, *, count: int | None = None, min_count: in
     tok_a = np.zeros(n) if tokens is None else np.asarray(tokens, dtype=np.float64)
     cap = float("inf") if token_cap is None or tokens is None else float(token_cap)
     full = n + 1 if count is None else count           # no bin ever reaches n + 1 items
-    if n >= packing_jit.MIN_ITEMS:  # the same loop compiled, where numba is at hand
+    if n >= packing_jit.MIN_ITEMS and jit.loaded():  # the same loop compiled (sparsebalance/jit.py)
         placed = packing_jit.place(order_a, cost, tok_a, bins, full, min_count, count is None, cap, strict_cap)
-        if placed is not None:
-            if len(placed) != n:  # a status
-                if placed[0] == packing_jit.STRICT_CAP_FAILED:
-                    return None
-                raise ValueError(f"lpt: no bin can take another item ({bins} bins, count {count})")
-            items = order_a[np.argsort(placed, kind="stable")]  # per bin, in placement order
-            return [x.tolist() for x in np.split(items, np.cumsum(np.bincount(placed, minlength=bins))[:-1])]
+        if len(placed) != n:  # a status
+            if placed[0] == packing_jit.STRICT_CAP_FAILED:
+                return None
+            raise ValueError(f"lpt: no bin can take another item ({bins} bins, count {count})")
+        items = order_a[np.argsort(placed, kind="stable")]  # per bin, in placement order
+        return [x.tolist() for x in np.split(items, np.cumsum(np.bincount(placed, minlength=bins))[:-1])]
     order, cost_l, tok_of = order_a.tolist(), cost.tolist(), tok_a.tolist()
     heap = [(0.0, b) for b in range(bins)]
     cnt, tok = [0] * bins, [0.0] * bins

@@ -16,8 +16,8 @@ import numpy as np
 from sparsebalance import jit
 
 MIN_ITEMS = 1024
-"""Items from which :func:`.packing.lpt` uses the compiled loop (below, Python's heap is fast
-enough and no process pays numba's import for it)."""
+"""Items from which :func:`.packing.lpt` uses the compiled loop once loaded (below, Python's heap
+is about as fast)."""
 
 STRICT_CAP_FAILED = -1
 NO_BIN = -2
@@ -110,9 +110,6 @@ def _place(order, cost, tok_of, bins, full, min_count, count_is_none, cap, stric
 
 def place(order: np.ndarray, cost: np.ndarray, tok_of: np.ndarray, bins: int, full: int, min_count: int,
           count_is_none: bool, cap: float, strict_cap: bool) -> np.ndarray | None:
-    """Bin per placed item (int64 [items], placement order), a one-element status array
-    (``STRICT_CAP_FAILED``, ``NO_BIN``), or None where numba is missing."""
-    fn = _place.get()
-    if fn is None:
-        return None
-    return fn(order, cost, tok_of, bins, full, min_count, count_is_none, cap, strict_cap)
+    """Bin per placed item (int64 [items], placement order), or a one-element status array
+    (``STRICT_CAP_FAILED``, ``NO_BIN``). Only once the compiled loops are loaded (``jit.loaded()``)."""
+    return _place.get()(order, cost, tok_of, bins, full, min_count, count_is_none, cap, strict_cap)

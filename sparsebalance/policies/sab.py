@@ -24,6 +24,7 @@ import math
 
 import numpy as np
 
+from sparsebalance import jit
 from sparsebalance.data.sequence import Sequence
 from sparsebalance.policies.base import PolicyContext
 from sparsebalance.policies.batching import two_stage
@@ -70,6 +71,7 @@ class SparsityAware:
         return self._predict.at_many(lengths, self.expected_budgets(lengths))
 
     def plan(self, batch: list[Sequence], ctx: PolicyContext) -> Plan:
+        jit.warm(len(batch) >= 2048)  # LPT over thousands of items ahead (sparsebalance/jit.py)
         swaps = self.cfg.swap_rounds if self.cfg.packer == "lpt-swap" else 0
         if self.cfg.memory_aware:
             return self._memory_aware_plan(batch, ctx, swaps)

@@ -132,3 +132,26 @@ def test_dst_cp_budgets_unchanged_when_tables_are_not_monotone(case, monkeypatch
     assert values(new.budgets(plan, ctx)) == old.budgets(plan, ctx)  # the old logic returned ints
     assert new.stats == old.stats
     assert not new.stats["raised"] == new.stats["lowered"] == 0  # it decided something
+
+
+@pytest.mark.parametrize("case", CASES + SPLIT_CASES)
+def test_compiled_loops_decide_alike(case, monkeypatch):
+    """sab-order's plan and dst-cp's budgets with every compiled loop taken (sparsebalance/jit.py:
+    the timing core's recurrences, LPT) against a machine without numba (the plain paths only):
+    the same plans, budgets and stats, on every schedule."""
+    from sparsebalance import jit
+    from sparsebalance.policies import packing_jit
+    from sparsebalance.simulator.schedule import compiled
+
+    if not jit.available():
+        pytest.skip("numba is not installed: only the plain paths exist here")
+    seqs, ctx = context(*case, batching="sab-order")
+    got = {}
+    for ok in (True, False):
+        monkeypatch.setitem(jit._STATE, "ok", ok)
+        monkeypatch.setattr(compiled, "MIN_WORK", 1 if ok else compiled.MIN_WORK)
+        monkeypatch.setattr(packing_jit, "MIN_ITEMS", 1 if ok else packing_jit.MIN_ITEMS)
+        order, tune = ScheduleAwareOrder(ctx.policy), CriticalPathDST(ctx.policy)
+        plan = order.plan(seqs, ctx)
+        got[ok] = (plan, order.stats, tune.budgets(plan, ctx), tune.stats)
+    assert got[True] == got[False]

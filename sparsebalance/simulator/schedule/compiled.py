@@ -12,11 +12,9 @@ each data predecessor + its lag) + duration``, the same floats combined in the s
 numpy levels (a sentinel predecessor ends at 0 s and the zero lag is 0, which cannot raise a
 non-negative maximum); ``tests/simulator/test_timing.py`` holds the paths equal on every schedule.
 
-**Optional.** numba is a declared dependency, but where it cannot be imported (a machine that
-installs only what it needs, such as a lent GPU box) :func:`available` is False and the numpy
-levels run instead: same results, slower. The first call in a process imports numba and loads the
-compiled function from numba's on-disk cache (compiled once per machine, about a second), so the
-timing core uses this path only for calls wide enough to repay it (:data:`MIN_WORK`).
+**When** (:mod:`sparsebalance.jit`): only once a large policy decision has loaded the compiled
+loops, and then for calls of :data:`MIN_WORK` updates or more; otherwise, and where numba is
+missing, the numpy levels and plain loops run: same results, slower.
 """
 
 from __future__ import annotations
@@ -27,14 +25,9 @@ import numpy as np
 
 from sparsebalance import jit
 
-MIN_WORK = 1 << 18
-"""Node x column updates from which a call loads the compiled path (the order search's 1.3 M;
-the executor's replicas and most policy calls stay far below and never import numba)."""
-WARM_MICROBATCHES = 256
-"""Micro-batches per decision from which the policies load the compiled path (:func:`warm`)."""
-LOADED_MIN_WORK = 1 << 12
-"""Once loaded, the compiled path also takes calls from this size (a few candidates of a long
-graph: sab-order's seed orders, 8 x 3,272), where it beats both other paths."""
+MIN_WORK = 1 << 12
+"""Node x column updates from which a call takes the compiled path once it is loaded (a few
+candidates of a long graph: sab-order's seed orders, 8 x 3,272, or dst-cp's two replicas)."""
 
 
 @jit.compiled
@@ -142,14 +135,6 @@ def to_sink_compiled(graph, nxt, succ, succ_lag, duration, lag, sink) -> np.ndar
     return out[:graph.n]
 
 
-def warm(microbatches: int) -> None:
-    """Load the compiled path ahead of a policy decision over ``microbatches`` micro-batches from
-    :data:`WARM_MICROBATCHES` on: such a decision times the same long graph hundreds of times in
-    calls too narrow to load it on their own, so numba's one-time load pays off there."""
-    if microbatches >= WARM_MICROBATCHES:
-        available()
-
-
 @functools.lru_cache(maxsize=64)
 def _node_tables(graph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per node: which of ``[F, B, I, W, zero]`` tables its duration comes from (the split graph's
@@ -184,17 +169,14 @@ def order_finish_compiled(graph, orders: np.ndarray, fwd, bwd, p2p, bwd_input=No
 
 
 def available() -> bool:
-    """Whether the compiled path can run here (numba importable)."""
-    return _run.get() is not None
+    """Whether the compiled path can run here (numba importable; loads it)."""
+    return jit.available()
 
 
 def worth(work: int) -> bool:
-    """Whether a call of ``work`` node x column updates should take the compiled path: from
-    :data:`MIN_WORK` on (importing numba on the first such call), and from
-    :data:`LOADED_MIN_WORK` once it is loaded."""
-    if work >= MIN_WORK:
-        return available()
-    return work >= LOADED_MIN_WORK and _run.loaded and _run.get() is not None
+    """Whether a call of ``work`` node x column updates takes the compiled path: once a large
+    decision has loaded it (:func:`sparsebalance.jit.warm`), from :data:`MIN_WORK` on."""
+    return work >= MIN_WORK and jit.loaded()
 
 
 @functools.lru_cache(maxsize=64)

@@ -19,7 +19,6 @@ the others: :func:`parametric_curve` (one sequence, 1-D accumulates) is bitwise 
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence as Seq
 
@@ -54,13 +53,21 @@ def _terms(p, n, L, a, B: int, shape: str):
     return w, q
 
 
-@functools.lru_cache(maxsize=8)
+_LOGS = [np.zeros(1)]
+
+
 def _log_ranks(m: int) -> np.ndarray:
     """ln r for r = 1..m-1 at index r (index 0 unused), by ``math.log``: the same values for the
-    one-sequence and the batched paths whatever numpy's vector log does."""
-    out = np.array([0.0] + [math.log(r) for r in range(1, max(m, 1))])
-    out.setflags(write=False)
-    return out
+    one-sequence and the batched paths whatever numpy's vector log does. One table, grown by
+    doubling and sliced (a cache per ``m`` missed whenever sequences of many block counts alternate)."""
+    m = max(m, 1)
+    have = _LOGS[0]
+    if len(have) < m:
+        size = max(m, 2 * len(have))
+        have = np.concatenate((have, [math.log(r) for r in range(len(have), size)]))
+        have.setflags(write=False)
+        _LOGS[0] = have
+    return have[:m]
 
 
 def _finish(head, W, tail, Q):

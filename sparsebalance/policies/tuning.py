@@ -74,11 +74,19 @@ class DynamicSparsity:
     def floor(self, mb, ctx: PolicyContext, k_hi: int) -> int:
         """Coverage floor of a micro-batch, clamped to [k_min, k0]. Only C(1..k0) is needed: a
         floor beyond k0 is clamped to k0 anyway (k_hi >= k0 always)."""
-        k_top = min(k_hi, self.cfg.k0)
-        c = ctx.coverage.microbatch_curve(mb, k_top)
-        ok = np.nonzero(c >= 1.0 - self.cfg.p - 1e-12)[0]
-        f = int(ok[0]) + 1 if ok.size else k_top
-        return max(self.cfg.k_min, min(f, self.cfg.k0))
+        return int(self.floors([mb], ctx, np.array([k_hi]))[0])
+
+    def floors(self, mbs, ctx: PolicyContext, k_hi: np.ndarray) -> np.ndarray:
+        """:meth:`floor` of many micro-batches (int [len(mbs)]): their curves as rows of one
+        coverage matrix (``CoverageModel.microbatch_matrix``: a row does not depend on the other
+        micro-batches or the width, so each is its ``microbatch_curve``)."""
+        cfg = self.cfg
+        k_top = np.minimum(np.asarray(k_hi, dtype=np.int64), cfg.k0)
+        width = int(k_top.max()) if len(mbs) else 0
+        ok = ctx.coverage.microbatch_matrix(list(mbs), width) >= 1.0 - cfg.p - 1e-12
+        ok &= np.arange(width)[None, :] < k_top[:, None]  # C(1..k_top) only
+        f = np.where(ok.any(axis=1), ok.argmax(axis=1) + 1, k_top)
+        return np.maximum(cfg.k_min, np.minimum(f, cfg.k0))
 
     def budgets(self, plan: Plan, ctx: PolicyContext) -> Budgets:
         """All micro-batches at once: one vectorised prediction at k0, then a lock-step bisection
@@ -109,10 +117,14 @@ class DynamicSparsity:
         out: list[list[Budget]] = [[] for _ in plan.ranks]
         at_floor = infeasible = 0
         means = []
+        # the floor (<= k0) can only bind when k* <= k0; skip the coverage work otherwise
+        floor = np.full(len(mbs), cfg.k0, dtype=np.int64)
+        need = np.flatnonzero(kstar <= cfg.k0)
+        if need.size:
+            floor[need] = self.floors([mbs[i][2] for i in need.tolist()], ctx, k_hi[need])
         for i, (r, _, mb) in enumerate(mbs):
             k = int(kstar[i])
-            # the floor (<= k0) can only bind when k* <= k0; skip the coverage work otherwise
-            f = self.floor(mb, ctx, int(k_hi[i])) if k <= cfg.k0 else cfg.k0
+            f = int(floor[i])
             budget: Budget
             if k < f:  # k == -1: even k_min is too slow
                 infeasible += 1

@@ -215,3 +215,29 @@ def test_dst_with_the_shipped_latency_model_matches_a_scan():
                                       range(1, k_hi + 1)))
         f = brute_floor(ctx, mb, 0.1, 32)
         assert budgets[r][j] == Budget.uniform(max(ok) if ok and max(ok) >= f else f)
+
+
+@pytest.mark.parametrize("agg", ["tokens", "min"])
+@pytest.mark.parametrize("seed", range(3))
+def test_dst_floors_of_many_microbatches_equal_each_alone(agg, seed):
+    """Oracle: each micro-batch's own coverage curve (``microbatch_curve``, one micro-batch at a
+    time) read for the first k reaching 1 - p: the batched floors (rows of one matrix) equal it,
+    packed micro-batches of mixed lengths included."""
+    from sparsebalance.policies.tuning import DynamicSparsity
+
+    ctx = make_ctx(dp=1, global_batch=60, k0=6, k_min=1, p=0.15, coverage_agg=agg, seed=seed)
+    seqs = random_batch(60, seed, lo=300, hi=20000)
+    rng = np.random.default_rng(seed)
+    cut = np.sort(rng.choice(np.arange(1, 60), 19, replace=False))
+    mbs = Plan.from_lists([[list(x) for x in np.split(np.array(seqs, dtype=object), cut)]]).ranks[0]
+    k_hi = rng.integers(1, 12, len(mbs))
+    dst = DynamicSparsity(ctx.policy)
+    cfg = ctx.policy
+    alone = []
+    for mb, kh in zip(mbs, k_hi.tolist()):
+        k_top = min(kh, cfg.k0)
+        c = ctx.coverage.microbatch_curve(mb, k_top)
+        ok = np.nonzero(c >= 1.0 - cfg.p - 1e-12)[0]
+        alone.append(max(cfg.k_min, min(int(ok[0]) + 1 if ok.size else k_top, cfg.k0)))
+    assert dst.floors(mbs, ctx, k_hi).tolist() == alone
+    assert len(set(alone)) > 1  # the case decides something

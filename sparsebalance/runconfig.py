@@ -86,6 +86,12 @@ class RunConfig:
         if self.data.seed is None:  # the data follow the run's seed unless given their own
             self.data = replace(self.data, seed=self.seed)
         check_tp(self.model, self.cluster)
+        if self.cluster.cp_split == "per-sequence":  # the policies that price attention per sequence
+            check(self.policy.batching != "sab-order" and self.policy.tuning != "dst-cp", "cluster.cp_split",
+                  "'per-sequence' prices a micro-batch by its placement on the CP group; sab-order and dst-cp "
+                  "need attention additive over sequences: use batching sab / lbb and tuning dst / fixed")
+            check(not self.policy.per_layer, "cluster.cp_split",
+                  "'per-sequence' places each micro-batch at one budget; set policy.per_layer = false")
         check_choice(self.latency_extrapolate, "latency_extrapolate", ("warn", "error", "clamp"))
         check_choice(self.engine, "engine", ENGINE_NAMES)
         check(bool(self.name.strip()) and "/" not in self.name and "\\" not in self.name and "\0" not in self.name

@@ -101,6 +101,7 @@ def realrun_config(cfg) -> RealrunConfig:
         check_choice(c.cp_layout, "cluster.cp_layout", ("contiguous", "zigzag", "stripe"))
         check_choice(c.cp_comm, "cluster.cp_comm", ("ring", "allgather"))
         check_choice(c.schedule, "cluster.schedule", ("gpipe", "1f1b", "interleaved"))
+        check_choice(c.cp_split, "cluster.cp_split", ("whole",))  # a degree per sequence: simulated only
     check_mesh(m, c)
     if rr.fail_rank is not None:
         check(0 <= rr.fail_rank < world_size(cfg), "realrun.fail_rank",

@@ -24,6 +24,8 @@ CP_COMMS = ("ring", "hierarchical", "allgather")
 """How the ranks of a CP group exchange K/V (``cluster.cp_comm``)."""
 CP_SELECTIONS = ("uniform", "local")
 """Where a query block's chosen past blocks lie (``cluster.cp_selection``)."""
+CP_SPLITS = ("whole", "per-sequence")
+"""How far each sequence is split over its CP group (``cluster.cp_split``)."""
 """Activation recomputation: ``cluster.recompute`` (docs/costmodel.md, 'Recomputation')."""
 #: The engines that time an iteration (``engine.ENGINES``, in this order) and the one runs use by
 #: default: the exact timing core; "simpy" is the SimPy event model (same times, for events).
@@ -207,6 +209,12 @@ class ClusterConfig:
     cp_selection: str = "uniform"
     """Where a query block's chosen past key blocks lie, for the work per ring step: ``uniform`` over
     its past blocks or ``local`` (the most recent)."""
+    cp_split: str = "whole"
+    """How far each sequence is split: ``whole`` (every sequence with enough blocks over all ``cp``
+    ranks) or ``per-sequence`` (each sequence of a micro-batch gets a CP degree -- 1, a power of two
+    dividing cp, or cp -- and an aligned group of that many ranks, placed to balance the CP ranks'
+    predicted time: short sequences stay whole on one rank while long ones ring; docs/costmodel.md
+    section 11, 'CP degree per sequence')."""
     p2p_bandwidth: float = 50e9
     """Bytes/s between adjacent pipeline stages."""
     p2p_latency: float = 10e-6
@@ -287,6 +295,9 @@ class ClusterConfig:
         check_choice(self.cp_layout, "cp_layout", CP_LAYOUTS)
         check_choice(self.cp_comm, "cp_comm", CP_COMMS)
         check_choice(self.cp_selection, "cp_selection", CP_SELECTIONS)
+        check_choice(self.cp_split, "cp_split", CP_SPLITS)
+        check(self.cp_split == "whole" or self.cp > 1, "cp_split",
+              f"'per-sequence' chooses a CP degree per sequence: needs cp > 1, got cp = {self.cp}")
         if self.cp > 1 and self.cp_comm == "hierarchical":
             inner = self.cp_ranks_per_node
             check(self.cp > inner and self.cp % inner == 0, "cp_comm",
@@ -325,6 +336,13 @@ class ClusterConfig:
     def cp_ranks_per_node(self) -> int:
         """CP ranks of one group inside a node (TP innermost, then CP): gpus_per_node / tp, at most cp."""
         return max(1, min(self.cp, self.gpus_per_node // self.tp))
+
+    @property
+    def cp_degrees(self) -> tuple[int, ...]:
+        """CP degrees a sequence may take under ``cp_split = "per-sequence"`` (ascending): the powers
+        of two dividing cp, and cp; their aligned rank groups nest (docs/costmodel.md section 11)."""
+        return tuple(sorted({d for d in (2 ** j for j in range(self.cp.bit_length())) if self.cp % d == 0}
+                            | {self.cp}))
 
     @property
     def gpus(self) -> int:

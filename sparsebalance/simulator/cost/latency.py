@@ -63,6 +63,7 @@ from sparsebalance.data.sequence import blocks
 from sparsebalance.errors import ConfigError, MeaningWarning, check_choice
 from sparsebalance.simulator.budget import Budget
 from sparsebalance.simulator.config import QWEN2_ARCH, ClusterConfig, ModelConfig
+from sparsebalance.simulator.cost.hybrid import PerSequenceCP, uniform_budgets
 from sparsebalance.simulator.cost.profile import Profile, load_profile, monotone_violations
 from sparsebalance.simulator.cost.profilemeta import ProfileMeta
 from sparsebalance.simulator.cost.query import ScalarStageLatency
@@ -149,8 +150,12 @@ class LatencyModel(ScalarStageLatency):
         """TP all-reduces in a layer's backward (input part): its own 2, + the forward's 2 again
         under full recomputation."""
         self._cp_floor: dict[bool, float] = {}
-        self._cp_reports: dict[tuple[int, int, bool], object] = {}
+        self._cp_reports: dict[tuple[int, int, bool, int], object] = {}
         self._one_gpu: dict[bool, _Surface] = {}
+        self._degree_surf: dict[int, dict[bool, _Surface]] = {}
+        """Per CP degree d < cp (with CP): one layer's attention of a sequence on d ranks, per pass, on
+        the profile's grid (d = 1: one GPU; recomputation folded in like the main surfaces)."""
+        self._degree_attn: dict[tuple[int, int, int, bool], float] = {}
         self._whole_max = 0
         """Longest sequence (tokens) that stays whole on one CP rank: too few blocks for the layout."""
         self._fold_cp()
@@ -164,6 +169,9 @@ class LatencyModel(ScalarStageLatency):
         self.layout = layout_of(model, cluster)
         """Where the layers and parameters live (``simulator/layout.py``): the one split."""
         self.cost = StageCost(self)
+        self.per_sequence = PerSequenceCP(self) if cluster.cp_split == "per-sequence" else None
+        """``cluster.cp_split = "per-sequence"``: each micro-batch placed on its CP group with a
+        degree per sequence (``simulator/cost/hybrid.py``); stage and micro-batch times go through it."""
         """Stage times of many micro-batches at once (``simulator/cost/stagecost.py``): the one array form."""
         self._fast_attn, self._fast_dense = self._fused()
         for op in ("embed_fwd", "embed_bwd", "head_fwd", "head_bwd"):
@@ -205,10 +213,21 @@ class LatencyModel(ScalarStageLatency):
             surf = self._surfaces[op]
             one = self._one_gpu[bw] = _Surface.__new__(_Surface)
             one.xs, one.ks, one.zs = surf.xs, surf.ks, [list(row) for row in surf.zs]
+        degrees = [1] + ([d for d in c.cp_degrees if 1 < d < c.cp] if c.cp_split == "per-sequence" else [])
+        for d in degrees:  # before the fold below replaces the main surfaces' values
+            self._degree_surf[d] = {bw: self._cp_surface(self._one_gpu[bw], bw, d) for bw in (False, True)}
         for op, bw in (("attn_fwd", False), ("attn_bwd", True)):
             surf = self._surfaces[op]
-            surf.zs = [[z if (rep := self.cp_report(int(x), int(k), backward=bw)) is None else rep.time
-                        for k, z in zip(surf.ks, row)] for x, row in zip(surf.xs, surf.zs)]
+            surf.zs = self._cp_surface(surf, bw, c.cp).zs
+
+    def _cp_surface(self, one: _Surface, backward: bool, degree: int) -> _Surface:
+        """A copy of the one-GPU surface ``one`` whose points are one layer's time of the sequence on
+        ``degree`` CP ranks (the one-GPU value where the sequence stays whole, and at degree 1)."""
+        out = _Surface.__new__(_Surface)
+        out.xs, out.ks = one.xs, one.ks
+        out.zs = [[z if degree == 1 or (rep := self.cp_report(int(x), int(k), backward=backward, degree=degree)) is None
+                   else rep.time for k, z in zip(one.ks, row)] for x, row in zip(one.xs, one.zs)]
+        return out
 
     def _one_gpu_seconds(self, L: int, k: int, backward: bool) -> float:
         """The profile's attention of one sequence on one GPU (before the CP fold)."""
@@ -217,53 +236,87 @@ class LatencyModel(ScalarStageLatency):
         return one(self._place(op, "seq_len", float(L), one.xs[0], one.xs[-1]),
                    self._place(op, "budget", float(k), one.ks[0], one.ks[-1]))
 
-    def cp_report(self, L: int, k: int, *, backward: bool = False):
+    def cp_report(self, L: int, k: int, *, backward: bool = False, degree: int | None = None):
         """One layer of a sequence of ``L`` tokens at budget ``k`` on the CP group
         (``contextparallel.RingReport``, with the layout and comm it ran on), or None when the
         sequence is too short for the layout and stays whole on one rank. ``cp_layout = "best"``:
         the candidate (zigzag or stripe on ``cp_comm``, or all-gather) with the least forward +
-        backward time for this sequence and budget, the same for both passes."""
+        backward time for this sequence and budget, the same for both passes. ``degree``: on an
+        aligned group of that many of the CP ranks (default: all ``cp``; ``cp_split =
+        "per-sequence"``), a ring inside one node when the group fits in one."""
         from sparsebalance.simulator.cost import contextparallel as cpm
 
         c = self.cluster
+        d = c.cp if degree is None else int(degree)
         k = self.effective_budget(L, k)
-        key = (L, k, backward)
+        key = (L, k, backward, d)
         hit = self._cp_reports.get(key)
-        if hit is not None or c.cp == 1:
+        if hit is not None or c.cp == 1 or d == 1:
             return hit
         n = blocks(L, self.block_size)
-        if n < cpm.min_blocks(c.cp_layout, c.cp):
+        if n < cpm.min_blocks(c.cp_layout, d):
             return None
+        comm = c.cp_comm if d > c.cp_ranks_per_node or c.cp_comm != "hierarchical" else "ring"
         if c.cp_layout != "best":
-            rep = self._cp_layer(L, k, c.cp_layout, c.cp_comm, backward)
+            rep = self._cp_layer(L, k, c.cp_layout, comm, backward, d)
         else:
-            cands = [(lay, c.cp_comm) for lay in ("zigzag", "stripe") if n >= cpm.min_blocks(lay, c.cp)]
-            cands += [("stripe", "allgather")] if c.cp_comm != "allgather" else []
-            both = [(self._cp_layer(L, k, lay, comm, False), self._cp_layer(L, k, lay, comm, True))
-                    for lay, comm in dict.fromkeys(cands)]
+            cands = [(lay, comm) for lay in ("zigzag", "stripe") if n >= cpm.min_blocks(lay, d)]
+            cands += [("stripe", "allgather")] if comm != "allgather" else []
+            both = [(self._cp_layer(L, k, lay, cm, False, d), self._cp_layer(L, k, lay, cm, True, d))
+                    for lay, cm in dict.fromkeys(cands)]
             f, b = min(both, key=lambda fb: fb[0].time + fb[1].time)
-            self._cp_reports[(L, k, False)], self._cp_reports[(L, k, True)] = f, b
+            self._cp_reports[(L, k, False, d)], self._cp_reports[(L, k, True, d)] = f, b
             return b if backward else f
         self._cp_reports[key] = rep
         return rep
 
-    def _cp_layer(self, L: int, k: int, layout: str, comm: str, backward: bool):
+    def _cp_layer(self, L: int, k: int, layout: str, comm: str, backward: bool, degree: int):
         from sparsebalance.simulator.cost import contextparallel as cpm
 
         c, m = self.cluster, self.model
         n = blocks(L, self.block_size)
-        pairs = cpm.rank_pairs(L, self.block_size, k, c.cp, layout, c.cp_selection)
+        inner = min(c.cp_ranks_per_node, degree)
+        pairs = cpm.rank_pairs(L, self.block_size, k, degree, layout, c.cp_selection)
         if comm == "allgather":
             steps = pairs.sum(axis=1, keepdims=True)
         else:
-            steps = np.take_along_axis(pairs, cpm.ring_order(c.cp, comm, c.cp_ranks_per_node), axis=1)
+            steps = np.take_along_axis(pairs, cpm.ring_order(degree, comm, inner), axis=1)
         sizes = cpm.block_sizes(L, self.block_size)
-        tokens = np.array([sizes[part].sum() for part in cpm.shards(n, c.cp, layout)])
+        tokens = np.array([sizes[part].sum() for part in cpm.shards(n, degree, layout)])
         kv_dim = -(-m.kv_heads // c.tp) * m.head_dim
         return cpm.layer_time(steps, self._one_gpu_seconds(L, k, backward), self._cp_floor[backward], comm=comm,
                               kv_bytes=tokens * 2 * kv_dim * m.dtype_bytes, intra=c.tp_bandwidth,
-                              inter=c.p2p_bandwidth, latency=c.p2p_latency, inner=c.cp_ranks_per_node,
+                              inter=c.p2p_bandwidth, latency=c.p2p_latency, inner=inner,
                               backward=backward, layout=layout)
+
+    def cp_placement(self, lengths, budget):
+        """:meth:`.hybrid.PerSequenceCP.placement` under ``cp_split = "per-sequence"``, else None."""
+        if self.per_sequence is None:
+            return None
+        return self.per_sequence.placement(lengths, int(uniform_budgets([budget])[0]))
+
+    def cp_tokens(self, lengths, budget) -> int:
+        """Tokens the busiest CP rank holds x cp (P2P and memory divide by cp): the micro-batch's
+        tokens unless each sequence has its own CP degree."""
+        if self.per_sequence is None:
+            return int(sum(lengths))
+        return self.per_sequence.busiest_tokens(lengths, int(uniform_budgets([budget])[0]))
+
+    def attention_at_degree(self, seq_len: int, budget: int, degree: int, *, backward: bool = False) -> float:
+        """One layer's attention of one sequence split over ``degree`` of the CP ranks (seconds;
+        ``cp_split = "per-sequence"``): the main surface at degree cp (:meth:`attention`), the
+        degree's own surface below it, the one-GPU one at 1 (recomputation folded in alike)."""
+        if degree == self.cluster.cp:
+            return self.attention(seq_len, budget, backward=backward)
+        key = (seq_len, budget, degree, backward)
+        hit = self._degree_attn.get(key)
+        if hit is None:
+            surf = self._degree_surf[degree][backward]
+            op = "attn_bwd" if backward else "attn_fwd"
+            k = self.effective_budget(seq_len, budget)
+            hit = self._degree_attn[key] = surf(self._place(op, "seq_len", float(seq_len), surf.xs[0], surf.xs[-1]),
+                                                self._place(op, "budget", float(k), surf.ks[0], surf.ks[-1]))
+        return hit
 
     def _fold_recompute(self) -> None:
         """Add the forward that recomputation runs again to the backward ops (module docstring)."""
@@ -274,7 +327,8 @@ class LatencyModel(ScalarStageLatency):
         if f.xs != b.xs or f.ks != b.ks:
             raise ConfigError(f"cluster.recompute: {mode!r} needs the profile's attn_fwd and attn_bwd on the "
                               f"same (seq_len, budget) grid ({self.profile.source} has different grids)")
-        b.zs = [[v + u for u, v in zip(ru, rv)] for ru, rv in zip(f.zs, b.zs)]
+        for fs, bs in [(f, b)] + [(x[False], x[True]) for x in self._degree_surf.values()]:
+            bs.zs = [[v + u for u, v in zip(ru, rv)] for ru, rv in zip(fs.zs, bs.zs)]
         self.call[True] = self.call[True] + self.call[False]  # the forward call again
         fwd = self._curves.get("layer_fwd")
         if mode == "full" and fwd is not None:
@@ -342,7 +396,8 @@ class LatencyModel(ScalarStageLatency):
                               f"got {seq_len} and {budget}")
         op = "attn_bwd" if backward else "attn_fwd"
         # with CP a sequence too short for the layout stays whole on one rank: the one-GPU surface
-        surf = self._one_gpu[backward] if seq_len <= self._whole_max else self._surfaces[op]
+        # (with recomputation folded in, as the main surfaces)
+        surf = self._degree_surf[1][backward] if seq_len <= self._whole_max else self._surfaces[op]
         k = self.effective_budget(seq_len, budget)
         x = self._place(op, "seq_len", float(seq_len), surf.xs[0], surf.xs[-1])
         kk = self._place(op, "budget", float(k), surf.ks[0], surf.ks[-1])
@@ -518,6 +573,10 @@ class LatencyModel(ScalarStageLatency):
         its layers' attention (per sequence) + dense part (all tokens), + embedding on virtual
         stage 0, + LM head on the last virtual stage. ``part`` ("input" / "weight", backward only):
         that part of the split backward (attention is all input gradient)."""
+        if self.per_sequence is not None:
+            mode = "F" if not backward else {None: "B", "input": "I", "weight": "W"}[part]
+            return float(self.per_sequence.times([tuple(lengths)], uniform_budgets([budget]), (mode,))[mode][
+                chunk * self.cluster.pp + stage, 0])
         layers = self.stage_layers(stage, chunk)
         attention = 0.0
         if part != "weight":
@@ -531,6 +590,8 @@ class LatencyModel(ScalarStageLatency):
         """Seconds [V, M] per mode ("F", "B", and a split backward's "I", "W") of micro-batch i (a
         tuple of lengths) at ``budgets[i]`` on every virtual stage: :class:`StageCost` when every
         budget is uniform, else :meth:`stage_time` per element (memoised: per-layer budgets recur)."""
+        if self.per_sequence is not None:
+            return self.per_sequence.times(microbatches, uniform_budgets(budgets), modes)
         plain = [self._plain(b) for b in budgets]
         if all(type(b) is int for b in plain):
             return self.cost.times(microbatches, np.array(plain, dtype=np.int64), modes)
@@ -573,6 +634,10 @@ class LatencyModel(ScalarStageLatency):
         hit = self._mb.get(key)
         if hit is not None:
             return hit
+        if self.per_sequence is not None:  # every stage's slowest CP rank, forward + backward
+            got = self.per_sequence.times([key[0]], uniform_budgets([budget]))
+            hit = self._mb[key] = float(got["F"].sum() + got["B"].sum())
+            return hit
         lengths = key[0]
         call = self.call[False] + self.call[True] if lengths else 0.0
         if type(budget) is int:
@@ -596,6 +661,9 @@ class LatencyModel(ScalarStageLatency):
         :class:`Budget` (per-layer ones take the scalar path). Points outside the profiled range take the scalar path,
         so warnings, errors and clamping are the same. About 30x faster per micro-batch than the
         scalar call when the caches are cold (e.g. DST scanning many budgets)."""
+        if self.per_sequence is not None:  # a placement per micro-batch: no shared vectorised pass
+            ks = [budgets] * len(microbatches) if isinstance(budgets, Integral) else budgets
+            return np.array([self.microbatch_latency(mb, k) for mb, k in zip(microbatches, ks)], dtype=float)
         counts = np.fromiter((len(mb) for mb in microbatches), dtype=np.int64, count=len(microbatches))
         if isinstance(budgets, Integral) and not isinstance(budgets, bool):
             budgets = np.full(len(counts), int(budgets), dtype=np.int64)

@@ -74,9 +74,20 @@ class LatencyQuery(MicrobatchLatency, Protocol):
 
     def optimizer_time(self, stage: int) -> float: ...
 
-    def cp_report(self, L: int, k: int, *, backward: bool = False):
+    def cp_report(self, L: int, k: int, *, backward: bool = False, degree: int | None = None):
         """One layer of a sequence on the context-parallel group (``contextparallel.RingReport``), or
-        None without CP or when the sequence stays whole on one rank."""
+        None without CP or when the sequence stays whole on one rank; ``degree``: on that many of
+        the group's ranks (``cp_split = "per-sequence"``)."""
+        ...
+
+    def cp_placement(self, lengths, budget):
+        """Where a micro-batch's sequences lie on the CP group (``hybrid.Placement``) under
+        ``cp_split = "per-sequence"``, else None."""
+        ...
+
+    def cp_tokens(self, lengths, budget) -> int:
+        """Tokens the busiest CP rank holds x cp (what P2P and memory see): the micro-batch's
+        tokens unless ``cp_split = "per-sequence"``."""
         ...
 
 
@@ -93,10 +104,16 @@ class ScalarStageLatency:
     """``stage_times`` from a subclass's ``stage_time`` and ``cluster`` (pp, virtual_stages), one
     call per (micro-batch, virtual stage, mode), memoised (per-layer budgets recur across
     iterations; ``LatencyModel`` takes this path for them). A model without context parallelism
-    answers ``cp_report`` with None."""
+    answers ``cp_report`` and ``cp_placement`` with None and ``cp_tokens`` with the tokens."""
 
-    def cp_report(self, L: int, k: int, *, backward: bool = False):
+    def cp_report(self, L: int, k: int, *, backward: bool = False, degree: int | None = None):
         return None
+
+    def cp_placement(self, lengths, budget):
+        return None
+
+    def cp_tokens(self, lengths, budget) -> int:
+        return int(sum(lengths))
 
     _MEMO_LIMIT = 200_000
 

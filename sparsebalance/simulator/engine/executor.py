@@ -64,9 +64,12 @@ class SimulatorExecutor:
         nv = c.pp * c.virtual_stages
         tok = [mb.tokens for _, _, mb in plan.microbatches()]
         tokens = np.array(tok, dtype=float).reshape(dp, m)
-        p2p = np.array([self.latency.p2p_time(t) for t in tok], dtype=float).reshape(dp, 1, m)
         # a policy's budgets are Budget already; ints and per-layer lists built by hand become one here
         flat = [Budget.of(b, f"budgets[{r}][{j}]") for r, row in enumerate(budgets) for j, b in enumerate(row)]
+        # each CP rank sends its own share: the busiest rank's tokens (all of them / cp unless cp_split
+        # is per-sequence)
+        p2p = np.array([self.latency.p2p_time(self.latency.cp_tokens(mb.lengths, b))
+                        for (_, _, mb), b in zip(plan.microbatches(), flat)], dtype=float).reshape(dp, 1, m)
         mean_budget = np.array([b.mean() for b in flat])
         mean_budget = mean_budget.reshape(dp, m)
         modes = ("F", "B", "I", "W") if splits_backward(c.schedule) else ("F", "B")
@@ -93,6 +96,14 @@ class SimulatorExecutor:
         window = [float(per_kind[g.kinds[k]][:, v, i].min()) for k, v, i in zip(kind, vs, j)]
         return np.array([self.latency.grad_sync_exposed(s, w) for s, w in enumerate(window)], dtype=float)
 
+    def _memory_tokens(self, plan: Plan, inp) -> np.ndarray:
+        """[dp, m] tokens the memory model sees per micro-batch: the busiest CP rank's x cp under
+        ``cp_split = "per-sequence"`` (it divides by cp), else the micro-batch's."""
+        if self.cluster.cp_split != "per-sequence":
+            return inp.tokens
+        return np.array([self.latency.cp_tokens(mb.lengths, max(1, round(float(inp.budget[r, j]))))
+                         for r, j, mb in plan.microbatches()], dtype=float).reshape(inp.tokens.shape)
+
     def _cp_figures(self, plan: Plan, mean_budget: np.ndarray) -> dict[str, float]:
         """Per iteration, over its micro-batches (mean): one layer's forward on the CP group --
         worker and step imbalance, exposed communication (s), ring efficiency
@@ -101,7 +112,11 @@ class SimulatorExecutor:
 
         rows = []
         for r, j, mb in plan.microbatches():
-            rows.append(combine(self._cp_reports(mb, mean_budget[r, j], backward=False)))
+            row = combine(self._cp_reports(mb, mean_budget[r, j], backward=False))
+            placed = self.latency.cp_placement(mb.lengths, max(1, round(float(mean_budget[r, j]))))
+            if placed is not None and placed.load.mean() > 0:  # per-sequence degrees: the group's ranks
+                row["cp_worker_imbalance"] = float(placed.load.max() / placed.load.mean())
+            rows.append(row)
         keys = ("cp_worker_imbalance", "cp_step_imbalance", "cp_exposed_s", "cp_efficiency")
         return {key: float(np.mean([row[key] for row in rows])) for key in keys}
 
@@ -109,7 +124,10 @@ class SimulatorExecutor:
         """One layer of each of ``mb``'s sequences split over the CP group (``contextparallel.RingReport``),
         at the micro-batch's mean budget; sequences that stay whole on one rank have none."""
         k = max(1, round(float(mean_budget)))
-        return [rep for L in mb.lengths if (rep := self.latency.cp_report(L, k, backward=backward)) is not None]
+        placed = self.latency.cp_placement(mb.lengths, k)
+        degrees = [None] * len(mb.lengths) if placed is None else placed.degree.tolist()
+        return [rep for L, d in zip(mb.lengths, degrees)
+                if d != 1 and (rep := self.latency.cp_report(L, k, backward=backward, degree=d)) is not None]
 
     def _cp_rows(self, res, plan: Plan, mean_budget: np.ndarray):
         """Trace rows ``CP``, one per ring step of each F and backward (B or I) action: the step's
@@ -167,7 +185,7 @@ class SimulatorExecutor:
         inp = self.build_input(iteration, plan, budgets)
         res = simulate(inp, method=self.engine)
         self.last = res
-        mem = self.last_memory = memory_report(self.model, self.cluster, res.graph, inp.tokens)
+        mem = self.last_memory = memory_report(self.model, self.cluster, res.graph, self._memory_tokens(plan, inp))
         peak = mem.peak
         memory = {"peak_memory_gb": float(peak.max()) / GB, "memory_exceeded": float(mem.exceeded)}
         memory |= {f"peak_memory_gb_s{s}": float(v) / GB for s, v in enumerate(peak.max(axis=0))}

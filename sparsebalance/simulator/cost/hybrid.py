@@ -1,0 +1,160 @@
+"""A CP degree per sequence (``cluster.cp_split = "per-sequence"``): where a packed micro-batch's
+sequences lie on their stage's CP group, and what each stage then costs.
+
+Splitting every sequence over all ``cp`` ranks (``cp_split = "whole"``) is what dense CP does; for
+sparse attention at fixed k a short sequence's ring is mostly transfers and launch floors, work the
+other ranks could spend on something else. Here each sequence of a micro-batch gets a degree ``d``
+(``ClusterConfig.cp_degrees``: 1, the powers of two dividing cp, cp) and an aligned group of ``d``
+ranks, chosen by :func:`.contextparallel.place` from the model's own prices: per rank, one layer's
+forward + backward attention of the sequence on ``d`` ranks (:meth:`LatencyModel.attention_at_degree`:
+the ring or all-gather of section 11 at degree ``d``, one GPU at 1) + the dense part of its
+``L / d`` tokens. A degree a sequence is too short for (fewer blocks than its layout needs) is not
+offered. The placement is made once per (micro-batch, budget) and serves every stage and pass, as a
+data loader's sharding would.
+
+**A stage's time** for the micro-batch is its slowest rank's:
+
+    max over ranks r of  [ layers x (sum of r's pieces' attention + the call's fixed part)
+                           + layers x dense(r's tokens) + embedding / LM head of r's tokens ]
+
+(:meth:`StageCost.compose_terms` on one column per rank). Exact for the model when a layer's rings
+run in decreasing degree (``place``'s docstring: the groups nest, so a ring's ranks start it
+together); every rank waits for the slowest at the layer's end. P2P and memory follow the busiest
+rank's tokens (:meth:`PerSequenceCP.busiest_tokens`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sparsebalance.data.sequence import blocks
+from sparsebalance.errors import ConfigError
+from sparsebalance.simulator.cost.contextparallel import groups, min_blocks, place
+from sparsebalance.simulator.cost.stagecost import MODES
+
+if TYPE_CHECKING:
+    from sparsebalance.simulator.cost.latency import LatencyModel
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a micro-batch's sequences lie on the CP group (arrays in the micro-batch's order)."""
+
+    degree: np.ndarray
+    """[N] CP degree of each sequence."""
+    start: np.ndarray
+    """[N] first rank of its aligned group."""
+    tokens: np.ndarray
+    """[cp] tokens each rank holds (a sequence's tokens dealt evenly over its group)."""
+    load: np.ndarray
+    """[cp] seconds per rank of one layer, forward + backward (its pieces' attention, the call's
+    fixed part once, the dense part of its tokens)."""
+
+
+class PerSequenceCP:
+    """Placement and stage times under ``cp_split = "per-sequence"`` (module docstring), for one
+    latency model (``LatencyModel.per_sequence``)."""
+
+    def __init__(self, lm: LatencyModel) -> None:
+        self.lm = lm
+        self.cp = lm.cluster.cp
+        self.degrees = lm.cluster.cp_degrees
+        self._placements: dict[tuple[tuple[int, ...], int], Placement] = {}
+
+    def allowed(self, L: int, d: int) -> bool:
+        """Whether a sequence of ``L`` tokens may be split over ``d`` ranks (enough blocks)."""
+        return d == 1 or blocks(L, self.lm.block_size) >= min_blocks(self.lm.cluster.cp_layout, d)
+
+    def placement(self, lengths, k: int) -> Placement:
+        """The placement of a micro-batch of ``lengths`` at the uniform budget ``k`` (cached):
+        :func:`.contextparallel.place` on the model's per-rank prices, kept only where one layer
+        priced in full (each rank's pieces, the call once, the dense part of its tokens) is not
+        slower than every sequence at its largest allowed degree (``cp_split = "whole"``'s split)."""
+        key = (tuple(int(x) for x in lengths), int(k))
+        hit = self._placements.get(key)
+        if hit is not None:
+            return hit
+        lm, cp = self.lm, self.cp
+        cost = np.full((len(key[0]), len(self.degrees)), np.inf)
+        for i, L in enumerate(key[0]):
+            for j, d in enumerate(self.degrees):
+                if self.allowed(L, d):
+                    # per rank: its attention share + the dense part of L / d tokens (curves are
+                    # stretched by cp: a rank's t tokens are priced at t x cp)
+                    cost[i, j] = (lm.attention_at_degree(L, k, d) + lm.attention_at_degree(L, k, d, backward=True)
+                                  + lm.dense(L * cp // d) + lm.dense(L * cp // d, backward=True))
+        deg, start, _ = place(cost, self.degrees, cp)
+        largest = np.array([max(d for d in self.degrees if self.allowed(L, d)) for L in key[0]], dtype=np.int64)
+        alt_start, _ = groups(cost[np.arange(len(largest)), [self.degrees.index(d) for d in largest]], largest, cp) \
+            if len(largest) else (start, None)
+        cands = [self._priced(key[0], k, deg, start), self._priced(key[0], k, largest, alt_start)]
+        hit = min(cands, key=lambda pl: float(pl.load.max()))  # ties: the planner's
+        self._placements[key] = hit
+        if len(self._placements) > 200_000:  # bound memory in very long runs
+            self._placements.clear()
+        return hit
+
+    def _priced(self, lengths, k: int, deg: np.ndarray, start: np.ndarray) -> Placement:
+        """A placement with its tokens per rank and its load: one layer's forward + backward per
+        rank priced in full (the pieces' attention, the call once, the dense part of its tokens)."""
+        lm, cp = self.lm, self.cp
+        tokens = np.zeros(cp, dtype=np.int64)
+        attn = np.zeros(cp)
+        for L, d, a in zip(lengths, deg.tolist(), start.tolist()):
+            tokens[a:a + d] += L // d + (np.arange(d) < L % d)
+            attn[a:a + d] += lm.attention_at_degree(L, k, d) + lm.attention_at_degree(L, k, d, backward=True)
+        load = np.array([a + (lm.call[False] + lm.call[True] + lm.dense(t * cp) + lm.dense(t * cp, backward=True)
+                              if t else 0.0) for a, t in zip(attn.tolist(), tokens.tolist())])
+        return Placement(degree=deg, start=start, tokens=tokens, load=load)
+
+    def busiest_tokens(self, lengths, k: int) -> int:
+        """The tokens of the busiest rank x cp: what P2P and memory, which divide a micro-batch's
+        tokens by cp, should see."""
+        return int(self.placement(lengths, k).tokens.max()) * self.cp
+
+    def rank_attention(self, lengths, k: int, backward: bool) -> np.ndarray:
+        """[cp] one layer's attention per rank: its pieces' seconds + the call's fixed part once
+        for a rank with any piece."""
+        lm = self.lm
+        pl = self.placement(lengths, k)
+        out = np.zeros(self.cp)
+        for L, d, a in zip(lengths, pl.degree.tolist(), pl.start.tolist()):
+            out[a:a + d] += lm.attention_at_degree(int(L), int(k), d, backward=backward)
+        return out + np.where(pl.tokens > 0, lm.call[backward], 0.0)
+
+    def times(self, microbatches, k: np.ndarray, modes=("F", "B")) -> dict[str, np.ndarray]:
+        """Seconds [V, M] per mode of micro-batch i (a tuple of lengths) at the int budget ``k[i]``:
+        each virtual stage's slowest CP rank (module docstring)."""
+        cost = self.lm.cost
+        m, cp = len(microbatches), self.cp
+        tokens = np.zeros(m * cp, dtype=np.int64)
+        attn = {bw: np.zeros(m * cp) for bw in (False, True)}
+        for i, (mb, ki) in enumerate(zip(microbatches, np.asarray(k).tolist())):
+            tokens[i * cp:(i + 1) * cp] = self.placement(mb, ki).tokens * cp
+            for bw in {MODES[mode][0] for mode in modes}:
+                attn[bw][i * cp:(i + 1) * cp] = self.rank_attention(mb, ki, bw)
+        out = {}
+        for mode in modes:
+            bw, part = MODES[mode]
+            a = np.zeros(m * cp) if part == "weight" else attn[bw]
+            per_rank = cost.compose(a, tokens, backward=bw, part=part)  # [V, M x cp]
+            out[mode] = per_rank.reshape(len(cost.layers), m, cp).max(axis=2)
+        return out
+
+
+def uniform_budgets(budgets) -> np.ndarray:
+    """The ints of uniform budgets; a per-layer budget is refused (one placement per micro-batch)."""
+    from sparsebalance.simulator.budget import Budget
+
+    out = []
+    for b in budgets:
+        if isinstance(b, Budget):
+            if not b.is_uniform:
+                raise ConfigError("cluster.cp_split: 'per-sequence' places each micro-batch at one budget; "
+                                  "per-layer budgets (policy.per_layer) are not supported with it")
+            b = b.value
+        out.append(int(b))
+    return np.array(out, dtype=np.int64)

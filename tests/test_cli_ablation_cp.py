@@ -40,7 +40,7 @@ def test_headline_sparse_cp_and_the_layout_choice(study):
 
 def test_json_and_bad_combinations(tmp_path, capsys):
     assert cli.main(["ablation", "--cp", "--schedules", "1f1b", "--out", str(tmp_path / "x")]) == 2
-    assert "give one of --cp, --schedules, --anchors" in capsys.readouterr().err
+    assert "give one of --cp, --cp-split, --schedules, --anchors" in capsys.readouterr().err
     assert cli.main(["ablation", "--cp", "--json", "--iterations", "2", "--seeds", "0,1", "--out",
                      str(tmp_path / "j"), "--no-progress"]) == 0
     rows = json.loads(capsys.readouterr().out)

@@ -62,6 +62,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cp", action="store_true",
                    help="run the context-parallel study instead: dense zigzag ring, MTraining-like, SAB+DST "
                         "and SAB+DST with the best layout per sequence, PP2 x CP16 at 32K-512K tokens")
+    p.add_argument("--cp-split", action="store_true",
+                   help="run the CP-degree-per-sequence study instead: LBB + fixed and SAB+DST with every "
+                        "sequence split over the whole CP group vs a degree per sequence, PP2 x CP16, "
+                        "chatqa2-like packed to 256K tokens")
     p.add_argument("--global-batch", type=positive_int, default=32,
                    help="schedule study: sequences per iteration (default 32: DualPipeV needs 8 "
                         "micro-batches per rank)")
@@ -153,9 +157,15 @@ def run(args) -> int:
     from sparsebalance.errors import ConfigError
     from sparsebalance.runconfig import dump_toml
 
+    if sum([args.cp, args.cp_split, args.schedules is not None, args.anchors]) > 1:
+        raise ConfigError("ablation: give one of --cp, --cp-split, --schedules, --anchors")
+    if args.cp_split:  # the CP-degree-per-sequence study lives in its own module
+        from sparsebalance.commands.ablation_cp_split import run_cp_split
+
+        if args.iterations == 20:  # as --cp: long-context iterations take longer to simulate
+            args.iterations = 10
+        return run_cp_split(args)
     if args.cp:  # the context-parallel study lives in its own module
-        if args.schedules is not None or args.anchors:
-            raise ConfigError("ablation: give one of --cp, --schedules, --anchors")
         from sparsebalance.commands.ablation_cp import run_cp
 
         if args.iterations == 20:  # the default of Table I; 512K-token iterations take longer to simulate

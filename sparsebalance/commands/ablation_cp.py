@@ -21,8 +21,9 @@ Per row: mean iteration time and speedup over the dense ring and over the MTrain
 with a 95 % t-interval over the data seeds (per seed the ratio of mean iteration times), the CP figures (worker and step imbalance,
 exposed communication per layer, ring efficiency), mean coverage and budget, peak memory. Outputs in
 ``--out``: ``cp.csv``, ``cp_seeds.csv``, ``cp.png``/``.svg`` and ``config.toml`` (the resolved
-baseline). CP policies beyond the budget (a CP degree per sequence, short sequences packed onto
-fewer ranks) are not rows yet: docs/costmodel.md section 11.
+baseline). A CP degree per sequence has its own study (``ablation --cp-split``,
+:mod:`.ablation_cp_split`): here every micro-batch holds one sequence, which rings over the whole
+group either way.
 """
 
 from __future__ import annotations

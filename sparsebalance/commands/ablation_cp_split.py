@@ -1,0 +1,112 @@
+"""``sparsebalance ablation --cp-split``: a CP degree per sequence against splitting every sequence
+over the whole CP group, on the paper's bimodal mix packed to long micro-batches.
+
+Setting (built in; ``--config`` swaps in a TOML file): Qwen2.5-3B on 4 x 8 H200 as PP 2 x CP 16 (a
+CP group spans two nodes: the hierarchical ring), full recomputation, chatqa2-like lengths (the
+paper's SFT mix: many 1-4K sequences beside 16-64K ones), micro-batches packed to 256K tokens,
+MoBA budget k0 = 8, the analytical-h200 profile. Rows: the paper's baseline (LBB + fixed budget) and
+SAB + DST, each with ``cluster.cp_split = "whole"`` and ``"per-sequence"``. Per row: mean iteration
+time, speedup over the baseline with a 95 % Student-t interval of the per-seed ratios (paired by
+seed), and for the per-sequence rows the same against their whole-split row. The placement itself:
+``simulator/cost/hybrid.py``, docs/costmodel.md section 11.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+BASE: dict[str, Any] = {
+    "name": "ablation-cp-split",
+    "profile": "analytical-h200",
+    "model": {"preset": "qwen2.5-3b"},
+    "cluster": {"preset": "h200-4x8", "name": "h200-4x8-pp2cp16", "pp": 2, "dp": 1, "tp": 1, "cp": 16,
+                "global_batch": 32, "recompute": "full", "cp_layout": "best", "cp_comm": "hierarchical"},
+    "data": {"distribution": "chatqa2-like", "num_sequences": 1024},
+    "policy": {"k0": 8, "k_max": 32, "token_cap": 262144},
+}
+ROWS: dict[str, dict[str, dict[str, Any]]] = {
+    "LBB + fixed, whole split": {"cluster": {"cp_split": "whole"}, "policy": {"batching": "lbb", "tuning": "fixed"}},
+    "LBB + fixed, per-sequence": {"cluster": {"cp_split": "per-sequence"},
+                                  "policy": {"batching": "lbb", "tuning": "fixed"}},
+    "SAB+DST, whole split": {"cluster": {"cp_split": "whole"}, "policy": {"batching": "sab", "tuning": "dst"}},
+    "SAB+DST, per-sequence": {"cluster": {"cp_split": "per-sequence"}, "policy": {"batching": "sab", "tuning": "dst"}},
+}
+"""Row -> overrides of :data:`BASE`."""
+BASELINE = "LBB + fixed, whole split"
+PAIRS = {"LBB + fixed, per-sequence": "LBB + fixed, whole split", "SAB+DST, per-sequence": "SAB+DST, whole split"}
+"""A per-sequence row -> its whole-split row (the paired comparison)."""
+
+
+def summarise(per_seed: pd.DataFrame) -> pd.DataFrame:
+    """One row per config: means over seeds; speedup over the baseline and (per-sequence rows)
+    over the same policies' whole split, each ratio of the means with a 95 % t-interval of the
+    per-seed ratios."""
+    from sparsebalance.analysis.schedules import t_interval
+
+    by = {row: per_seed[per_seed.config == row].set_index("seed") for row in ROWS}
+    out = []
+    for row, d in by.items():
+        rec = {"config": row, "iteration_time_s": float(d["iteration_time_s"].mean())}
+        for name, ref in (("speedup", BASELINE), ("vs_whole", PAIRS.get(row))):
+            if ref is None:
+                rec |= {name: np.nan, f"{name}_ci_low": np.nan, f"{name}_ci_high": np.nan}
+                continue
+            ratio = by[ref].loc[d.index, "iteration_time_s"] / d["iteration_time_s"]
+            lo, hi = t_interval(ratio.to_numpy())
+            rec |= {name: float(by[ref]["iteration_time_s"].mean() / d["iteration_time_s"].mean()),
+                    f"{name}_ci_low": lo, f"{name}_ci_high": hi}
+        rec |= {f: float(d[f].mean()) for f in ("cp_worker_imbalance", "cp_efficiency", "mean_coverage",
+                                                 "mean_budget")}
+        rec |= {"peak_memory_gb": float(d["peak_memory_gb"].max()), "seeds": len(d)}
+        out.append(rec)
+    return pd.DataFrame(out)
+
+
+def format_table(t: pd.DataFrame) -> str:
+    head = (f"{'config':<28}{'iteration (s)':>14}{'vs baseline [95% CI]':>27}{'vs whole split [95% CI]':>27}"
+            f"{'worker imb':>11}{'coverage':>9}{'budget':>8}{'mem GB':>8}")
+    lines = [head]
+    for _, r in t.iterrows():
+        cells = []
+        for name in ("speedup", "vs_whole"):
+            v = r[name]
+            cells.append("–" if np.isnan(v) else f"{v:.3f} [{r[f'{name}_ci_low']:.3f}, {r[f'{name}_ci_high']:.3f}]")
+        lines.append(f"{r.config:<28}{r.iteration_time_s:14.3f}{cells[0]:>27}{cells[1]:>27}"
+                     f"{r.cp_worker_imbalance:11.3f}{r.mean_coverage:9.4f}{r.mean_budget:8.1f}{r.peak_memory_gb:8.1f}")
+    return "\n".join(lines)
+
+
+def run_cp_split(args) -> int:
+    from tqdm import tqdm
+
+    from sparsebalance.commands._args import progress_enabled, resolve_out
+    from sparsebalance.commands.ablation_cp import measure
+    from sparsebalance.commands.ablation_schedules import parse_seeds, seeded_configs
+    from sparsebalance.runconfig import dump_toml
+
+    seeds = parse_seeds(args.seeds)
+    cfgs = {row: seeded_configs(args, BASE, over, seeds) for row, over in ROWS.items()}  # all validated first
+    out = resolve_out(args.out, "results/ablation-cp-split", force=args.force, verb="ablation")
+    for row, c in cfgs.items():
+        (out / f"config_{row.replace(' ', '_').replace(',', '').replace('+', 'plus')}.toml").write_text(dump_toml(c[0]))
+    per_seed = []
+    for row in tqdm(ROWS, desc="cp-split rows", disable=args.json or not progress_enabled(args), file=sys.stderr):
+        per_seed.append(measure(cfgs[row]).assign(config=row))
+    seeds_df = pd.concat(per_seed, ignore_index=True)
+    seeds_df.to_csv(out / "cp_split_seeds.csv", index=False)
+    table = summarise(seeds_df)
+    table.to_csv(out / "cp_split.csv", index=False)
+    if args.json:
+        print(json.dumps(table.replace({np.nan: None}).to_dict("records")))
+        return 0
+    print(format_table(table))
+    c = cfgs[BASELINE][0]
+    print(f"{c.model.name}, PP{c.cluster.pp} x CP{c.cluster.cp} x DP{c.cluster.dp}, {c.data.distribution}, "
+          f"{c.profile}; mean over {len(seeds)} seeds x {c.iterations} iterations; [95 % CI over seeds, "
+          f"Student t]; per seed: {out / 'cp_split_seeds.csv'}")
+    return 0

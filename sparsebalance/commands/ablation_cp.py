@@ -94,6 +94,17 @@ def measure(cfgs) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def measure_rows(cfgs: dict[str, list], args, desc: str) -> pd.DataFrame:
+    """Per seed figures (:func:`measure`) of every row of ``cfgs`` (row -> its seeds' configs), one
+    row after another behind a progress bar, with a ``config`` column naming the row."""
+    from tqdm import tqdm
+
+    from sparsebalance.commands._args import progress_enabled
+
+    rows = tqdm(cfgs, desc=desc, disable=args.json or not progress_enabled(args), file=sys.stderr)
+    return pd.concat([measure(cfgs[row]).assign(config=row) for row in rows], ignore_index=True)
+
+
 def summarise(per_seed: pd.DataFrame) -> pd.DataFrame:
     """One row per config: means over seeds; speedup over the dense ring and over the MTraining-like
     row (ratios of the means), each with a 95 % t-interval of the per-seed ratios (paired by seed)."""
@@ -161,9 +172,7 @@ def plot(t: pd.DataFrame, path: Path, title: str) -> None:
 
 
 def run_cp(args) -> int:
-    from tqdm import tqdm
-
-    from sparsebalance.commands._args import progress_enabled, resolve_out
+    from sparsebalance.commands._args import resolve_out
     from sparsebalance.commands.ablation_schedules import parse_seeds
     from sparsebalance.runconfig import dump_toml
 
@@ -171,10 +180,7 @@ def run_cp(args) -> int:
     cfgs = {row: configs(args, row, seeds) for row in ROWS}  # every config validated first
     out = resolve_out(args.out, "results/ablation-cp", force=args.force, verb="ablation")
     (out / "config.toml").write_text(dump_toml(cfgs[BASELINE][0]))
-    per_seed = []
-    for row in tqdm(ROWS, desc="cp rows", disable=args.json or not progress_enabled(args), file=sys.stderr):
-        per_seed.append(measure(cfgs[row]).assign(config=row))
-    seeds_df = pd.concat(per_seed, ignore_index=True)
+    seeds_df = measure_rows(cfgs, args, "cp rows")
     seeds_df.to_csv(out / "cp_seeds.csv", index=False)
     table = summarise(seeds_df)
     table.to_csv(out / "cp.csv", index=False)

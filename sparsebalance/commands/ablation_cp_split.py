@@ -14,7 +14,6 @@ seed), and for the per-sequence rows the same against their whole-split row. The
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
 import numpy as np
@@ -82,10 +81,8 @@ def format_table(t: pd.DataFrame) -> str:
 
 
 def run_cp_split(args) -> int:
-    from tqdm import tqdm
-
-    from sparsebalance.commands._args import progress_enabled, resolve_out
-    from sparsebalance.commands.ablation_cp import measure
+    from sparsebalance.commands._args import resolve_out
+    from sparsebalance.commands.ablation_cp import measure_rows
     from sparsebalance.commands.ablation_schedules import parse_seeds, seeded_configs
     from sparsebalance.runconfig import dump_toml
 
@@ -94,10 +91,7 @@ def run_cp_split(args) -> int:
     out = resolve_out(args.out, "results/ablation-cp-split", force=args.force, verb="ablation")
     for row, c in cfgs.items():
         (out / f"config_{row.replace(' ', '_').replace(',', '').replace('+', 'plus')}.toml").write_text(dump_toml(c[0]))
-    per_seed = []
-    for row in tqdm(ROWS, desc="cp-split rows", disable=args.json or not progress_enabled(args), file=sys.stderr):
-        per_seed.append(measure(cfgs[row]).assign(config=row))
-    seeds_df = pd.concat(per_seed, ignore_index=True)
+    seeds_df = measure_rows(cfgs, args, "cp-split rows")
     seeds_df.to_csv(out / "cp_split_seeds.csv", index=False)
     table = summarise(seeds_df)
     table.to_csv(out / "cp_split.csv", index=False)

@@ -67,17 +67,14 @@ def summarise(per_seed: pd.DataFrame) -> pd.DataFrame:
 
 
 def format_table(t: pd.DataFrame) -> str:
-    head = (f"{'config':<28}{'iteration (s)':>14}{'vs baseline [95% CI]':>27}{'vs whole split [95% CI]':>27}"
-            f"{'worker imb':>11}{'coverage':>9}{'budget':>8}{'mem GB':>8}")
-    lines = [head]
-    for _, r in t.iterrows():
-        cells = []
-        for name in ("speedup", "vs_whole"):
-            v = r[name]
-            cells.append("–" if np.isnan(v) else f"{v:.3f} [{r[f'{name}_ci_low']:.3f}, {r[f'{name}_ci_high']:.3f}]")
-        lines.append(f"{r.config:<28}{r.iteration_time_s:14.3f}{cells[0]:>27}{cells[1]:>27}"
-                     f"{r.cp_worker_imbalance:11.3f}{r.mean_coverage:9.4f}{r.mean_budget:8.1f}{r.peak_memory_gb:8.1f}")
-    return "\n".join(lines)
+    def ci(name: str) -> list[str]:
+        return ["–" if np.isnan(r[name]) else f"{r[name]:.3f} [{r[name + '_ci_low']:.3f}, {r[name + '_ci_high']:.3f}]"
+                for _, r in t.iterrows()]
+
+    return pd.DataFrame({"config": t.config, "iteration (s)": t.iteration_time_s.round(3),
+                         "vs baseline [95% CI]": ci("speedup"), "vs whole split [95% CI]": ci("vs_whole"),
+                         "worker imb": t.cp_worker_imbalance.round(3), "coverage": t.mean_coverage.round(4),
+                         "budget": t.mean_budget.round(1), "mem GB": t.peak_memory_gb.round(1)}).to_string(index=False)
 
 
 def run_cp_split(args) -> int:

@@ -31,11 +31,18 @@ candidates of a long graph: sab-order's seed orders, 8 x 3,272, or dst-cp's two 
 
 
 @jit.compiled
-def _run(order, prev, deps, lags, duration, lag, n, with_starts):  # pragma: no cover (compiled)
-    c = duration.shape[1]
+def _run(order, prev, deps, lags, duration, lag, by_order, table, node_vs, node_j, tables, p2p, cols, m, zero_lag,
+         n, with_starts):  # pragma: no cover (compiled)
+    """The recurrence over the nodes in level order, the columns innermost. Durations and lags are
+    ``duration`` [n, C] and ``lag`` [lag ids, C]; or, ``by_order``, read through each candidate's
+    order: node i of candidate c lasts ``tables[table[i], node_vs[i], cols[node_j[i], c]]`` and lag
+    id q < zero_lag is the P2P of the micro-batch in position q mod m (``cols`` [m, C])."""
+    c = cols.shape[1] if by_order else duration.shape[1]
     end = np.zeros((n + 1, c))
     start = np.empty((n if with_starts else 0, c))
     width = deps.shape[1]
+    lagrow = np.empty(c)
+    durrow = np.empty(c)
     for x in range(order.shape[0]):
         i = order[x]
         row = end[i]
@@ -44,57 +51,39 @@ def _run(order, prev, deps, lags, duration, lag, n, with_starts):  # pragma: no 
             row[k] = src[k]
         for q in range(width):  # a sentinel predecessor (end 0) with the zero lag raises nothing
             src = end[deps[i, q]]
-            lg = lag[lags[i, q]]
+            lid = lags[i, q]
+            if not by_order:
+                lg = lag[lid]
+            else:
+                if lid == zero_lag:
+                    for k in range(c):
+                        lagrow[k] = 0.0
+                else:
+                    pos = cols[lid % m]
+                    for k in range(c):
+                        lagrow[k] = p2p[pos[k]]
+                lg = lagrow
             for k in range(c):
-                v = src[k] + lg[k]
-                row[k] = max(row[k], v)
+                row[k] = max(row[k], src[k] + lg[k])
         if with_starts:
             st = start[i]
             for k in range(c):
                 st[k] = row[k]
-        du = duration[i]
+        if by_order:
+            tab = tables[table[i], node_vs[i]]
+            pos = cols[node_j[i]]
+            for k in range(c):
+                durrow[k] = tab[pos[k]]
+            du = durrow
+        else:
+            du = duration[i]
         for k in range(c):
             row[k] = row[k] + du[k]
     return start, end
 
 
-@jit.compiled
-def _run_orders(order, prev, deps, lags, table, node_vs, node_j, tables, p2p, cols, n, m, zero_lag,
-                last):  # pragma: no cover (compiled)
-    """:func:`_run` with each candidate's durations read through its order: node i of candidate c
-    lasts ``tables[table[i], node_vs[i], cols[node_j[i], c]]``; lag id q < zero_lag is the P2P of
-    the micro-batch in position q mod m. Returns the ends of the ``last`` nodes, [len(last), C]."""
-    c = cols.shape[1]
-    end = np.zeros((n + 1, c))
-    width = deps.shape[1]
-    lagrow = np.empty(c)
-    for x in range(order.shape[0]):
-        i = order[x]
-        row = end[i]
-        src = end[prev[i]]
-        for k in range(c):
-            row[k] = src[k]
-        for q in range(width):
-            src = end[deps[i, q]]
-            lid = lags[i, q]
-            if lid == zero_lag:
-                for k in range(c):
-                    lagrow[k] = 0.0
-            else:
-                pos = cols[lid % m]
-                for k in range(c):
-                    lagrow[k] = p2p[pos[k]]
-            for k in range(c):
-                v = src[k] + lagrow[k]
-                row[k] = max(row[k], v)
-        tab = tables[table[i], node_vs[i]]
-        pos = cols[node_j[i]]
-        for k in range(c):
-            row[k] = row[k] + tab[pos[k]]
-    out = np.empty((last.shape[0], c))
-    for s in range(last.shape[0]):
-        out[s] = end[last[s]]
-    return out
+_NO_F1, _NO_I1 = np.zeros(0), np.zeros(0, dtype=np.int64)
+_NO_F2, _NO_I2, _NO_F3 = np.zeros((0, 0)), np.zeros((0, 0), dtype=np.int64), np.zeros((0, 0, 0))
 
 
 @jit.compiled
@@ -153,7 +142,8 @@ def _node_tables(graph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def order_finish_compiled(graph, orders: np.ndarray, fwd, bwd, p2p, bwd_input=None, bwd_weight=None) -> np.ndarray:
     """:func:`.timing.order_finish` compiled: [C, pp] ends of each device's last action for C
-    orders of one replica's micro-batches, durations gathered inside the loop (no [n, C] copies)."""
+    orders of one replica's micro-batches, durations read through the orders inside the loop (no
+    [n, C] copies)."""
     fwd = np.asarray(fwd, dtype=np.float64)
     zero = np.zeros_like(fwd)
     tables = np.stack([fwd, np.asarray(bwd, dtype=np.float64),
@@ -161,11 +151,9 @@ def order_finish_compiled(graph, orders: np.ndarray, fwd, bwd, p2p, bwd_input=No
                        zero if bwd_weight is None else np.asarray(bwd_weight, dtype=np.float64), zero])
     table, vs, j = _node_tables(graph)
     cols = np.ascontiguousarray(np.asarray(orders, dtype=np.int64).T)
-    out = _run_orders.get()(_order(graph), np.ascontiguousarray(graph.prev), np.ascontiguousarray(graph.deps),
-                            np.ascontiguousarray(graph.lags), table, vs, j, tables,
-                            np.ascontiguousarray(p2p, dtype=np.float64), cols, graph.n, graph.m,
-                            graph.zero_lag, np.ascontiguousarray(graph.last))
-    return out.T
+    _, end = _run.get()(*_graph_arrays(graph), _NO_F2, _NO_F2, True, table, vs, j, tables,
+                        np.ascontiguousarray(p2p, dtype=np.float64), cols, graph.m, graph.zero_lag, graph.n, False)
+    return end[graph.last].T
 
 
 def available() -> bool:
@@ -186,9 +174,14 @@ def _order(graph) -> np.ndarray:
 
 def time_compiled(graph, duration: np.ndarray, lag: np.ndarray, starts: bool):
     """:func:`.timing.time_graph` compiled: (start or None, end), each [n, C]."""
-    run = _run.get()
     n = graph.n
-    start, end = run(_order(graph), np.ascontiguousarray(graph.prev), np.ascontiguousarray(graph.deps),
-                     np.ascontiguousarray(graph.lags), np.ascontiguousarray(duration, dtype=np.float64),
-                     np.ascontiguousarray(lag, dtype=np.float64), n, starts)
+    start, end = _run.get()(*_graph_arrays(graph), np.ascontiguousarray(duration, dtype=np.float64),
+                            np.ascontiguousarray(lag, dtype=np.float64), False, _NO_I1, _NO_I1, _NO_I1, _NO_F3,
+                            _NO_F1, _NO_I2, 1, 0, n, starts)
     return (start if starts else None), end[:n]
+
+
+def _graph_arrays(graph) -> tuple[np.ndarray, ...]:
+    """(nodes in level order, device predecessor, data predecessors, their lag ids): the recurrence's graph."""
+    return (_order(graph), np.ascontiguousarray(graph.prev), np.ascontiguousarray(graph.deps),
+            np.ascontiguousarray(graph.lags))

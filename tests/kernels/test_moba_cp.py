@@ -87,3 +87,34 @@ def test_token_index_deals_blocks_by_layout():
     assert got[1] == list(range(16, 48)) + list(range(64, 84))
     stripe = [t.tolist() for t in cp_token_index(cu, 16, 2, "stripe")]
     assert stripe[0][:16] == list(range(16)) and stripe[0][16:32] == list(range(32, 48))
+
+
+@pytest.mark.parametrize("wanted", [((0, 5, 6, 7, 8), (2,), ()), ((1, 3), (0, 1, 2), (4,))])
+def test_chunked_on_some_query_blocks_equals_the_whole_on_them(wanted, monkeypatch):
+    """The CPU path restricted to some query blocks (a CP rank's share): the wanted rows' output and
+    every gradient equal the whole computation's, also where the batch's last token (which a partial
+    block's padding rows point at) is not wanted and uncomputed memory holds NaN."""
+    from sparsebalance.kernels.moba.chunked import moba_attention_chunked
+
+    lengths, block = [140, 40, 70], 16  # the last block of each sequence is partial
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int64)
+    g = torch.Generator().manual_seed(3)
+    T = sum(lengths)
+    q, up = (torch.randn(T, 4, 8, generator=g, dtype=torch.float64) + 0.1 for _ in range(2))
+    k, v = (torch.randn(T, 2, 8, generator=g, dtype=torch.float64) + 0.1 for _ in range(2))
+    rows = torch.cat([torch.arange(a + j * block, min(a + (j + 1) * block, b))
+                      for (a, b), js in zip(zip(cu[:-1].tolist(), cu[1:].tolist()), wanted) for j in js])
+    topk = torch.tensor([3, 2, 2])
+
+    def run(**kw):
+        x = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        o = moba_attention_chunked(*x, cu, block, topk, **kw)[rows]
+        (o * up[rows]).sum().backward()
+        return [o.detach()] + [t.grad for t in x]
+
+    whole = run()
+    empty = torch.Tensor.new_empty
+    monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *size, **kw: empty(self, *size, **kw).fill_(float("nan")))
+    part = run(query_blocks=wanted)
+    for a, b in zip(whole, part):
+        assert torch.isfinite(b).all() and torch.allclose(a, b, rtol=1e-12, atol=1e-13)

@@ -48,18 +48,18 @@ CHUNK_ELEMENTS = 1 << 23
 KEEP_ELEMENTS = 1 << 24
 
 
-def _flash(q: Any, k: Any, v: Any, causal: bool, scale: float) -> tuple[Any, Any]:
+def _flash(q: Any, k: Any, v: Any, causal: bool, scale: float, mask: Any = None) -> tuple[Any, Any]:
     import torch
 
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q, k, v, 0.0, causal, scale=scale)
+        q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
 
 
-def _flash_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, causal: bool, scale: float):
+def _flash_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, causal: bool, scale: float, mask: Any = None):
     import torch
 
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        do, q, k, v, o, lse, 0.0, causal, scale=scale)
+        do, q, k, v, o, lse, 0.0, causal, attn_mask=mask, scale=scale)
 
 
 def _expand(x: Any, g: int) -> Any:
@@ -108,6 +108,22 @@ class _Ctx:
         y = x[a:b].transpose(0, 1).unsqueeze(0)
         return (_expand(y, self.g) if expand else y).contiguous()
 
+    def rows(self, x: Any, rows: Any) -> Any:
+        """Rows ``rows`` of [T, heads, D] as [1, heads, len(rows), D]."""
+        return x.index_select(0, rows).transpose(0, 1).unsqueeze(0).contiguous()
+
+    def mask(self, rows: Any, a: int, b: int) -> Any:
+        """Additive causal mask [len(rows), b - a] of rows ``rows`` against keys [a, b)."""
+        import torch
+
+        key = ("mask", int(rows[0]), len(rows), a, b)
+        hit = self.lay.memo.get(key)
+        if hit is None:
+            ok = torch.arange(a, b, device=rows.device)[None, :] <= rows[:, None]
+            hit = self.lay.memo[key] = torch.zeros(ok.shape, dtype=self.q.dtype, device=rows.device).masked_fill_(
+                ~ok, float("-inf"))
+        return hit
+
     def tile_kv(self, t: Tiles) -> tuple[Any, Any, Any]:
         """(q, k, v) of the tiles: gathered query rows [nt, 1, TILE, D] and their key block."""
         if t.kept is not None:
@@ -120,9 +136,17 @@ class _Ctx:
 def _forward(c: _Ctx) -> tuple[Any, Any, list[Tiles]]:
     import torch
 
-    out = c.q.new_empty(c.T, c.H, c.D)
-    lse = c.q.new_empty(c.T, c.H)
-    for a, b in c.lay.dense:  # dense sequences and the prefixes: causal attention
+    # with some query blocks only, a partial block's padding rows (clamped to the batch's last token)
+    # may point at rows never computed here: zeros keep the backward's rowsum(dO * O) finite there
+    alloc = c.q.new_zeros if c.lay.partial else c.q.new_empty
+    out = alloc(c.T, c.H, c.D)
+    lse = alloc(c.T, c.H)
+    for (a, b), rows in zip(c.lay.dense, c.lay.dense_rows):  # dense sequences and the prefixes: causal
+        if rows is not None:  # some rows only (a CP rank's): each attends the keys up to its own
+            o, l = _flash(c.rows(c.q, rows), c.seq(c.k, a, b, True), c.seq(c.v, a, b, True), False, c.scale,
+                          c.mask(rows, a, b))
+            out[rows], lse[rows] = o[0].transpose(0, 1), l[0].transpose(0, 1)
+            continue
         o, l = _flash(c.seq(c.q, a, b, False), c.seq(c.k, a, b, True), c.seq(c.v, a, b, True),
                       True, c.scale)
         out[a:b], lse[a:b] = o[0].transpose(0, 1), l[0].transpose(0, 1)
@@ -164,7 +188,14 @@ def _backward(c: _Ctx, out: Any, lse: Any, do: Any, tiles: list[Tiles]) -> tuple
     import torch
 
     dq, dk, dv = torch.zeros_like(c.q), torch.zeros_like(c.k), torch.zeros_like(c.v)
-    for a, b in c.lay.dense:
+    for (a, b), rows in zip(c.lay.dense, c.lay.dense_rows):
+        if rows is not None:
+            gq, gk, gv = _flash_bwd(c.rows(do, rows), c.rows(c.q, rows), c.seq(c.k, a, b, True),
+                                    c.seq(c.v, a, b, True), c.rows(out, rows), lse[rows].t().unsqueeze(0), False,
+                                    c.scale, c.mask(rows, a, b))
+            dq[rows] = gq[0].transpose(0, 1)
+            dk[a:b], dv[a:b] = _fold(gk, c.g)[0].transpose(0, 1), _fold(gv, c.g)[0].transpose(0, 1)
+            continue
         gq, gk, gv = _flash_bwd(c.seq(do, a, b, False), c.seq(c.q, a, b, False),
                                 c.seq(c.k, a, b, True), c.seq(c.v, a, b, True),
                                 c.seq(out, a, b, False), lse[a:b].t().unsqueeze(0), True, c.scale)
@@ -210,13 +241,14 @@ _LAYOUTS: dict = {}
 
 
 def _layout(cu: list[int], B: int, topks: list[int], heads: int, kv_heads: int, dim: int,
-            device: Any) -> Layout:
+            device: Any, query_blocks: tuple | None = None) -> Layout:
     # the memo's index tensors depend on the kv heads too (key offsets)
-    key = (tuple(cu), B, tuple(topks), heads, kv_heads, dim, str(device), CHUNK_ELEMENTS)
+    key = (tuple(cu), B, tuple(topks), heads, kv_heads, dim, str(device), CHUNK_ELEMENTS, query_blocks)
     if key not in _LAYOUTS:
         if len(_LAYOUTS) >= 4:
             _LAYOUTS.pop(next(iter(_LAYOUTS)))
-        _LAYOUTS[key] = layout(cu, B, topks, heads, dim, device, CHUNK_ELEMENTS)
+        _LAYOUTS[key] = layout(cu, B, topks, heads, dim, device, CHUNK_ELEMENTS,
+                               None if query_blocks is None else list(query_blocks))
     return _LAYOUTS[key]
 
 
@@ -225,8 +257,9 @@ def _function() -> Any:
 
     class MobaChunked(torch.autograd.Function):
         @staticmethod
-        def forward(ctx: Any, q: Any, k: Any, v: Any, cu: list[int], block_size: int, topks: list[int]):
-            lay = _layout(cu, block_size, topks, q.shape[1], k.shape[1], q.shape[2], q.device)
+        def forward(ctx: Any, q: Any, k: Any, v: Any, cu: list[int], block_size: int, topks: list[int],
+                    query_blocks: tuple | None = None):
+            lay = _layout(cu, block_size, topks, q.shape[1], k.shape[1], q.shape[2], q.device, query_blocks)
             c = _Ctx(q, k, v, lay, block_size)
             out, lse, tiles = _forward(c)
             ctx.c, ctx.tiles, ctx.dtypes = c, tiles, (q.dtype, k.dtype, v.dtype)
@@ -239,7 +272,7 @@ def _function() -> Any:
             dq, dk, dv = _backward(ctx.c, out, lse, dout.to(out.dtype).contiguous(), ctx.tiles)
             ctx.c = ctx.tiles = None
             qd, kd, vd = ctx.dtypes
-            return dq.to(qd), dk.to(kd), dv.to(vd), None, None, None
+            return dq.to(qd), dk.to(kd), dv.to(vd), None, None, None, None
 
     return MobaChunked
 
@@ -247,11 +280,14 @@ def _function() -> Any:
 _FN: Any = None
 
 
-def moba_attention_chunked(q: Any, k: Any, v: Any, cu_seqlens: Any, block_size: int, topk: Any) -> Any:
+def moba_attention_chunked(q: Any, k: Any, v: Any, cu_seqlens: Any, block_size: int, topk: Any,
+                           query_blocks: tuple | None = None) -> Any:
     """MoBA attention, fast PyTorch implementation; ``[T, H, D]`` like ``q``, differentiable.
 
     Arguments as :func:`sparsebalance.kernels.moba.api.moba_attention` (``topk`` int or integer tensor
-    ``[N]``); inputs are assumed valid (the API validates).
+    ``[N]``); inputs are assumed valid (the API validates). ``query_blocks``: per sequence a tuple of
+    the query blocks whose rows the caller reads (a context-parallel rank's share); the other rows
+    of the output are left unset (and get no gradient), except a causal prefix computed whole.
     """
     import torch
 
@@ -264,4 +300,4 @@ def moba_attention_chunked(q: Any, k: Any, v: Any, cu_seqlens: Any, block_size: 
     n = len(cu) - 1
     topks = ([int(x) for x in topk.reshape(-1).tolist()] if isinstance(topk, torch.Tensor)
              else [int(topk)] * n)
-    return _FN.apply(q, k, v, cu, block_size, topks)
+    return _FN.apply(q, k, v, cu, block_size, topks, query_blocks)

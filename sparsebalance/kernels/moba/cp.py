@@ -114,48 +114,27 @@ def _selection(q_rows: Any, pos: Any, means: Any, block_size: int, topk: int) ->
 def moba_attention_cp(q: Any, k: Any, v: Any, index: Any, cu_seqlens: Any, block_size: int, topk: Any,
                       group: Any = None) -> Any:
     """MoBA attention of this rank's queries (``[T_r, H, D]``, in ``index``'s order) on the CP group
-    ``group`` (default: the world), all-gather variant (module docstring)."""
+    ``group`` (default: the world), all-gather variant (module docstring): K and V gathered to their
+    packed positions, then the CPU path (``chunked.py``) on this rank's query blocks only -- its own
+    blocks and gate tiles; a sequence's causal prefix (its first ``topk`` blocks) is computed whole
+    by every rank holding one of its blocks."""
     import torch
 
-    from sparsebalance.kernels.moba.naive import _gate_dtype, _topk_list
+    from sparsebalance.kernels.moba.chunked import moba_attention_chunked
 
-    T_r, H, D = q.shape
-    group_size = H // k.shape[1]
-    index_all = _all_gather_rows(index.to(torch.int64).unsqueeze(1), group).squeeze(1).detach()
+    index = index.to(torch.int64)
+    index_all = _all_gather_rows(index.unsqueeze(1), group).squeeze(1).detach()
     total = int(cu_seqlens[-1])
-    k_all = _all_gather_rows(k, group)
-    v_all = _all_gather_rows(v, group)
+    k_all, v_all = _all_gather_rows(k, group), _all_gather_rows(v, group)
     K = k_all.new_zeros((total, *k.shape[1:])).index_copy(0, index_all, k_all)  # global packed order
     V = v_all.new_zeros((total, *v.shape[1:])).index_copy(0, index_all, v_all)
+    Q = q.new_zeros((total, *q.shape[1:])).index_copy(0, index, q)
     bounds = [int(x) for x in cu_seqlens.tolist()]
-    ks = _topk_list(topk, len(bounds) - 1)
-    seq_of = torch.bucketize(index.to(torch.int64), torch.as_tensor(bounds[1:], dtype=torch.int64), right=True)
-    scale = 1.0 / math.sqrt(D)
-    out = q.new_zeros(T_r, H, v.shape[-1])
-    gd = _gate_dtype(q.dtype)
-    for i in range(len(bounds) - 1):
-        rows = torch.nonzero(seq_of == i).squeeze(1)
-        a, b = bounds[i], bounds[i + 1]
-        if rows.numel() == 0 or b == a:
-            continue
-        L = b - a
-        pos = index[rows].to(torch.int64) - a  # positions in the sequence
-        kseq, vseq = K[a:b], V[a:b]
-        nb = blocks(L, block_size)
-        means = torch.stack([kseq[j * block_size:min((j + 1) * block_size, L)].to(gd).mean(dim=0)
-                             for j in range(nb)]).repeat_interleave(group_size, dim=1)  # [nb, H, D]
-        qs = q[rows]
-        sel = _selection(qs, pos, means, block_size, ks[i])  # [Lq, H, nb]
-        key = torch.arange(L)
-        kblk, qblk = key // block_size, pos // block_size
-        own = (qblk[:, None] == kblk[None, :]) & (key[None, :] <= pos[:, None])  # [Lq, L]
-        mask = own[None] | sel[:, :, kblk].permute(1, 0, 2)  # [H, Lq, L]
-        kh = kseq.repeat_interleave(group_size, dim=1)
-        vh = vseq.repeat_interleave(group_size, dim=1)
-        s = torch.einsum("thd,shd->hts", qs, kh) * scale
-        p = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1)
-        out = out.index_copy(0, rows, torch.einsum("hts,shd->thd", p, vh))
-    return out
+    starts = torch.as_tensor(bounds[:-1], dtype=torch.int64)
+    seq_of = torch.bucketize(index, torch.as_tensor(bounds[1:], dtype=torch.int64), right=True)
+    blk = (index - starts[seq_of]) // block_size
+    wanted = tuple(tuple(sorted(set(blk[seq_of == i].tolist()))) for i in range(len(bounds) - 1))
+    return moba_attention_chunked(Q, K, V, cu_seqlens, block_size, topk, query_blocks=wanted)[index]
 
 
 def _rotate(x: Any, group: Any) -> Any:

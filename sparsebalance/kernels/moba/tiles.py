@@ -57,6 +57,12 @@ class Layout:
     chunks: list[list[tuple[int, int, int, int, int]]]
     """Pieces per chunk: (sequence start, first key block in ``key_idx``, n selected, t0, t1) = sparse
     rows [t0, t1) of the sequence (whole blocks, relative to its start)."""
+    dense_rows: list[Any] = field(default_factory=list)
+    """Per ``dense`` entry the wanted rows (int64, absolute) when only some of its blocks are
+    wanted (``query_blocks``), else None: those rows attend the range's keys up to their own."""
+    partial: bool = False
+    """Only some query blocks are wanted (``query_blocks``): rows outside them stay unset, and the
+    forward zero-fills its output so that no padding row ever reads garbage."""
     memo: dict = field(default_factory=dict)
     """Index tensors that depend on the layout only (per piece: future-block mask, key offsets, packed
     row-heads), built on first use: a layout is reused by every layer of a step (``chunked.py``)."""
@@ -72,26 +78,47 @@ def _rows(starts: list[int], ends: list[int], B: int, last: int, device: Any) ->
 
 
 def layout(cu: list[int], B: int, topks: list[int], heads: int, dim: int, device: Any,
-           chunk_elements: int) -> Layout:
-    dense, own_s, own_e, key_s, pieces = [], [], [], [], []
+           chunk_elements: int, query_blocks: list[tuple[int, ...]] | None = None) -> Layout:
+    """``query_blocks``: per sequence the query blocks whose rows are wanted (a context-parallel
+    rank's share, ``kernels/moba/cp.py``), None for all. Own blocks, gate pieces and the rows of a
+    causal prefix (or of a dense sequence) cover only those."""
+    dense, dense_rows, own_s, own_e, key_s, pieces = [], [], [], [], [], []
+
+    def add_dense(a: int, b: int, want, upto: int) -> None:  # blocks < upto of [a, b), causally
+        dense.append((a, b))
+        mine = [j for j in want if j < upto]
+        if len(mine) == upto:
+            dense_rows.append(None)
+        else:  # some blocks only: their rows
+            import torch
+
+            dense_rows.append(torch.cat([torch.arange(a + j * B, min(a + (j + 1) * B, b), device=device)
+                                         for j in mine]))
+
     for i in range(len(cu) - 1):
         a, L = cu[i], cu[i + 1] - cu[i]
         nb, n = blocks(L, B), topks[i] - 1
-        if n + 1 >= nb:
-            dense.append((a, a + L))
+        want = range(nb) if query_blocks is None else query_blocks[i]
+        if not want or L == 0:
             continue
-        dense.append((a, a + (n + 1) * B))
-        own_s += [a + j * B for j in range(n + 1, nb)]
-        own_e += [a + L] * (nb - n - 1)
-        if n == 0:
+        if n + 1 >= nb:
+            add_dense(a, a + L, want, nb)
+            continue
+        if min(want) <= n:
+            add_dense(a, a + (n + 1) * B, want, n + 1)
+        sparse = [j for j in want if j > n]
+        own_s += [a + j * B for j in sparse]
+        own_e += [a + L] * len(sparse)
+        if n == 0 or not sparse:
             continue
         k0 = len(key_s)
         key_s += [a + j * B for j in range(nb - 1)]
         # per query block: gate scores (B x heads x nb) and gathered tile rows (B x heads x n x dim)
         per_block = B * heads * max(nb, n * dim)
         step = max(1, chunk_elements // per_block)
-        pieces += [(a, k0, n, c0 * B, min((c0 + step) * B, L), per_block * (min(c0 + step, nb) - c0))
-                   for c0 in range(n + 1, nb, step)]
+        for run in _runs(sparse):  # consecutive wanted blocks, cut into chunks of ``step``
+            pieces += [(a, k0, n, c0 * B, min((c0 + step) * B, (run[-1] + 1) * B, L),
+                        per_block * (min(c0 + step, run[-1] + 1) - c0)) for c0 in range(run[0], run[-1] + 1, step)]
     chunks: list[list] = []
     size = chunk_elements
     for *piece, cost in pieces:
@@ -104,8 +131,20 @@ def layout(cu: list[int], B: int, topks: list[int], heads: int, dim: int, device
     own_idx, valid = _rows(own_s, own_e, B, last, device)
     own_src = valid.nonzero().squeeze(1)
     key_idx, _ = _rows(key_s, [cu[-1]] * len(key_s), B, last, device)
-    return Layout(dense=dense, own_idx=own_idx, own_src=own_src, own_rows=own_idx.index_select(0, own_src),
-                  n_own=len(own_s), key_idx=key_idx, n_keys=len(key_s), chunks=chunks)
+    return Layout(dense=dense, dense_rows=dense_rows, own_idx=own_idx, own_src=own_src, own_rows=own_idx.index_select(0, own_src),
+                  n_own=len(own_s), key_idx=key_idx, n_keys=len(key_s), chunks=chunks,
+                  partial=query_blocks is not None)
+
+
+def _runs(js: list[int]) -> list[list[int]]:
+    """Ascending ints cut into runs of consecutive ones."""
+    out: list[list[int]] = []
+    for j in js:
+        if out and j == out[-1][-1] + 1:
+            out[-1].append(j)
+        else:
+            out.append([j])
+    return out
 
 
 def choose(s: Any, n: int) -> Any:

@@ -141,11 +141,13 @@ class StageWorker:
                     if j not in batches:
                         batches[j] = pack([t for _, t in seqs], device=self.device)
                         if self.cp > 1:  # this rank's share of every sequence, once per micro-batch
-                            from sparsebalance.kernels.moba.cp import cp_token_index
+                            from sparsebalance.kernels.moba.cp import cp_token_index, group_index
                             from sparsebalance.kernels.qwen2 import cp_slice
 
-                            idx = cp_token_index(batches[j].cu_seqlens, self.block_size, self.cp,
-                                                 self.cp_layout)[self.cp_rank]
+                            # every rank's share is known here: the all-gather variant needs no
+                            # collective to learn where the gathered rows go
+                            idx = group_index(cp_token_index(batches[j].cu_seqlens, self.block_size, self.cp,
+                                                             self.cp_layout), self.cp_rank)
                             batches[j] = (cp_slice(batches[j], idx), idx)
                     if self.cp > 1:
                         held["index"] = batches[j][1]

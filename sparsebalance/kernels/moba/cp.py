@@ -31,7 +31,7 @@ from typing import Any
 
 from sparsebalance.data.sequence import blocks
 
-__all__ = ["cp_token_index", "moba_attention_cp", "moba_attention_cp_ring"]
+__all__ = ["cp_token_index", "group_index", "moba_attention_cp", "moba_attention_cp_ring"]
 
 
 def cp_token_index(cu_seqlens: Any, block_size: int, cp: int, layout: str) -> list[Any]:
@@ -62,9 +62,20 @@ def cp_token_index(cu_seqlens: Any, block_size: int, cp: int, layout: str) -> li
             for p in per_rank]
 
 
-def _all_gather_rows(x: Any, group: Any) -> Any:
+def group_index(per_rank: list[Any], rank: int) -> Any:
+    """Rank ``rank``'s index (:func:`cp_token_index`'s entry) carrying the whole group's, so that
+    :func:`moba_attention_cp` places the gathered K/V without a collective to learn it."""
+    import torch
+
+    idx = per_rank[rank]
+    idx._cp_gathered = (torch.cat(per_rank), [len(x) for x in per_rank])
+    return idx
+
+
+def _all_gather_rows(x: Any, group: Any, sizes: list[int] | None = None) -> Any:
     """``x`` ``[T_r, ...]`` of every rank, concatenated in rank order (ranks may hold different
-    counts). Backward: the gradient summed over ranks, the rank's own rows kept."""
+    counts; ``sizes``: every rank's count when known, else gathered first). Backward: the gradient
+    summed over ranks, the rank's own rows kept."""
     import torch
     import torch.distributed as dist
 
@@ -72,16 +83,19 @@ def _all_gather_rows(x: Any, group: Any) -> Any:
         @staticmethod
         def forward(ctx, t):
             world, me = dist.get_world_size(group), dist.get_rank(group)
-            sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-            dist.all_gather(sizes, torch.tensor([t.shape[0]], dtype=torch.int64), group=group)
-            sizes = [int(s) for s in sizes]
-            top = max(sizes)
+            if sizes is None:
+                got = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+                dist.all_gather(got, torch.tensor([t.shape[0]], dtype=torch.int64), group=group)
+                counts = [int(s) for s in got]
+            else:
+                counts = list(sizes)
+            top = max(counts)
             pad = t.new_zeros((top, *t.shape[1:]))
             pad[: t.shape[0]] = t
             parts = [torch.empty_like(pad) for _ in range(world)]
             dist.all_gather(parts, pad.contiguous(), group=group)
-            ctx.sizes, ctx.me = sizes, me
-            return torch.cat([p[:s] for p, s in zip(parts, sizes)], dim=0)
+            ctx.sizes, ctx.me = counts, me
+            return torch.cat([p[:s] for p, s in zip(parts, counts)], dim=0)
 
         @staticmethod
         def backward(ctx, grad):
@@ -119,13 +133,26 @@ def moba_attention_cp(q: Any, k: Any, v: Any, index: Any, cu_seqlens: Any, block
     blocks and gate tiles; a sequence's causal prefix (its first ``topk`` blocks) is computed whole
     by every rank holding one of its blocks."""
     import torch
+    import torch.distributed as dist
 
     from sparsebalance.kernels.moba.chunked import moba_attention_chunked
 
+    held = index
     index = index.to(torch.int64)
-    index_all = _all_gather_rows(index.unsqueeze(1), group).squeeze(1).detach()
+    # every layer of a micro-batch passes the same index tensor: the group's index is kept on it
+    # (group_index, or gathered once here), so a layer costs one collective forward (K and V
+    # together) and one backward
+    gathered = getattr(held, "_cp_gathered", None)
+    if gathered is None:
+        got = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(got, torch.tensor([index.shape[0]], dtype=torch.int64), group=group)
+        sizes = [int(x) for x in got]
+        gathered = (_all_gather_rows(index.unsqueeze(1), group, sizes).squeeze(1).detach(), sizes)
+        held._cp_gathered = gathered
+    index_all, sizes = gathered
     total = int(cu_seqlens[-1])
-    k_all, v_all = _all_gather_rows(k, group), _all_gather_rows(v, group)
+    kv_all = _all_gather_rows(torch.cat([k, v], dim=-1), group, sizes)
+    k_all, v_all = kv_all[..., :k.shape[-1]], kv_all[..., k.shape[-1]:]
     K = k_all.new_zeros((total, *k.shape[1:])).index_copy(0, index_all, k_all)  # global packed order
     V = v_all.new_zeros((total, *v.shape[1:])).index_copy(0, index_all, v_all)
     Q = q.new_zeros((total, *q.shape[1:])).index_copy(0, index, q)

@@ -1,23 +1,26 @@
-"""MoBA attention on a context-parallel (CP) group: the all-gather variant, in PyTorch.
+"""MoBA attention on a context-parallel (CP) group: the all-gather variant and the P2P ring, in PyTorch.
 
 Each rank of a CP group holds a layout's share of every packed sequence's tokens (Q, K and V of its
 key blocks: :func:`cp_token_index`, the same layouts as ``simulator/cost/contextparallel.py``) and
-computes the attention of its own queries. K and V are all-gathered (gloo or NCCL), so every rank
-sees every key at its global position; the gate scores each query against the mean key of every
-block (the pooled block means, computed from the gathered K) and picks, as ``naive.py`` does, the
-``topk - 1`` best past blocks (stable order: the lower block wins a tie) plus the query's own block,
-causally. The backward sums every rank's dK/dV and keeps the rank's own rows: the reduce-scatter of
-the gradients, written as an all-reduce so that gloo runs it too.
+computes the attention of its own queries.
+
+:func:`moba_attention_cp` (all-gather, what the real run runs fast): K and V are all-gathered (gloo
+or NCCL; one collective per layer, K and V together; the group's index comes with this rank's,
+:func:`group_index`, so no collective learns it), placed at their packed positions, and the CPU path
+(``chunked.py``) runs on this rank's query blocks only: their own blocks, their gate (the mean key
+of every block, from the gathered K; the ``topk - 1`` best past blocks, the lower block on ties, as
+``naive.py``) and tiles, and the rows of a causal prefix under a mask. The backward sums every
+rank's dK/dV and keeps the rank's own rows: the reduce-scatter of the gradients, written as an
+all-reduce so that gloo runs it too.
 
 :func:`moba_attention_cp_ring` is the P2P ring: only the pooled block means are all-gathered (for
 the gate); the per-step masks are computed before the ring; K and V (one tensor) travel around the
 ring, each step's partial output is merged by log-sum-exp, and in the backward the K/V gradients
-travel the ring the other way (the rotation's own backward) back to their rank.
+travel the ring the other way (the rotation's own backward) back to their rank. It builds dense
+``[heads, local queries, keys]`` masks per step: a correctness path, test-sized, not fast.
 
-Both are correct, test-sized implementations (dense ``[heads, local queries, keys]`` masks, any
-dtype, differentiable through autograd), checked forward and backward against the single-process
-float64 reference on 2 and 4 gloo ranks; the real run does not call them yet (docs/costmodel.md
-section 11).
+Both are checked forward and backward against the single-process float64 reference on 2 and 4 gloo
+ranks (tests/kernels/test_moba_cp.py).
 
 Shapes: the packed batch has ``T`` tokens (``cu_seqlens`` int ``[N + 1]``); a rank holds ``T_r``
 of them, ``index`` (int64 ``[T_r]``) their packed positions in its order; ``q`` ``[T_r, H, D]``,

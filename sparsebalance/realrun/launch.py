@@ -266,7 +266,8 @@ def worker_started(rank: int, **info) -> None:
         while True:
             sig = signal.sigtimedwait({signal.SIGTERM}, 0.5)
             if sig is not None:
-                _write_status(state="stopped", error="stopped by SIGTERM", time=time.time())
+                if _STATUS.get("state") != "done":  # a rank that said done ended its work: keep it so
+                    _write_status(state="stopped", error="stopped by SIGTERM", time=time.time())
                 os._exit(143)
             if launcher and not pid_alive(launcher):
                 os._exit(1)

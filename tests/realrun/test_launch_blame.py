@@ -56,3 +56,24 @@ def test_nothing_recorded(tmp_path):
 ])
 def test_secondary_errors(text, secondary):
     assert bool(SECONDARY.search(text)) is secondary
+
+
+@pytest.mark.parametrize("done", [False, True])
+def test_sigterm_records_a_stop_unless_the_rank_said_done(tmp_path, done):
+    """torchrun tears the other workers down when one exits with an error; a rank that had already
+    said done (rank 0 released it) keeps 'done', a rank mid-work records 'stopped'."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os, signal, time\n"
+            "from sparsebalance.realrun.launch import worker_started, worker_done\n"
+            "worker_started(1, dp_rank=0, stage=1)\n"
+            + ("worker_done()\n" if done else "")
+            + "os.kill(os.getpid(), signal.SIGTERM)\n"
+              "time.sleep(10)\n")
+    env = dict(os.environ, SPARSEBALANCE_RANK_DIR=str(tmp_path))
+    p = subprocess.run([sys.executable, "-c", code], env=env, timeout=60, check=False)
+    assert p.returncode == 143
+    state = json.loads((tmp_path / "rank1.json").read_text())["state"]
+    assert state == ("done" if done else "stopped")

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from weightcheck import assert_weights_match, torchrun_realrun
+from weightcheck import assert_weights_match, merged_state, reference_check, torchrun_realrun
 
-ROOT = Path(__file__).resolve().parents[2]
 
 CONFIG = """
 name = "t"
@@ -52,28 +49,12 @@ lr = 0.003
 
 
 def _run(tmp: Path, pp: int, layout: str, comm: str) -> None:
-    from sparsebalance.data import load_sequences
-    from sparsebalance.realrun.reference import reference_run
-    from sparsebalance.realrun.results import load_plans
-    from sparsebalance.runconfig import load_run_config
-
     cfg_path = tmp / "run.toml"
     cfg_path.write_text(CONFIG.format(out=tmp / "results", pp=pp, layout=layout, comm=comm))
     res = torchrun_realrun(cfg_path, 2 * pp, tmp / "state", timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
-    out = tmp / "results" / "t"
-    cfg = load_run_config(cfg_path)
-    metrics = pd.read_csv(out / "metrics.csv")
-    plans, budgets = load_plans(out / "plans.json")
-    tokens = {s.id: s.tokens for s in load_sequences(cfg.data, base_dir=cfg.base_dir)}
-    ref_losses, ref_state = reference_run(cfg, plans, budgets, tokens)
-    np.testing.assert_allclose(metrics["loss"].to_numpy(), ref_losses, rtol=2e-5)
-    merged = {}
-    for r in range(2 * pp):  # the two CP ranks of a stage hold the same weights
-        for k, v in torch.load(tmp / "state" / f"rank{r}.pt").items():
-            if k in merged:
-                assert torch.allclose(merged[k], v, rtol=0, atol=1e-6), f"CP ranks differ on {k} (rank {r})"
-            merged[k] = v
+    cfg, _, plans, _, _, ref_state = reference_check(cfg_path, tmp / "results" / "t")
+    merged = merged_state(tmp / "state", 2 * pp, atol=1e-6, what="CP ranks")  # a stage's CP ranks: same weights
     assert_weights_match(merged, ref_state, lr=cfg.realrun["lr"], steps=len(plans), max_off=1e-2)
 
 

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from weightcheck import assert_weights_match, torchrun_realrun
+from weightcheck import assert_weights_match, merged_state, reference_check, torchrun_realrun
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,31 +59,15 @@ def _launch(tmp: Path, *, pp: int, dp: int, schedule: str = "1f1b", iterations: 
 
 
 def _check_against_reference(tmp: Path, pp: int, dp: int) -> None:
-    from sparsebalance.data import load_sequences
-    from sparsebalance.realrun.reference import reference_run
-    from sparsebalance.realrun.results import load_plans
-    from sparsebalance.runconfig import load_run_config
-
     out = tmp / "results" / "t"
-    cfg = load_run_config(tmp / "run.toml")
-    metrics = pd.read_csv(out / "metrics.csv")
-    plans, budgets = load_plans(out / "plans.json")
-    tokens = {s.id: s.tokens for s in load_sequences(cfg.data, base_dir=cfg.base_dir)}
-    ref_losses, ref_state = reference_run(cfg, plans, budgets, tokens)
+    cfg, metrics, plans, _, _, ref_state = reference_check(tmp / "run.toml", out)
     assert np.isfinite(metrics["loss"]).all()
     assert metrics["loss"].iloc[-1] < metrics["loss"].iloc[0]  # training on real text: the loss falls
-    np.testing.assert_allclose(metrics["loss"].to_numpy(), ref_losses, rtol=2e-5)
     # varied lengths and DST budgets really happened
     lengths = {n for p in plans for s in p.sequences() for n in [s.length]}
     assert len(lengths) >= 3
     # post-step weights: every stage equals the reference; DP replicas of a stage are identical
-    merged = {}
-    for r in range(pp * dp):
-        state = torch.load(tmp / "state" / f"rank{r}.pt")
-        for k, v in state.items():
-            if k in merged:
-                assert torch.equal(merged[k], v), f"DP replicas differ on {k} (rank {r})"
-            merged[k] = v
+    merged = merged_state(tmp / "state", pp * dp, what="DP replicas")
     assert_weights_match(merged, ref_state, lr=cfg.realrun["lr"], steps=len(plans),
                          max_off=1e-2 if dp > 1 else 1e-3)
     # a trace row for every action

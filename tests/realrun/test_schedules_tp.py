@@ -3,9 +3,7 @@ tensor parallelism (DTensor), each against the single-process reference (CPU, gl
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from weightcheck import assert_weights_match
+from weightcheck import assert_weights_match, merged_state, reference_check, torchrun_realrun
 
-ROOT = Path(__file__).resolve().parents[2]
 
 CONFIG = """
 name = "t"
@@ -59,36 +56,17 @@ def _launch(tmp: Path, *, pp: int, dp: int, tp: int = 1, schedule: str, v: int =
     cfg = tmp / "run.toml"
     cfg.write_text(CONFIG.format(out=tmp / "results", pp=pp, dp=dp, tp=tp, schedule=schedule, v=v,
                                  gb=4 * dp, replicate=str(replicate).lower()))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(pp * dp * tp),
-           "--standalone", "-m", "sparsebalance.realrun", "--config", str(cfg), "--quiet",
-           "--dump-state", str(tmp / "state")]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
-                          check=False)
+    return torchrun_realrun(cfg, pp * dp * tp, tmp / "state", timeout=timeout)
 
 
 def _check(tmp: Path, *, pp: int, dp: int, tp: int, ops: tuple[str, ...]) -> pd.DataFrame:
     """Losses equal the single-process reference (fp32 tolerance), post-step weights too (DP
     replicas and TP ranks hold the same whole tensors), a trace row per action of every device."""
-    from sparsebalance.data import load_sequences
-    from sparsebalance.realrun.reference import reference_run
-    from sparsebalance.realrun.results import load_plans
-    from sparsebalance.runconfig import load_run_config
     from sparsebalance.simulator.engine.trace import check_trace
 
     out = tmp / "results" / "t"
-    cfg = load_run_config(tmp / "run.toml")
-    metrics = pd.read_csv(out / "metrics.csv")
-    plans, budgets = load_plans(out / "plans.json")
-    tokens = {s.id: s.tokens for s in load_sequences(cfg.data, base_dir=cfg.base_dir)}
-    ref_losses, ref_state = reference_run(cfg, plans, budgets, tokens)
-    np.testing.assert_allclose(metrics["loss"].to_numpy(), ref_losses, rtol=2e-5)
-    merged = {}
-    for r in range(pp * dp * tp):
-        for k, val in torch.load(tmp / "state" / f"rank{r}.pt").items():
-            if k in merged:
-                torch.testing.assert_close(merged[k], val, rtol=0, atol=0, msg=f"{k} differs (rank {r})")
-            merged[k] = val
+    cfg, _, plans, budgets, tokens, ref_state = reference_check(tmp / "run.toml", out)
+    merged = merged_state(tmp / "state", pp * dp * tp)
     # A key bias's exact gradient is zero (it shifts every score of a query, and every MoBA gate
     # score, alike), so only AdamW's bound applies to it. Pipelining keeps every other tensor
     # tight; TP changes the order inside each layer's matmuls and DP the order of the gradient sum,

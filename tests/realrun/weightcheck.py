@@ -56,3 +56,35 @@ def torchrun_realrun(config, nproc: int, state_dir, *, timeout: float = 240):
            "-m", "sparsebalance.realrun", "--config", str(config), "--quiet", "--dump-state", str(state_dir)]
     return subprocess.run(cmd, cwd=root, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
                           text=True, timeout=timeout, check=False)
+
+
+def reference_check(cfg_path, out_dir):
+    """Rerun a finished real run's plans in one process (``realrun.reference``) and hold its losses
+    to the reference's (rtol 2e-5). Returns (cfg, metrics, plans, budgets, tokens, ref_state)."""
+    import numpy as np
+    import pandas as pd
+
+    from sparsebalance.data import load_sequences
+    from sparsebalance.realrun.reference import reference_run
+    from sparsebalance.realrun.results import load_plans
+    from sparsebalance.runconfig import load_run_config
+
+    cfg = load_run_config(cfg_path)
+    metrics = pd.read_csv(out_dir / "metrics.csv")
+    plans, budgets = load_plans(out_dir / "plans.json")
+    tokens = {s.id: s.tokens for s in load_sequences(cfg.data, base_dir=cfg.base_dir)}
+    ref_losses, ref_state = reference_run(cfg, plans, budgets, tokens)
+    np.testing.assert_allclose(metrics["loss"].to_numpy(), ref_losses, rtol=2e-5)
+    return cfg, metrics, plans, budgets, tokens, ref_state
+
+
+def merged_state(state_dir, ranks: int, *, atol: float = 0.0, what: str = "ranks") -> dict:
+    """Every rank's dumped post-run weights as one state: ranks holding the same tensor (DP
+    replicas, TP ranks, CP ranks) must agree within ``atol`` (0: exactly)."""
+    merged: dict = {}
+    for r in range(ranks):
+        for k, v in torch.load(state_dir / f"rank{r}.pt").items():
+            if k in merged:
+                torch.testing.assert_close(merged[k], v, rtol=0, atol=atol, msg=f"{what} differ on {k} (rank {r})")
+            merged[k] = v
+    return merged

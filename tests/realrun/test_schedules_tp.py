@@ -15,7 +15,6 @@ pytest.importorskip("transformers")
 
 from weightcheck import assert_weights_match, merged_state, reference_check, torchrun_realrun
 
-
 CONFIG = """
 name = "t"
 iterations = 2

@@ -172,9 +172,10 @@ def test_compiled_core_equals_numpy_levels_bitwise(schedule, pp, m, v, monkeypat
     """The compiled recurrences (numba; taken for wide calls) against the numpy levels, every
     schedule: starts, ends, the order search's gathered form (order_finish) and the time to the
     iteration's end (time_to_sink)."""
+    from sparsebalance import jit
     from sparsebalance.simulator.schedule import compiled, timing
 
-    if not compiled.available():
+    if not jit.available():
         pytest.skip("numba is not installed: the timing core runs its numpy and plain-loop paths only")
     g = schedule_graph(schedule, pp, m, v)
     rng = np.random.default_rng(pp * m + v)

@@ -49,6 +49,9 @@ class Placement:
     """[N] first rank of its aligned group."""
     tokens: np.ndarray
     """[cp] tokens each rank holds (a sequence's tokens dealt evenly over its group)."""
+    attention: dict[bool, np.ndarray]
+    """Per pass (backward?) [cp] one layer's attention per rank: its pieces' seconds + the call's
+    fixed part once for a rank with any piece."""
     load: np.ndarray
     """[cp] seconds per rank of one layer, forward + backward (its pieces' attention, the call's
     fixed part once, the dense part of its tokens)."""
@@ -88,8 +91,7 @@ class PerSequenceCP:
                                   + lm.dense(L * cp // d) + lm.dense(L * cp // d, backward=True))
         deg, start, _ = place(cost, self.degrees, cp)
         largest = np.array([max(d for d in self.degrees if self.allowed(L, d)) for L in key[0]], dtype=np.int64)
-        alt_start, _ = groups(cost[np.arange(len(largest)), [self.degrees.index(d) for d in largest]], largest, cp) \
-            if len(largest) else (start, None)
+        alt_start, _ = groups(cost[np.arange(len(largest)), np.searchsorted(self.degrees, largest)], largest, cp)
         cands = [self._priced(key[0], k, deg, start), self._priced(key[0], k, largest, alt_start)]
         hit = min(cands, key=lambda pl: float(pl.load.max()))  # ties: the planner's
         self._placements[key] = hit
@@ -102,28 +104,21 @@ class PerSequenceCP:
         rank priced in full (the pieces' attention, the call once, the dense part of its tokens)."""
         lm, cp = self.lm, self.cp
         tokens = np.zeros(cp, dtype=np.int64)
-        attn = np.zeros(cp)
+        attn = {False: np.zeros(cp), True: np.zeros(cp)}
         for L, d, a in zip(lengths, deg.tolist(), start.tolist()):
             tokens[a:a + d] += L // d + (np.arange(d) < L % d)
-            attn[a:a + d] += lm.attention_at_degree(L, k, d) + lm.attention_at_degree(L, k, d, backward=True)
-        load = np.array([a + (lm.call[False] + lm.call[True] + lm.dense(t * cp) + lm.dense(t * cp, backward=True)
-                              if t else 0.0) for a, t in zip(attn.tolist(), tokens.tolist())])
-        return Placement(degree=deg, start=start, tokens=tokens, load=load)
+            for bw in (False, True):
+                attn[bw][a:a + d] += lm.attention_at_degree(L, k, d, backward=bw)
+        for bw in (False, True):
+            attn[bw] = attn[bw] + np.where(tokens > 0, lm.call[bw], 0.0)
+        load = attn[False] + attn[True] + np.array([lm.dense(t * cp) + lm.dense(t * cp, backward=True) if t else 0.0
+                                                    for t in tokens.tolist()])
+        return Placement(degree=deg, start=start, tokens=tokens, attention=attn, load=load)
 
     def busiest_tokens(self, lengths, k: int) -> int:
         """The tokens of the busiest rank x cp: what P2P and memory, which divide a micro-batch's
         tokens by cp, should see."""
         return int(self.placement(lengths, k).tokens.max()) * self.cp
-
-    def rank_attention(self, lengths, k: int, backward: bool) -> np.ndarray:
-        """[cp] one layer's attention per rank: its pieces' seconds + the call's fixed part once
-        for a rank with any piece."""
-        lm = self.lm
-        pl = self.placement(lengths, k)
-        out = np.zeros(self.cp)
-        for L, d, a in zip(lengths, pl.degree.tolist(), pl.start.tolist()):
-            out[a:a + d] += lm.attention_at_degree(int(L), int(k), d, backward=backward)
-        return out + np.where(pl.tokens > 0, lm.call[backward], 0.0)
 
     def times(self, microbatches, k: np.ndarray, modes=("F", "B")) -> dict[str, np.ndarray]:
         """Seconds [V, M] per mode of micro-batch i (a tuple of lengths) at the int budget ``k[i]``:
@@ -133,9 +128,10 @@ class PerSequenceCP:
         tokens = np.zeros(m * cp, dtype=np.int64)
         attn = {bw: np.zeros(m * cp) for bw in (False, True)}
         for i, (mb, ki) in enumerate(zip(microbatches, np.asarray(k).tolist())):
-            tokens[i * cp:(i + 1) * cp] = self.placement(mb, ki).tokens * cp
-            for bw in {MODES[mode][0] for mode in modes}:
-                attn[bw][i * cp:(i + 1) * cp] = self.rank_attention(mb, ki, bw)
+            pl = self.placement(mb, ki)
+            tokens[i * cp:(i + 1) * cp] = pl.tokens * cp
+            for bw in (False, True):
+                attn[bw][i * cp:(i + 1) * cp] = pl.attention[bw]
         out = {}
         for mode in modes:
             bw, part = MODES[mode]

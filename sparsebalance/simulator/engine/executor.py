@@ -97,10 +97,8 @@ class SimulatorExecutor:
         return np.array([self.latency.grad_sync_exposed(s, w) for s, w in enumerate(window)], dtype=float)
 
     def _memory_tokens(self, plan: Plan, inp) -> np.ndarray:
-        """[dp, m] tokens the memory model sees per micro-batch: the busiest CP rank's x cp under
-        ``cp_split = "per-sequence"`` (it divides by cp), else the micro-batch's."""
-        if self.cluster.cp_split != "per-sequence":
-            return inp.tokens
+        """[dp, m] tokens the memory model sees per micro-batch: the busiest CP rank's x cp (it
+        divides by cp; the micro-batch's own tokens unless ``cp_split = "per-sequence"``)."""
         return np.array([self.latency.cp_tokens(mb.lengths, max(1, round(float(inp.budget[r, j]))))
                          for r, j, mb in plan.microbatches()], dtype=float).reshape(inp.tokens.shape)
 

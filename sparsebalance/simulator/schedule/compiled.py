@@ -156,11 +156,6 @@ def order_finish_compiled(graph, orders: np.ndarray, fwd, bwd, p2p, bwd_input=No
     return end[graph.last].T
 
 
-def available() -> bool:
-    """Whether the compiled path can run here (numba importable; loads it)."""
-    return jit.available()
-
-
 def worth(work: int) -> bool:
     """Whether a call of ``work`` node x column updates takes the compiled path: once a large
     decision has loaded it (:func:`sparsebalance.jit.warm`), from :data:`MIN_WORK` on."""

@@ -48,18 +48,18 @@ CHUNK_ELEMENTS = 1 << 23
 KEEP_ELEMENTS = 1 << 24
 
 
-def _flash(q: Any, k: Any, v: Any, causal: bool, scale: float, mask: Any = None) -> tuple[Any, Any]:
+def _flash(q: Any, k: Any, v: Any, causal: bool, scale: float) -> tuple[Any, Any]:
     import torch
 
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
+        q, k, v, 0.0, causal, scale=scale)
 
 
-def _flash_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, causal: bool, scale: float, mask: Any = None):
+def _flash_bwd(do: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, causal: bool, scale: float):
     import torch
 
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        do, q, k, v, o, lse, 0.0, causal, attn_mask=mask, scale=scale)
+        do, q, k, v, o, lse, 0.0, causal, scale=scale)
 
 
 def _expand(x: Any, g: int) -> Any:
@@ -108,22 +108,6 @@ class _Ctx:
         y = x[a:b].transpose(0, 1).unsqueeze(0)
         return (_expand(y, self.g) if expand else y).contiguous()
 
-    def rows(self, x: Any, rows: Any) -> Any:
-        """Rows ``rows`` of [T, heads, D] as [1, heads, len(rows), D]."""
-        return x.index_select(0, rows).transpose(0, 1).unsqueeze(0).contiguous()
-
-    def mask(self, rows: Any, a: int, b: int) -> Any:
-        """Additive causal mask [len(rows), b - a] of rows ``rows`` against keys [a, b)."""
-        import torch
-
-        key = ("mask", int(rows[0]), len(rows), a, b)
-        hit = self.lay.memo.get(key)
-        if hit is None:
-            ok = torch.arange(a, b, device=rows.device)[None, :] <= rows[:, None]
-            hit = self.lay.memo[key] = torch.zeros(ok.shape, dtype=self.q.dtype, device=rows.device).masked_fill_(
-                ~ok, float("-inf"))
-        return hit
-
     def tile_kv(self, t: Tiles) -> tuple[Any, Any, Any]:
         """(q, k, v) of the tiles: gathered query rows [nt, 1, TILE, D] and their key block."""
         if t.kept is not None:
@@ -142,10 +126,16 @@ def _forward(c: _Ctx) -> tuple[Any, Any, list[Tiles]]:
     out = alloc(c.T, c.H, c.D)
     lse = alloc(c.T, c.H)
     for (a, b), rows in zip(c.lay.dense, c.lay.dense_rows):  # dense sequences and the prefixes: causal
-        if rows is not None:  # some rows only (a CP rank's): each attends the keys up to its own
-            o, l = _flash(c.rows(c.q, rows), c.seq(c.k, a, b, True), c.seq(c.v, a, b, True), False, c.scale,
-                          c.mask(rows, a, b))
-            out[rows], lse[rows] = o[0].transpose(0, 1), l[0].transpose(0, 1)
+        if rows is not None:  # rows [r0, b) only (a CP rank's): causal on [r0, b), merged with keys [a, r0)
+            r0 = rows[0]
+            qr = c.seq(c.q, r0, b, False)
+            o, l = _flash(qr, c.seq(c.k, r0, b, True), c.seq(c.v, r0, b, True), True, c.scale)
+            if r0 > a:
+                o2, l2 = _flash(qr, c.seq(c.k, a, r0, True), c.seq(c.v, a, r0, True), False, c.scale)
+                m = torch.logaddexp(l, l2)
+                o = o * torch.exp(l - m).unsqueeze(-1) + o2 * torch.exp(l2 - m).unsqueeze(-1)
+                l = m
+            out[r0:b], lse[r0:b] = o[0].transpose(0, 1), l[0].transpose(0, 1)
             continue
         o, l = _flash(c.seq(c.q, a, b, False), c.seq(c.k, a, b, True), c.seq(c.v, a, b, True),
                       True, c.scale)
@@ -189,12 +179,17 @@ def _backward(c: _Ctx, out: Any, lse: Any, do: Any, tiles: list[Tiles]) -> tuple
 
     dq, dk, dv = torch.zeros_like(c.q), torch.zeros_like(c.k), torch.zeros_like(c.v)
     for (a, b), rows in zip(c.lay.dense, c.lay.dense_rows):
-        if rows is not None:
-            gq, gk, gv = _flash_bwd(c.rows(do, rows), c.rows(c.q, rows), c.seq(c.k, a, b, True),
-                                    c.seq(c.v, a, b, True), c.rows(out, rows), lse[rows].t().unsqueeze(0), False,
-                                    c.scale, c.mask(rows, a, b))
-            dq[rows] = gq[0].transpose(0, 1)
-            dk[a:b], dv[a:b] = _fold(gk, c.g)[0].transpose(0, 1), _fold(gv, c.g)[0].transpose(0, 1)
+        if rows is not None:  # each part with the merged output and LSE: its exact share
+            r0 = rows[0]
+            parts = [(r0, b, True)] + ([(a, r0, False)] if r0 > a else [])
+            dor, qr, outr = c.seq(do, r0, b, False), c.seq(c.q, r0, b, False), c.seq(out, r0, b, False)
+            lr = lse[r0:b].t().unsqueeze(0)
+            for k0, k1, causal in parts:  # runs of one sequence share keys: gradients add
+                gq, gk, gv = _flash_bwd(dor, qr, c.seq(c.k, k0, k1, True), c.seq(c.v, k0, k1, True), outr, lr,
+                                        causal, c.scale)
+                dq[r0:b] += gq[0].transpose(0, 1)
+                dk[k0:k1] += _fold(gk, c.g)[0].transpose(0, 1)
+                dv[k0:k1] += _fold(gv, c.g)[0].transpose(0, 1)
             continue
         gq, gk, gv = _flash_bwd(c.seq(do, a, b, False), c.seq(c.q, a, b, False),
                                 c.seq(c.k, a, b, True), c.seq(c.v, a, b, True),
@@ -287,7 +282,7 @@ def moba_attention_chunked(q: Any, k: Any, v: Any, cu_seqlens: Any, block_size: 
     Arguments as :func:`sparsebalance.kernels.moba.api.moba_attention` (``topk`` int or integer tensor
     ``[N]``); inputs are assumed valid (the API validates). ``query_blocks``: per sequence a tuple of
     the query blocks whose rows the caller reads (a context-parallel rank's share); the other rows
-    of the output are left unset (and get no gradient), except a causal prefix computed whole.
+    of the output are left unset (and get no gradient).
     """
     import torch
 

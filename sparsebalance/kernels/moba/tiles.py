@@ -57,9 +57,10 @@ class Layout:
     chunks: list[list[tuple[int, int, int, int, int]]]
     """Pieces per chunk: (sequence start, first key block in ``key_idx``, n selected, t0, t1) = sparse
     rows [t0, t1) of the sequence (whole blocks, relative to its start)."""
-    dense_rows: list[Any] = field(default_factory=list)
-    """Per ``dense`` entry the wanted rows (int64, absolute) when only some of its blocks are
-    wanted (``query_blocks``), else None: those rows attend the range's keys up to their own."""
+    dense_rows: list[tuple[int, int] | None] = field(default_factory=list)
+    """Per ``dense`` entry (a, b): None when all its rows are wanted (causal attention over [a, b)),
+    else rows [r0, b) (absolute; a run of consecutive wanted blocks, ``query_blocks``) that attend
+    keys [a, b): causally within [r0, b), every key before r0."""
     partial: bool = False
     """Only some query blocks are wanted (``query_blocks``): rows outside them stay unset, and the
     forward zero-fills its output so that no padding row ever reads garbage."""
@@ -85,15 +86,17 @@ def layout(cu: list[int], B: int, topks: list[int], heads: int, dim: int, device
     dense, dense_rows, own_s, own_e, key_s, pieces = [], [], [], [], [], []
 
     def add_dense(a: int, b: int, want, upto: int) -> None:  # blocks < upto of [a, b), causally
-        dense.append((a, b))
         mine = [j for j in want if j < upto]
         if len(mine) == upto:
+            dense.append((a, b))
             dense_rows.append(None)
-        else:  # some blocks only: their rows
-            import torch
-
-            dense_rows.append(torch.cat([torch.arange(a + j * B, min(a + (j + 1) * B, b), device=device)
-                                         for j in mine]))
+            return
+        # some blocks only (a CP rank's): per run of them, its rows against the keys up to its end,
+        # so that a rank does its causal share of the work, not whole rows of the range
+        for run in _runs(mine):
+            end = min(a + (run[-1] + 1) * B, b)
+            dense.append((a, end))
+            dense_rows.append((a + run[0] * B, end))
 
     for i in range(len(cu) - 1):
         a, L = cu[i], cu[i + 1] - cu[i]

@@ -1,9 +1,15 @@
-"""The CPU's tensor-parallel all-reduce, for ``cluster.tp_latency`` / ``cluster.tp_bandwidth`` of a
-CPU TP run (gloo): ring all-reduce of a [tokens, hidden] float32 activation between the ranks of a
-TP group, timed per call, fitted as ``latency + 2 (tp - 1) / tp x bytes / bandwidth`` (least squares
-over the sizes). Prints the table and the fit (not a test).
+"""The CPU's collectives (gloo) for a CPU run's link constants, timed per call and fitted by least
+squares over the sizes (prints the table and the fit; not a test):
 
-    flock -x /work/locks/cpu.lock .venv/bin/python benchmarks/bench_tp_allreduce_cpu.py [--groups 2]
+* ``--op allreduce`` (default): ring all-reduce of a [tokens, hidden] float32 activation between the
+  ranks of a TP group, fitted as ``latency + 2 (tp - 1) / tp x bytes / bandwidth``: ``cluster.tp_latency``
+  / ``tp_bandwidth`` of a TP run, ``allreduce_*`` of the gradient reduction;
+* ``--op allgather``: the CP all-gather of K/V (``kernels/moba/cp.py``: every rank's [tokens / n,
+  hidden] float32 share), fitted as the simulator prices it (``contextparallel.layer_time``:
+  ``(n - 1) x latency + (n - 1) / n x gathered bytes / bandwidth``): ``cluster.p2p_latency`` and, inside
+  one node, ``tp_bandwidth`` of a CP run's transfers.
+
+    flock -x /work/locks/cpu.lock .venv/bin/python benchmarks/bench_tp_allreduce_cpu.py [--groups 2] [--op allgather]
 
 ``--groups G`` runs G TP groups at once (G x tp processes), as a PP G x TP tp run has G stages'
 TP groups all-reducing on the same host. Each process pins itself to one core when the host has
@@ -19,7 +25,8 @@ import statistics
 import time
 
 
-def _worker(rank: int, world: int, tp: int, hidden: int, sizes: list[int], repeats: int, port: int, q) -> None:
+def _worker(rank: int, world: int, tp: int, hidden: int, sizes: list[int], repeats: int, port: int, q,
+            op: str = "allreduce") -> None:
     import torch
     import torch.distributed as dist
 
@@ -33,14 +40,20 @@ def _worker(rank: int, world: int, tp: int, hidden: int, sizes: list[int], repea
     group = groups[rank // tp]
     out = {}
     for tokens in sizes:
-        x = torch.randn(tokens, hidden)
+        if op == "allreduce":
+            x = torch.randn(tokens, hidden)
+            call = lambda x=x: dist.all_reduce(x, group=group)
+        else:  # tokens: the gathered total; each rank holds 1/tp of them
+            x = torch.randn(tokens // tp, hidden)
+            parts = [torch.empty_like(x) for _ in range(tp)]
+            call = lambda x=x, parts=parts: dist.all_gather(parts, x, group=group)
         for _ in range(3):
-            dist.all_reduce(x, group=group)
+            call()
         dist.barrier()
         ts = []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            dist.all_reduce(x, group=group)
+            call()
             ts.append(time.perf_counter() - t0)
         out[tokens] = statistics.fmean(ts)
     q.put((rank, out))
@@ -55,6 +68,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="64,128,256,512,1024,2048,4096,8192", help="tokens per all-reduce")
     ap.add_argument("--repeats", type=int, default=200)
     ap.add_argument("--port", type=int, default=29611)
+    ap.add_argument("--op", choices=("allreduce", "allgather"), default="allreduce")
     args = ap.parse_args()
     import multiprocessing as mp
 
@@ -64,7 +78,8 @@ def main() -> None:
     world = args.tp * args.groups
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, world, args.tp, args.hidden, sizes, args.repeats, args.port, q))
+    procs = [ctx.Process(target=_worker, args=(r, world, args.tp, args.hidden, sizes, args.repeats, args.port, q,
+                                                    args.op))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -73,16 +88,19 @@ def main() -> None:
         p.join()
     mean = {s: float(np.mean([results[r][s] for r in results])) for s in sizes}
     nbytes = np.array([s * args.hidden * 4 for s in sizes], dtype=float)
-    ring = 2 * (args.tp - 1) / args.tp * nbytes
-    A = np.vstack([np.ones_like(ring), ring]).T
+    n = args.tp
+    ring = (2 if args.op == "allreduce" else 1) * (n - 1) / n * nbytes
+    calls = np.full_like(ring, 1.0 if args.op == "allreduce" else n - 1.0)  # latency paid per call / per step
+    A = np.vstack([calls, ring]).T
     (lat, inv_bw), *_ = np.linalg.lstsq(A, np.array([mean[s] for s in sizes]), rcond=None)
     print(f"host: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; load "
-          f"{os.getloadavg()[0]:.2f}; tp {args.tp} x {args.groups} group(s), hidden {args.hidden}, "
-          f"float32, mean of {args.repeats}")
+          f"{os.getloadavg()[0]:.2f}; {args.op}, {args.tp} ranks x {args.groups} group(s), hidden "
+          f"{args.hidden}, float32, mean of {args.repeats}")
     print(f"{'tokens':>8} {'bytes':>10} {'seconds':>12} {'fit':>12}")
-    for s, b, r in zip(sizes, nbytes, ring):
-        print(f"{s:>8} {int(b):>10} {mean[s]:12.3e} {lat + inv_bw * r:12.3e}")
-    print(f"fit: tp_latency = {lat:.3e} s, tp_bandwidth = {1 / inv_bw:.3e} bytes/s")
+    for s, b, r, c in zip(sizes, nbytes, ring, calls):
+        print(f"{s:>8} {int(b):>10} {mean[s]:12.3e} {lat * c + inv_bw * r:12.3e}")
+    names = ("tp_latency", "tp_bandwidth") if args.op == "allreduce" else ("p2p_latency", "tp_bandwidth (CP)")
+    print(f"fit: {names[0]} = {lat:.3e} s, {names[1]} = {1 / inv_bw:.3e} bytes/s")
 
 
 if __name__ == "__main__":

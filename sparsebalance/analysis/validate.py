@@ -19,10 +19,13 @@ import numpy as np
 import pandas as pd
 
 from sparsebalance.analysis.compare import compare, mean_abs_error, speedup_table, stage_busy
-from sparsebalance.simulator.engine.trace import WORK_OPS
+from sparsebalance.simulator.engine.trace import NESTED_OPS, WORK_OPS
 
-OPS = ("F", "B", "I", "W", "P2P", "ALLREDUCE", "OPTIM")
-"""Trace ops; a measured P2P row is a receive *wait* (idle included), a predicted one the transfer."""
+OPS = ("F", "B", "I", "W", "P2P", "ALLREDUCE", "OPTIM", "CP_COMM")
+"""Trace ops compared; a measured P2P row is a receive *wait* (idle included), a predicted one the
+transfer; a measured CP_COMM row a CP collective's call (the wait for the group's slowest rank
+included), a predicted one the transfer. CP_COMM lies inside F/B actions (NESTED_OPS): not traced
+time of its own."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -78,7 +81,7 @@ def _op_sums(trace: pd.DataFrame, iteration_time: pd.Series) -> pd.DataFrame:
     d = trace.assign(seconds=trace["end_s"] - trace["start_s"])
     s = d.groupby(["iteration", "dp_rank", "stage", "op"], sort=True)["seconds"].sum()
     full = s.unstack("op").reindex(columns=list(OPS)).fillna(0.0)
-    traced = full.sum(axis=1)
+    traced = full[[op for op in OPS if op not in NESTED_OPS]].sum(axis=1)
     its = full.index.get_level_values("iteration")
     total = iteration_time.reindex(its).to_numpy()
     full["idle"] = total - full[list(WORK_OPS)].sum(axis=1).to_numpy()
@@ -88,7 +91,7 @@ def _op_sums(trace: pd.DataFrame, iteration_time: pd.Series) -> pd.DataFrame:
 
 def op_table(side: Side, *, warmup_excluded: bool) -> pd.DataFrame:
     """Per (iteration, dp_rank, stage, op): seconds predicted vs measured; ops F, B, P2P, ALLREDUCE,
-    OPTIM, ``idle`` and ``untraced`` (see :func:`_op_sums`)."""
+    OPTIM, CP_COMM, ``idle`` and ``untraced`` (see :func:`_op_sums`)."""
     pm = side.predicted_metrics.set_index("iteration")["iteration_time_s"]
     mm = side.measured_metrics.set_index("iteration")["iteration_time_s"]
     t = compare(_op_sums(side.predicted_trace, pm), _op_sums(side.measured_trace, mm),

@@ -23,11 +23,14 @@ def print_report(out: Path, tables: dict, summary: dict) -> None:
     print(st.round(4).to_string(index=False))
     # P2P and untraced mean different things on the two sides (a real receive wait vs a simulated
     # transfer; framework time vs pipeline idle), so they are listed measured-only.
-    same = ops["op"].isin(["F", "B", "I", "W", "ALLREDUCE", "OPTIM", "idle"])
-    # a schedule without split backward has no I/W rows on either side: not listed
-    same &= ~(ops["op"].isin(["I", "W", "B"]) & (ops["predicted"] == 0) & (ops["measured"] == 0))
+    same = ops["op"].isin(["F", "B", "I", "W", "ALLREDUCE", "OPTIM", "CP_COMM", "idle"])
+    # a schedule without split backward has no I/W rows on either side, a run without CP no CP_COMM: not listed
+    same &= ~(ops["op"].isin(["I", "W", "B", "CP_COMM"]) & (ops["predicted"] == 0) & (ops["measured"] == 0))
     print("\nper op: seconds per iteration (idle = iteration time - F - B, or F - I - W)")
     print(ops[same].round(4).to_string(index=False))
+    if (ops[same]["op"] == "CP_COMM").any():
+        print("CP_COMM (inside F/B): predicted = the CP transfers' seconds, measured = the CP collectives' "
+              "calls, waits for the group's slowest rank included")
     extra = ops[~same][["policy", "stage", "op", "measured"]]
     print("measured only: P2P = receive wait, untraced = time outside any traced action")
     print(extra.round(4).to_string(index=False))

@@ -95,9 +95,12 @@ class StageWorker:
         return time.perf_counter() - self.origin
 
     def run(self, msg: IterationMessage) -> RankReport:
+        from contextlib import nullcontext
+
         import torch.distributed as dist
 
         from sparsebalance.kernels.cpuclock import thread_usage, usage_delta
+        from sparsebalance.kernels.moba.cp import recording as cp_recording
         from sparsebalance.kernels.qwen2 import MobaArgs, pack
         from sparsebalance.realrun.chunks import DeviceActions, Route
         from sparsebalance.simulator.schedule.schedules import stage_orders
@@ -134,52 +137,57 @@ class StageWorker:
                     if u0 is not None:
                         rep.cpu.append((len(rep.rows) - 1, usage_delta(u0, thread_usage())))
 
-            if kind == "F":
-                held: dict[str, Any] = {}  # under CP: this rank's token index of micro-batch j, once packed
+            # CP collectives inside the action (its attention's gathers, hops, gradients' way back):
+            # CP_COMM rows, timed where they run (kernels/moba/cp.py)
+            timing = (cp_recording(self.now, lambda t0, t1, row=row: row("CP_COMM", t0, t1))
+                      if self.cp > 1 and report else nullcontext())
+            with timing:
+                if kind == "F":
+                    held: dict[str, Any] = {}  # under CP: this rank's token index of micro-batch j, once packed
 
-                def make_batch(seqs=seqs, j=j, held=held) -> Any:  # packed inside F's timed span, once per j
-                    if j not in batches:
-                        batches[j] = pack([t for _, t in seqs], device=self.device)
-                        if self.cp > 1:  # this rank's share of every sequence, once per micro-batch
-                            from sparsebalance.kernels.moba.cp import cp_token_index, group_index
-                            from sparsebalance.kernels.qwen2 import cp_slice
+                    def make_batch(seqs=seqs, j=j, held=held) -> Any:  # packed inside F's timed span, once per j
+                        if j not in batches:
+                            batches[j] = pack([t for _, t in seqs], device=self.device)
+                            if self.cp > 1:  # this rank's share of every sequence, once per micro-batch
+                                from sparsebalance.kernels.moba.cp import cp_token_index, group_index
+                                from sparsebalance.kernels.qwen2 import cp_slice
 
-                            # every rank's share is known here: the all-gather variant needs no
-                            # collective to learn where the gathered rows go
-                            idx = group_index(cp_token_index(batches[j].cu_seqlens, self.block_size, self.cp,
-                                                             self.cp_layout), self.cp_rank)
-                            batches[j] = (cp_slice(batches[j], idx), idx)
+                                # every rank's share is known here: the all-gather variant needs no
+                                # collective to learn where the gathered rows go
+                                idx = group_index(cp_token_index(batches[j].cu_seqlens, self.block_size, self.cp,
+                                                                 self.cp_layout), self.cp_rank)
+                                batches[j] = (cp_slice(batches[j], idx), idx)
+                        if self.cp > 1:
+                            held["index"] = batches[j][1]
+                            return batches[j][0]
+                        return batches[j]
+
+                    # every TP rank gates: each holds a share of the heads; under CP no rank sees whole sequences
+                    gate = vs == self.coverage_vs and self.cp == 1
+                    moba_for = partial(MobaArgs, budget=budget, block_size=self.block_size,
+                                       backend=self.rr.attention_backend,
+                                       coverage_layer=self.rr.coverage_layer if gate else None)
                     if self.cp > 1:
-                        held["index"] = batches[j][1]
-                        return batches[j][0]
-                    return batches[j]
-
-                # every TP rank gates: each holds a share of the heads; under CP no rank sees whole sequences
-                gate = vs == self.coverage_vs and self.cp == 1
-                moba_for = partial(MobaArgs, budget=budget, block_size=self.block_size,
-                                   backend=self.rr.attention_backend,
-                                   coverage_layer=self.rr.coverage_layer if gate else None)
-                if self.cp > 1:
-                    def moba_for(cu_seqlens, base_for=moba_for, held=held):  # the index is known once packed
-                        return base_for(cu_seqlens=cu_seqlens, cp_index=held["index"], cp_group=self.groups["cp"],
-                                        cp_comm=self.cp_comm)
-                loss, moba = acts.forward(vs, j, make_batch, moba_for, msg.label_tokens, split, row)
-                if loss is not None and self.cp > 1:
-                    cp_loss += float(loss)
-                    loss = None
-                if loss is not None and report:
-                    value = float(loss)
-                    rep.loss += value
-                    if rep.nonfinite_microbatch is None and not math.isfinite(value):
-                        rep.nonfinite_microbatch = j
-                if gate:
-                    gated.append((seqs, moba))
-            elif kind == "B":
-                acts.backward(vs, j, row)
-            elif kind == "I":
-                acts.backward_input(vs, j, row)
-            else:
-                acts.backward_weight(vs, j, row)
+                        def moba_for(cu_seqlens, base_for=moba_for, held=held):  # the index is known once packed
+                            return base_for(cu_seqlens=cu_seqlens, cp_index=held["index"], cp_group=self.groups["cp"],
+                                            cp_comm=self.cp_comm)
+                    loss, moba = acts.forward(vs, j, make_batch, moba_for, msg.label_tokens, split, row)
+                    if loss is not None and self.cp > 1:
+                        cp_loss += float(loss)
+                        loss = None
+                    if loss is not None and report:
+                        value = float(loss)
+                        rep.loss += value
+                        if rep.nonfinite_microbatch is None and not math.isfinite(value):
+                            rep.nonfinite_microbatch = j
+                    if gate:
+                        gated.append((seqs, moba))
+                elif kind == "B":
+                    acts.backward(vs, j, row)
+                elif kind == "I":
+                    acts.backward_input(vs, j, row)
+                else:
+                    acts.backward_weight(vs, j, row)
         acts.check_done()
         self.p2p.wait_sends()
         if self.cp > 1 and self.stage == self.placement[-1]:  # the loss of the whole sequences

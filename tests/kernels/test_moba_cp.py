@@ -1,6 +1,7 @@
 """MoBA on a context-parallel group (kernels/moba/cp.py: the all-gather and the P2P ring variants) against the
 single-process float64 reference: forward and every gradient, on 2 and 4 gloo ranks, for each
-layout, with packed ragged sequences, GQA and per-sequence budgets (fresh random inputs, no zeros)."""
+layout, with packed ragged sequences, GQA and per-sequence budgets (fresh random inputs, no zeros);
+and one timed row per collective, forward and backward (the real run's CP_COMM rows)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,9 @@ def inputs(seed: int):
 def _worker(rank: int, world: int, store: str, out: str) -> None:
     import torch.distributed as dist
 
-    from sparsebalance.kernels.moba.cp import cp_token_index, moba_attention_cp, moba_attention_cp_ring
+    import time
+
+    from sparsebalance.kernels.moba.cp import cp_token_index, moba_attention_cp, moba_attention_cp_ring, recording
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     res = {}
@@ -42,9 +45,13 @@ def _worker(rank: int, world: int, store: str, out: str) -> None:
             q, k, v, up, cu = inputs(7)
             idx = cp_token_index(cu, BLOCK, world, layout)[rank]
             ql, kl, vl = (x[idx].clone().requires_grad_(True) for x in (q, k, v))
-            o = fn(ql, kl, vl, idx, cu, BLOCK, torch.tensor(TOPK))
-            (o * up[idx]).sum().backward()
-            res[(comm, layout)] = {"index": idx, "out": o.detach(), "dq": ql.grad, "dk": kl.grad, "dv": vl.grad}
+            fwd, bwd = [], []  # the CP collectives' (t0, t1), as the real run's CP_COMM rows
+            with recording(time.perf_counter, lambda a, b: fwd.append((a, b))):
+                o = fn(ql, kl, vl, idx, cu, BLOCK, torch.tensor(TOPK))
+            with recording(time.perf_counter, lambda a, b: bwd.append((a, b))):
+                (o * up[idx]).sum().backward()
+            res[(comm, layout)] = {"index": idx, "out": o.detach(), "dq": ql.grad, "dk": kl.grad, "dv": vl.grad,
+                                   "fwd": fwd, "bwd": bwd}
     with open(f"{out}.{rank}", "wb") as f:
         pickle.dump(res, f)
     dist.barrier()
@@ -74,6 +81,14 @@ def test_cp_attention_matches_the_float64_reference(world, tmp_path):
         for name, want in (("out", ref.detach()), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
             mine = torch.cat([g[name] for g in got])
             assert torch.allclose(mine, want[idx], rtol=1e-10, atol=1e-12), (key, name)
+        # one timed row per collective: all-gather: the index (no group_index here) and K/V, then
+        # the gradients' all-reduce; ring: the gate's pooled means and world - 1 hops, then the
+        # world - 1 hops of dK/dV back
+        want_rows = {"allgather": (2, 1), "ring": (world, world - 1)}[key[0]]
+        for g in got:
+            assert (len(g["fwd"]), len(g["bwd"])) == want_rows, key
+            spans = g["fwd"] + g["bwd"]
+            assert all(a <= b for a, b in spans) and all(b <= c for (_, b), (c, _) in zip(spans, spans[1:]))
 
 
 def test_token_index_deals_blocks_by_layout():

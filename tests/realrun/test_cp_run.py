@@ -1,5 +1,6 @@
 """The real run with context parallelism (gloo, CPU): a PP 1 x CP 2 and a PP 2 x CP 2 run's losses
-and post-step weights equal the single-process reference, for the ring and the all-gather exchange."""
+and post-step weights equal the single-process reference, for the ring and the all-gather exchange;
+every CP collective is a CP_COMM row of the measured trace, inside its action."""
 
 from __future__ import annotations
 
@@ -55,6 +56,27 @@ def _run(tmp: Path, pp: int, layout: str, comm: str) -> None:
     cfg, _, plans, _, _, ref_state = reference_check(cfg_path, tmp / "results" / "t")
     merged = merged_state(tmp / "state", 2 * pp, atol=1e-6, what="CP ranks")  # a stage's CP ranks: same weights
     assert_weights_match(merged, ref_state, lr=cfg.realrun["lr"], steps=len(plans), max_off=1e-2)
+    _check_cp_comm_rows(tmp / "results" / "t" / "measured_trace.csv", layers=4 // pp, comm=comm)
+
+
+def _check_cp_comm_rows(path: Path, *, layers: int, comm: str) -> None:
+    """The measured trace times every CP collective inside its action: per layer, an F has the
+    K/V all-gather (ring: the gate's pooled means and the one hop of 2 ranks), a B the gradients'
+    way back (all-reduce; ring: the hop back)."""
+    import pandas as pd
+
+    tr = pd.read_csv(path)
+    comm_rows, actions = tr[tr.op == "CP_COMM"], tr[tr.op.isin(["F", "B"])]
+    assert len(actions) and len(comm_rows)
+    per_f = {"allgather": 1, "ring": 2}[comm]
+    inside = 0
+    for a in actions.itertuples():
+        mine = comm_rows[(comm_rows.iteration == a.iteration) & (comm_rows.stage == a.stage)
+                         & (comm_rows.start_s >= a.start_s) & (comm_rows.end_s <= a.end_s)]
+        assert len(mine) == layers * (per_f if a.op == "F" else 1), (a, len(mine))
+        assert (mine.microbatch == a.microbatch).all()
+        inside += len(mine)
+    assert inside == len(comm_rows)  # none outside an action
 
 
 @pytest.mark.parametrize("layout,comm", [("zigzag", "ring"), ("stripe", "allgather")])

@@ -115,6 +115,33 @@ def test_allgather_gathers_then_computes():
     assert math.isclose(rep.exposed, gather)
 
 
+def test_transfers_are_the_hops_the_ring_waits_for():
+    """Free compute: the layer is the chain of hops, so its time is one rank's transfers summed;
+    forward W - 1 hops of K + V, backward with dK + dV (fp32: 2 x the bf16 bytes) and the hop home."""
+    W, h, lat = 4, 1e-3, 1e-5
+    pairs = np.ones((W, W))
+    for backward, per_hop in ((False, h), (True, 3 * h)):
+        rep = layer_time(pairs, 0.0, 0.0, comm="ring", kv_bytes=np.full(W, h * 1e9), intra=1e9, inter=1e9,
+                         latency=lat, inner=W, backward=backward)
+        assert rep.transfers.shape == (W, W + 1)
+        assert np.allclose(rep.transfers[:, 0], 0.0) and np.allclose(rep.transfers[:, 1:W], lat + per_hop)
+        assert np.allclose(rep.transfers[:, W], lat + 2 * h if backward else 0.0)
+        assert rep.time == pytest.approx(float(rep.transfers[0].sum()), rel=1e-12)
+    # all-gather: the gather (ring all-gather, (W - 1) / W of the bytes), backward + the reduce-scatter
+    rep = layer_time(pairs.sum(axis=1, keepdims=True), 0.0, 0.0, comm="allgather", kv_bytes=np.full(W, 1e6),
+                     intra=1e9, inter=1e9, latency=lat, inner=W, backward=True)
+    gather, scatter = (W - 1) * lat + 3 / 4 * 4e6 / 1e9, (W - 1) * lat + 3 / 4 * 8e6 / 1e9
+    assert np.allclose(rep.transfers, [[gather, scatter]] * W)
+    assert rep.time == pytest.approx(gather + scatter, rel=1e-12)
+
+
+def test_hierarchical_transfers_bring_each_round_over_the_inter_node_link():
+    inner, W = 2, 4
+    rep = layer_time(np.ones((W, W)), 0.0, 0.0, comm="hierarchical", kv_bytes=np.full(W, 1e6), intra=1e9,
+                     inter=1e8, latency=0.0, inner=inner, backward=False)
+    assert np.allclose(rep.transfers[:, [1, 3]], 1e-3) and np.allclose(rep.transfers[:, 2], 1e-2)
+
+
 @pytest.mark.parametrize("selection", ["uniform", "local"])
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag", "stripe"])
 def test_rank_pairs_equal_the_brute_force_sums(layout, selection):
@@ -243,6 +270,13 @@ def test_cp_trace_rows_one_per_ring_step_inside_their_action(run_cli, tmp_path):
         mine = cp[(cp.stage == row.stage) & (cp.microbatch == row.microbatch)
                   & (cp.start_s >= row.start_s - 1e-12) & (cp.end_s <= row.end_s + 1e-12)]
         assert len(mine) >= 4
+    # the transfers: 3 hops per F, 3 + dK/dV's hop home per B, inside their action
+    comm = tr[tr.op == "CP_COMM"]
+    assert len(comm) == 3 * (fb.op == "F").sum() + 4 * (fb.op == "B").sum()
+    for row in fb.itertuples():
+        mine = comm[(comm.stage == row.stage) & (comm.microbatch == row.microbatch)
+                    & (comm.start_s >= row.start_s - 1e-12) & (comm.end_s <= row.end_s + 1e-12)]
+        assert len(mine) >= (3 if row.op == "F" else 4)
     events = json.loads((tmp_path / "t" / "trace.json").read_text())["traceEvents"]
     names = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
-    assert {"stage 0 CP", "stage 3 CP"} <= names
+    assert {"stage 0 CP", "stage 3 CP", "stage 0 CP comm"} <= names

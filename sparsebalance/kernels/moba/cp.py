@@ -9,15 +9,21 @@ or NCCL; one collective per layer, K and V together; the group's index comes wit
 :func:`group_index`, so no collective learns it), placed at their packed positions, and the CPU path
 (``chunked.py``) runs on this rank's query blocks only: their own blocks, their gate (the mean key
 of every block, from the gathered K; the ``topk - 1`` best past blocks, the lower block on ties, as
-``naive.py``) and tiles, and the rows of a causal prefix under a mask. The backward sums every
-rank's dK/dV and keeps the rank's own rows: the reduce-scatter of the gradients, written as an
-all-reduce so that gloo runs it too.
+``naive.py``) and tiles, and the rows of a causal prefix: per run of its blocks, causal among
+themselves and merged by log-sum-exp with the keys before the run (the rank's share of the work).
+The backward sums every rank's dK/dV and keeps the rank's own rows: the reduce-scatter of the
+gradients, written as an all-reduce so that gloo runs it too.
 
 :func:`moba_attention_cp_ring` is the P2P ring: only the pooled block means are all-gathered (for
 the gate); the per-step masks are computed before the ring; K and V (one tensor) travel around the
 ring, each step's partial output is merged by log-sum-exp, and in the backward the K/V gradients
 travel the ring the other way (the rotation's own backward) back to their rank. It builds dense
 ``[heads, local queries, keys]`` masks per step: a correctness path, test-sized, not fast.
+
+Every collective of both (the K/V gather and its gradients' way back, each ring hop both ways, the
+gate's pooled means) is timed into the sink :func:`recording` installs while it is active: the
+real run's ``CP_COMM`` trace rows. Autograd runs a CPU graph's backward on the thread that calls it,
+so an action's backward collectives land in that action's sink.
 
 Both are checked forward and backward against the single-process float64 reference on 2 and 4 gloo
 ranks (tests/kernels/test_moba_cp.py).
@@ -30,11 +36,47 @@ of them, ``index`` (int64 ``[T_r]``) their packed positions in its order; ``q`` 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from sparsebalance.data.sequence import blocks
 
-__all__ = ["cp_token_index", "group_index", "moba_attention_cp", "moba_attention_cp_ring"]
+__all__ = ["cp_token_index", "group_index", "moba_attention_cp", "moba_attention_cp_ring", "recording"]
+
+_SINK: tuple[Callable[[], float], Callable[[float, float], None]] | None = None
+"""(clock, sink) while :func:`recording` is active."""
+
+
+@contextmanager
+def recording(clock: Callable[[], float], sink: Callable[[float, float], None]) -> Iterator[None]:
+    """While active, every CP collective of this module calls ``sink(t0, t1)`` with ``clock()``
+    read before and after it (seconds; the caller's clock)."""
+    global _SINK
+    before, _SINK = _SINK, (clock, sink)
+    try:
+        yield
+    finally:
+        _SINK = before
+
+
+def _timed(call: Callable[[], Any]) -> Any:
+    """``call()``, timed into the active :func:`recording` sink if any, as one row: collectives
+    inside it record nothing of their own."""
+    global _SINK
+    if _SINK is None:
+        return call()
+    held = _SINK
+    clock, sink = held
+    _SINK = None
+    try:
+        t0 = clock()
+        out = call()
+        t1 = clock()
+    finally:
+        _SINK = held
+    sink(t0, t1)
+    return out
 
 
 def cp_token_index(cu_seqlens: Any, block_size: int, cp: int, layout: str) -> list[Any]:
@@ -79,12 +121,22 @@ def _all_gather_rows(x: Any, group: Any, sizes: list[int] | None = None) -> Any:
     """``x`` ``[T_r, ...]`` of every rank, concatenated in rank order (ranks may hold different
     counts; ``sizes``: every rank's count when known, else gathered first). Backward: the gradient
     summed over ranks, the rank's own rows kept."""
+    global _GATHER
+    if _GATHER is None:  # the Function class once per process, not once per layer
+        _GATHER = _gather_function()
+    return _GATHER.apply(x, group, None if sizes is None else tuple(sizes))
+
+
+_GATHER: Any = None
+
+
+def _gather_function() -> Any:
     import torch
     import torch.distributed as dist
 
     class _Gather(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, t):
+        def forward(ctx, t, group, sizes):
             world, me = dist.get_world_size(group), dist.get_rank(group)
             if sizes is None:
                 got = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
@@ -96,18 +148,18 @@ def _all_gather_rows(x: Any, group: Any, sizes: list[int] | None = None) -> Any:
             pad = t.new_zeros((top, *t.shape[1:]))
             pad[: t.shape[0]] = t
             parts = [torch.empty_like(pad) for _ in range(world)]
-            dist.all_gather(parts, pad.contiguous(), group=group)
-            ctx.sizes, ctx.me = counts, me
+            _timed(lambda: dist.all_gather(parts, pad.contiguous(), group=group))
+            ctx.sizes, ctx.me, ctx.group = counts, me, group
             return torch.cat([p[:s] for p, s in zip(parts, counts)], dim=0)
 
         @staticmethod
         def backward(ctx, grad):
             grad = grad.contiguous().clone()
-            dist.all_reduce(grad, group=group)  # every rank's contribution to every row
+            _timed(lambda: dist.all_reduce(grad, group=ctx.group))  # every rank's contribution to every row
             start = sum(ctx.sizes[: ctx.me])
-            return grad[start:start + ctx.sizes[ctx.me]]
+            return grad[start:start + ctx.sizes[ctx.me]], None, None
 
-    return _Gather.apply(x)
+    return _Gather
 
 
 def _selection(q_rows: Any, pos: Any, means: Any, block_size: int, topk: int) -> Any:
@@ -133,8 +185,7 @@ def moba_attention_cp(q: Any, k: Any, v: Any, index: Any, cu_seqlens: Any, block
     """MoBA attention of this rank's queries (``[T_r, H, D]``, in ``index``'s order) on the CP group
     ``group`` (default: the world), all-gather variant (module docstring): K and V gathered to their
     packed positions, then the CPU path (``chunked.py``) on this rank's query blocks only -- its own
-    blocks and gate tiles; a sequence's causal prefix (its first ``topk`` blocks) is computed whole
-    by every rank holding one of its blocks."""
+    blocks, gate tiles and rows of a sequence's causal prefix (its first ``topk`` blocks)."""
     import torch
     import torch.distributed as dist
 
@@ -144,7 +195,7 @@ def moba_attention_cp(q: Any, k: Any, v: Any, index: Any, cu_seqlens: Any, block
     index = index.to(torch.int64)
     # every layer of a micro-batch passes the same index tensor: the group's index is kept on it
     # (group_index, or gathered once here), so a layer costs one collective forward (K and V
-    # together) and one backward
+    # together) and one backward; so are the query blocks this rank holds
     gathered = getattr(held, "_cp_gathered", None)
     if gathered is None:
         got = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size(group))]
@@ -159,11 +210,14 @@ def moba_attention_cp(q: Any, k: Any, v: Any, index: Any, cu_seqlens: Any, block
     K = k_all.new_zeros((total, *k.shape[1:])).index_copy(0, index_all, k_all)  # global packed order
     V = v_all.new_zeros((total, *v.shape[1:])).index_copy(0, index_all, v_all)
     Q = q.new_zeros((total, *q.shape[1:])).index_copy(0, index, q)
-    bounds = [int(x) for x in cu_seqlens.tolist()]
-    starts = torch.as_tensor(bounds[:-1], dtype=torch.int64)
-    seq_of = torch.bucketize(index, torch.as_tensor(bounds[1:], dtype=torch.int64), right=True)
-    blk = (index - starts[seq_of]) // block_size
-    wanted = tuple(tuple(sorted(set(blk[seq_of == i].tolist()))) for i in range(len(bounds) - 1))
+    bounds = tuple(int(x) for x in cu_seqlens.tolist())
+    wanted = getattr(held, "_cp_wanted", {}).get((bounds, block_size))  # the same for every layer
+    if wanted is None:
+        starts = torch.as_tensor(bounds[:-1], dtype=torch.int64)
+        seq_of = torch.bucketize(index, torch.as_tensor(bounds[1:], dtype=torch.int64), right=True)
+        blk = (index - starts[seq_of]) // block_size
+        wanted = tuple(tuple(sorted(set(blk[seq_of == i].tolist()))) for i in range(len(bounds) - 1))
+        held._cp_wanted = {(bounds, block_size): wanted}
     return moba_attention_chunked(Q, K, V, cu_seqlens, block_size, topk, query_blocks=wanted)[index]
 
 
@@ -181,8 +235,11 @@ def _rotate(x: Any, group: Any) -> Any:
         return into
 
     def shift(t, to, frm):
-        n_in = exchange(torch.tensor([t.shape[0]], dtype=torch.int64), torch.zeros(1, dtype=torch.int64), to, frm)
-        return exchange(t.contiguous(), t.new_empty((int(n_in), *t.shape[1:])), to, frm)
+        def both():
+            n_in = exchange(torch.tensor([t.shape[0]], dtype=torch.int64), torch.zeros(1, dtype=torch.int64), to, frm)
+            return exchange(t.contiguous(), t.new_empty((int(n_in), *t.shape[1:])), to, frm)
+
+        return _timed(both)
 
     class _Rotate(torch.autograd.Function):
         @staticmethod
@@ -223,8 +280,7 @@ def moba_attention_cp_ring(q: Any, k: Any, v: Any, index: Any, cu_seqlens: Any, 
     gid = offset[seq_of] + blk  # global block id of each local token
     sums = torch.zeros(int(offset[-1]), H_kv, D, dtype=gd).index_add_(0, gid, k.detach().to(gd))
     count = torch.zeros(int(offset[-1]), dtype=gd).index_add_(0, gid, torch.ones(T_r, dtype=gd))
-    dist.all_reduce(sums, group=group)
-    dist.all_reduce(count, group=group)
+    _timed(lambda: (dist.all_reduce(sums, group=group), dist.all_reduce(count, group=group)))
     means = (sums / count.clamp(min=1)[:, None, None]).repeat_interleave(H // H_kv, dim=1)  # [blocks, H, D]
     # per local query: the chosen past blocks (global ids), as naive.py's rule
     chosen = torch.zeros(T_r, H, int(offset[-1]), dtype=torch.bool)
@@ -238,9 +294,8 @@ def moba_attention_cp_ring(q: Any, k: Any, v: Any, index: Any, cu_seqlens: Any, 
     meta = torch.stack([seq_of, pos, gid], dim=1)
     acc = lse = None
     for step in range(world):
-        if step:
-            kv = _rotate(kv, group)
-            meta = _rotate(meta, group).detach()
+        if step:  # one hop: the keys and their positions (one trace row)
+            kv, meta = _timed(lambda kv=kv, meta=meta: (_rotate(kv, group), _rotate(meta, group).detach()))
         kseq, vseq = kv[..., :D], kv[..., D:]
         k_seq, k_pos, k_gid = meta[:, 0], meta[:, 1], meta[:, 2]
         same = seq_of[:, None] == k_seq[None, :]  # [T_r, T_s]

@@ -178,6 +178,10 @@ class RingReport:
     """Ideal (total compute / W) / ``time``."""
     steps: np.ndarray
     """[W, S] seconds of each rank's step."""
+    transfers: np.ndarray
+    """[W, S + 1] seconds of each rank's incoming transfers: column s < S the one that brings step
+    s's keys (ring: 0 at step 0, its own; all-gather: the gather), column S the one after the last
+    step (backward: dK/dV's hop home, or the all-gather's reduce-scatter; 0 in the forward)."""
     layout: str = ""
     """The layout it ran on."""
     comm: str = ""
@@ -209,30 +213,32 @@ def _recurrence(t: np.ndarray, hop: np.ndarray, comm: str, inner: int, inter: np
 
 def layer_time(pairs: np.ndarray, seconds: float, floor: float, *, comm: str, kv_bytes: np.ndarray,
                intra: float, inter: float, latency: float, inner: int, backward: bool,
-               layout: str = "") -> RingReport:
+               layout: str = "", grad_ratio: float = 2.0) -> RingReport:
     """One layer on a CP group. ``pairs`` [W, S] per (rank, step) (:func:`rank_step_pairs`; for
     ``allgather`` S = 1: each rank's pairs against every key); ``seconds``: the attention of the
     whole on one GPU (the profile's), split in proportion to the pairs, each step at least
-    ``floor``; ``kv_bytes`` [W]: K and V bytes (bf16) of each rank's shard; ``intra`` / ``inter``:
+    ``floor``; ``kv_bytes`` [W]: K and V bytes of each rank's shard; ``intra`` / ``inter``:
     bytes/s inside and across nodes; ``latency``: seconds per transfer; ``inner``: ranks of the group
-    per node."""
+    per node; ``grad_ratio``: bytes of dK + dV per byte of K + V (fp32 gradients: 2 for bf16 K/V, 1
+    for fp32)."""
     cp = len(pairs)
     total = pairs.sum()
     t = np.maximum(seconds * pairs / total if total > 0 else 0.0 * pairs, floor)
     node = np.arange(cp) // max(inner, 1)
     bw_in = np.where(node == node[(np.arange(cp) - 1) % cp], intra, inter)  # rank r's incoming hop
-    grad = 2.0 if backward else 0.0  # dK and dV in fp32 ride along in the backward: 2 x the bf16 bytes
+    grad = grad_ratio if backward else 0.0  # dK and dV (fp32) ride along in the backward
     if comm == "allgather":
         full = kv_bytes.sum()
         slow = inter if node.max() > 0 else intra
         gather = latency * (cp - 1) + (cp - 1) / cp * full / slow
-        scatter = (latency * (cp - 1) + (cp - 1) / cp * 2 * full / slow) if backward else 0.0
+        scatter = (latency * (cp - 1) + (cp - 1) / cp * grad_ratio * full / slow) if backward else 0.0
         busy = t[:, 0]
         time = gather + float(busy.max()) + scatter
         ideal = float(busy.sum()) / cp
+        transfers = np.repeat([[gather, scatter]], cp, axis=0)
         return RingReport(time=time, worker_imbalance=float(busy.max() / busy.mean()) if busy.mean() > 0 else 1.0,
                           step_imbalance=1.0, exposed=gather + scatter, efficiency=ideal / time if time > 0 else 1.0,
-                          steps=t, layout=layout, comm=comm)
+                          steps=t, transfers=transfers, layout=layout, comm=comm)
     src = (np.arange(cp) - 1) % cp
     if comm == "hierarchical":
         g, i = np.divmod(np.arange(cp), inner)
@@ -242,15 +248,20 @@ def layer_time(pairs: np.ndarray, seconds: float, floor: float, *, comm: str, kv
     inter_hop = latency + kv_bytes[prev_node] * (1 + grad) / inter
     end = _recurrence(t, hop, comm, inner, inter_hop)
     free = _recurrence(t, 0.0 * hop, comm, inner, 0.0 * inter_hop)
-    home = float((latency + kv_bytes * grad / bw_in).max()) if backward else 0.0  # dK/dV's last hop home
+    home_hop = latency + kv_bytes * grad / bw_in
+    home = float(home_hop.max()) if backward else 0.0  # dK/dV's last hop home
     time = float(end.max()) + home
+    transfers = np.zeros((cp, t.shape[1] + 1))  # the hops _recurrence waits for, as it prices them
+    for s in range(1, t.shape[1]):
+        transfers[:, s] = inter_hop if comm == "hierarchical" and s % inner == 0 else hop
+    transfers[:, -1] = home_hop if backward else 0.0
     busy = t.sum(axis=1)
     steps_max, steps_mean = t.max(axis=0).sum(), t.mean(axis=0).sum()
     ideal = float(busy.sum()) / cp
     return RingReport(time=time, worker_imbalance=float(busy.max() / busy.mean()) if busy.mean() > 0 else 1.0,
                       step_imbalance=float(steps_max / steps_mean) if steps_mean > 0 else 1.0,
                       exposed=time - float(free.max()), efficiency=ideal / time if time > 0 else 1.0, steps=t,
-                      layout=layout, comm=comm)
+                      transfers=transfers, layout=layout, comm=comm)
 
 
 def combine(reports: list[RingReport]) -> dict[str, float]:

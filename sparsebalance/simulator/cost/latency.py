@@ -287,7 +287,8 @@ class LatencyModel(ScalarStageLatency):
         return cpm.layer_time(steps, self._one_gpu_seconds(L, k, backward), self._cp_floor[backward], comm=comm,
                               kv_bytes=tokens * 2 * kv_dim * m.dtype_bytes, intra=c.tp_bandwidth,
                               inter=c.p2p_bandwidth, latency=c.p2p_latency, inner=inner,
-                              backward=backward, layout=layout)
+                              backward=backward, layout=layout,
+                              grad_ratio=max(4, m.dtype_bytes) / m.dtype_bytes)  # dK/dV in fp32
 
     def cp_placement(self, lengths, budget):
         """:meth:`.hybrid.PerSequenceCP.placement` under ``cp_split = "per-sequence"``, else None."""

@@ -128,10 +128,13 @@ class SimulatorExecutor:
                 if d != 1 and (rep := self.latency.cp_report(L, k, backward=backward, degree=d)) is not None]
 
     def _cp_rows(self, res, plan: Plan, mean_budget: np.ndarray):
-        """Trace rows ``CP``, one per ring step of each F and backward (B or I) action: the step's
-        slowest rank's compute summed over the micro-batch's sequences and the stage's layers,
-        drawn back to back from the action's start (the dense parts are not drawn) and clipped to
-        the action's end."""
+        """Trace rows of each F and backward (B or I) action's CP attention: ``CP``, one per ring
+        step, the step's slowest rank's compute, and ``CP_COMM``, one per transfer (a ring hop, the
+        all-gather, dK/dV's hop home or reduce-scatter), its slowest rank's seconds; each summed
+        over the micro-batch's sequences and the stage's layers. Drawn from the action's start (the
+        dense parts are not drawn): the steps back to back after the first transfer (the
+        all-gather; none in a ring), the hop bringing step s beside step s - 1, the last transfer
+        after the last step; clipped to the action's end."""
         import pandas as pd
 
         from sparsebalance.simulator.engine.trace import TRACE_COLUMNS
@@ -142,41 +145,55 @@ class SimulatorExecutor:
         frames = []
         for kind in [k for k in res.kinds if k in ("F", "B", "I")]:
             ki = res.kinds.index(kind)
-            per_mb = {}  # (r, j) -> [W] seconds of each ring step, summed over the sequences, one layer
+            per_mb = {}  # (r, j) -> ([S] step seconds, [S + 1] transfer seconds), summed over sequences, one layer
             for r, j, mb in plan.microbatches():
                 reps = self._cp_reports(mb, mean_budget[r, j], backward=kind != "F")
                 if reps:
-                    step = np.zeros(max(rep.steps.shape[1] for rep in reps))
+                    width = max(rep.steps.shape[1] for rep in reps)
+                    step, comm = np.zeros(width), np.zeros(width + 1)
                     for rep in reps:
-                        step[: rep.steps.shape[1]] += rep.steps.max(axis=0)
-                    per_mb[(r, j)] = step
+                        n = rep.steps.shape[1]
+                        step[:n] += rep.steps.max(axis=0)
+                        comm[:n] += rep.transfers[:, :n].max(axis=0)
+                        comm[-1] += rep.transfers[:, -1].max()
+                    per_mb[(r, j)] = (step, comm)
             if not per_mb:
                 continue
-            width = max(len(v) for v in per_mb.values())
+            width = max(len(v[0]) for v in per_mb.values())
             keys = list(per_mb)
-            steps = np.zeros((len(keys), width))
+            steps, comms = np.zeros((len(keys), width)), np.zeros((len(keys), width + 1))
             for i, key in enumerate(keys):
-                steps[i, : len(per_mb[key])] = per_mb[key]
+                step, comm = per_mb[key]
+                steps[i, : len(step)] = step
+                comms[i, : len(step)] = comm[:-1]
+                comms[i, -1] = comm[-1]
             r_of = np.array([key[0] for key in keys])
             j_of = np.array([key[1] for key in keys])
-            dur = steps[:, None, :] * n_layers[None, :, None]  # [mbs, V, W]
-            t_start = res.start[r_of, ki, :, j_of]  # [mbs, V]
-            t_end = res.end[r_of, ki, :, j_of]
-            cum = np.cumsum(dur, axis=2)
-            t1 = np.minimum(t_start[..., None] + cum, t_end[..., None])
-            t0 = np.minimum(t_start[..., None] + cum - dur, t_end[..., None])
-            shape = dur.shape
-            real = (dur > 0).ravel()  # padding of micro-batches with fewer steps (all-gather: one) dropped
+            dur = steps[:, None, :] * n_layers[None, :, None]  # [mbs, V, S]
+            xfer = comms[:, None, :] * n_layers[None, :, None]  # [mbs, V, S + 1]
+            t_start = res.start[r_of, ki, :, j_of][..., None]  # [mbs, V, 1]
+            t_end = res.end[r_of, ki, :, j_of][..., None]
+            first = t_start + xfer[..., :1]  # step 0 starts once the first transfer is in
+            c1 = first + np.cumsum(dur, axis=2)
+            c0 = c1 - dur
+            # transfer s (s >= 1) beside step s - 1; transfer 0 at the action's start; the last after the last step
+            x0 = np.concatenate([t_start, c0[..., :-1], c1[..., -1:]], axis=2)
+            x1 = x0 + xfer
             tokens = np.array([plan.ranks[r][j].tokens for r, j in keys])
             budget = np.array([float(max(1, round(float(mean_budget[r, j])))) for r, j in keys])  # as _cp_reports
-            frames.append(pd.DataFrame({
-                "iteration": np.full(int(real.sum()), res.inp.iteration, dtype=np.int64),
-                "dp_rank": np.broadcast_to(r_of[:, None, None], shape).ravel()[real],
-                "stage": np.broadcast_to(devices[None, :, None], shape).ravel()[real],
-                "microbatch": np.broadcast_to(j_of[:, None, None], shape).ravel()[real],
-                "op": "CP", "start_s": t0.ravel()[real], "end_s": t1.ravel()[real],
-                "tokens": np.broadcast_to(tokens[:, None, None], shape).ravel()[real],
-                "budget": np.broadcast_to(budget[:, None, None], shape).ravel()[real]}, columns=list(TRACE_COLUMNS)))
+            for op, a, b in (("CP", c0, c1), ("CP_COMM", x0, x1)):
+                shape = a.shape
+                real = (b - a > 0).ravel()  # padding (fewer steps; all-gather: one) and no-transfer slots dropped
+                a, b = np.minimum(a, t_end), np.minimum(b, t_end)
+                frames.append(pd.DataFrame({
+                    "iteration": np.full(int(real.sum()), res.inp.iteration, dtype=np.int64),
+                    "dp_rank": np.broadcast_to(r_of[:, None, None], shape).ravel()[real],
+                    "stage": np.broadcast_to(devices[None, :, None], shape).ravel()[real],
+                    "microbatch": np.broadcast_to(j_of[:, None, None], shape).ravel()[real],
+                    "op": op, "start_s": a.ravel()[real], "end_s": b.ravel()[real],
+                    "tokens": np.broadcast_to(tokens[:, None, None], shape).ravel()[real],
+                    "budget": np.broadcast_to(budget[:, None, None], shape).ravel()[real]},
+                    columns=list(TRACE_COLUMNS)))
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(TRACE_COLUMNS))
 
     def execute(self, iteration: int, plan: Plan, budgets: Budgets) -> IterationResult:

@@ -14,13 +14,18 @@ TRACE_COLUMNS = (
 )
 #: Allowed values of the ``op`` column: forward, backward (whole, or split into its input-gradient
 #: part I and weight-gradient part W by the zero-bubble schedules), transfers, all-reduce, optimizer.
-TRACE_OPS = ("F", "B", "I", "W", "P2P", "ALLREDUCE", "OPTIM", "CP")
-"""``CP``: one row per ring step of a context-parallel action's attention (simulator, ``cluster.cp > 1``)."""
+TRACE_OPS = ("F", "B", "I", "W", "P2P", "ALLREDUCE", "OPTIM", "CP", "CP_COMM")
+"""``CP``: one row per ring step of a context-parallel action's attention (simulator, ``cluster.cp > 1``);
+``CP_COMM``: one row per transfer of a CP group's K/V (a ring hop, an all-gather, the gradients'
+way back; simulator: the transfer's seconds, realrun: the collective call's, waits included)."""
+NESTED_OPS = ("CP", "CP_COMM")
+"""Ops whose rows lie inside an F/B/I action's span: on tracks of their own, never added to a
+stage's busy or traced time."""
 
 #: Chrome trace colour names (catapult's reserved palette) per op, so F and B differ at a glance.
 _CHROME_COLOURS = {"F": "thread_state_running", "B": "rail_animation", "I": "rail_animation",
                    "W": "rail_idle", "P2P": "grey", "ALLREDUCE": "rail_load", "OPTIM": "yellow",
-                   "CP": "thread_state_iowait"}
+                   "CP": "thread_state_iowait", "CP_COMM": "grey"}
 
 
 def check_trace(df) -> None:
@@ -52,6 +57,8 @@ def to_chrome_trace(df) -> dict[str, Any]:
     the sender's compute, and one another, so they go to tracks of their own right under the stage
     ("stage s P2P", tid = 1000 + 10 s + lane): slices are assigned greedily to the first lane where
     they do not overlap, so every track holds disjoint slices and Perfetto nests nothing wrongly.
+    CP ring steps and CP transfers (NESTED_OPS) get tracks the same way ("stage s CP", tid 3000 +
+    10 s + lane; "stage s CP comm", tid 4000 + 10 s + lane).
     Process/thread names and sort order are metadata events."""
     check_trace(df)
     events: list[dict[str, Any]] = []
@@ -73,7 +80,7 @@ def to_chrome_trace(df) -> dict[str, Any]:
         pid, stage = int(row.dp_rank), int(row.stage)
         start = row.start_s + offset[row.iteration]
         end = row.end_s + offset[row.iteration]
-        tid = _lane(lanes, tracks, pid, stage, op if op in ("P2P", "CP") else "", start, end)
+        tid = _lane(lanes, tracks, pid, stage, op if op in ("P2P", *NESTED_OPS) else "", start, end)
         events.append({
             "name": f"{op}{mb}" if op in ("F", "B", "I", "W") else op,
             "cat": op, "ph": "X", "pid": pid, "tid": tid,
@@ -89,7 +96,7 @@ def to_chrome_trace(df) -> dict[str, Any]:
                        "args": {"sort_index": int(r)}})
     for (pid, tid), name in sorted(tracks.items()):
         stage, sub = (tid, 0) if tid < P2P_TID_BASE else divmod(tid % P2P_TID_BASE, 10)
-        band = {0: 0, 1: 1, 2: 50, 3: 25}[tid // P2P_TID_BASE]  # stage, its P2P, its CP steps, more lanes
+        band = {0: 0, 1: 1, 2: 50, 3: 25, 4: 30}[tid // P2P_TID_BASE]  # stage, P2P, more lanes, CP steps, CP comm
         order = stage * 100 + (0 if tid < P2P_TID_BASE else band + sub)
         events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
         events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
@@ -99,7 +106,7 @@ def to_chrome_trace(df) -> dict[str, Any]:
 
 def _lane(lanes, tracks, pid: int, stage: int, side: str, start: float, end: float) -> int:
     """The first lane of (pid, stage, side) free at ``start`` (rows come sorted by start); ``side``
-    "P2P" or "CP" for the tracks of their own under a stage, "" for the stage's compute."""
+    "P2P", "CP" or "CP_COMM" for the tracks of their own under a stage, "" for the stage's compute."""
     ends = lanes.setdefault((pid, stage, side), [])
     eps = 1e-12 * max(1.0, abs(end))
     lane = next((i for i, e in enumerate(ends) if e <= start + eps), len(ends))
@@ -108,9 +115,9 @@ def _lane(lanes, tracks, pid: int, stage: int, side: str, start: float, end: flo
     else:
         ends[lane] = end
     if side:
-        base = P2P_TID_BASE if side == "P2P" else 3 * P2P_TID_BASE
+        base = {"P2P": 1, "CP": 3, "CP_COMM": 4}[side] * P2P_TID_BASE
         tid = base + 10 * stage + lane
-        name = f"stage {stage} {side}" + (f" ({lane + 1})" if lane else "")
+        name = f"stage {stage} {side.replace('_COMM', ' comm')}" + (f" ({lane + 1})" if lane else "")
     elif lane == 0:
         tid, name = stage, f"stage {stage}"
     else:

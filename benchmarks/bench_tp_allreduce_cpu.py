@@ -26,7 +26,7 @@ import time
 
 
 def _worker(rank: int, world: int, tp: int, hidden: int, sizes: list[int], repeats: int, port: int, q,
-            op: str = "allreduce") -> None:
+            op: str = "allreduce", isolated: bool = False) -> None:
     import torch
     import torch.distributed as dist
 
@@ -52,6 +52,8 @@ def _worker(rank: int, world: int, tp: int, hidden: int, sizes: list[int], repea
         dist.barrier()
         ts = []
         for _ in range(repeats):
+            if isolated:  # as in a run: the call after other work, not right behind the previous one
+                dist.barrier(group=group)
             t0 = time.perf_counter()
             call()
             ts.append(time.perf_counter() - t0)
@@ -69,6 +71,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=200)
     ap.add_argument("--port", type=int, default=29611)
     ap.add_argument("--op", choices=("allreduce", "allgather"), default="allreduce")
+    ap.add_argument("--isolated", action="store_true",
+                    help="a barrier before each timed call (a run's collectives come between compute), "
+                         "instead of calls back to back")
     args = ap.parse_args()
     import multiprocessing as mp
 
@@ -79,7 +84,7 @@ def main() -> None:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(r, world, args.tp, args.hidden, sizes, args.repeats, args.port, q,
-                                                    args.op))
+                                                    args.op, args.isolated))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -95,7 +100,7 @@ def main() -> None:
     (lat, inv_bw), *_ = np.linalg.lstsq(A, np.array([mean[s] for s in sizes]), rcond=None)
     print(f"host: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; load "
           f"{os.getloadavg()[0]:.2f}; {args.op}, {args.tp} ranks x {args.groups} group(s), hidden "
-          f"{args.hidden}, float32, mean of {args.repeats}")
+          f"{args.hidden}, float32, mean of {args.repeats}{', isolated calls' if args.isolated else ''}")
     print(f"{'tokens':>8} {'bytes':>10} {'seconds':>12} {'fit':>12}")
     for s, b, r, c in zip(sizes, nbytes, ring, calls):
         print(f"{s:>8} {int(b):>10} {mean[s]:12.3e} {lat * c + inv_bw * r:12.3e}")

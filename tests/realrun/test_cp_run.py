@@ -61,19 +61,19 @@ def _run(tmp: Path, pp: int, layout: str, comm: str) -> None:
 
 def _check_cp_comm_rows(path: Path, *, layers: int, comm: str) -> None:
     """The measured trace times every CP collective inside its action: per layer, an F has the
-    K/V all-gather (ring: the gate's pooled means and the one hop of 2 ranks), a B the gradients'
-    way back (all-reduce; ring: the hop back)."""
+    K/V all-gather (ring: the gate's pooled means and the one hop of 2 ranks), a B the K/V gathered
+    again and the gradients' way back (all-reduce; ring: the hop back)."""
     import pandas as pd
 
     tr = pd.read_csv(path)
     comm_rows, actions = tr[tr.op == "CP_COMM"], tr[tr.op.isin(["F", "B"])]
     assert len(actions) and len(comm_rows)
-    per_f = {"allgather": 1, "ring": 2}[comm]
+    per_f, per_b = {"allgather": (1, 2), "ring": (2, 1)}[comm]
     inside = 0
     for a in actions.itertuples():
         mine = comm_rows[(comm_rows.iteration == a.iteration) & (comm_rows.stage == a.stage)
                          & (comm_rows.start_s >= a.start_s) & (comm_rows.end_s <= a.end_s)]
-        assert len(mine) == layers * (per_f if a.op == "F" else 1), (a, len(mine))
+        assert len(mine) == layers * (per_f if a.op == "F" else per_b), (a, len(mine))
         assert (mine.microbatch == a.microbatch).all()
         inside += len(mine)
     assert inside == len(comm_rows)  # none outside an action

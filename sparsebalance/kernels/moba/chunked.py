@@ -109,11 +109,13 @@ class _Ctx:
         return (_expand(y, self.g) if expand else y).contiguous()
 
     def tile_kv(self, t: Tiles) -> tuple[Any, Any, Any]:
-        """(q, k, v) of the tiles: gathered query rows [nt, 1, TILE, D] and their key block."""
-        if t.kept is not None:
+        """(q, k, v) of the tiles: gathered query rows [nt, 1, TILE, D] and their key block (kept
+        from the forward when small; the keys only gathered again after :func:`forward_parts`)."""
+        if t.kept is not None and t.kept[1] is not None:
             return t.kept
         nt = t.kv.shape[0]
-        qt = self.q.view(-1, self.D).index_select(0, t.tab).view(nt, 1, -1, self.D)
+        qt = (t.kept[0] if t.kept is not None
+              else self.q.view(-1, self.D).index_select(0, t.tab).view(nt, 1, -1, self.D))
         return qt, self.kb.index_select(0, t.kv), self.vb.index_select(0, t.kv)
 
 
@@ -245,6 +247,29 @@ def _layout(cu: list[int], B: int, topks: list[int], heads: int, kv_heads: int, 
         _LAYOUTS[key] = layout(cu, B, topks, heads, dim, device, CHUNK_ELEMENTS,
                                None if query_blocks is None else list(query_blocks))
     return _LAYOUTS[key]
+
+
+def forward_parts(q: Any, k: Any, v: Any, cu: list[int], block_size: int, topks: list[int],
+                  query_blocks: tuple | None = None) -> tuple[Any, Any, Any]:
+    """The forward outside autograd, for a caller that holds no K/V until the backward (the
+    context-parallel all-gather, ``cp.py``: it gathers K/V again there): ``(out, lse, saved)``,
+    ``out`` ``[T, H, D]`` and ``lse`` ``[T, H]`` in the compute dtype; ``saved`` the layout and the
+    tile tables (ints, and the tiles' query rows when kept; no keys or values). Pass them to
+    :func:`backward_parts`."""
+    lay = _layout(cu, block_size, topks, q.shape[1], k.shape[1], q.shape[2], q.device, query_blocks)
+    out, lse, tiles = _forward(_Ctx(q, k, v, lay, block_size))
+    for t in tiles:  # the tiles' keys and values: gathered again in the backward (their queries kept)
+        t.kept = None if t.kept is None else (t.kept[0], None, None)
+    return out, lse, (lay, tiles)
+
+
+def backward_parts(saved: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any,
+                   block_size: int) -> tuple[Any, Any, Any]:
+    """``(dq, dk, dv)`` in the compute dtype, packed order, of :func:`forward_parts`' call with the
+    same ``q``, ``k``, ``v``; ``dout`` ``[T, H, D]``."""
+    lay, tiles = saved
+    c = _Ctx(q, k, v, lay, block_size)
+    return _backward(c, out, lse, dout.to(out.dtype).contiguous(), tiles)
 
 
 def _function() -> Any:

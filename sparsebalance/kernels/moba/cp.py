@@ -11,8 +11,9 @@ or NCCL; one collective per layer, K and V together; the group's index comes wit
 of every block, from the gathered K; the ``topk - 1`` best past blocks, the lower block on ties, as
 ``naive.py``) and tiles, and the rows of a causal prefix: per run of its blocks, causal among
 themselves and merged by log-sum-exp with the keys before the run (the rank's share of the work).
-The backward sums every rank's dK/dV and keeps the rank's own rows: the reduce-scatter of the
-gradients, written as an all-reduce so that gloo runs it too.
+The gathered K/V are not kept: the backward gathers them again (as Transformer Engine does, and as
+the simulator prices it), then sums every rank's dK/dV and keeps the rank's own rows: the
+reduce-scatter of the gradients, written as an all-reduce so that gloo runs it too.
 
 :func:`moba_attention_cp_ring` is the P2P ring: only the pooled block means are all-gathered (for
 the gate); the per-step masks are computed before the ring; K and V (one tensor) travel around the
@@ -20,7 +21,7 @@ ring, each step's partial output is merged by log-sum-exp, and in the backward t
 travel the ring the other way (the rotation's own backward) back to their rank. It builds dense
 ``[heads, local queries, keys]`` masks per step: a correctness path, test-sized, not fast.
 
-Every collective of both (the K/V gather and its gradients' way back, each ring hop both ways, the
+Every collective of both (the K/V gathers and the gradients' way back, each ring hop both ways, the
 gate's pooled means) is timed into the sink :func:`recording` installs while it is active: the
 real run's ``CP_COMM`` trace rows. Autograd runs a CPU graph's backward on the thread that calls it,
 so an action's backward collectives land in that action's sink.
@@ -185,17 +186,17 @@ def moba_attention_cp(q: Any, k: Any, v: Any, index: Any, cu_seqlens: Any, block
     """MoBA attention of this rank's queries (``[T_r, H, D]``, in ``index``'s order) on the CP group
     ``group`` (default: the world), all-gather variant (module docstring): K and V gathered to their
     packed positions, then the CPU path (``chunked.py``) on this rank's query blocks only -- its own
-    blocks, gate tiles and rows of a sequence's causal prefix (its first ``topk`` blocks)."""
+    blocks, gate tiles and rows of a sequence's causal prefix (its first ``topk`` blocks). The
+    gathered K/V are not kept for the backward, which gathers them again (as Transformer Engine's
+    all-gather CP does, and as the simulator prices it) and then reduce-scatters dK/dV."""
     import torch
     import torch.distributed as dist
-
-    from sparsebalance.kernels.moba.chunked import moba_attention_chunked
 
     held = index
     index = index.to(torch.int64)
     # every layer of a micro-batch passes the same index tensor: the group's index is kept on it
     # (group_index, or gathered once here), so a layer costs one collective forward (K and V
-    # together) and one backward; so are the query blocks this rank holds
+    # together) and two backward; so are the query blocks this rank holds
     gathered = getattr(held, "_cp_gathered", None)
     if gathered is None:
         got = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size(group))]
@@ -203,13 +204,6 @@ def moba_attention_cp(q: Any, k: Any, v: Any, index: Any, cu_seqlens: Any, block
         sizes = [int(x) for x in got]
         gathered = (_all_gather_rows(index.unsqueeze(1), group, sizes).squeeze(1).detach(), sizes)
         held._cp_gathered = gathered
-    index_all, sizes = gathered
-    total = int(cu_seqlens[-1])
-    kv_all = _all_gather_rows(torch.cat([k, v], dim=-1), group, sizes)
-    k_all, v_all = kv_all[..., :k.shape[-1]], kv_all[..., k.shape[-1]:]
-    K = k_all.new_zeros((total, *k.shape[1:])).index_copy(0, index_all, k_all)  # global packed order
-    V = v_all.new_zeros((total, *v.shape[1:])).index_copy(0, index_all, v_all)
-    Q = q.new_zeros((total, *q.shape[1:])).index_copy(0, index, q)
     bounds = tuple(int(x) for x in cu_seqlens.tolist())
     wanted = getattr(held, "_cp_wanted", {}).get((bounds, block_size))  # the same for every layer
     if wanted is None:
@@ -218,7 +212,68 @@ def moba_attention_cp(q: Any, k: Any, v: Any, index: Any, cu_seqlens: Any, block
         blk = (index - starts[seq_of]) // block_size
         wanted = tuple(tuple(sorted(set(blk[seq_of == i].tolist()))) for i in range(len(bounds) - 1))
         held._cp_wanted = {(bounds, block_size): wanted}
-    return moba_attention_chunked(Q, K, V, cu_seqlens, block_size, topk, query_blocks=wanted)[index]
+    n = len(bounds) - 1
+    topks = ([int(x) for x in topk.reshape(-1).tolist()] if isinstance(topk, torch.Tensor) else [int(topk)] * n)
+    global _ALLGATHER
+    if _ALLGATHER is None:
+        _ALLGATHER = _allgather_function()
+    return _ALLGATHER.apply(q, k, v, (index, *gathered, list(bounds), block_size, topks, wanted, group))
+
+
+_ALLGATHER: Any = None
+
+
+def _allgather_function() -> Any:
+    import torch
+    import torch.distributed as dist
+
+    from sparsebalance.kernels.moba.chunked import backward_parts, forward_parts
+    from sparsebalance.kernels.moba.gate import gate_dtype
+
+    def packed(q, k, v, index, index_all, sizes, total, group):
+        """Q (this rank's rows) and K, V (everybody's, gathered: one collective) at packed positions."""
+        kv = torch.cat([k, v], dim=-1)
+        pad = kv.new_zeros((max(sizes), *kv.shape[1:]))  # ranks may hold different counts
+        pad[: kv.shape[0]] = kv
+        buf = [torch.empty_like(pad) for _ in sizes]
+        _timed(lambda: dist.all_gather(buf, pad, group=group))
+        kv_all = torch.cat([p[:s] for p, s in zip(buf, sizes)], dim=0)
+        full = kv_all.new_zeros((total, *kv_all.shape[1:])).index_copy_(0, index_all, kv_all)
+        D = k.shape[-1]
+        Q = q.new_zeros((total, *q.shape[1:])).index_copy_(0, index, q)
+        return Q, full[..., :D], full[..., D:]
+
+    class _AllGatherMoba(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, args):
+            index, index_all, sizes, bounds, block_size, topks, wanted, group = args
+            cdt = gate_dtype(q.dtype)
+            Q, K, V = packed(q.detach().to(cdt), k.detach().to(cdt), v.detach().to(cdt), index, index_all,
+                             sizes, bounds[-1], group)
+            out, lse, saved = forward_parts(Q, K, V, bounds, block_size, topks, wanted)
+            ctx.args, ctx.saved, ctx.dtypes = args, saved, (q.dtype, k.dtype, v.dtype)
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out[index].to(q.dtype)
+
+        @staticmethod
+        def backward(ctx, dout):
+            index, index_all, sizes, bounds, block_size, _, _, group = ctx.args
+            q, k, v, out, lse = ctx.saved_tensors
+            cdt = out.dtype
+            Q, K, V = packed(q.to(cdt), k.to(cdt), v.to(cdt), index, index_all, sizes, bounds[-1], group)
+            dO = out.new_zeros(out.shape).index_copy_(0, index, dout.to(cdt))
+            dq, dk, dv = backward_parts(ctx.saved, Q, K, V, out, lse, dO, block_size)
+            dkv = torch.cat([dk, dv], dim=-1)
+            # every rank's contribution to every key (the reduce-scatter of dK/dV; an all-reduce so
+            # that gloo runs it too), this rank's rows kept
+            _timed(lambda: dist.all_reduce(dkv, group=group))
+            D = k.shape[-1]
+            ctx.saved = None
+            qd, kd, vd = ctx.dtypes
+            mine = dkv[index]
+            return dq[index].to(qd), mine[..., :D].to(kd), mine[..., D:].to(vd), None
+
+    return _AllGatherMoba
 
 
 def _rotate(x: Any, group: Any) -> Any:

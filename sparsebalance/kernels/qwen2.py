@@ -95,7 +95,8 @@ def moba_attention_forward(module, query, key, value, attention_mask, scaling=No
     cu = moba.cu_seqlens
     layer = int(getattr(module, "layer_idx", 0))
     if moba.cp_index is not None:  # this rank's share of every sequence on a context-parallel group
-        from sparsebalance.kernels.moba.cp import moba_attention_cp, moba_attention_cp_ring
+        from sparsebalance.kernels.moba.cp import moba_attention_cp
+        from sparsebalance.kernels.moba.cp_ring import moba_attention_cp_ring
 
         fn = moba_attention_cp_ring if moba.cp_comm == "ring" else moba_attention_cp
         out = fn(q, k, v, moba.cp_index, cu, moba.block_size, moba.budget.at(layer), group=moba.cp_group)

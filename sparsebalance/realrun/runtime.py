@@ -85,7 +85,7 @@ def init_runtime(cfg: Any, rr: RealrunConfig) -> Runtime:
                                 for r in range(dp) for lane_ in (range(cp) if cp > 1 else [t])], timeout=timeout)
             if (s, t) == (stage, tp_rank):
                 groups["dp"] = g
-    if cp > 1:  # the CP group of each (replica, stage): the ring of kernels/moba/cp.py
+    if cp > 1:  # the CP group of each (replica, stage): kernels/moba/cp.py, cp_ring.py
         for r in range(dp):
             for s in range(pp):
                 g = dist.new_group([global_rank(r, s, pp, lane_, lanes) for lane_ in range(cp)], timeout=timeout)

@@ -1,10 +1,11 @@
-"""MoBA on a context-parallel group (kernels/moba/cp.py: the all-gather and the P2P ring variants) against the
+"""MoBA on a context-parallel group (kernels/moba/cp.py, the all-gather variant; cp_ring.py, the P2P ring) against the
 single-process float64 reference: forward and every gradient, on 2 and 4 gloo ranks, for each
 layout, with packed ragged sequences, GQA and per-sequence budgets (fresh random inputs, no zeros);
 and one timed row per collective, forward and backward (the real run's CP_COMM rows)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 import sys
@@ -32,11 +33,12 @@ def inputs(seed: int):
 
 
 def _worker(rank: int, world: int, store: str, out: str) -> None:
-    import torch.distributed as dist
-
     import time
 
-    from sparsebalance.kernels.moba.cp import cp_token_index, moba_attention_cp, moba_attention_cp_ring, recording
+    import torch.distributed as dist
+
+    from sparsebalance.kernels.moba.cp import cp_token_index, moba_attention_cp, recording
+    from sparsebalance.kernels.moba.cp_ring import moba_attention_cp_ring
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     res = {}
@@ -46,9 +48,9 @@ def _worker(rank: int, world: int, store: str, out: str) -> None:
             idx = cp_token_index(cu, BLOCK, world, layout)[rank]
             ql, kl, vl = (x[idx].clone().requires_grad_(True) for x in (q, k, v))
             fwd, bwd = [], []  # the CP collectives' (t0, t1), as the real run's CP_COMM rows
-            with recording(time.perf_counter, lambda a, b: fwd.append((a, b))):
+            with recording(time.perf_counter, lambda a, b, fwd=fwd: fwd.append((a, b))):
                 o = fn(ql, kl, vl, idx, cu, BLOCK, torch.tensor(TOPK))
-            with recording(time.perf_counter, lambda a, b: bwd.append((a, b))):
+            with recording(time.perf_counter, lambda a, b, bwd=bwd: bwd.append((a, b))):
                 (o * up[idx]).sum().backward()
             res[(comm, layout)] = {"index": idx, "out": o.detach(), "dq": ql.grad, "dk": kl.grad, "dv": vl.grad,
                                    "fwd": fwd, "bwd": bwd}
@@ -88,7 +90,7 @@ def test_cp_attention_matches_the_float64_reference(world, tmp_path):
         for g in got:
             assert (len(g["fwd"]), len(g["bwd"])) == want_rows, key
             spans = g["fwd"] + g["bwd"]
-            assert all(a <= b for a, b in spans) and all(b <= c for (_, b), (c, _) in zip(spans, spans[1:]))
+            assert all(a <= b for a, b in spans) and all(b <= c for (_, b), (c, _) in itertools.pairwise(spans))
 
 
 def test_token_index_deals_blocks_by_layout():

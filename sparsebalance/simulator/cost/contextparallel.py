@@ -188,11 +188,11 @@ class RingReport:
     """The exchange it ran on."""
 
 
-def _recurrence(t: np.ndarray, hop: np.ndarray, comm: str, inner: int, inter: np.ndarray) -> np.ndarray:
+def _recurrence(t: np.ndarray, transfers: np.ndarray, comm: str, inner: int) -> np.ndarray:
     """[W] end of each rank's last step: ``start[r, s+1] = max(end[r, s], arrival)``, arrival = the
-    neighbour's start of step s + the hop (ring; inner steps of the hierarchical ring) or, at a new
-    node's round, the same local rank of the previous node's start of the previous round + the
-    inter-node transfer ``inter``."""
+    neighbour's start of step s + ``transfers[r, s+1]`` (ring; inner steps of the hierarchical ring)
+    or, at a new node's round, the same local rank of the previous node's start of the previous round
+    + ``transfers[r, s+1]`` (the inter-node transfer: :func:`_ring_transfers`)."""
     cp, steps = t.shape
     start = np.zeros((cp, steps))
     prev = (np.arange(cp) - 1) % cp
@@ -204,11 +204,23 @@ def _recurrence(t: np.ndarray, hop: np.ndarray, comm: str, inner: int, inter: np
         end = start[:, s] + t[:, s]
         if comm == "hierarchical" and (s + 1) % inner == 0:
             begin = s + 1 - inner  # the previous round's first step
-            arrival = start[prev_node, begin] + inter
+            arrival = start[prev_node, begin] + transfers[:, s + 1]
         else:
-            arrival = start[prev, s] + hop
+            arrival = start[prev, s] + transfers[:, s + 1]
         start[:, s + 1] = np.maximum(end, arrival)
     return start[:, -1] + t[:, -1]
+
+
+def _ring_transfers(steps: int, hop: np.ndarray, inter_hop: np.ndarray, home_hop: np.ndarray | float, comm: str,
+                    inner: int) -> np.ndarray:
+    """[W, steps + 1] (``RingReport.transfers``): none before step 0 (a rank's own keys), the hop before
+    each later step -- over the inter-node link at each new node's round of the hierarchical ring --
+    and ``home_hop`` after the last."""
+    out = np.zeros((len(hop), steps + 1))
+    for s in range(1, steps):
+        out[:, s] = inter_hop if comm == "hierarchical" and s % inner == 0 else hop
+    out[:, -1] = home_hop
+    return out
 
 
 def layer_time(pairs: np.ndarray, seconds: float, floor: float, *, comm: str, kv_bytes: np.ndarray,
@@ -246,15 +258,11 @@ def layer_time(pairs: np.ndarray, seconds: float, floor: float, *, comm: str, kv
     hop = latency + kv_bytes[src] * (1 + grad) / np.where(comm == "hierarchical", intra, bw_in)
     prev_node = ((np.arange(cp) // inner - 1) % max(cp // inner, 1)) * inner + np.arange(cp) % inner
     inter_hop = latency + kv_bytes[prev_node] * (1 + grad) / inter
-    end = _recurrence(t, hop, comm, inner, inter_hop)
-    free = _recurrence(t, 0.0 * hop, comm, inner, 0.0 * inter_hop)
-    home_hop = latency + kv_bytes * grad / bw_in
-    home = float(home_hop.max()) if backward else 0.0  # dK/dV's last hop home
-    time = float(end.max()) + home
-    transfers = np.zeros((cp, t.shape[1] + 1))  # the hops _recurrence waits for, as it prices them
-    for s in range(1, t.shape[1]):
-        transfers[:, s] = inter_hop if comm == "hierarchical" and s % inner == 0 else hop
-    transfers[:, -1] = home_hop if backward else 0.0
+    home_hop = latency + kv_bytes * grad / bw_in if backward else 0.0  # dK/dV's last hop home
+    transfers = _ring_transfers(t.shape[1], hop, inter_hop, home_hop, comm, inner)
+    end = _recurrence(t, transfers, comm, inner)
+    free = _recurrence(t, 0.0 * transfers, comm, inner)
+    time = float(end.max()) + float(transfers[:, -1].max())
     busy = t.sum(axis=1)
     steps_max, steps_mean = t.max(axis=0).sum(), t.mean(axis=0).sum()
     ideal = float(busy.sum()) / cp

@@ -113,49 +113,18 @@ def group_index(per_rank: list[Any], rank: int) -> Any:
     return idx
 
 
-def _all_gather_rows(x: Any, group: Any, sizes: list[int] | None = None) -> Any:
-    """``x`` ``[T_r, ...]`` of every rank, concatenated in rank order (ranks may hold different
-    counts; ``sizes``: every rank's count when known, else gathered first). Backward: the gradient
-    summed over ranks, the rank's own rows kept."""
-    global _GATHER
-    if _GATHER is None:  # the Function class once per process, not once per layer
-        _GATHER = _gather_function()
-    return _GATHER.apply(x, group, None if sizes is None else tuple(sizes))
-
-
-_GATHER: Any = None
-
-
-def _gather_function() -> Any:
+def _gather_rows(x: Any, sizes: list[int], group: Any) -> Any:
+    """``x`` ``[T_r, ...]`` of every rank, concatenated in rank order; ``sizes``: every rank's row
+    count (ranks may hold different counts: padded to the largest for the collective). One timed
+    collective, no autograd (the all-gather variant's Function handles the gradients)."""
     import torch
     import torch.distributed as dist
 
-    class _Gather(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, t, group, sizes):
-            world, me = dist.get_world_size(group), dist.get_rank(group)
-            if sizes is None:
-                got = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-                dist.all_gather(got, torch.tensor([t.shape[0]], dtype=torch.int64), group=group)
-                counts = [int(s) for s in got]
-            else:
-                counts = list(sizes)
-            top = max(counts)
-            pad = t.new_zeros((top, *t.shape[1:]))
-            pad[: t.shape[0]] = t
-            parts = [torch.empty_like(pad) for _ in range(world)]
-            _timed(lambda: dist.all_gather(parts, pad.contiguous(), group=group))
-            ctx.sizes, ctx.me, ctx.group = counts, me, group
-            return torch.cat([p[:s] for p, s in zip(parts, counts)], dim=0)
-
-        @staticmethod
-        def backward(ctx, grad):
-            grad = grad.contiguous().clone()
-            _timed(lambda: dist.all_reduce(grad, group=ctx.group))  # every rank's contribution to every row
-            start = sum(ctx.sizes[: ctx.me])
-            return grad[start:start + ctx.sizes[ctx.me]], None, None
-
-    return _Gather
+    pad = x.new_zeros((max(sizes), *x.shape[1:]))
+    pad[: x.shape[0]] = x
+    buf = [torch.empty_like(pad) for _ in sizes]
+    _timed(lambda: dist.all_gather(buf, pad, group=group))
+    return torch.cat([p[:s] for p, s in zip(buf, sizes)], dim=0)
 
 
 def moba_attention_cp(q: Any, k: Any, v: Any, index: Any, cu_seqlens: Any, block_size: int, topk: Any,
@@ -179,7 +148,7 @@ def moba_attention_cp(q: Any, k: Any, v: Any, index: Any, cu_seqlens: Any, block
         got = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size(group))]
         dist.all_gather(got, torch.tensor([index.shape[0]], dtype=torch.int64), group=group)
         sizes = [int(x) for x in got]
-        gathered = (_all_gather_rows(index.unsqueeze(1), group, sizes).squeeze(1).detach(), sizes)
+        gathered = (_gather_rows(index, sizes, group), sizes)
         held._cp_gathered = gathered
     bounds = tuple(int(x) for x in cu_seqlens.tolist())
     wanted = getattr(held, "_cp_wanted", {}).get((bounds, block_size))  # the same for every layer
@@ -209,12 +178,7 @@ def _allgather_function() -> Any:
 
     def packed(q, k, v, index, index_all, sizes, total, group):
         """Q (this rank's rows) and K, V (everybody's, gathered: one collective) at packed positions."""
-        kv = torch.cat([k, v], dim=-1)
-        pad = kv.new_zeros((max(sizes), *kv.shape[1:]))  # ranks may hold different counts
-        pad[: kv.shape[0]] = kv
-        buf = [torch.empty_like(pad) for _ in sizes]
-        _timed(lambda: dist.all_gather(buf, pad, group=group))
-        kv_all = torch.cat([p[:s] for p, s in zip(buf, sizes)], dim=0)
+        kv_all = _gather_rows(torch.cat([k, v], dim=-1), sizes, group)
         full = kv_all.new_zeros((total, *kv_all.shape[1:])).index_copy_(0, index_all, kv_all)
         D = k.shape[-1]
         Q = q.new_zeros((total, *q.shape[1:])).index_copy_(0, index, q)

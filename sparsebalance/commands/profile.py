@@ -54,6 +54,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=positive_int, default=1,
                    help="tensor-parallel degree: measure one TP rank's shard (heads, kv heads and MLP "
                         "width / tp); the latency model adds the TP all-reduces (default 1)")
+    p.add_argument("--cp", type=positive_int, default=1,
+                   help="context-parallel degree: also measure attn_fwd_cp / attn_bwd_cp, one sequence's "
+                        "attention on a CP group of this many ranks as the real run's all-gather CP "
+                        "path computes it, collectives excluded (default 1: none)")
+    p.add_argument("--cp-layout", default="zigzag", choices=("contiguous", "zigzag", "stripe"),
+                   help="layout of the --cp group (default zigzag)")
     p.add_argument("--concurrency", type=positive_int, default=1,
                    help="CPU: run this many copies of the measurement at once (the real run's "
                         "processes per host, pp x dp) and record the median over copies")
@@ -93,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
                               f"(the latency model interpolates between them), got {text_of(vals)}")
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     grid = ProfileGrid(repeats=args.repeats, warmup=args.warmup, threads=args.threads,
-                       statistic=args.statistic, tp_plan=args.tp > 1,
+                       statistic=args.statistic, tp_plan=args.tp > 1, cp=args.cp, cp_layout=args.cp_layout,
                        device=args.device, dtype=dtype, **kw)
     # before measuring: a bad --out must not cost the measurement
     out_dir = resolve_out(args.out, args.out, force=args.force, verb="profile",

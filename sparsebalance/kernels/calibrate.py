@@ -113,7 +113,7 @@ def probe(profile: Profile, grid: ProbeGrid, *, repeats: int = 3, warmup: int = 
     pg = ProfileGrid(seq_lens=grid.seq_lens, budgets=grid.budgets, tokens=grid.tokens,
                      params=(optim[0],), repeats=repeats, warmup=warmup, threads=profile_threads(profile),
                      device=device, dtype=meta.dtype, statistic=stat,
-                     tp_plan="(tp_plan)" in meta.how)
+                     tp_plan="(tp_plan)" in meta.how, cp=meta.cp or 1, cp_layout=meta.cp_layout or "zigzag")
     conc = (meta.concurrency or 1) if device == "cpu" else 1
     return run_profile(profile_model(profile), pg, progress=False, concurrency=conc)
 

@@ -42,6 +42,7 @@ def measure_profile(model: ModelConfig, grid: ProfileGrid, *, command: str, tp: 
         model={d: getattr(model, d) for d in MODEL_DIMS},
         block_size=model.block_size, tp=tp, concurrency=concurrency,
         tp_comm_included=False,
+        cp=grid.cp if grid.cp > 1 else None, cp_layout=grid.cp_layout if grid.cp > 1 else None,
         how=(f"sparsebalance.kernels.profiler: {grid.statistic} of {grid.repeats} after {grid.warmup} "
              "warm-up "
              f"calls ({'CUDA events' if grid.device == 'cuda' else 'perf_counter'}) in {grid.repeats} "
@@ -54,7 +55,10 @@ def measure_profile(model: ModelConfig, grid: ProfileGrid, *, command: str, tp: 
              + (f"; tp {tp}: one rank's shard (heads, kv heads, MLP width / {tp}; embedding "
                 "and head whole, as realrun replicates them), the layer under realrun's DTensor plan "
                 "on a one-rank mesh (tp_plan), TP all-reduces not included"
-                if tp > 1 else "")),
+                if tp > 1 else "")
+             + (f"; attn_*_cp = one sequence dealt {grid.cp_layout} over cp {grid.cp} ranks, every rank's "
+                "share computed in turn on realrun's all-gather CP path (moba_attention_cp_alone), "
+                "collectives excluded: the group's attention work" if grid.cp > 1 else "")),
         command=command,
         date=datetime.now(UTC).date().isoformat(),  # UTC day the measurement ended
         versions=versions,

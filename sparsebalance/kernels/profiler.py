@@ -12,7 +12,12 @@ Every op is timed on the module code the real run executes (``sparsebalance.kern
   of the split backward (:mod:`sparsebalance.kernels.split_backward`, what realrun's zero-bubble
   schedule runs); the weight part's untimed setup runs the forward and the input part;
 * ``embed_*``: the embedding lookup; ``head_*``: final norm + LM head + summed cross entropy;
-* ``optim``: one ``torch.optim.AdamW`` step over ``seq_len`` parameters.
+* ``optim``: one ``torch.optim.AdamW`` step over ``seq_len`` parameters;
+* ``attn_fwd_cp`` / ``attn_bwd_cp`` (``cp`` > 1): the same sequence dealt to ``cp`` ranks by
+  ``cp_layout``, each rank's share computed in turn by
+  :func:`~sparsebalance.kernels.moba.cp.moba_attention_cp_alone` (the real run's all-gather CP path
+  with the collectives' results given up front), one timed call running every rank: the group's
+  attention work, which the latency model spreads over ranks and ring steps by pair counts.
 
 Timing: mean (or median, ``statistic``) of ``repeats`` after ``warmup`` calls, measured in
 interleaved rounds (each round times every op of the grid once, see :func:`_measure`); CPU: ``time.perf_counter`` with
@@ -64,6 +69,10 @@ class ProfileGrid:
     on a one-rank device mesh: the layer a TP rank runs, wrappers and hooks included, without the
     communication (the latency model adds the all-reduces). Set for ``profile --tp N`` > 1: the
     wrappers cost several ms per layer on a CPU, far more than a shard-sized layer's own work."""
+    cp: int = 1
+    """Context-parallel degree of the ``attn_*_cp`` rows (1: none measured)."""
+    cp_layout: str = "zigzag"
+    """Layout of the CP group the ``attn_*_cp`` rows are measured on."""
     statistic: str = "mean"
     """What a point records over its repeats: mean (default) or median. The simulator adds
     durations, and expected values add; on a shared CPU a few calls in ten take 2-3x longer
@@ -79,6 +88,10 @@ class ProfileGrid:
         check_choice(self.device, "device", ("cpu", "cuda"))
         check_choice(self.dtype, "dtype", ("float32", "bfloat16", "float16"))
         check_choice(self.statistic, "statistic", ("mean", "median"))
+        check(self.cp >= 1, "cp", f"must be >= 1, got {self.cp}")
+        from sparsebalance.simulator.cost.profilemeta import CP_LAYOUTS
+
+        check_choice(self.cp_layout, "cp_layout", CP_LAYOUTS)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -173,10 +186,10 @@ class Bench:
         """Timed closures of one grid point: ``[((row op, n, k), fn, setup), ...]``; one timed call
         is ``fn(setup())`` with ``setup`` (the untimed forward feeding a backward) or None."""
         build = {"attn": self._attn, "layer": self._layer, "embed": self._embed, "head": self._head,
-                 "optim": self._optim}[op]
+                 "optim": self._optim, "attn_cp": self._attn_cp}[op]
         closures = build(n, k)
-        names = ((f"{op}_fwd", f"{op}_bwd", f"{op}_bwd_input", f"{op}_bwd_weight") if op != "optim"
-                 else ("optim",))
+        names = (("optim",) if op == "optim" else ("attn_fwd_cp", "attn_bwd_cp") if op == "attn_cp"
+                 else (f"{op}_fwd", f"{op}_bwd", f"{op}_bwd_input", f"{op}_bwd_weight"))
         return [((name, n, k), fn, setup) for name, (fn, setup) in zip(names, closures)]
 
     def _split(self, fwd: Callable, grads: Any, inputs: list, params: list) -> list:
@@ -202,6 +215,33 @@ class Bench:
             return moba_attention(q, k, v, cu, block_size=m.block_size, topk=budget)
 
         return [(fwd, None), (lambda out: out.backward(dout), fwd)]
+
+    def _attn_cp(self, seq_len: int, budget: int) -> list:
+        from sparsebalance.kernels.moba.cp import cp_token_index, group_index, moba_attention_cp_alone
+        from sparsebalance.kernels.moba.gate import gate_dtype
+
+        torch, m, W = self.torch, self.model, self.grid.cp
+        q = self._randn(seq_len, m.heads, m.head_dim)
+        k = self._randn(seq_len, m.kv_heads, m.head_dim)
+        v = self._randn(seq_len, m.kv_heads, m.head_dim)
+        dout = self._randn(seq_len, m.heads, m.head_dim)
+        cu = torch.tensor([0, seq_len], dtype=torch.int64, device=self.dev)
+        per = [p.to(self.dev) for p in cp_token_index(cu.cpu(), m.block_size, W, self.grid.cp_layout)]
+        # what the all-gather would deliver: every rank's K and V rows, in the compute dtype
+        kv = torch.cat([k, v], dim=-1).to(gate_dtype(q.dtype))
+        rows = [kv[p] for p in per]
+        ranks = [(group_index(per, r), *(x[per[r]].clone().requires_grad_(True) for x in (q, k, v)), dout[per[r]])
+                 for r in range(W)]
+
+        def fwd(_: Any = None) -> Any:
+            return [moba_attention_cp_alone(qr, kr, vr, idx, cu, m.block_size, budget, rows)
+                    for idx, qr, kr, vr, _d in ranks]
+
+        def bwd(outs: Any) -> None:
+            for o, (*_, d) in zip(outs, ranks):
+                o.backward(d)
+
+        return [(fwd, None), (bwd, fwd)]
 
     def _layer(self, tokens: int, _: int) -> list:
         torch = self.torch
@@ -261,10 +301,15 @@ def _tp_plan_on_one_rank(layer: Any, device: str) -> bool:
     return created
 
 
-def _jobs(grid: ProfileGrid) -> list[tuple[str, int, int]]:
+def _jobs(grid: ProfileGrid, block_size: int) -> list[tuple[str, int, int]]:
+    from sparsebalance.data.sequence import blocks
+    from sparsebalance.simulator.cost.contextparallel import min_blocks
+
+    split = [L for L in grid.seq_lens if blocks(L, block_size) >= min_blocks(grid.cp_layout, grid.cp)]
     return ([("attn", L, k) for L in grid.seq_lens for k in grid.budgets]
             + [(op, n, 0) for op in ("layer", "embed", "head") for n in grid.tokens]
-            + [("optim", n, 0) for n in grid.params])
+            + [("optim", n, 0) for n in grid.params]
+            + ([("attn_cp", L, k) for L in split for k in grid.budgets] if grid.cp > 1 else []))
 
 
 def _measure(model: ModelConfig, grid: ProfileGrid, progress: bool, barrier: Any = None) -> list:
@@ -283,7 +328,7 @@ def _measure(model: ModelConfig, grid: ProfileGrid, progress: bool, barrier: Any
     if grid.device == "cpu":
         steady_allocator()  # the allocator state realrun's CPU workers run in
     bench = Bench(model, grid)
-    items = [it for job in _jobs(grid) for it in bench.items(*job)]
+    items = [it for job in _jobs(grid, model.block_size) for it in bench.items(*job)]
     for _, fn, setup in items:
         for _ in range(grid.warmup):
             bench.timer.once(fn, setup)
@@ -338,8 +383,14 @@ def run_profile(model: ModelConfig, grid: ProfileGrid, progress: bool = True,
     import pandas as pd
 
     check(concurrency >= 1, "concurrency", f"must be >= 1, got {concurrency}")
-    if not _jobs(grid):
+    if not _jobs(grid, model.block_size):
         raise ConfigError("profile: the grid is empty")
+    if grid.cp > 1 and not any(j[0] == "attn_cp" for j in _jobs(grid, model.block_size)):
+        from sparsebalance.simulator.cost.contextparallel import min_blocks
+
+        raise ConfigError(f"cp: no seq_len of the grid is split by {grid.cp_layout} over {grid.cp} ranks "
+                          f"(needs >= {min_blocks(grid.cp_layout, grid.cp)} blocks of {model.block_size} "
+                          f"tokens, got seq_lens {list(grid.seq_lens)})")
     if concurrency == 1:
         rows = _measure(model, grid, progress)
     else:

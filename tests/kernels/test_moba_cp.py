@@ -135,3 +135,35 @@ def test_chunked_on_some_query_blocks_equals_the_whole_on_them(wanted, monkeypat
     part = run(query_blocks=wanted)
     for a, b in zip(whole, part):
         assert torch.isfinite(b).all() and torch.allclose(a, b, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_one_rank_alone_computes_its_share(layout, monkeypatch):
+    """moba_attention_cp_alone (what the profiler's attn_*_cp rows time): each rank's share computed in
+    one process with no group, the gather's result given up front, gives that rank's output and query
+    gradients of the float64 reference; its dK/dV are its own contributions: summed with the other
+    ranks' (the collective's work, done here by hand through a hook) they are the reference's."""
+    from sparsebalance.kernels.moba.cp import cp_token_index, group_index, moba_attention_cp_alone
+    from sparsebalance.kernels.moba.naive import moba_attention_naive
+
+    world = 2
+    q, k, v, up, cu = inputs(11)
+    qr, kr, vr = (x.clone().requires_grad_(True) for x in (q, k, v))
+    ref = moba_attention_naive(qr, kr, vr, cu, BLOCK, torch.tensor(TOPK))
+    (ref * up).sum().backward()
+    from sparsebalance.kernels.moba import cp as cp_mod
+
+    sums = []  # each rank's dK/dV contributions at every packed position, as it hands them to the sum
+    monkeypatch.setattr(cp_mod._Given, "reduce", lambda self, x: sums.append(x.clone()))
+    per = cp_token_index(cu, BLOCK, world, layout)
+    rows = [torch.cat([k, v], dim=-1)[p] for p in per]
+    for r in range(world):
+        ql, kl, vl = (x[per[r]].clone().requires_grad_(True) for x in (q, k, v))
+        out = moba_attention_cp_alone(ql, kl, vl, group_index(per, r), cu, BLOCK, torch.tensor(TOPK), rows)
+        (out * up[per[r]]).sum().backward()
+        assert torch.allclose(out.detach(), ref.detach()[per[r]], rtol=1e-10, atol=1e-12), (layout, r)
+        assert torch.allclose(ql.grad, qr.grad[per[r]], rtol=1e-10, atol=1e-12), (layout, r)
+    total = sum(sums)
+    assert len(sums) == world
+    assert torch.allclose(total[..., :D], kr.grad, rtol=1e-10, atol=1e-12), layout
+    assert torch.allclose(total[..., D:], vr.grad, rtol=1e-10, atol=1e-12), layout

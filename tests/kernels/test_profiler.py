@@ -114,3 +114,26 @@ def test_tp_plan_times_the_layer_realrun_runs():
     finally:
         if planned.own_group:
             torch.distributed.destroy_process_group()
+
+
+def test_cp_profile_measures_the_group_work(tmp_path):
+    """--cp 2 adds attn_fwd_cp / attn_bwd_cp at the lengths the layout splits (>= 4 blocks under zigzag
+    at cp 2: 160 tokens, not 64), records cp and cp_layout in the sidecar, and loads; a grid with no
+    split length is one line."""
+    args = _parse("--out", str(tmp_path / "c"), "--cp", "2", "--seq-lens", "64,160,256", "--budgets", "1,3",
+                  "--tokens", "32,96", "--params", "500,5000", "--repeats", "1", "--warmup", "1",
+                  "--no-progress")
+    assert profile_cmd.run(args) == 0
+    prof = load_profile(str(tmp_path / "c"))
+    assert (prof.meta.cp, prof.meta.cp_layout) == (2, "zigzag") and "attn_*_cp" in prof.meta.how
+    for op in ("attn_fwd_cp", "attn_bwd_cp"):
+        rows = prof.rows(op)
+        assert sorted(zip(rows.seq_len, rows.budget)) == [(160, 1), (160, 3), (256, 1), (256, 3)]
+        assert (rows.latency_s > 0).all()
+    with pytest.raises(ConfigError, match="^cp: no seq_len of the grid is split by stripe over 4 ranks"):
+        from sparsebalance.kernels.profiler import run_profile
+
+        run_profile(tiny(), ProfileGrid(**{**SMALL, "seq_lens": (64, 96)}, cp=4, cp_layout="stripe"),
+                    progress=False)
+    with pytest.raises(ConfigError, match="^cp_layout: .best. is not allowed; choose one of contiguous, zigzag, stripe$"):
+        ProfileGrid(cp=2, cp_layout="best")

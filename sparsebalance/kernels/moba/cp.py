@@ -38,7 +38,7 @@ from typing import Any
 
 from sparsebalance.data.sequence import blocks
 
-__all__ = ["cp_token_index", "group_index", "moba_attention_cp", "recording"]
+__all__ = ["cp_token_index", "group_index", "moba_attention_cp", "moba_attention_cp_alone", "recording"]
 
 _SINK: tuple[Callable[[], float], Callable[[float, float], None]] | None = None
 """(clock, sink) while :func:`recording` is active."""
@@ -113,18 +113,51 @@ def group_index(per_rank: list[Any], rank: int) -> Any:
     return idx
 
 
-def _gather_rows(x: Any, sizes: list[int], group: Any) -> Any:
+def _gather_rows(x: Any, sizes: list[int], fill: Callable[[list, Any], None]) -> Any:
     """``x`` ``[T_r, ...]`` of every rank, concatenated in rank order; ``sizes``: every rank's row
-    count (ranks may hold different counts: padded to the largest for the collective). One timed
-    collective, no autograd (the all-gather variant's Function handles the gradients)."""
+    count (ranks may hold different counts: padded to the largest for the collective). ``fill(buf,
+    pad)`` is the collective that fills ``buf`` (one padded tensor per rank) with every rank's
+    ``pad``: :class:`_Group`'s is one timed all-gather, :class:`_Given`'s copies rows given up front."""
     import torch
-    import torch.distributed as dist
 
     pad = x.new_zeros((max(sizes), *x.shape[1:]))
     pad[: x.shape[0]] = x
     buf = [torch.empty_like(pad) for _ in sizes]
-    _timed(lambda: dist.all_gather(buf, pad, group=group))
+    fill(buf, pad)
     return torch.cat([p[:s] for p, s in zip(buf, sizes)], dim=0)
+
+
+class _Group:
+    """The all-gather variant's two collectives on a process group, each timed (CP_COMM rows)."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+
+    def fill(self, buf: list, pad: Any) -> None:
+        import torch.distributed as dist
+
+        _timed(lambda: dist.all_gather(buf, pad, group=self.group))
+
+    def reduce(self, x: Any) -> None:
+        import torch.distributed as dist
+
+        _timed(lambda: dist.all_reduce(x, group=self.group))
+
+
+class _Given:
+    """Stand-in collectives for one rank computed alone (:func:`moba_attention_cp_alone`): the
+    gather copies every rank's K/V rows, given up front, into its buffers (the receive's copy); the
+    gradients' sum keeps this rank's own contributions (the other ranks' are the collective's)."""
+
+    def __init__(self, rows: list) -> None:
+        self.rows = rows
+
+    def fill(self, buf: list, pad: Any) -> None:
+        for b, r in zip(buf, self.rows):
+            b[: r.shape[0]].copy_(r)
+
+    def reduce(self, x: Any) -> None:
+        pass
 
 
 def moba_attention_cp(q: Any, k: Any, v: Any, index: Any, cu_seqlens: Any, block_size: int, topk: Any,
@@ -138,18 +171,34 @@ def moba_attention_cp(q: Any, k: Any, v: Any, index: Any, cu_seqlens: Any, block
     import torch
     import torch.distributed as dist
 
-    held = index
-    index = index.to(torch.int64)
     # every layer of a micro-batch passes the same index tensor: the group's index is kept on it
     # (group_index, or gathered once here), so a layer costs one collective forward (K and V
-    # together) and two backward; so are the query blocks this rank holds
-    gathered = getattr(held, "_cp_gathered", None)
-    if gathered is None:
+    # together) and two backward
+    if getattr(index, "_cp_gathered", None) is None:
+        idx = index.to(torch.int64)
         got = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(got, torch.tensor([index.shape[0]], dtype=torch.int64), group=group)
+        dist.all_gather(got, torch.tensor([idx.shape[0]], dtype=torch.int64), group=group)
         sizes = [int(x) for x in got]
-        gathered = (_gather_rows(index, sizes, group), sizes)
-        held._cp_gathered = gathered
+        index._cp_gathered = (_gather_rows(idx, sizes, _Group(group).fill), sizes)
+    return _run(q, k, v, index, cu_seqlens, block_size, topk, _Group(group))
+
+
+def moba_attention_cp_alone(q: Any, k: Any, v: Any, index: Any, cu_seqlens: Any, block_size: int, topk: Any,
+                            kv_rows: list) -> Any:
+    """One rank's share of :func:`moba_attention_cp` computed in a process of its own, with no
+    collective: what the profiler times for the ``attn_*_cp`` rows (the rank's compute as the real
+    run executes it, the collectives left to the latency model). ``index`` carries the group's
+    (:func:`group_index`); ``kv_rows``: every rank's K and V rows (``[T_s, H_kv, 2 D]``, K then V on
+    the last axis, in rank order, the compute dtype), what the gather would deliver. The returned
+    output and every gradient of this rank's queries are those of :func:`moba_attention_cp`; dK/dV
+    hold this rank's own contributions only (the collective adds the others')."""
+    return _run(q, k, v, index, cu_seqlens, block_size, topk, _Given(kv_rows))
+
+
+def _run(q: Any, k: Any, v: Any, held: Any, cu_seqlens: Any, block_size: int, topk: Any, exchange: Any) -> Any:
+    import torch
+
+    index = held.to(torch.int64)
     bounds = tuple(int(x) for x in cu_seqlens.tolist())
     wanted = getattr(held, "_cp_wanted", {}).get((bounds, block_size))  # the same for every layer
     if wanted is None:
@@ -163,7 +212,7 @@ def moba_attention_cp(q: Any, k: Any, v: Any, index: Any, cu_seqlens: Any, block
     global _ALLGATHER
     if _ALLGATHER is None:
         _ALLGATHER = _allgather_function()
-    return _ALLGATHER.apply(q, k, v, (index, *gathered, list(bounds), block_size, topks, wanted, group))
+    return _ALLGATHER.apply(q, k, v, (index, *held._cp_gathered, list(bounds), block_size, topks, wanted, exchange))
 
 
 _ALLGATHER: Any = None
@@ -171,14 +220,13 @@ _ALLGATHER: Any = None
 
 def _allgather_function() -> Any:
     import torch
-    import torch.distributed as dist
 
     from sparsebalance.kernels.moba.chunked import backward_parts, forward_parts
     from sparsebalance.kernels.moba.gate import gate_dtype
 
-    def packed(q, k, v, index, index_all, sizes, total, group):
+    def packed(q, k, v, index, index_all, sizes, total, exchange):
         """Q (this rank's rows) and K, V (everybody's, gathered: one collective) at packed positions."""
-        kv_all = _gather_rows(torch.cat([k, v], dim=-1), sizes, group)
+        kv_all = _gather_rows(torch.cat([k, v], dim=-1), sizes, exchange.fill)
         full = kv_all.new_zeros((total, *kv_all.shape[1:])).index_copy_(0, index_all, kv_all)
         D = k.shape[-1]
         Q = q.new_zeros((total, *q.shape[1:])).index_copy_(0, index, q)
@@ -187,10 +235,10 @@ def _allgather_function() -> Any:
     class _AllGatherMoba(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v, args):
-            index, index_all, sizes, bounds, block_size, topks, wanted, group = args
+            index, index_all, sizes, bounds, block_size, topks, wanted, exchange = args
             cdt = gate_dtype(q.dtype)
             Q, K, V = packed(q.detach().to(cdt), k.detach().to(cdt), v.detach().to(cdt), index, index_all,
-                             sizes, bounds[-1], group)
+                             sizes, bounds[-1], exchange)
             out, lse, saved = forward_parts(Q, K, V, bounds, block_size, topks, wanted)
             ctx.args, ctx.saved, ctx.dtypes = args, saved, (q.dtype, k.dtype, v.dtype)
             ctx.save_for_backward(q, k, v, out, lse)
@@ -198,16 +246,16 @@ def _allgather_function() -> Any:
 
         @staticmethod
         def backward(ctx, dout):
-            index, index_all, sizes, bounds, block_size, _, _, group = ctx.args
+            index, index_all, sizes, bounds, block_size, _, _, exchange = ctx.args
             q, k, v, out, lse = ctx.saved_tensors
             cdt = out.dtype
-            Q, K, V = packed(q.to(cdt), k.to(cdt), v.to(cdt), index, index_all, sizes, bounds[-1], group)
+            Q, K, V = packed(q.to(cdt), k.to(cdt), v.to(cdt), index, index_all, sizes, bounds[-1], exchange)
             dO = out.new_zeros(out.shape).index_copy_(0, index, dout.to(cdt))
             dq, dk, dv = backward_parts(ctx.saved, Q, K, V, out, lse, dO, block_size)
             dkv = torch.cat([dk, dv], dim=-1)
             # every rank's contribution to every key (the reduce-scatter of dK/dV; an all-reduce so
             # that gloo runs it too), this rank's rows kept
-            _timed(lambda: dist.all_reduce(dkv, group=group))
+            exchange.reduce(dkv)
             D = k.shape[-1]
             ctx.saved = None
             qd, kd, vd = ctx.dtypes

@@ -64,7 +64,7 @@ from sparsebalance.errors import ConfigError, MeaningWarning, check_choice
 from sparsebalance.simulator.budget import Budget
 from sparsebalance.simulator.config import QWEN2_ARCH, ClusterConfig, ModelConfig
 from sparsebalance.simulator.cost.hybrid import PerSequenceCP, uniform_budgets
-from sparsebalance.simulator.cost.profile import Profile, load_profile, monotone_violations
+from sparsebalance.simulator.cost.profile import CP_ATTENTION_OPS, Profile, load_profile, monotone_violations
 from sparsebalance.simulator.cost.profilemeta import ProfileMeta
 from sparsebalance.simulator.cost.query import ScalarStageLatency
 from sparsebalance.simulator.cost.stagecost import StageCost
@@ -133,8 +133,11 @@ class LatencyModel(ScalarStageLatency):
         self.profile, self.model, self.cluster, self.extrapolate = profile, model, cluster, extrapolate
         self.block_size = model.block_size
         self._surfaces = {op: _Surface(profile.rows(op)) for op in ("attn_fwd", "attn_bwd")}
+        self._cp_work = {bw: _Surface(profile.rows(op)) for op, bw in zip(CP_ATTENTION_OPS, (False, True))
+                         if op in profile.ops}
+        """The profile's measured CP group work (``attn_*_cp``; forward, backward), when it has them."""
         self._curves = {op: _Curve(r["seq_len"], r["latency_s"]) for op in profile.ops
-                        if op not in self._surfaces for r in [profile.rows(op)]}
+                        if op not in self._surfaces and op not in CP_ATTENTION_OPS for r in [profile.rows(op)]}
         meta = profile.meta
         included = meta.analytical if meta.tp_comm_included is None else meta.tp_comm_included
         self._tp_comm = cluster.tp > 1 and not included
@@ -158,6 +161,13 @@ class LatencyModel(ScalarStageLatency):
         self._degree_attn: dict[tuple[int, int, int, bool], float] = {}
         self._whole_max = 0
         """Longest sequence (tokens) that stays whole on one CP rank: too few blocks for the layout."""
+        self.cp_attention = ("the one-GPU attention rows split by pair counts" if not self._cp_work else
+                             f"the profile's measured CP rows (attn_*_cp) on all-gather groups of cp "
+                             f"{profile.meta.cp} laid out {profile.meta.cp_layout}; the one-GPU rows split by "
+                             "pair counts elsewhere")
+        """What prices CP attention work (``cluster.cp`` > 1), in words: the profile's ``attn_*_cp``
+        rows where they match the group (degree, layout, all-gather), else the one-GPU rows split by
+        pairs (:meth:`_group_work`)."""
         self._fold_cp()
         self._fold_recompute()
         self._warned: set[str] = set()
@@ -284,11 +294,28 @@ class LatencyModel(ScalarStageLatency):
         sizes = cpm.block_sizes(L, self.block_size)
         tokens = np.array([sizes[part].sum() for part in cpm.shards(n, degree, layout)])
         kv_dim = -(-m.kv_heads // c.tp) * m.head_dim
-        return cpm.layer_time(steps, self._one_gpu_seconds(L, k, backward), self._cp_floor[backward], comm=comm,
+        return cpm.layer_time(steps, self._group_work(L, k, backward, layout, comm, degree),
+                              self._cp_floor[backward], comm=comm,
                               kv_bytes=tokens * 2 * kv_dim * m.dtype_bytes, intra=c.tp_bandwidth,
                               inter=c.p2p_bandwidth, latency=c.p2p_latency, inner=inner,
                               backward=backward, layout=layout,
                               grad_ratio=max(4, m.dtype_bytes) / m.dtype_bytes)  # dK/dV in fp32
+
+    def _group_work(self, L: int, k: int, backward: bool, layout: str, comm: str, degree: int) -> float:
+        """Seconds of a CP group's attention work on one sequence (summed over its ranks, before
+        :func:`contextparallel.layer_time` spreads it over ranks and steps by pairs). The one-GPU
+        time, times the measured ratio of the group's work to it where the profile has CP rows for
+        this group (``attn_*_cp``: degree, layout, all-gather; the CP path's own work, such as
+        placing every rank's K/V and a partial layout's fixed costs), read at the nearest profiled
+        point: the ratio holds below the shortest split length of the grid and above its longest."""
+        one = self._one_gpu_seconds(L, k, backward)
+        work, meta = self._cp_work.get(backward), self.profile.meta
+        if work is None or (comm, degree, layout) != ("allgather", meta.cp, meta.cp_layout):
+            return one
+        x = min(max(float(L), work.xs[0]), work.xs[-1])
+        kk = min(max(float(k), work.ks[0]), work.ks[-1])
+        base = self._one_gpu[backward](x, kk)
+        return one * work(x, kk) / base if base > 0 else one
 
     def cp_placement(self, lengths, budget):
         """:meth:`.hybrid.PerSequenceCP.placement` under ``cp_split = "per-sequence"``, else None."""

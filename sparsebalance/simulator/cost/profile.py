@@ -16,6 +16,12 @@ A profile is a directory ``NAME/`` holding
   - ``embed_fwd``, ``embed_bwd``, ``head_fwd``, ``head_bwd``: embedding lookup; final norm + LM head
     + loss; ``seq_len`` = tokens, ``budget`` = 0. Optional (absent = no cost, with a warning).
   - ``optim``: one AdamW step; ``seq_len`` = number of parameters, ``budget`` = 0. Optional.
+  - ``attn_fwd_cp``, ``attn_bwd_cp`` (optional, together, only with a sidecar ``cp`` > 1 and
+    ``cp_layout``): ONE sequence's attention of one layer on a context-parallel group of ``cp`` ranks
+    laid out by ``cp_layout``, the all-gather variant as the real run executes it
+    (``kernels/moba/cp.py``): the sum over the ranks of each rank's compute, collectives excluded
+    (the latency model prices them). Points from the layout's shortest split sequence up; a grid like
+    the attention ops'.
 
   ``latency_s`` is seconds on one GPU (one TP rank) of the recorded parallel plan.
 * ``profile.json``, the sidecar: :class:`~sparsebalance.simulator.cost.profilemeta.ProfileMeta`
@@ -40,11 +46,13 @@ from sparsebalance.simulator.cost.profilemeta import ProfileMeta
 
 COLUMNS = ("op", "seq_len", "budget", "latency_s")
 ATTENTION_OPS = ("attn_fwd", "attn_bwd")
+CP_ATTENTION_OPS = ("attn_fwd_cp", "attn_bwd_cp")
+"""A CP group's attention work, measured (``profile --cp``): see the module docstring."""
 DENSE_OPS = ("layer_fwd", "layer_bwd", "embed_fwd", "embed_bwd", "head_fwd", "head_bwd",
              "layer_bwd_input", "layer_bwd_weight", "head_bwd_input", "head_bwd_weight")
 SPLIT_OPS = ("layer_bwd_input", "layer_bwd_weight")
 """Required in a format-2 profile."""
-OPS = ATTENTION_OPS + DENSE_OPS + ("optim",)
+OPS = ATTENTION_OPS + DENSE_OPS + ("optim",) + CP_ATTENTION_OPS
 REQUIRED_OPS = ("attn_fwd", "attn_bwd", "layer_fwd", "layer_bwd")
 SHIPPED_DIR = Path(__file__).resolve().parents[2] / "data" / "profiles"
 
@@ -210,11 +218,15 @@ def check_split_ops(table: pd.DataFrame, meta: ProfileMeta, where: str) -> None:
         if absent:
             raise ConfigError(f"profile: {where}: format 2 needs op(s) {', '.join(absent)} (the split "
                               "backward); measure them, or write format_version 1 to have them derived")
-    for name in ("layer", "head"):
-        pair = [f"{name}_bwd_input", f"{name}_bwd_weight"]
+    for pair in (["layer_bwd_input", "layer_bwd_weight"], ["head_bwd_input", "head_bwd_weight"],
+                 list(CP_ATTENTION_OPS)):
         if sum(op in present for op in pair) == 1:
             raise ConfigError(f"profile: {where}: ops {pair[0]} and {pair[1]} come together; only one "
                               "has rows")
+    if CP_ATTENTION_OPS[0] in present and ((meta.cp or 1) < 2 or meta.cp_layout is None):
+        raise ConfigError(f"profile: {where}: ops {', '.join(CP_ATTENTION_OPS)} need the sidecar's cp (> 1) "
+                          f"and cp_layout (the group they were measured on); got cp {meta.cp!r}, "
+                          f"cp_layout {meta.cp_layout!r}")
 
 
 def validate_table(table: pd.DataFrame, where: str) -> pd.DataFrame:
@@ -277,7 +289,7 @@ def monotone_violations(profile: Profile, block_size: int | None = None,
     out: list[tuple[float, str]] = []
     for op in profile.ops:
         rows = profile.rows(op)
-        if op in ATTENTION_OPS:
+        if op in ATTENTION_OPS + CP_ATTENTION_OPS:
             for k, g in rows.groupby("budget"):
                 out += _drops(op, f"budget {k}", "seq_len", g["seq_len"], g["latency_s"], tolerance)
             for n, g in rows.groupby("seq_len"):
@@ -304,7 +316,7 @@ def _drops(op: str, at: str, axis: str, xs, ys, tolerance: float) -> list[tuple[
 
 def _check_grid(op: str, rows: pd.DataFrame, where: str) -> None:
     n_seq = rows["seq_len"].nunique()
-    if op in ATTENTION_OPS:
+    if op in ATTENTION_OPS + CP_ATTENTION_OPS:
         if (rows["budget"] < 1).any():
             raise ConfigError(f"profile: {where}: {op} budget must be >= 1 (MoBA top-k)")
         n_k = rows["budget"].nunique()

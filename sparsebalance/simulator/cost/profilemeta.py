@@ -15,6 +15,10 @@ from typing import Any
 
 from sparsebalance.configmap import from_mapping
 from sparsebalance.errors import ConfigError
+from sparsebalance.simulator.config import CP_LAYOUTS as _RUN_LAYOUTS
+
+CP_LAYOUTS = tuple(x for x in _RUN_LAYOUTS if x != "best")
+"""Layouts a CP profile can be measured on (a run's, less ``best``, which picks among them)."""
 
 FORMAT_VERSION = 2
 """Written by this version. 2 added the split backward (``*_bwd_input``, ``*_bwd_weight``)."""
@@ -65,6 +69,10 @@ class ProfileMeta:
     (a measured table times each sequence as a call of its own, so its rows include it)."""
     sequence_parallel: bool | None = None
     """Megatron sequence parallelism at ``tp`` (norms and residuals on 1/tp of the tokens); absent = no."""
+    cp: int | None = None
+    """Context-parallel degree of the ``attn_*_cp`` rows (``profile --cp``); absent = no such rows."""
+    cp_layout: str | None = None
+    """Layout of the ``attn_*_cp`` rows' group (``contiguous``, ``zigzag``, ``stripe``)."""
     machine: dict[str, Any] | None = None
     """Fingerprint of the machine measured on (``kernels/calibrate.machine_fingerprint``)."""
     calibration: dict[str, Any] | None = None
@@ -83,7 +91,7 @@ class ProfileMeta:
         if self.format_version not in READ_VERSIONS:
             raise ConfigError(f"format_version: {self.format_version} is not supported "
                               f"(this version reads {', '.join(map(str, READ_VERSIONS))})")
-        for name in ("block_size", "tp", "concurrency"):
+        for name in ("block_size", "tp", "concurrency", "cp"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"{name}: must be > 0, got {value}")
@@ -95,6 +103,8 @@ class ProfileMeta:
         if call is not None and (set(call) != {"fwd", "bwd"} or any(
                 isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 for v in call.values())):
             raise ConfigError(f"attention_call_s: must be {{\"fwd\": seconds, \"bwd\": seconds}} (>= 0), got {call!r}")
+        if self.cp_layout is not None and self.cp_layout not in CP_LAYOUTS:
+            raise ConfigError(f"cp_layout: must be one of {', '.join(CP_LAYOUTS)}, got {self.cp_layout!r}")
         bw = self.memory_bandwidth
         if bw is not None and bw <= 0:  # configmap already refused a non-number and inf
             raise ConfigError(f"memory_bandwidth: must be a positive number of bytes/s, got {bw!r}")

@@ -126,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
             "peak_memory_gb": float(m["peak_memory_gb"].max()) if "peak_memory_gb" in m else None,
         }))
         return 0
-    print(f"{cfg.name}: {cfg.model.name} on {c.name} (DP{c.dp} x PP{c.pp} x TP{c.tp}, {c.schedule}), "
+    cp = f" x CP{c.cp} ({c.cp_layout}, {c.cp_comm})" if c.cp > 1 else ""
+    print(f"{cfg.name}: {cfg.model.name} on {c.name} (DP{c.dp} x PP{c.pp}{cp} x TP{c.tp}, {c.schedule}), "
           f"policy {cfg.policy.batching}+{cfg.policy.tuning}, {len(m)} iterations")
     rows = [
         ("iteration time (s)", m["iteration_time_s"]),
@@ -134,6 +135,10 @@ def run(args: argparse.Namespace) -> int:
         ("bubble fraction", m["bubble_fraction"]),
         ("model TFLOP/s per GPU", tflops),
     ]
+    rows += [(label, m[col]) for label, col in (("CP worker imbalance", "cp_worker_imbalance"),
+                                                 ("CP step imbalance", "cp_step_imbalance"),
+                                                 ("CP exposed comm (s)", "cp_exposed_s"),
+                                                 ("CP ring efficiency", "cp_efficiency")) if col in m]
     if "peak_memory_gb" in m:
         rows.append(("peak memory (GB)", m["peak_memory_gb"]))
         rows += [(f"  stage {c.rsplit('_s', 1)[1]} (GB)", m[c]) for c in m.columns
@@ -146,5 +151,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  memory: {over} of {len(m)} iterations exceed cluster.device_memory = "
               f"{c.device_memory / 1e9:.0f} GB on some device (see policy.memory_aware, cluster.recompute, "
               "cluster.zero1)")
+    if c.cp > 1:
+        print(f"  CP attention work priced from {prepared.latency.cp_attention}")
     print(f"results: {out}")
     return 0

@@ -130,6 +130,12 @@ def test_cp_profile_measures_the_group_work(tmp_path):
         rows = prof.rows(op)
         assert sorted(zip(rows.seq_len, rows.budget)) == [(160, 1), (160, 3), (256, 1), (256, 3)]
         assert (rows.latency_s > 0).all()
+    # the calibration probe re-measures the CP rows as the profile measured them
+    from sparsebalance.kernels.calibrate import probe
+    from sparsebalance.simulator.cost.calibration import ProbeGrid
+
+    got = probe(prof, ProbeGrid(seq_lens=(160,), budgets=(1, 3), tokens=(32,)), repeats=1, warmup=0)
+    assert sorted(got[got.op == "attn_bwd_cp"].budget) == [1, 3] and (got.latency_s > 0).all()
     with pytest.raises(ConfigError, match="^cp: no seq_len of the grid is split by stripe over 4 ranks"):
         from sparsebalance.kernels.profiler import run_profile
 

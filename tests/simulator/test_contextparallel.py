@@ -189,6 +189,50 @@ def test_latency_model_prices_the_cp_group():
     assert lm.attention(short, 4) == pytest.approx(one.attention(short, 4), rel=1e-9)
 
 
+def test_measured_cp_rows_scale_the_group_work_where_the_group_matches():
+    """A profile with attn_*_cp rows (the CP group's work, here 1.5 x one GPU's at every point from
+    128 tokens up) prices an all-gather group of its degree and layout at 1.5 x the one-GPU work,
+    spread over the ranks by pairs as before (so every rank's compute is 1.5 x, where the launch
+    floor does not bind; the transfers the same); below the rows' shortest length the ratio at the nearest point holds; a ring, another
+    layout or another degree keeps the one-GPU rows."""
+    import warnings
+    from dataclasses import replace
+
+    import pandas as pd
+
+    from sparsebalance.simulator.config import ClusterConfig, tiny
+    from sparsebalance.simulator.cost.latency import load_latency_model
+    from sparsebalance.simulator.cost.profile import Profile, load_profile
+
+    base = load_profile("cpu-tiny")
+    t = base.table
+    attn = t[t["op"].isin(["attn_fwd", "attn_bwd"]) & (t["seq_len"] >= 128)]
+    rows = attn.assign(op=attn["op"] + "_cp", latency_s=1.5 * attn["latency_s"])
+    measured = Profile(table=pd.concat([t, rows], ignore_index=True),
+                       meta=replace(base.meta, cp=2, cp_layout="zigzag"), source="cp rows")
+
+    def pair(**cl):
+        c = ClusterConfig(pp=1, dp=1, cp=2, global_batch=2, device="cpu", **cl)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return [load_latency_model(p, tiny(), c, allow_nonmonotone=True) for p in (base, measured)]
+
+    plain, cp = pair(cp_layout="zigzag", cp_comm="allgather")
+    assert "measured CP rows" in cp.cp_attention and "split by pair counts" in plain.cp_attention
+    for L, k in [(1024, 8), (2048, 4), (100, 2)]:  # 100 tokens: 4 blocks, split, below the rows' 128
+        for bw in (False, True):
+            a, b = plain.cp_report(L, k, backward=bw), cp.cp_report(L, k, backward=bw)
+            free = a.steps > plain._cp_floor[bw] * (1 + 1e-9)  # a step at the launch floor stays >= it
+            assert free.any() and b.steps[free] == pytest.approx(1.5 * a.steps[free], rel=1e-9), (L, k, bw)
+            assert (b.steps[~free] >= a.steps[~free]).all()
+            assert b.transfers == pytest.approx(a.transfers, rel=1e-12)
+    for cl in ({"cp_layout": "zigzag", "cp_comm": "ring"}, {"cp_layout": "stripe", "cp_comm": "allgather"}):
+        plain, cp = pair(**cl)
+        for bw in (False, True):
+            assert cp.cp_report(1024, 8, backward=bw).steps == pytest.approx(
+                plain.cp_report(1024, 8, backward=bw).steps, rel=1e-12), cl
+
+
 def test_cp_memory_keeps_a_share_of_the_tokens_plus_the_ring_buffers():
     from sparsebalance.simulator.config import ClusterConfig, qwen25_3b
     from sparsebalance.simulator.engine.memory import kept_bytes_per_token, transient_bytes_per_token
@@ -239,6 +283,11 @@ def test_cp_run_reports_ring_figures(run_cli, tmp_path):
     m = pd.read_csv(tmp_path / "cp" / "metrics.csv")
     assert (m["cp_worker_imbalance"] >= 1).all() and (m["cp_step_imbalance"] >= 1).all()
     assert ((m["cp_efficiency"] > 0) & (m["cp_efficiency"] <= 1)).all() and (m["cp_exposed_s"] >= 0).all()
+    # the summary names the CP group, prints its figures (the metrics' means) and what priced its work
+    assert "(DP1 x PP4 x CP4 (zigzag, ring) x TP2," in r.out
+    line = next(x for x in r.out.splitlines() if x.strip().startswith("CP ring efficiency"))
+    assert float(line.split()[3]) == pytest.approx(m["cp_efficiency"].mean(), abs=1e-4)
+    assert "CP attention work priced from the one-GPU attention rows split by pair counts" in r.out
 
 
 def test_best_layout_is_the_fastest_candidate_per_sequence():

@@ -132,6 +132,8 @@ def test_missing_sidecar_key(tmp_path, key):
     ({"machine": "laptop"}, "machine: expected a table"),
     ({"nonmonotone": 3}, "nonmonotone: expected a string, got 3"),
     ({"model": {"hidden": -1}}, "model: dims hidden must be positive"),
+    ({"cp": 0}, "cp: must be > 0"),
+    ({"cp_layout": "best"}, "cp_layout: must be one of contiguous, zigzag, stripe, got 'best'"),
 ])
 def test_bad_sidecar_values(tmp_path, over, pattern):
     """One line naming the file and the field."""
@@ -185,7 +187,7 @@ def test_a_bad_sidecar_builds_no_profile(tmp_path):
 def test_ops_constant_matches_the_contract():
     assert set(OPS) == {"attn_fwd", "attn_bwd", "layer_fwd", "layer_bwd", "embed_fwd", "embed_bwd",
                         "head_fwd", "head_bwd", "optim", "layer_bwd_input", "layer_bwd_weight",
-                        "head_bwd_input", "head_bwd_weight"}
+                        "head_bwd_input", "head_bwd_weight", "attn_fwd_cp", "attn_bwd_cp"}
 
 
 def _with_split(ops=("layer_bwd_input", "layer_bwd_weight")) -> pd.DataFrame:
@@ -205,3 +207,27 @@ def test_format_2_carries_the_split_backward_and_format_1_still_loads(tmp_path):
                small_meta(format_version=2))
     with pytest.raises(ConfigError, match="head_bwd_input and head_bwd_weight come together"):
         load_profile(str(tmp_path / "half"))
+
+
+def _with_cp_rows(table: pd.DataFrame, ops=("attn_fwd_cp", "attn_bwd_cp")) -> pd.DataFrame:
+    """``table`` plus CP group rows: 1.5 x the one-GPU attention at every point."""
+    attn = table[table["op"].isin(["attn_fwd", "attn_bwd"])]
+    extra = attn.assign(op=attn["op"] + "_cp", latency_s=1.5 * attn["latency_s"])
+    return pd.concat([table, extra[extra["op"].isin(ops)]], ignore_index=True)
+
+
+def test_cp_rows_load_with_their_group_and_are_refused_without_it(tmp_path):
+    """attn_fwd_cp / attn_bwd_cp load with a sidecar naming the group (cp > 1, cp_layout); without
+    it, or with one op of the pair, the load is one line naming the file."""
+    ok = load_profile(write_profile(_with_cp_rows(small_table()), small_meta(cp=2, cp_layout="zigzag"),
+                                    tmp_path / "ok"))
+    assert {"attn_fwd_cp", "attn_bwd_cp"} <= set(ok.ops) and (ok.meta.cp, ok.meta.cp_layout) == (2, "zigzag")
+    for name, table, meta, pattern in [
+        ("nogroup", _with_cp_rows(small_table()), small_meta(), r"need the sidecar's cp \(> 1\) and cp_layout"),
+        ("one", _with_cp_rows(small_table(), ("attn_fwd_cp",)), small_meta(cp=2, cp_layout="zigzag"),
+         "ops attn_fwd_cp and attn_bwd_cp come together"),
+    ]:
+        d = _write_raw(tmp_path / name, table, meta)
+        with pytest.raises(ConfigError, match=pattern) as err:
+            load_profile(d)
+        assert "profile.csv" in str(err.value) and "\n" not in str(err.value)

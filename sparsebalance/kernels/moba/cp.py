@@ -15,6 +15,10 @@ The gathered K/V are not kept: the backward gathers them again (as Transformer E
 the simulator prices it), then sums every rank's dK/dV and keeps the rank's own rows: the
 reduce-scatter of the gradients, written as an all-reduce so that gloo runs it too.
 
+:func:`moba_attention_cp_alone`: one rank's share of the same, computed in a process with no group
+(the gather's result given up front, the gradients' sum left to the caller): what ``profile --cp``
+times for the ``attn_*_cp`` rows, the CP path's work as the run executes it, collectives excluded.
+
 :func:`~sparsebalance.kernels.moba.cp_ring.moba_attention_cp_ring` (``cp_ring.py``) is the P2P ring.
 
 Every CP collective of both variants (the K/V gathers and the gradients' way back, each ring hop

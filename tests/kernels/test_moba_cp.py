@@ -163,6 +163,10 @@ def test_one_rank_alone_computes_its_share(layout, monkeypatch):
         (out * up[per[r]]).sum().backward()
         assert torch.allclose(out.detach(), ref.detach()[per[r]], rtol=1e-10, atol=1e-12), (layout, r)
         assert torch.allclose(ql.grad, qr.grad[per[r]], rtol=1e-10, atol=1e-12), (layout, r)
+    from sparsebalance.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="^index: moba_attention_cp_alone needs the group's index"):
+        moba_attention_cp_alone(q[per[0]], k[per[0]], v[per[0]], per[0].clone(), cu, BLOCK, 2, rows)
     total = sum(sums)
     assert len(sums) == world
     assert torch.allclose(total[..., :D], kr.grad, rtol=1e-10, atol=1e-12), layout

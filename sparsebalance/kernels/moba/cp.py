@@ -196,6 +196,11 @@ def moba_attention_cp_alone(q: Any, k: Any, v: Any, index: Any, cu_seqlens: Any,
     the last axis, in rank order, the compute dtype), what the gather would deliver. The returned
     output and every gradient of this rank's queries are those of :func:`moba_attention_cp`; dK/dV
     hold this rank's own contributions only (the collective adds the others')."""
+    if getattr(index, "_cp_gathered", None) is None:
+        from sparsebalance.errors import ConfigError
+
+        raise ConfigError("index: moba_attention_cp_alone needs the group's index on it: pass "
+                          "group_index(cp_token_index(...), rank)")
     return _run(q, k, v, index, cu_seqlens, block_size, topk, _Given(kv_rows))
 
 

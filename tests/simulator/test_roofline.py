@@ -23,6 +23,7 @@ from sparsebalance.simulator.cost.roofline import (
     attention_shape,
     attention_time,
     build_table,
+    dense_split_time,
     dense_time,
     gate_candidates,
     head_time,
@@ -194,12 +195,17 @@ def test_dense_layer_is_gemms_then_elementwise_by_hand():
     gemm_bytes = 2 * (P / tp + T * (4 * h + (4 + 2 * 1) * 64 / tp + 4 * 64 / tp + 2 * f / tp + f / tp))
     gemm = max(2 * T * P / tp / (hw.peak_flops * hw.gemm_efficiency), gemm_bytes / bw)
     ar = 2 * 2 * (tp - 1) / tp * T * h * 2 / hw.tp_bandwidth  # the layer's two TP all-reduces
-    for sp, hn in ((False, h), (True, h / tp)):
+    # SP's backward all-gathers the two column-parallel linears' inputs again: (tp - 1) / tp each
+    for sp, hn, regather in ((False, h, 0.0), (True, h / tp, 2 * (tp - 1) / tp * T * h * 2 / hw.tp_bandwidth)):
         elementwise = 2 * T * (10 * hn + 3 * f / tp) / bw  # SwiGLU: read gate and up, write the product
         want = gemm + elementwise + ar
         assert float(dense_time(T, M, tp, hw, sp=sp)) == pytest.approx(want, rel=1e-12)
         assert float(dense_time(T, M, tp, hw, backward=True, sp=sp)) == pytest.approx(
-            2 * gemm + 2 * elementwise + ar, rel=1e-12)
+            2 * gemm + 2 * elementwise + ar + regather, rel=1e-12)
+        parts = [float(dense_split_time(T, M, tp, hw, part, sp=sp)) for part in ("input", "weight")]
+        assert sum(parts) == pytest.approx(float(dense_time(T, M, tp, hw, backward=True, sp=sp)), rel=1e-9)
+    assert float(dense_time(T, M, 1, hw, backward=True, sp=True)) == pytest.approx(
+        float(dense_time(T, M, 1, hw, backward=True)), rel=1e-12)  # no TP: nothing to gather
 
 
 def test_unfused_attention_by_hand():

@@ -209,6 +209,19 @@ def _tp_allreduce(tokens, model: ModelConfig, tp: int, hw: Hardware, count: int)
     return count * 2 * (tp - 1) / tp * nbytes / hw.tp_bandwidth
 
 
+def _sp_regather(tokens, model: ModelConfig, tp: int, hw: Hardware, sp: bool):
+    """Sequence parallelism's extra backward collectives: the two column-parallel linears (QKV and
+    the MLP's up projection) keep their input sharded over the sequence and all-gather it again for
+    their weight gradient (Megatron-LM, ``LinearWithGradAccumulationAndAsyncCommunication.backward``:
+    ``(tp - 1) / tp`` of a [tokens, hidden] activation each at the TP bus bandwidth). Megatron issues
+    them beside the input-gradient GEMM; like the layer's other TP collectives here, they are priced
+    as not hidden. 0 without SP or TP."""
+    if not sp or tp == 1:
+        return 0.0 * np.asarray(tokens, dtype=float)
+    nbytes = np.asarray(tokens, dtype=float) * model.hidden * model.dtype_bytes
+    return 2 * (tp - 1) / tp * nbytes / hw.tp_bandwidth
+
+
 def attention_shape(model: ModelConfig, tp: int, block_size: int) -> kc.Shape:
     """Attention dims on one TP rank: heads split over tp, kv heads replicated when fewer than tp."""
     return kc.Shape(heads=math.ceil(model.heads / tp), kv_heads=math.ceil(model.kv_heads / tp),
@@ -291,13 +304,14 @@ def _dense_roof(flops, gemm, elementwise, hw: Hardware, kernels: int):
 
 def dense_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: bool = False, sp: bool = False):
     """Seconds of one layer's dense part (norms, QKV/O, MLP) on ``tokens`` tokens (``sp``: sequence
-    parallelism, :func:`_dense_work`); the backward moves twice the forward's FLOPs and bytes."""
+    parallelism, :func:`_dense_work`, and in the backward :func:`_sp_regather`); the backward moves
+    twice the forward's FLOPs and bytes."""
     T = np.asarray(tokens, dtype=float)
     flops, gemm, elementwise = _dense_work(T, model, tp, sp)
     mult = 2 if backward else 1
     kernels = KERNELS["layer_bwd" if backward else "layer_fwd"]
-    return _dense_roof(mult * flops, mult * gemm, mult * elementwise, hw, kernels) + _tp_allreduce(
-        T, model, tp, hw, 2)
+    return (_dense_roof(mult * flops, mult * gemm, mult * elementwise, hw, kernels)
+            + _tp_allreduce(T, model, tp, hw, 2) + (_sp_regather(T, model, tp, hw, sp) if backward else 0.0))
 
 
 def embed_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: bool = False):
@@ -329,13 +343,13 @@ def head_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: bo
 def dense_split_time(tokens, model: ModelConfig, tp: int, hw: Hardware, part: str, sp: bool = False):
     """Seconds of the ``part`` ("input" or "weight") of one layer's dense backward: one GEMM pass
     (forward FLOPs and bytes, half of ``layer_bwd``'s launches); the input part also carries the
-    layer's two TP all-reduces and the elementwise backward. ``input + weight ==
-    dense_time(backward=True)`` up to rounding."""
+    layer's two TP all-reduces, sequence parallelism's re-gathers (issued with the input gradient)
+    and the elementwise backward. ``input + weight == dense_time(backward=True)`` up to rounding."""
     T = np.asarray(tokens, dtype=float)
     flops, gemm, elementwise = _dense_work(T, model, tp, sp)
     if part == "input":  # the elementwise backward (norms, activation) is on the input-gradient path
-        return _dense_roof(flops, gemm, 2 * elementwise, hw, KERNELS["layer_bwd"] // 2) + _tp_allreduce(
-            T, model, tp, hw, 2)
+        return (_dense_roof(flops, gemm, 2 * elementwise, hw, KERNELS["layer_bwd"] // 2)
+                + _tp_allreduce(T, model, tp, hw, 2) + _sp_regather(T, model, tp, hw, sp))
     return _roof(flops, gemm, hw.gemm_efficiency, hw, KERNELS["layer_bwd"] // 2)
 
 

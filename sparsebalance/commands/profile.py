@@ -32,6 +32,7 @@ def text_of(vals: tuple[int, ...]) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from sparsebalance.commands._args import add_config, add_output_flags, nonneg_int, positive_int
+    from sparsebalance.simulator.cost.profilemeta import CP_LAYOUTS
 
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where to measure")
     p.add_argument("--model", default=None, help="model preset (tiny, qwen2.5-0.5b, ...; default tiny, "
@@ -58,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="context-parallel degree: also measure attn_fwd_cp / attn_bwd_cp, one sequence's "
                         "attention on a CP group of this many ranks as the real run's all-gather CP "
                         "path computes it, collectives excluded (default 1: none)")
-    p.add_argument("--cp-layout", default="zigzag", choices=("contiguous", "zigzag", "stripe"),
+    p.add_argument("--cp-layout", default="zigzag", choices=CP_LAYOUTS,
                    help="layout of the --cp group (default zigzag)")
     p.add_argument("--concurrency", type=positive_int, default=1,
                    help="CPU: run this many copies of the measurement at once (the real run's "

@@ -305,11 +305,11 @@ def _jobs(grid: ProfileGrid, block_size: int) -> list[tuple[str, int, int]]:
     from sparsebalance.data.sequence import blocks
     from sparsebalance.simulator.cost.contextparallel import min_blocks
 
-    split = [L for L in grid.seq_lens if blocks(L, block_size) >= min_blocks(grid.cp_layout, grid.cp)]
+    split = [L for L in grid.seq_lens if grid.cp > 1 and blocks(L, block_size) >= min_blocks(grid.cp_layout, grid.cp)]
     return ([("attn", L, k) for L in grid.seq_lens for k in grid.budgets]
             + [(op, n, 0) for op in ("layer", "embed", "head") for n in grid.tokens]
             + [("optim", n, 0) for n in grid.params]
-            + ([("attn_cp", L, k) for L in split for k in grid.budgets] if grid.cp > 1 else []))
+            + [("attn_cp", L, k) for L in split for k in grid.budgets])
 
 
 def _measure(model: ModelConfig, grid: ProfileGrid, progress: bool, barrier: Any = None) -> list:
@@ -383,9 +383,10 @@ def run_profile(model: ModelConfig, grid: ProfileGrid, progress: bool = True,
     import pandas as pd
 
     check(concurrency >= 1, "concurrency", f"must be >= 1, got {concurrency}")
-    if not _jobs(grid, model.block_size):
+    jobs = _jobs(grid, model.block_size)
+    if not jobs:
         raise ConfigError("profile: the grid is empty")
-    if grid.cp > 1 and not any(j[0] == "attn_cp" for j in _jobs(grid, model.block_size)):
+    if grid.cp > 1 and not any(j[0] == "attn_cp" for j in jobs):
         from sparsebalance.simulator.cost.contextparallel import min_blocks
 
         raise ConfigError(f"cp: no seq_len of the grid is split by {grid.cp_layout} over {grid.cp} ranks "

@@ -215,11 +215,8 @@ def _sp_regather(tokens, model: ModelConfig, tp: int, hw: Hardware, sp: bool):
     their weight gradient (Megatron-LM, ``LinearWithGradAccumulationAndAsyncCommunication.backward``:
     ``(tp - 1) / tp`` of a [tokens, hidden] activation each at the TP bus bandwidth). Megatron issues
     them beside the input-gradient GEMM; like the layer's other TP collectives here, they are priced
-    as not hidden. 0 without SP or TP."""
-    if not sp or tp == 1:
-        return 0.0 * np.asarray(tokens, dtype=float)
-    nbytes = np.asarray(tokens, dtype=float) * model.hidden * model.dtype_bytes
-    return 2 * (tp - 1) / tp * nbytes / hw.tp_bandwidth
+    as not hidden. Two all-gathers move one ring all-reduce's bytes. 0 without SP or TP."""
+    return _tp_allreduce(tokens, model, tp, hw, 1 if sp else 0)
 
 
 def attention_shape(model: ModelConfig, tp: int, block_size: int) -> kc.Shape:

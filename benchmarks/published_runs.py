@@ -61,7 +61,7 @@ def dense_config(row: pd.Series) -> dict:
                     "micro_batch_size": int(row.micro_batch_size), "global_batch": int(row.global_batch),
                     "recompute": row.recompute, "dp_overlap": bool(row.dp_overlap),
                     "grad_reduce_bytes": int(row.grad_reduce_bytes),
-                    "sequence_parallel": bool(row.sequence_parallel),
+                    "sequence_parallel": bool(row.sequence_parallel), "tp_overlap": bool(row.tp_overlap),
                     "nodes": math.ceil(gpus / node.gpus_per_node)},
         "data": {"source": "distribution", "distribution": "fixed", "length": seq,
                  "num_sequences": int(row.global_batch)},

@@ -76,9 +76,10 @@ def test_simulate_json_prints_time_and_model_flops(run_cli, tmp_path):
     assert "recompute forward not counted" in got["flop_convention"]
 
 
-def test_published_runs_check_stays_within_25_percent(tmp_path, capsys):
+def test_published_runs_check_stays_within_10_percent(tmp_path, capsys):
     """The benchmark end to end on two rows (22B full recomputation, 1T selective + SP): each within
-    25 % of the published iteration time, achieved model FLOP/s between 30 % and 75 % of the A100's
+    10 % of the published iteration time (the issue's target, held on all rows by the MAE), one layer
+    within 5 % of Table 4 in all five settings, achieved model FLOP/s between 30 % and 75 % of the A100's
     312 TFLOP/s peak, the resolved configs and the figure written."""
     spec = importlib.util.spec_from_file_location("published_runs", ROOT / "benchmarks" / "published_runs.py")
     mod = importlib.util.module_from_spec(spec)
@@ -86,11 +87,11 @@ def test_published_runs_check_stays_within_25_percent(tmp_path, capsys):
     assert mod.main(["--out", str(tmp_path), "--only", "k22-full,k1t-sel"]) == 0
     df = pd.read_csv(tmp_path / "published_runs.csv").set_index("id")
     assert set(df.index) == {"k22-full", "k1t-sel"}
-    assert (df["error_pct"].abs() < 25).all(), df
+    assert (df["error_pct"].abs() < 10).all(), df
     assert df["model_tflops_per_gpu"].between(0.30 * 312, 0.75 * 312).all(), df
     assert (tmp_path / "configs" / "k1t-sel.toml").is_file() and (tmp_path / "published_runs.png").is_file()
     layers = pd.read_csv(tmp_path / "layer_check.csv")
-    assert len(layers) == 5 and (layers["error_pct"].abs() < 25).all()
+    assert len(layers) == 5 and (layers["error_pct"].abs() < 5).all(), layers
     assert "mean absolute error" in capsys.readouterr().out
     rows = pd.read_csv(ROOT / "validation" / "published" / "runs.csv")
     assert (rows["tp"] * rows["pp"] * rows["dp"] == rows["gpus"]).all()

@@ -249,6 +249,13 @@ class ClusterConfig:
     residual adds run on 1/tp of the tokens per rank, and their activations are kept 1/tp per rank;
     each TP all-reduce becomes an all-gather + reduce-scatter (the same bytes per rank on a ring).
     Without it those parts are replicated on every TP rank."""
+    tp_overlap: bool = False
+    """The backward's TP collectives overlapped with its GEMMs, as Megatron-LM runs them by default
+    (``LinearWithGradAccumulationAndAsyncCommunication``; off with
+    ``--no-async-tensor-model-parallel-allreduce``): a column-parallel linear's input-gradient
+    all-reduce (with SP: reduce-scatter) runs beside its weight-gradient GEMM, SP's re-gather beside
+    the input-gradient GEMM; only what outlasts the GEMM costs time. Priced by the analytical
+    profiles (``roofline.tp_backward_comm``); false keeps every collective exposed."""
     dp_overlap: bool = False
     """Bucketed DP gradient reduction overlapped with each device's last backward action
     (Megatron's ``overlap_grad_reduce``): only what is left after that action is exposed
@@ -303,7 +310,7 @@ class ClusterConfig:
             check(self.cp > inner and self.cp % inner == 0, "cp_comm",
                   f"'hierarchical' rings over nodes: cp ({self.cp}) must be a multiple > 1 of the CP ranks a node "
                   f"holds (gpus_per_node / tp = {inner}); use 'ring' inside one node")
-        for f in ("zero1", "dp_overlap", "sequence_parallel"):
+        for f in ("zero1", "dp_overlap", "sequence_parallel", "tp_overlap"):
             check(isinstance(getattr(self, f), bool), f, f"must be true or false, got {getattr(self, f)!r}")
         if self.grad_reduce_bytes is not None:
             check_choice(self.grad_reduce_bytes, "grad_reduce_bytes", (1, 2, 4, 8))

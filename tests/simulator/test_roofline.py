@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import numpy as np
 import pandas as pd
@@ -218,11 +218,106 @@ def test_unfused_attention_by_hand():
     L, tp = 2048, 2
     heads = math.ceil(m.heads / tp)
     bw = hw.memory_bandwidth * hw.memory_efficiency
+    # one share of peak at every size (the curve's lookup is tested in test_gemm_and_busbw_curves...)
+    hw = replace(hw, gemm_curve=((1.0, 0.61),))
     for backward, mult, score_bytes, kernels in ((False, 1, 13, 4), (True, 2, 19, 6)):
-        gemm = max(mult * 4 * L * L * m.head_dim * heads / (hw.peak_flops * hw.gemm_efficiency),
+        gemm = max(mult * 4 * L * L * m.head_dim * heads / (hw.peak_flops * 0.61),
                    mult * 4 * L * heads * m.head_dim * 2 / bw)
         want = gemm + score_bytes * L * L * heads / bw + kernels * 1e-6
         for k in (1, 4, 10**6):  # the budget is ignored: dense
             assert float(attention_time(L, k, m, tp, 64, hw, backward=backward)) == pytest.approx(want, rel=1e-12)
     with pytest.raises(ConfigError, match="attention_kernel: 'flash' is not allowed; choose one of moba, unfused"):
         replace(M, attention_kernel="flash")
+
+
+def test_gemm_and_busbw_curves_interpolate_the_measured_tables():
+    """A100's GEMM and NCCL curves are Azure ND A100 v4's tables: at a measured size the value is the
+    table's, between two sizes the mean in log size, beyond the ends the end value; JSON lists
+    become tuples (hashable), a bad curve is one line naming the field."""
+    from sparsebalance.simulator.cost.roofline import A100_80GB
+
+    hw = A100_80GB
+    assert float(hw.gemm_share(2 * 8192**3)) == pytest.approx(253.7 / 312)
+    assert float(hw.gemm_share(2 * 4096**3)) == pytest.approx(228.0 / 312)
+    mid = math.sqrt(2 * 4096**3 * 2 * 8192**3)  # halfway in log FLOPs
+    assert float(hw.gemm_share(mid)) == pytest.approx((228.0 + 253.7) / 2 / 312)
+    assert float(hw.gemm_share(1e3)) == pytest.approx(119.4 / 312) and float(hw.gemm_share(1e16)) == pytest.approx(256.5 / 312)
+    assert float(hw.busbw(2**26)) == pytest.approx(166.63e9) and float(hw.busbw(2**27)) == pytest.approx(174.18e9)
+    assert float(hw.busbw(2**26 * math.sqrt(2))) == pytest.approx((166.63e9 + 174.18e9) / 2)
+    assert float(hw.busbw(2**40)) == pytest.approx(231.58e9)
+    assert float(H100.busbw(1e6)) == H100.tp_bandwidth and float(H100.gemm_share(1e6)) == H100.gemm_efficiency
+    again = Hardware(**{**asdict(hw), "gemm_curve": [list(p) for p in hw.gemm_curve]})  # as a sidecar gives it
+    assert again == hw and hash(again) == hash(hw)
+    with pytest.raises(ConfigError, match="gemm_curve: sizes must ascend"):
+        replace(hw, gemm_curve=((2.0, 0.5), (1.0, 0.6)))
+    with pytest.raises(ConfigError, match="gemm_curve: sizes and values must be > 0 and shares <= 1"):
+        replace(hw, gemm_curve=((1.0, 1.5),))
+    with pytest.raises(ConfigError, match="tp_busbw_curve: must be a list of"):
+        replace(hw, tp_busbw_curve=(1.0, 2.0))
+
+
+def test_layer_gemms_each_at_their_size_and_collectives_at_theirs():
+    """By hand on A100: each projection's time is its FLOPs at the curve's share for its call; the
+    layer's TP all-reduce is 2 (tp-1)/tp x bytes at the bus bandwidth of a message that size."""
+    from sparsebalance.simulator.cost.roofline import A100_80GB, gemm_calls
+
+    hw = replace(A100_80GB, launch_overhead=0.0, memory_bandwidth=1e30)  # GEMMs and collectives only
+    m = ModelConfig(hidden=6144, layers=2, heads=64, kv_heads=64, head_dim=96, ffn=4 * 6144, vocab=51200,
+                    mlp="gelu", bias=True, norm="layernorm", positions="learned", max_positions=2048)
+    T, tp = 8192, 8
+    calls = {"qkv": 2 * T * 6144 * 3 * 768, "o": 2 * T * 768 * 6144, "up": 2 * T * 6144 * 3072,
+             "down": 2 * T * 3072 * 6144}
+    assert {k: float(v) for k, v in gemm_calls(T, m, tp).items()} == pytest.approx(calls)
+    gemm = sum(f / (312e12 * float(hw.gemm_share(f))) for f in calls.values())
+    nbytes = T * 6144 * 2
+    ar = 2 * 7 / 8 * nbytes / float(hw.busbw(nbytes))
+    assert 166e9 < float(hw.busbw(nbytes)) < 175e9  # 100 MB: well below the 230 GB/s plateau
+    extra = 2 * T * (m.params_per_layer - sum(calls.values()) / (2 * T) * tp) / tp  # biases, norms
+    share = sum(calls.values()) / sum(f / float(hw.gemm_share(f)) for f in calls.values())
+    want = gemm + extra / (312e12 * share) + 2 * ar
+    assert float(dense_time(T, m, tp, hw)) == pytest.approx(want, rel=1e-12)
+
+
+def test_tp_overlap_hides_collectives_under_the_column_parallel_gemms():
+    """Megatron's async TP collectives, by hand: without SP each column-parallel linear's input-gradient
+    all-reduce runs beside its weight-gradient GEMM (exposed: max(0, AR - GEMM) for QKV and MLP up);
+    with SP the row-parallel all-gathers block (one all-reduce's bytes) and each column-parallel
+    linear's reduce-scatter and re-gather (half an all-reduce each) hide under its two GEMMs. Without
+    overlap: 2 all-reduces' bytes, 3 with SP. A split backward keeps them all exposed."""
+    from sparsebalance.simulator.cost.roofline import gemm_calls, tp_backward_comm
+
+    T, tp = 4096, 2
+    for bw in (1e9, 1e15):  # slow: nothing hides; fast: everything does
+        hw = replace(H100, launch_overhead=0.0, tp_bandwidth=bw)
+        one = 2 * (tp - 1) / tp * T * M.hidden * 2 / bw
+        g = {k: float(v) / (hw.peak_flops * hw.gemm_efficiency) for k, v in gemm_calls(T, M, tp).items()}
+        assert float(tp_backward_comm(T, M, tp, hw)) == pytest.approx(2 * one, rel=1e-12)
+        assert float(tp_backward_comm(T, M, tp, hw, sp=True)) == pytest.approx(3 * one, rel=1e-12)
+        want = max(0, one - g["qkv"]) + max(0, one - g["up"])
+        assert float(tp_backward_comm(T, M, tp, hw, overlap=True)) == pytest.approx(want, rel=1e-12, abs=1e-15)
+        want_sp = one + 2 * max(0, one / 2 - g["qkv"]) + 2 * max(0, one / 2 - g["up"])
+        assert float(tp_backward_comm(T, M, tp, hw, sp=True, overlap=True)) == pytest.approx(want_sp, rel=1e-12)
+        whole = float(dense_time(T, M, tp, hw, backward=True, overlap=True))
+        split = sum(float(dense_split_time(T, M, tp, hw, part)) for part in ("input", "weight"))
+        assert split - whole == pytest.approx(2 * one - want, rel=1e-9)
+    assert float(tp_backward_comm(T, M, 1, H100, sp=True, overlap=True)) == 0.0
+
+
+def test_tp_overlap_reaches_the_profile_and_a_measured_profile_refuses_it():
+    from sparsebalance.simulator.config import ClusterConfig
+    from sparsebalance.simulator.cost.latency import load_latency_model
+
+    m = ModelConfig(hidden=2304, layers=4, heads=24, kv_heads=24, head_dim=96, ffn=9216, vocab=51200,
+                    mlp="gelu", bias=True, norm="layernorm", positions="learned", max_positions=2048, block_size=128)
+    on = load_latency_model("analytical-a100-80gb", m, ClusterConfig(tp=4, device="a100-80gb", tp_overlap=True))
+    off = load_latency_model("analytical-a100-80gb", m, ClusterConfig(tp=4, device="a100-80gb"))
+    assert on.profile.meta.tp_overlap is True and off.profile.meta.tp_overlap is None
+    assert on.dense(8192, backward=True) < off.dense(8192, backward=True)
+    assert on.dense(8192) == off.dense(8192)  # the forward's all-reduces block either way
+    # re-derived from a shipped analytical sidecar for the run's model, the flag follows the run
+    q = load_latency_model("analytical-h100", qwen25_3b(), ClusterConfig(tp=2, tp_overlap=True))
+    assert q.profile.meta.tp_overlap is True
+    with pytest.raises(ConfigError, match="tp_overlap: must be true or false"):
+        ClusterConfig(tp=2, tp_overlap="yes")
+    with pytest.raises(ConfigError, match="cluster.tp_overlap: priced by analytical profiles only"):
+        load_latency_model("cpu-tiny", qwen25_3b(), ClusterConfig(tp=2, tp_overlap=True))

@@ -866,14 +866,20 @@ def load_latency_model(profile: str | Profile, model: ModelConfig, cluster: Clus
     prof = prof if prof is not None else load_profile(profile, base_dir)
     bad = _mismatches(prof.meta, model, cluster)
     sp = cluster.sequence_parallel and cluster.tp > 1
+    overlap = cluster.tp_overlap and cluster.tp > 1
     if prof.meta.analytical and bool(prof.meta.sequence_parallel) != sp:  # a measured table is as measured
         bad.append(f"sequence_parallel {bool(prof.meta.sequence_parallel)} (run: {sp})")
+    if prof.meta.analytical and bool(prof.meta.tp_overlap) != overlap:
+        bad.append(f"tp_overlap {bool(prof.meta.tp_overlap)} (run: {overlap})")
+    if overlap and not prof.meta.analytical:
+        raise ConfigError(f"cluster.tp_overlap: priced by analytical profiles only (profile = \"analytical-<gpu>\"); "
+                          f"{prof.source} is measured, its TP collectives are added whole: set tp_overlap = false")
     if bad and prof.meta.analytical and prof.meta.roofline is not None:
         from sparsebalance.simulator.cost.roofline import Hardware, build_profile
 
         hw = Hardware(**prof.meta.roofline)
         _check_derivable(prof, hw, build_profile)
-        derived = build_profile(hw, model, cluster.tp, sequence_parallel=sp)
+        derived = build_profile(hw, model, cluster.tp, sequence_parallel=sp, tp_overlap=overlap)
         derived.source = f"{prof.source} (analytical, re-derived for {model.name}, tp {cluster.tp})"
         prof = derived
     elif bad:
@@ -900,7 +906,8 @@ def _built(name: str, model: ModelConfig, cluster: ClusterConfig, base_dir: str)
         return None
     from sparsebalance.simulator.cost.roofline import HARDWARE, build_profile
 
-    prof = build_profile(HARDWARE[gpu], model, cluster.tp, sequence_parallel=cluster.sequence_parallel)
+    prof = build_profile(HARDWARE[gpu], model, cluster.tp, sequence_parallel=cluster.sequence_parallel,
+                         tp_overlap=cluster.tp_overlap)
     prof.source = f"{name} (analytical, built for {model.name}, tp {cluster.tp})"
     return prof
 
@@ -912,7 +919,8 @@ def _check_derivable(prof: Profile, hw, build_profile) -> None:
     meta = prof.meta
     try:
         own = ModelConfig(**meta.model, block_size=meta.block_size)
-        want = build_profile(hw, own, meta.tp, sequence_parallel=bool(meta.sequence_parallel)).table
+        want = build_profile(hw, own, meta.tp, sequence_parallel=bool(meta.sequence_parallel),
+                             tp_overlap=bool(meta.tp_overlap)).table
     except (TypeError, KeyError, ValueError, ConfigError) as e:
         raise ConfigError(f"profile: {prof.source}: its sidecar cannot re-derive it ({e}); "
                           "regenerate it with python -m sparsebalance.simulator.cost.roofline") from None

@@ -69,6 +69,9 @@ class ProfileMeta:
     (a measured table times each sequence as a call of its own, so its rows include it)."""
     sequence_parallel: bool | None = None
     """Megatron sequence parallelism at ``tp`` (norms and residuals on 1/tp of the tokens); absent = no."""
+    tp_overlap: bool | None = None
+    """The backward's TP collectives overlapped with its GEMMs, as Megatron-LM runs them (analytical
+    profiles; ``cluster.tp_overlap``); absent = no."""
     cp: int | None = None
     """Context-parallel degree of the ``attn_*_cp`` rows (``profile --cp``); absent = no such rows."""
     cp_layout: str | None = None

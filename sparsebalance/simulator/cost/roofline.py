@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -45,7 +46,7 @@ import numpy as np
 import pandas as pd
 
 from sparsebalance.data.sequence import blocks
-from sparsebalance.errors import check, check_positive
+from sparsebalance.errors import ConfigError, check, check_positive
 from sparsebalance.simulator.config import ModelConfig, qwen25_3b
 from sparsebalance.simulator.cost import kernelcost as kc
 from sparsebalance.simulator.cost.profile import Profile, monotone_violations
@@ -95,6 +96,14 @@ class Hardware:
     dispatch floor is 1.44 us (benchmarks/bench_dispatch.py, this project's VM); the CUDA launch
     latency on top is not measured, so the previous 4 us is kept until gpu-check measures real
     launches (docs/costmodel.md, section 7)."""
+    gemm_curve: tuple[tuple[float, float], ...] = ()
+    """Measured GEMM throughput by size: ``(FLOPs of one GEMM call, share of peak)`` pairs in
+    ascending FLOPs. A call's share is interpolated in log FLOPs and held at the ends
+    (:meth:`gemm_share`). Empty: every GEMM at ``gemm_efficiency``."""
+    tp_busbw_curve: tuple[tuple[float, float], ...] = ()
+    """Measured NCCL all-reduce bus bandwidth by message size: ``(bytes, bytes/s)`` pairs in
+    ascending bytes, interpolated in log bytes and held at the ends (:meth:`busbw`). Empty:
+    ``tp_bandwidth`` at every size."""
     source: str = ""
     """Where the peak numbers come from."""
 
@@ -105,6 +114,29 @@ class Hardware:
         for f in ("gemm_efficiency", "attention_fwd_efficiency", "attention_bwd_efficiency", "memory_efficiency"):
             check(getattr(self, f) <= 1, f, f"must be <= 1, got {getattr(self, f)}")
         check_positive(self.launch_overhead, "launch_overhead", allow_zero=True)
+        for f, top in (("gemm_curve", 1.0), ("tp_busbw_curve", math.inf)):
+            try:  # a sidecar's JSON gives lists: kept as tuples (hashable, the profile cache's key)
+                pts = tuple((float(x), float(y)) for x, y in getattr(self, f))
+            except (TypeError, ValueError):
+                raise ConfigError(f"{f}: must be a list of [size, value] pairs, got {getattr(self, f)!r}") from None
+            check(all(x > 0 and 0 < y <= top for x, y in pts), f,
+                  f"sizes and values must be > 0{' and shares <= 1' if top == 1.0 else ''}, got {pts}")
+            check(all(a[0] < b[0] for a, b in itertools.pairwise(pts)), f, f"sizes must ascend, got {pts}")
+            object.__setattr__(self, f, pts)
+
+    def gemm_share(self, flops):
+        """Share of peak of GEMM calls of ``flops`` FLOPs each (numpy-broadcastable)."""
+        if not self.gemm_curve:
+            return self.gemm_efficiency + 0.0 * np.asarray(flops, dtype=float)
+        x, y = np.log(np.array([p[0] for p in self.gemm_curve])), np.array([p[1] for p in self.gemm_curve])
+        return np.interp(np.log(np.maximum(np.asarray(flops, dtype=float), 1.0)), x, y)
+
+    def busbw(self, nbytes):
+        """NCCL bus bandwidth (bytes/s) of a TP collective on a ``nbytes`` tensor (broadcastable)."""
+        if not self.tp_busbw_curve:
+            return self.tp_bandwidth + 0.0 * np.asarray(nbytes, dtype=float)
+        x, y = np.log(np.array([p[0] for p in self.tp_busbw_curve])), np.array([p[1] for p in self.tp_busbw_curve])
+        return np.interp(np.log(np.maximum(np.asarray(nbytes, dtype=float), 1.0)), x, y)
 
 
 # NVIDIA H100 Tensor Core GPU data sheet: H100 SXM BF16 Tensor Core 1,979 TFLOPS *with sparsity* ->
@@ -124,21 +156,40 @@ H20 = Hardware(device="h20", peak_flops=148e12, memory_bandwidth=4.0e12,
 # NVIDIA A100 Tensor Core GPU data sheet: BF16/FP16 Tensor Core 312 TFLOP/s dense (624 with sparsity);
 # A100 80GB SXM HBM2e 2,039 GB/s, A100 40GB SXM HBM2 1,555 GB/s; NVLink 3: 12 links x 50 GB/s = 600 GB/s
 # bidirectional (NVIDIA Ampere tuning guide), 300 GB/s per direction. Efficiencies measured on A100:
-# GEMM: best-shape bf16 torch.mm 271.2 of 312 TFLOP/s (stas00/ml-engineering, compute/accelerator/
-# README.md, "Maximum Achievable Matmul FLOPS", torch 2.6.0+cu126); attention: FlashAttention-2 paper
-# (Dao, arXiv 2307.08691): forward "up to 230 TFLOPs/s, 73% of the theoretical maximum", backward up
-# to 63 %; HBM: copy kernel 1,737 of 2,039 GB/s (80 GB) and 1,382 of 1,555 GB/s (40 GB), gpu-stream
-# (RRZE-HPC/gpu-benches raw data). Launch overhead as the H100's (no A100 host-side figure found).
-A100_GEMM = 271.2 / 312.0
-# TP all-reduce on one 8 x A100 SXM node: nccl-tests all_reduce_perf busbw 228.1 GB/s at 1 GB and 231.6 at
-# 8 GB (Azure/AI-benchmarking-guide, Azure_Results/ND_A100_v4_results.md, NCCL 2.18.5); 231.45 at 1 GB
-# (microsoft/mscclpp docs/performance-ndmv4.md): 230 GB/s of NVLink 3's 300 per direction.
+# attention: FlashAttention-2 paper (Dao, arXiv 2307.08691): forward "up to 230 TFLOPs/s, 73% of the
+# theoretical maximum", backward up to 63 %; HBM: copy kernel 1,737 of 2,039 GB/s (80 GB) and 1,382 of
+# 1,555 GB/s (40 GB), gpu-stream (RRZE-HPC/gpu-benches raw data). Launch overhead as the H100's (no A100
+# host-side figure found).
+#
+# GEMMs by size and TP collectives by message size, both measured on one Azure ND A100 v4 node (8 x
+# A100-SXM4-80GB, CUDA 12.5, NCCL 2.18.5; Azure/AI-benchmarking-guide, Azure_Results/ND_A100_v4_results.md):
+# cuBLASLt FP16 GEMMs with random data after 10,000 warm-up iterations, TFLOP/s at (m, n, k) =
+# 1024^3: 119.4, (1024, 2145, 1024): 132.8, 2048^3: 221.8, 4096^3: 228.0, 8192^3: 253.7,
+# (6144, 12288, 12288): 250.8, 16384^3: 256.5 -- keyed here by the call's FLOPs 2 m n k. The table's
+# skinny (802816, 192, 768) point (157.8) is left out: a FLOP key cannot tell it from a square GEMM,
+# and no layer GEMM of a published row is that narrow. The best shape a search finds is higher (271.2,
+# stas00/ml-engineering "Maximum Achievable Matmul FLOPS"); layer GEMMs are not searched shapes.
+A100_GEMM_TFLOPS = ((1024, 1024, 1024, 119.4), (1024, 2145, 1024, 132.8), (2048, 2048, 2048, 221.8),
+                    (4096, 4096, 4096, 228.0), (8192, 8192, 8192, 253.7), (6144, 12288, 12288, 250.8),
+                    (16384, 16384, 16384, 256.5))
+A100_GEMM_CURVE = tuple(sorted((2.0 * m * n * k, tf / 312.0) for m, n, k, tf in A100_GEMM_TFLOPS))
+# nccl-tests all_reduce_perf bus bandwidth (GB/s), in-place, 8 GPUs, at 2^10 .. 2^33 bytes (1 KB .. 8 GB):
+# the same file's "NCCL Bandwidth" table. A TP collective of a [tokens, hidden] activation is 30-110 MB
+# in the published runs, where NCCL reaches 133-174 GB/s, not the 230 of its 1-8 GB plateau.
+A100_BUSBW_GBS = (0.04, 0.08, 0.17, 0.33, 0.67, 1.37, 2.70, 5.15, 10.11, 19.24, 36.22, 53.54, 71.43, 89.99,
+                  109.22, 132.77, 166.63, 174.18, 213.87, 221.58, 228.10, 230.22, 230.48, 231.58)
+A100_BUSBW_CURVE = tuple((2.0 ** (10 + i), gb * 1e9) for i, gb in enumerate(A100_BUSBW_GBS))
+# TP all-reduce plateau on one 8 x A100 SXM node: busbw 228.1 GB/s at 1 GB and 231.6 at 8 GB (the table
+# above); 231.45 at 1 GB (microsoft/mscclpp docs/performance-ndmv4.md): 230 GB/s of NVLink 3's 300.
 A100_80GB = Hardware(device="a100-80gb", peak_flops=312e12, memory_bandwidth=2.039e12, tp_bandwidth=230e9,
-                     gemm_efficiency=A100_GEMM, attention_fwd_efficiency=0.73, attention_bwd_efficiency=0.63,
-                     memory_efficiency=1737.0 / 2039.0,
-                     source="NVIDIA A100 data sheet (SXM 80 GB): 312 TFLOP/s dense bf16, 2,039 GB/s HBM2e, NVLink 600 GB/s")
+                     gemm_efficiency=256.5 / 312.0, attention_fwd_efficiency=0.73, attention_bwd_efficiency=0.63,
+                     memory_efficiency=1737.0 / 2039.0, gemm_curve=A100_GEMM_CURVE,
+                     tp_busbw_curve=A100_BUSBW_CURVE,
+                     source="NVIDIA A100 data sheet (SXM 80 GB): 312 TFLOP/s dense bf16, 2,039 GB/s HBM2e, NVLink "
+                            "600 GB/s; GEMM and NCCL sweeps of Azure ND A100 v4 (Azure/AI-benchmarking-guide)")
 A100_40GB = replace(A100_80GB, device="a100-40gb", memory_bandwidth=1.555e12, memory_efficiency=1382.0 / 1555.0,
-                    source="NVIDIA A100 data sheet (SXM 40 GB): 312 TFLOP/s dense bf16, 1,555 GB/s HBM2, NVLink 600 GB/s")
+                    source="NVIDIA A100 data sheet (SXM 40 GB): 312 TFLOP/s dense bf16, 1,555 GB/s HBM2, NVLink "
+                           "600 GB/s; GEMM and NCCL sweeps of Azure ND A100 v4 (80 GB; Azure/AI-benchmarking-guide)")
 HARDWARE = {"h100": H100, "h200": H200, "h20": H20, "a100-80gb": A100_80GB, "a100-40gb": A100_40GB}
 """Analytical hardware by name: ``profile = "analytical-<name>"`` builds a profile for the run's model on
 the fly where no shipped profile of that name exists (docs/costmodel.md)."""
@@ -206,17 +257,7 @@ def _tp_allreduce(tokens, model: ModelConfig, tp: int, hw: Hardware, count: int)
     if tp == 1:
         return 0.0 * np.asarray(tokens, dtype=float)
     nbytes = np.asarray(tokens, dtype=float) * model.hidden * model.dtype_bytes
-    return count * 2 * (tp - 1) / tp * nbytes / hw.tp_bandwidth
-
-
-def _sp_regather(tokens, model: ModelConfig, tp: int, hw: Hardware, sp: bool):
-    """Sequence parallelism's extra backward collectives: the two column-parallel linears (QKV and
-    the MLP's up projection) keep their input sharded over the sequence and all-gather it again for
-    their weight gradient (Megatron-LM, ``LinearWithGradAccumulationAndAsyncCommunication.backward``:
-    ``(tp - 1) / tp`` of a [tokens, hidden] activation each at the TP bus bandwidth). Megatron issues
-    them beside the input-gradient GEMM; like the layer's other TP collectives here, they are priced
-    as not hidden. Two all-gathers move one ring all-reduce's bytes. 0 without SP or TP."""
-    return _tp_allreduce(tokens, model, tp, hw, 1 if sp else 0)
+    return count * 2 * (tp - 1) / tp * nbytes / hw.busbw(nbytes)
 
 
 def attention_shape(model: ModelConfig, tp: int, block_size: int) -> kc.Shape:
@@ -258,7 +299,10 @@ def unfused_attention_time(seq_len, model: ModelConfig, tp: int, hw: Hardware, *
     gemm_bytes = mult * 4 * L * heads * model.head_dim * model.dtype_bytes
     scores = UNFUSED_SCORE_BYTES[backward] * L * L * heads
     bw = hw.memory_bandwidth * hw.memory_efficiency
-    return (np.maximum(flops / (hw.peak_flops * hw.gemm_efficiency), gemm_bytes / bw) + scores / bw
+    # one batched GEMM call covers the sequence's heads (Megatron batches the micro-batch's sequences
+    # too; a row is one sequence, so the call is keyed on its share: the curve's lower side)
+    share = hw.gemm_share(2 * L * L * model.head_dim * heads) if hw.gemm_curve else hw.gemm_efficiency
+    return (np.maximum(flops / (hw.peak_flops * share), gemm_bytes / bw) + scores / bw
             + UNFUSED_KERNELS[backward] * hw.launch_overhead)
 
 
@@ -293,22 +337,75 @@ def _dense_work(T: np.ndarray, model: ModelConfig, tp: int, sp: bool = False) ->
     return flops, gemm, elementwise
 
 
-def _dense_roof(flops, gemm, elementwise, hw: Hardware, kernels: int):
-    """GEMMs at their roofline, then the elementwise kernels at the streaming bandwidth, + launches."""
-    return (_roof(flops, gemm, hw.gemm_efficiency, hw, kernels)
+def gemm_calls(T, model: ModelConfig, tp: int) -> dict[str, np.ndarray]:
+    """FLOPs of each projection GEMM of one layer's forward on ``T`` tokens, one TP rank: QKV and the
+    MLP's up projection (column-parallel), the attention output and the MLP's down projection
+    (row-parallel). The backward runs each twice with the same FLOPs (dX = dY W^T, dW = X^T dY)."""
+    T = np.asarray(T, dtype=float)
+    h, q = model.hidden, model.heads * model.head_dim / tp
+    qkv = (model.heads + 2 * model.kv_heads) * model.head_dim / tp
+    up = (2 if model.mlp == "swiglu" else 1) * model.ffn / tp
+    return {"qkv": 2 * T * h * qkv, "o": 2 * T * q * h, "up": 2 * T * h * up, "down": 2 * T * model.ffn / tp * h}
+
+
+def gemm_share(T, model: ModelConfig, tp: int, hw: Hardware):
+    """Share of peak of one layer's GEMMs together: each projection at :meth:`Hardware.gemm_share` of
+    its call's FLOPs, combined by time (FLOPs / sum of FLOPs / rate); exactly ``gemm_efficiency``
+    without a GEMM curve."""
+    if not hw.gemm_curve:
+        return hw.gemm_efficiency
+    calls = gemm_calls(T, model, tp).values()
+    return sum(calls) / sum(f / hw.gemm_share(f) for f in calls)
+
+
+def _dense_roof(flops, gemm, elementwise, hw: Hardware, kernels: int, share=None):
+    """GEMMs at their roofline (at ``share`` of peak, default ``gemm_efficiency``), then the
+    elementwise kernels at the streaming bandwidth, + launches."""
+    return (_roof(flops, gemm, hw.gemm_efficiency if share is None else share, hw, kernels)
             + elementwise / (hw.memory_bandwidth * hw.memory_efficiency))
 
 
-def dense_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: bool = False, sp: bool = False):
+def tp_backward_comm(tokens, model: ModelConfig, tp: int, hw: Hardware, *, sp: bool = False,
+                     overlap: bool = False):
+    """Seconds of one layer's backward TP collectives that the GPU waits for.
+
+    Without ``overlap`` every collective is exposed: 2 all-reduces of the input gradient (the
+    column-parallel linears' ``f``), or with ``sp`` the 2 all-gathers of the row-parallel linears'
+    output gradient, the 2 reduce-scatters of the column-parallel input gradient, and the 2
+    all-gathers of the column-parallel linears' sequence-sharded input, which each gathers again for
+    its weight gradient (3 all-reduces' bytes in all; an all-gather or a reduce-scatter moves
+    (tp - 1) / tp of the tensor, half an all-reduce, at the same bus bandwidth). With ``overlap`` (Megatron-LM's
+    ``LinearWithGradAccumulationAndAsyncCommunication``, its default since 2021-22): a column-parallel
+    linear (QKV, MLP up) launches its input gradient's all-reduce, or with SP its reduce-scatter,
+    asynchronously and computes its weight gradient meanwhile, and with SP its input's re-gather runs
+    beside the input-gradient GEMM; only what outlasts that GEMM is exposed. The row-parallel
+    all-gathers of SP block. Each overlapped GEMM is priced alone (the collective's SM and memory
+    use slowing it is not priced)."""
+    T = np.asarray(tokens, dtype=float)
+    one = _tp_allreduce(T, model, tp, hw, 1)  # an all-reduce's time; an all-gather or a reduce-scatter: half
+    if not overlap:
+        return (3 if sp else 2) * one
+    share = hw.gemm_share if hw.gemm_curve else (lambda f: hw.gemm_efficiency)
+    calls = gemm_calls(T, model, tp)
+    gemm = {k: calls[k] / (hw.peak_flops * share(calls[k])) for k in ("qkv", "up")}
+    if not sp:
+        return sum(np.maximum(0.0, one - g) for g in gemm.values())
+    return one + sum(2 * np.maximum(0.0, one / 2 - g) for g in gemm.values())
+
+
+def dense_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: bool = False, sp: bool = False,
+               overlap: bool = False):
     """Seconds of one layer's dense part (norms, QKV/O, MLP) on ``tokens`` tokens (``sp``: sequence
-    parallelism, :func:`_dense_work`, and in the backward :func:`_sp_regather`); the backward moves
-    twice the forward's FLOPs and bytes."""
+    parallelism, :func:`_dense_work`; the forward's 2 TP all-reduces, the backward's TP collectives
+    by :func:`tp_backward_comm`, hidden under the GEMMs with ``overlap``); the backward moves twice
+    the forward's FLOPs and bytes."""
     T = np.asarray(tokens, dtype=float)
     flops, gemm, elementwise = _dense_work(T, model, tp, sp)
     mult = 2 if backward else 1
     kernels = KERNELS["layer_bwd" if backward else "layer_fwd"]
-    return (_dense_roof(mult * flops, mult * gemm, mult * elementwise, hw, kernels)
-            + _tp_allreduce(T, model, tp, hw, 2) + (_sp_regather(T, model, tp, hw, sp) if backward else 0.0))
+    comm = (tp_backward_comm(T, model, tp, hw, sp=sp, overlap=overlap) if backward
+            else _tp_allreduce(T, model, tp, hw, 2))
+    return _dense_roof(mult * flops, mult * gemm, mult * elementwise, hw, kernels, gemm_share(T, model, tp, hw)) + comm
 
 
 def embed_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: bool = False):
@@ -329,9 +426,10 @@ def head_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: bo
     flops = 2 * T * model.hidden * model.vocab / tp
     logits = T * model.vocab / tp * 4
     weights = model.hidden * model.vocab / tp * model.dtype_bytes
+    share = hw.gemm_share(flops) if hw.gemm_curve else hw.gemm_efficiency
     if backward:
-        return _roof(2 * flops, 2 * weights + 2 * logits, hw.gemm_efficiency, hw, KERNELS["head_bwd"])
-    return _roof(flops, weights + 3 * logits, hw.gemm_efficiency, hw, KERNELS["head_fwd"])
+        return _roof(2 * flops, 2 * weights + 2 * logits, share, hw, KERNELS["head_bwd"])
+    return _roof(flops, weights + 3 * logits, share, hw, KERNELS["head_fwd"])
 
 
 # -- split backward (input gradient I / weight gradient W) of the dense ops -------------------------
@@ -341,13 +439,16 @@ def dense_split_time(tokens, model: ModelConfig, tp: int, hw: Hardware, part: st
     """Seconds of the ``part`` ("input" or "weight") of one layer's dense backward: one GEMM pass
     (forward FLOPs and bytes, half of ``layer_bwd``'s launches); the input part also carries the
     layer's two TP all-reduces, sequence parallelism's re-gathers (issued with the input gradient)
-    and the elementwise backward. ``input + weight == dense_time(backward=True)`` up to rounding."""
+    and the elementwise backward. ``input + weight == dense_time(backward=True)`` up to rounding
+    without ``overlap``; with it the whole backward is shorter, since a deferred weight gradient
+    (the split's purpose) has no collective beside it to hide."""
     T = np.asarray(tokens, dtype=float)
     flops, gemm, elementwise = _dense_work(T, model, tp, sp)
+    share = gemm_share(T, model, tp, hw)
     if part == "input":  # the elementwise backward (norms, activation) is on the input-gradient path
-        return (_dense_roof(flops, gemm, 2 * elementwise, hw, KERNELS["layer_bwd"] // 2)
-                + _tp_allreduce(T, model, tp, hw, 2) + _sp_regather(T, model, tp, hw, sp))
-    return _roof(flops, gemm, hw.gemm_efficiency, hw, KERNELS["layer_bwd"] // 2)
+        return (_dense_roof(flops, gemm, 2 * elementwise, hw, KERNELS["layer_bwd"] // 2, share)
+                + tp_backward_comm(T, model, tp, hw, sp=sp))
+    return _roof(flops, gemm, share, hw, KERNELS["layer_bwd"] // 2)
 
 
 def head_split_time(tokens, model: ModelConfig, tp: int, hw: Hardware, part: str):
@@ -357,7 +458,8 @@ def head_split_time(tokens, model: ModelConfig, tp: int, hw: Hardware, part: str
     flops = 2 * T * model.hidden * model.vocab / tp
     logits = T * model.vocab / tp * 4
     weights = model.hidden * model.vocab / tp * model.dtype_bytes
-    return _roof(flops, weights + logits, hw.gemm_efficiency, hw, KERNELS["head_bwd"] // 2)
+    share = hw.gemm_share(flops) if hw.gemm_curve else hw.gemm_efficiency
+    return _roof(flops, weights + logits, share, hw, KERNELS["head_bwd"] // 2)
 
 
 def split_backward_rows(tokens, model: ModelConfig, tp: int, hw: Hardware, sp: bool = False) -> list[pd.DataFrame]:
@@ -372,7 +474,8 @@ def split_backward_rows(tokens, model: ModelConfig, tp: int, hw: Hardware, sp: b
 
 def build_table(hw: Hardware, model: ModelConfig, tp: int, block_size: int, *,
                 seq_lens: np.ndarray | None = None, budgets: np.ndarray | None = None,
-                tokens: np.ndarray | None = None, sequence_parallel: bool = False) -> pd.DataFrame:
+                tokens: np.ndarray | None = None, sequence_parallel: bool = False,
+                tp_overlap: bool = False) -> pd.DataFrame:
     """The profile rows of one (hardware, model, tp, block size).
 
     Attention rows price the path the kernel's dispatcher runs (:func:`kernelcost.choose_path`, the
@@ -392,7 +495,8 @@ def build_table(hw: Hardware, model: ModelConfig, tp: int, block_size: int, *,
         frames.append(pd.DataFrame({"op": op, "seq_len": S.ravel(), "budget": K.ravel(), "latency_s": lat}))
     for name, fn in (("layer", dense_time), ("embed", embed_time), ("head", head_time)):
         for suffix, bwd in (("fwd", False), ("bwd", True)):
-            lat = (dense_time(tokens, model, tp, hw, backward=bwd, sp=sequence_parallel) if name == "layer"
+            lat = (dense_time(tokens, model, tp, hw, backward=bwd, sp=sequence_parallel, overlap=tp_overlap)
+                   if name == "layer"
                    else fn(tokens, model, tp, hw, backward=bwd))
             frames.append(pd.DataFrame({"op": f"{name}_{suffix}", "seq_len": tokens, "budget": 0,
                                         "latency_s": lat}))
@@ -401,19 +505,22 @@ def build_table(hw: Hardware, model: ModelConfig, tp: int, block_size: int, *,
 
 
 def build_profile(hw: Hardware, model: ModelConfig, tp: int, block_size: int | None = None, *,
-                  sequence_parallel: bool = False) -> Profile:
+                  sequence_parallel: bool = False, tp_overlap: bool = False) -> Profile:
     """An analytical profile (table + sidecar) for ``model`` at ``tp`` on ``hw`` (with Megatron's
-    sequence parallelism where ``sequence_parallel`` and tp > 1). A pure function of its arguments,
+    sequence parallelism where ``sequence_parallel`` and tp > 1, and the backward's TP collectives
+    overlapped with its GEMMs where ``tp_overlap``: :func:`tp_backward_comm`). A pure function of its arguments,
     so it is computed once per process for each and handed out as a copy (a run, a sweep's points
     and the re-derivation check ask for the same profile again and again)."""
     block = model.block_size if block_size is None else block_size
-    table, meta = _built(hw, model, int(tp), int(block), bool(sequence_parallel and tp > 1))
+    table, meta = _built(hw, model, int(tp), int(block), bool(sequence_parallel and tp > 1),
+                         bool(tp_overlap and tp > 1))
     return Profile(table=table.copy(), meta=meta, source=f"analytical-{hw.device}")
 
 
 @functools.lru_cache(maxsize=32)
-def _built(hw: Hardware, model: ModelConfig, tp: int, block: int, sp: bool) -> tuple[pd.DataFrame, ProfileMeta]:
-    table = build_table(hw, model, tp, block, sequence_parallel=sp)
+def _built(hw: Hardware, model: ModelConfig, tp: int, block: int, sp: bool,
+           overlap: bool) -> tuple[pd.DataFrame, ProfileMeta]:
+    table = build_table(hw, model, tp, block, sequence_parallel=sp, tp_overlap=overlap)
     # the fixed cost of a call is paid once per packed micro-batch (the varlen kernel's launch, index
     # and glue ops), not per sequence: the rows leave it out and the sidecar carries it
     call = {"fwd": kc.call_fixed(hw), "bwd": kc.call_fixed(hw, backward=True)}
@@ -425,6 +532,8 @@ def _built(hw: Hardware, model: ModelConfig, tp: int, block: int, sp: bool) -> t
     meta = replace(sidecar(hw, model, tp, block), attention_call_s=call)
     if sp:  # absent when off: the shipped sidecars stay as they are
         meta = replace(meta, sequence_parallel=True)
+    if overlap:
+        meta = replace(meta, tp_overlap=True)
     bad = monotone_violations(Profile(table=table, meta=meta, source=f"analytical-{hw.device}"), block)
     if bad:  # the note is read from the table just built, so it joins the sidecar after building
         note = (f"{len(bad)} attention point(s) fall as budget or length grows, as the kernel does: just below "

@@ -89,10 +89,10 @@ def simulate(mapping: dict, out: Path, base_dir: Path = ROOT) -> dict:
             "peak_memory_gb": float(m["peak_memory_gb"].max())}
 
 
-def layer_check(dense: pd.DataFrame) -> pd.DataFrame:
+def layer_check(dense: pd.DataFrame, config=dense_config) -> pd.DataFrame:
     """One transformer layer, ours vs measured (``layer_times.csv``, Korthikanti et al. Table 4): the
-    forward and backward of one micro-batch through one layer, on the base run's model and plan --
-    where the iteration-level residual comes from."""
+    forward and backward of one micro-batch through one layer, on the base run's model and plan
+    (``config``: row -> run-config mapping) -- where the iteration-level residual comes from."""
     import warnings
 
     from sparsebalance.runconfig import run_config_from_mapping
@@ -101,7 +101,7 @@ def layer_check(dense: pd.DataFrame) -> pd.DataFrame:
     out = []
     for r in pd.read_csv(PUBLISHED / "layer_times.csv").itertuples():
         base = dense[dense["id"] == r.base_run].iloc[0]
-        mapping = dense_config(base)
+        mapping = config(base)
         mapping["cluster"] |= {"recompute": r.recompute, "sequence_parallel": bool(r.sequence_parallel)}
         cfg = run_config_from_mapping(mapping, base_dir=str(ROOT))
         with warnings.catch_warnings():
@@ -153,12 +153,57 @@ def figure(df: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
+#: The dense rows' terms that ``--terms`` switches off one at a time: (label, A100 fields, tp_overlap).
+TERMS = (("as shipped", {}, None),
+         ("no GEMM curve (every GEMM at the best shape's 271.2 / 312)", {"gemm_curve": (), "gemm_efficiency": 271.2 / 312}, None),
+         ("no NCCL curve (every collective at the 230 GB/s plateau)", {"tp_busbw_curve": ()}, None),
+         ("no TP overlap (every backward collective exposed)", {}, False),
+         ("none of the three", {"gemm_curve": (), "gemm_efficiency": 271.2 / 312, "tp_busbw_curve": ()}, False))
+
+
+def term_table(dense: pd.DataFrame, rows_of: pd.DataFrame, out: Path) -> pd.DataFrame:
+    """The dense rows' MAE and the layer check with each of three terms switched off in turn: GEMMs
+    by call size, TP collectives by message size (the A100's measured curves) and Megatron's TP
+    overlap -- what each term moves, and whether one of them only looks good on the rows while the
+    layer it prices moves away from its measurement. ``rows_of``: the rows to simulate; ``dense``:
+    all of them (the layer check's base run)."""
+    from dataclasses import replace
+
+    from sparsebalance.simulator.cost import roofline
+
+    rows, saved = [], dict(roofline.HARDWARE)
+    try:
+        for label, fields, overlap in TERMS:
+            for gpu in NODES:
+                roofline.HARDWARE[gpu] = replace(saved[gpu], **fields)
+            roofline._built.cache_clear()  # the profile cache is keyed by the hardware: rebuild
+
+            def config(row, overlap=overlap):
+                mapping = dense_config(row)
+                if overlap is not None:
+                    mapping["cluster"]["tp_overlap"] = overlap
+                return mapping
+
+            err = pd.Series([100 * (simulate(config(r), out / "terms")["predicted_s"] / r.measured_iteration_s - 1)
+                             for r in rows_of.itertuples()])
+            layers = layer_check(dense, config)
+            rows.append({"terms": label, "mae_pct": err.abs().mean(), "worst_pct": err.abs().max(),
+                         "signed_pct": err.mean(), "layer_min_pct": layers["error_pct"].min(),
+                         "layer_max_pct": layers["error_pct"].max()})
+    finally:
+        roofline.HARDWARE.update(saved)
+        roofline._built.cache_clear()
+    return pd.DataFrame(rows)
+
+
 def main(argv=None) -> int:
     from tqdm import tqdm
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "published_runs")
     ap.add_argument("--only", default="", help="comma-separated row ids (default: all)")
+    ap.add_argument("--terms", action="store_true",
+                    help="also re-run the dense rows with each A100 term switched off in turn (terms.csv)")
     args = ap.parse_args(argv)
     only = {x for x in args.only.split(",") if x}
     dense = pd.read_csv(PUBLISHED / "runs.csv")
@@ -187,6 +232,11 @@ def main(argv=None) -> int:
     layers.to_csv(args.out / "layer_check.csv", index=False)
     print("\none layer of the 22B model (micro-batch 4 x 2,048 tokens, TP 8), ours vs Korthikanti et al. Table 4:")
     print(layers.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    if args.terms:
+        terms = term_table(dense, dense[dense["id"].isin(only)] if only else dense, args.out)
+        terms.to_csv(args.out / "terms.csv", index=False)
+        print("\ndense rows with each term switched off in turn (layer: the five Table 4 settings):")
+        print(terms.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
     print(f"host: {platform.processor() or platform.machine()}, {platform.python_version()}; "
           f"{len(df)} runs simulated in {time.perf_counter() - t0:.1f} s; written to {args.out}")
     return 0

@@ -84,7 +84,7 @@ def test_published_runs_check_stays_within_10_percent(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("published_runs", ROOT / "benchmarks" / "published_runs.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    assert mod.main(["--out", str(tmp_path), "--only", "k22-full,k1t-sel"]) == 0
+    assert mod.main(["--out", str(tmp_path), "--only", "k22-full,k1t-sel", "--terms"]) == 0
     df = pd.read_csv(tmp_path / "published_runs.csv").set_index("id")
     assert set(df.index) == {"k22-full", "k1t-sel"}
     assert (df["error_pct"].abs() < 10).all(), df
@@ -93,6 +93,14 @@ def test_published_runs_check_stays_within_10_percent(tmp_path, capsys):
     layers = pd.read_csv(tmp_path / "layer_check.csv")
     assert len(layers) == 5 and (layers["error_pct"].abs() < 5).all(), layers
     assert "mean absolute error" in capsys.readouterr().out
+    # --terms: the shipped row is the table above; switching a term off changes the prediction; the
+    # A100 preset is restored afterwards
+    from sparsebalance.simulator.cost.roofline import A100_80GB, HARDWARE
+
+    terms = pd.read_csv(tmp_path / "terms.csv").set_index("terms")
+    assert len(terms) == 5 and terms["mae_pct"].iloc[0] == pytest.approx(df["error_pct"].abs().mean())
+    assert terms["mae_pct"].iloc[1:].ne(terms["mae_pct"].iloc[0]).all()
+    assert HARDWARE["a100-80gb"] is A100_80GB
     rows = pd.read_csv(ROOT / "validation" / "published" / "runs.csv")
     assert (rows["tp"] * rows["pp"] * rows["dp"] == rows["gpus"]).all()
     assert math.isclose(rows.loc[rows["id"] == "k175-full", "measured_iteration_s"].item(), 18.13)

@@ -248,6 +248,8 @@ def test_optimizer_from_optim_rows_or_memory_bandwidth():
     # 32 bytes per parameter: fp32 master + 2 moments read and written (24), the bf16 gradient read
     # twice (step, clipping norm) and zeroed (6), the bf16 weight written (2)
     assert model.optimizer_time(0) == pytest.approx(p0 * 32 / 1e11, rel=1e-12)
+    # an fp32 gradient buffer (Megatron's main_grad, grad_reduce_bytes = 4): its 3 passes at 4 bytes
+    assert lm(grad_reduce_bytes=4).optimizer_time(0) == pytest.approx(p0 * (24 + 3 * 4 + 2) / 1e11, rel=1e-12)
     with_rows = lm(optim=True)
     # optim rows: 1e-4 s at 1e5 params, 1e-3 s at 1e6 params -> linear in between
     assert with_rows.optimizer_time(0) == pytest.approx(1e-4 + (p0 - 1e5) * (9e-4 / 9e5), rel=1e-12)

@@ -75,11 +75,20 @@ PARTS = ("input", "weight")
 """Parts of a split backward: input gradient (I) and weight gradient (W)."""
 _CHECKED_DIMS = ("hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab")
 ADAMW_BYTES_PER_PARAM = 32
-"""HBM bytes one mixed-precision AdamW step moves per parameter (the optimizer estimate of a profile
-without ``optim`` rows): read the fp32 master weight, Adam's two fp32 moments (12) and the bf16
-gradient (2); write the master and the moments (12) and the bf16 weight the next forward uses (2);
-read the gradient once more for the global norm of gradient clipping (2) and zero it (2). (It was 16
-until 2026-11-26, fewer bytes than even a fused fp32 AdamW's 28.)"""
+"""HBM bytes one mixed-precision AdamW step moves per parameter with bf16 gradients (the optimizer
+estimate of a profile without ``optim`` rows): read the fp32 master weight, Adam's two fp32 moments
+(12) and the gradient (2); write the master and the moments (12) and the bf16 weight the next forward
+uses (2); read the gradient once more for the global norm of gradient clipping (2) and zero it (2).
+The gradient's three passes follow its buffer's dtype (:func:`adamw_bytes`)."""
+ADAMW_GRAD_PASSES = 3
+"""Passes over the gradient buffer in one step: the clipping norm's read, the step's read, the zeroing."""
+
+
+def adamw_bytes(grad_bytes: int) -> int:
+    """HBM bytes per parameter of one AdamW step whose gradient buffer holds ``grad_bytes`` per
+    element (``cluster.grad_reduce_bytes``: Megatron-LM keeps a bf16 model's gradients in an fp32
+    ``main_grad`` buffer, 4): ``ADAMW_BYTES_PER_PARAM`` with the three gradient passes at that width."""
+    return ADAMW_BYTES_PER_PARAM + ADAMW_GRAD_PASSES * (grad_bytes - 2)
 
 
 def _segment(xs: list[float], x: float) -> tuple[int, float]:
@@ -812,7 +821,7 @@ class LatencyModel(ScalarStageLatency):
         """Seconds of one AdamW step over stage ``stage``'s parameters (its TP shard; with ``zero1``
         its 1/dp share, then the ring all-gather of the updated bf16 parameters, ``(n-1)/n x bytes
         / bandwidth + latency``): the profile's ``optim`` op at that parameter count, else params x
-        ``ADAMW_BYTES_PER_PARAM`` / the sidecar's memory_bandwidth."""
+        :func:`adamw_bytes` (gradient buffer of ``grad_reduce_bytes``) / the sidecar's memory_bandwidth."""
         c = self.cluster
         params = round(self.stage_params(stage) / c.tp)
         n = c.dp * c.cp  # the data-parallel group of a stage's weights: DP x CP
@@ -827,7 +836,7 @@ class LatencyModel(ScalarStageLatency):
             return self._op("optim", params)
         bw = self.profile.meta.memory_bandwidth
         if bw:
-            return params * ADAMW_BYTES_PER_PARAM / bw
+            return params * adamw_bytes(self.cluster.grad_reduce_bytes or self.model.dtype_bytes) / bw
         if "optim" not in self._warned:
             self._warned.add("optim")
             warnings.warn(f"profile {self.profile.source} has neither optim rows nor memory_bandwidth; "

@@ -1,13 +1,15 @@
-"""ANALYTICAL profiles (no measurement): H100 SXM, H200 SXM and H20; our MoBA kernel + dense layers.
+"""ANALYTICAL profiles (no measurement): H100 SXM, H200 SXM, H20, A100; our MoBA kernel + dense layers.
 
 Attention ops price what ``kernels/moba/triton_impl.py`` executes (``simulator/cost/kernelcost.py``):
 executed tile pairs, the PyTorch gate and index building of a sparse sequence, the LSE-merge traffic
 of partial outputs, FlashAttention-2's five backward matmuls, and every launch. Each kernel's time is
 ``max(FLOPs / (peak x efficiency), bytes / (HBM bandwidth x memory efficiency))``, PyTorch phases
 add ``(ops + syncs) x launch_overhead``. Dense layer parts: the GEMMs at ``max(FLOPs / (peak x
-gemm_efficiency), bytes / (bandwidth x memory_efficiency))``, then the elementwise kernels (norms,
-residual adds, the MLP's activation) at the streaming bandwidth, + launches (+ the TP all-reduces of
-a Megatron layer).
+gemm_efficiency), bytes / (bandwidth x memory_efficiency))`` (with a measured ``gemm_curve``: each
+projection at the share of its call's size), then the elementwise kernels (norms, residual adds, the
+MLP's activation) at the streaming bandwidth, + launches (+ the TP collectives of a Megatron layer,
+at the bus bandwidth of their message size with a ``tp_busbw_curve``; the backward's hidden under
+its GEMMs with ``tp_overlap``: :func:`tp_backward_comm`).
 
 Every constant states its source below and in docs/costmodel.md (data sheets, published figures,
 measurements with their commands); ``launch_overhead`` only partly (a measured floor, docs/costmodel.md

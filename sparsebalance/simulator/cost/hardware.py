@@ -133,7 +133,9 @@ A100_GEMM_TFLOPS = ((1024, 1024, 1024, 119.4), (1024, 2145, 1024, 132.8), (2048,
                     (16384, 16384, 16384, 256.5))
 A100_GEMM_CURVE = tuple(sorted((2.0 * m * n * k, tf / 312.0) for m, n, k, tf in A100_GEMM_TFLOPS))
 # nccl-tests all_reduce_perf bus bandwidth (GB/s), in-place, 8 GPUs, at 2^10 .. 2^33 bytes (1 KB .. 8 GB):
-# the same file's "NCCL Bandwidth" table. A TP collective of a [tokens, hidden] activation is 30-110 MB
+# the same file's "NCCL Bandwidth" table (its text says NVLS, which needs Hopper's NVLink switch: on
+# A100 NCCL runs ring or tree). The Hopper presets keep one constant each: the same guide's H100 sweep
+# is FP8 GEMMs and an NVLS all-reduce, neither what a bf16 Megatron layer runs. A TP collective of a [tokens, hidden] activation is 30-110 MB
 # in the published runs, where NCCL reaches 133-174 GB/s, not the 230 of its 1-8 GB plateau.
 A100_BUSBW_GBS = (0.04, 0.08, 0.17, 0.33, 0.67, 1.37, 2.70, 5.15, 10.11, 19.24, 36.22, 53.54, 71.43, 89.99,
                   109.22, 132.77, 166.63, 174.18, 213.87, 221.58, 228.10, 230.22, 230.48, 231.58)

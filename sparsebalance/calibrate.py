@@ -51,6 +51,7 @@ class Prober:
             needs_probe,
             same_device_kind,
         )
+        from sparsebalance.simulator.cost.latency import check_tp_overlap
         from sparsebalance.simulator.cost.profile import load_profile
 
         self.cfg, self.measure, self.emit = cfg, measure, emit
@@ -58,6 +59,7 @@ class Prober:
         self.seconds = 0.0
         self.active = False
         self.prof = load_profile(cfg.profile, cfg.base_dir)
+        check_tp_overlap(self.prof, cfg.cluster)  # refused before a probe spends time on it
         meta = self.prof.meta
         if not needs_probe(self.prof):
             self.record: dict[str, Any] = {"applied": False, "status": "analytical"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -321,3 +322,12 @@ def test_tp_overlap_reaches_the_profile_and_a_measured_profile_refuses_it():
         ClusterConfig(tp=2, tp_overlap="yes")
     with pytest.raises(ConfigError, match="cluster.tp_overlap: priced by analytical profiles only"):
         load_latency_model("cpu-tiny", qwen25_3b(), ClusterConfig(tp=2, tp_overlap=True))
+
+
+def test_tp_overlap_with_a_measured_profile_is_refused_before_the_probe(run_cli, tmp_path):
+    """One line, exit 2, and no calibration probe run first (it would spend seconds for nothing)."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "cpu_pp2_tp2.toml"
+    r = run_cli("simulate", "--config", example, "--out", tmp_path / "o",
+                "--set", "cluster.tp_overlap=true", "--iterations", 1, "--no-progress")
+    assert r.code == 2 and "cluster.tp_overlap: priced by analytical profiles only" in r.err
+    assert "calibration: probed" not in r.out + r.err and "Traceback" not in r.err

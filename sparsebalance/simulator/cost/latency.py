@@ -861,6 +861,14 @@ def _mismatches(meta: ProfileMeta, model: ModelConfig, cluster: ClusterConfig) -
     return out
 
 
+def check_tp_overlap(prof: Profile, cluster: ClusterConfig) -> None:
+    """``cluster.tp_overlap`` is priced by analytical profiles only: a measured one refuses it in one
+    line (checked before a calibration probe spends time on it, and when the model is built)."""
+    if cluster.tp_overlap and cluster.tp > 1 and not prof.meta.analytical:
+        raise ConfigError(f"cluster.tp_overlap: priced by analytical profiles only (profile = \"analytical-<gpu>\"); "
+                          f"{prof.source} is measured, its TP collectives are added whole: set tp_overlap = false")
+
+
 def load_latency_model(profile: str | Profile, model: ModelConfig, cluster: ClusterConfig, *,
                        base_dir: str = ".", extrapolate: str = "warn",
                        allow_nonmonotone: bool = False) -> LatencyModel:
@@ -880,9 +888,7 @@ def load_latency_model(profile: str | Profile, model: ModelConfig, cluster: Clus
         bad.append(f"sequence_parallel {bool(prof.meta.sequence_parallel)} (run: {sp})")
     if prof.meta.analytical and bool(prof.meta.tp_overlap) != overlap:
         bad.append(f"tp_overlap {bool(prof.meta.tp_overlap)} (run: {overlap})")
-    if overlap and not prof.meta.analytical:
-        raise ConfigError(f"cluster.tp_overlap: priced by analytical profiles only (profile = \"analytical-<gpu>\"); "
-                          f"{prof.source} is measured, its TP collectives are added whole: set tp_overlap = false")
+    check_tp_overlap(prof, cluster)
     if bad and prof.meta.analytical and prof.meta.roofline is not None:
         from sparsebalance.simulator.cost.roofline import Hardware, build_profile
 

@@ -38,10 +38,14 @@ class Hardware:
     bytes / busbw). Hopper, NVLink 4: 450 GB/s per direction is the line rate; "with the protocol
     overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s" with the ring algorithm
     (NVIDIA's NCCL maintainer, NVIDIA/nccl-tests issue #212)."""
-    gemm_efficiency: float = 957.0 / 989.0
-    """Share of peak of the layers' GEMMs: cublasLt bf16/fp16 GEMM on H100 SXM measured at 957-966
-    TFLOP/s for M = 16-32K, N = 512-2048, K = 32K (https://189505.xyz/?p=618, benchmark code linked
-    there); the lowest of those figures. A best case: layer GEMMs with smaller K run lower."""
+    gemm_efficiency: float = 794.5 / 989.0
+    """Share of peak of the layers' GEMMs (without a ``gemm_curve``): H100 SXM bf16 "Maximum
+    Achievable Matmul FLOPS", 794.5 TFLOP/s, the best shape a search over shapes finds (stas00/
+    ml-engineering ``compute/accelerator/README.md``, torch 2.7.0+cu126; "H200 is the same").
+    XLA's sm_90 matmul table agrees at its largest bf16 calls (783-794 TFLOP/s at 4096^3,
+    ``xla/service/gpu/model/matmul_interpolator_data.h``). A best case: this project's own H100 ran
+    bf16 GEMMs at 695 TFLOP/s at 8192^3 and 658-725 on a 3B layer's projections (docs/results.md, "On
+    an H100"). Was 957 / 989 (one blog's cuBLASLt figure, above every other source)."""
     attention_fwd_efficiency: float = FA3_TRITON_FWD_TFLOPS / H100_PEAK_TFLOPS
     """Share of peak of our forward kernels per executed pair: FA3 paper, Triton forward (FA-2 style)."""
     attention_bwd_efficiency: float = FA3_FA2_BWD_TFLOPS / H100_PEAK_TFLOPS

@@ -89,17 +89,21 @@ class Hardware:
 
     def gemm_share(self, flops):
         """Share of peak of GEMM calls of ``flops`` FLOPs each (numpy-broadcastable)."""
-        if not self.gemm_curve:
-            return self.gemm_efficiency + 0.0 * np.asarray(flops, dtype=float)
-        x, y = np.log(np.array([p[0] for p in self.gemm_curve])), np.array([p[1] for p in self.gemm_curve])
-        return np.interp(np.log(np.maximum(np.asarray(flops, dtype=float), 1.0)), x, y)
+        return _log_interp(self.gemm_curve, flops, self.gemm_efficiency)
 
     def busbw(self, nbytes):
         """NCCL bus bandwidth (bytes/s) of a TP collective on a ``nbytes`` tensor (broadcastable)."""
-        if not self.tp_busbw_curve:
-            return self.tp_bandwidth + 0.0 * np.asarray(nbytes, dtype=float)
-        x, y = np.log(np.array([p[0] for p in self.tp_busbw_curve])), np.array([p[1] for p in self.tp_busbw_curve])
-        return np.interp(np.log(np.maximum(np.asarray(nbytes, dtype=float), 1.0)), x, y)
+        return _log_interp(self.tp_busbw_curve, nbytes, self.tp_bandwidth)
+
+
+def _log_interp(curve: tuple[tuple[float, float], ...], size, constant: float):
+    """A measured ``(size, value)`` curve at ``size``, interpolated in log size and held at the ends;
+    ``constant`` at every size where the curve is empty."""
+    size = np.asarray(size, dtype=float)
+    if not curve:
+        return constant + 0.0 * size
+    xs, ys = zip(*curve)
+    return np.interp(np.log(np.maximum(size, 1.0)), np.log(xs), ys)
 
 
 # NVIDIA H100 Tensor Core GPU data sheet: H100 SXM BF16 Tensor Core 1,979 TFLOPS *with sparsity* ->
@@ -138,9 +142,10 @@ A100_GEMM_TFLOPS = ((1024, 1024, 1024, 119.4), (1024, 2145, 1024, 132.8), (2048,
 A100_GEMM_CURVE = tuple(sorted((2.0 * m * n * k, tf / 312.0) for m, n, k, tf in A100_GEMM_TFLOPS))
 # nccl-tests all_reduce_perf bus bandwidth (GB/s), in-place, 8 GPUs, at 2^10 .. 2^33 bytes (1 KB .. 8 GB):
 # the same file's "NCCL Bandwidth" table (its text says NVLS, which needs Hopper's NVLink switch: on
-# A100 NCCL runs ring or tree). The Hopper presets keep one constant each: the same guide's H100 sweep
-# is FP8 GEMMs and an NVLS all-reduce, neither what a bf16 Megatron layer runs. A TP collective of a [tokens, hidden] activation is 30-110 MB
-# in the published runs, where NCCL reaches 133-174 GB/s, not the 230 of its 1-8 GB plateau.
+# A100 NCCL runs ring or tree). A TP collective of a [tokens, hidden] activation is 30-110 MB in the
+# published runs, where NCCL reaches 133-174 GB/s, not the 230 of its 1-8 GB plateau. The Hopper
+# presets keep one constant each: the same guide's H100 sweep is FP8 GEMMs and an NVLS all-reduce,
+# neither what a bf16 Megatron layer runs.
 A100_BUSBW_GBS = (0.04, 0.08, 0.17, 0.33, 0.67, 1.37, 2.70, 5.15, 10.11, 19.24, 36.22, 53.54, 71.43, 89.99,
                   109.22, 132.77, 166.63, 174.18, 213.87, 221.58, 228.10, 230.22, 230.48, 231.58)
 A100_BUSBW_CURVE = tuple((2.0 ** (10 + i), gb * 1e9) for i, gb in enumerate(A100_BUSBW_GBS))

@@ -170,7 +170,7 @@ def unfused_attention_time(seq_len, model: ModelConfig, tp: int, hw: Hardware, *
     bw = hw.memory_bandwidth * hw.memory_efficiency
     # one batched GEMM call covers the sequence's heads (Megatron batches the micro-batch's sequences
     # too; a row is one sequence, so the call is keyed on its share: the curve's lower side)
-    share = hw.gemm_share(2 * L * L * model.head_dim * heads) if hw.gemm_curve else hw.gemm_efficiency
+    share = hw.gemm_share(2 * L * L * model.head_dim * heads)
     return (np.maximum(flops / (hw.peak_flops * share), gemm_bytes / bw) + scores / bw
             + UNFUSED_KERNELS[backward] * hw.launch_overhead)
 
@@ -227,10 +227,10 @@ def gemm_share(T, model: ModelConfig, tp: int, hw: Hardware):
     return sum(calls) / sum(f / hw.gemm_share(f) for f in calls)
 
 
-def _dense_roof(flops, gemm, elementwise, hw: Hardware, kernels: int, share=None):
-    """GEMMs at their roofline (at ``share`` of peak, default ``gemm_efficiency``), then the
-    elementwise kernels at the streaming bandwidth, + launches."""
-    return (_roof(flops, gemm, hw.gemm_efficiency if share is None else share, hw, kernels)
+def _dense_roof(flops, gemm, elementwise, hw: Hardware, kernels: int, share):
+    """GEMMs at their roofline (at ``share`` of peak: :func:`gemm_share`), then the elementwise
+    kernels at the streaming bandwidth, + launches."""
+    return (_roof(flops, gemm, share, hw, kernels)
             + elementwise / (hw.memory_bandwidth * hw.memory_efficiency))
 
 
@@ -254,9 +254,8 @@ def tp_backward_comm(tokens, model: ModelConfig, tp: int, hw: Hardware, *, sp: b
     one = _tp_allreduce(T, model, tp, hw, 1)  # an all-reduce's time; an all-gather or a reduce-scatter: half
     if not overlap:
         return (3 if sp else 2) * one
-    share = hw.gemm_share if hw.gemm_curve else (lambda f: hw.gemm_efficiency)
     calls = gemm_calls(T, model, tp)
-    gemm = {k: calls[k] / (hw.peak_flops * share(calls[k])) for k in ("qkv", "up")}
+    gemm = {k: calls[k] / (hw.peak_flops * hw.gemm_share(calls[k])) for k in ("qkv", "up")}
     if not sp:
         return sum(np.maximum(0.0, one - g) for g in gemm.values())
     return one + sum(2 * np.maximum(0.0, one / 2 - g) for g in gemm.values())
@@ -295,7 +294,7 @@ def head_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: bo
     flops = 2 * T * model.hidden * model.vocab / tp
     logits = T * model.vocab / tp * 4
     weights = model.hidden * model.vocab / tp * model.dtype_bytes
-    share = hw.gemm_share(flops) if hw.gemm_curve else hw.gemm_efficiency
+    share = hw.gemm_share(flops)
     if backward:
         return _roof(2 * flops, 2 * weights + 2 * logits, share, hw, KERNELS["head_bwd"])
     return _roof(flops, weights + 3 * logits, share, hw, KERNELS["head_fwd"])
@@ -327,7 +326,7 @@ def head_split_time(tokens, model: ModelConfig, tp: int, hw: Hardware, part: str
     flops = 2 * T * model.hidden * model.vocab / tp
     logits = T * model.vocab / tp * 4
     weights = model.hidden * model.vocab / tp * model.dtype_bytes
-    share = hw.gemm_share(flops) if hw.gemm_curve else hw.gemm_efficiency
+    share = hw.gemm_share(flops)
     return _roof(flops, weights + logits, share, hw, KERNELS["head_bwd"] // 2)
 
 

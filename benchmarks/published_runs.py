@@ -1,20 +1,25 @@
 """Predicted vs published: every measured run in ``validation/published/`` simulated from its stated
-setup, with the mean absolute error. Nothing is fitted to these rows (validation/published/README.md).
+setup, with the error per row, per source and overall. Nothing is fitted to these rows
+(validation/published/README.md).
 
-Each row of ``runs.csv`` (dense GPT runs: model dims, TP/PP/DP, schedule, micro-batch size and count,
-sequence length, recomputation) becomes a run config -- fixed-length data, sequential batching at the
-stated micro-batch size, a budget that covers every block (dense attention), the GPU's analytical
-profile built on the fly, the node's NVLink and the fabric from the GPU preset -- and is simulated
-for one iteration (every iteration of fixed-length data is the same). Rows of ``sparse_runs.csv``
-name a config file and overrides (the SparseBalance paper's Table I baseline) and are reported apart:
-the MAE target is on the dense rows.
+Each row of ``runs.csv`` (model dims, TP/PP/DP/CP, DP mode, schedule, micro-batch size and count,
+sequence length, recomputation; ``published_rows.py`` reads it) becomes a run config -- fixed-length
+data, sequential batching at the stated micro-batch size, a budget that covers every block (dense
+attention), the GPU's analytical profile built on the fly, the node's NVLink and the fabric from the
+GPU preset -- and is simulated for one iteration (every iteration of fixed-length data is the same).
+A row whose setup needs what the simulator has no model of yet (FSDP / ZeRO-2/3, FP8, a non-Megatron
+pipeline) is listed as "not yet modelled"; one that needs only an overlap the simulator cannot express
+is priced with that communication exposed and marked "approximate". Rows of ``sparse_runs.csv`` name
+a config file and overrides (the SparseBalance paper's Table I baseline) and are reported apart: the
+MAE targets are on the dense rows.
 
-    python benchmarks/published_runs.py [--out results/published_runs] [--only k22-full,k175-sel]
+    python benchmarks/published_runs.py [--out results/published_runs] [--only k22-full,k175-sel] [--terms]
 
-Writes ``published_runs.csv`` (one row per run: predicted, published, error, bubble fraction,
-achieved model TFLOP/s per GPU), ``configs/<id>.toml`` (each row's resolved run config) and
-``published_runs.png`` (log-log, one marker per source) under ``--out``, and prints the table, the
-MAE of the dense rows and the host line.
+Writes ``published_runs.csv`` (one row per run: status, predicted, published, error, bubble fraction,
+achieved model TFLOP/s per GPU, peak memory), ``published_sources.csv`` (rows, priced rows, MAE,
+worst and signed error per source and over all), ``configs/<id>.toml`` (each priced row's resolved run
+config) and ``published_runs.png`` (log-log, one marker per source) under ``--out``, and prints them,
+the unpriced rows by reason and the host line.
 """
 
 from __future__ import annotations
@@ -29,44 +34,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parents[1]
-PUBLISHED = ROOT / "validation" / "published"
-BLOCK = 128
-"""MoBA block size of the dense rows: 2,048 tokens = 16 blocks, all selected (budget 16 = dense)."""
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from published_rows import BLOCK, NODES, PUBLISHED, ROOT, dense_config, gaps, load_runs
 
-
-#: GPU of a row -> the cluster preset of its nodes (NVLink inside, the fabric across; simulator/config.py)
-NODES = {"a100-80gb": "dgx-a100-80gb", "a100-40gb": "dgx-a100-40gb"}
-
-
-def dense_config(row: pd.Series) -> dict:
-    """The run-config mapping of one dense published run (a Megatron GPT model)."""
-    from sparsebalance.simulator.config import CLUSTER_PRESETS
-
-    node = CLUSTER_PRESETS[NODES[row.gpu]]()
-    h, seq = int(row.hidden), int(row.seq_len)
-    blocks = math.ceil(seq / BLOCK)
-    gpus = int(row.tp) * int(row.pp) * int(row.dp)
-    if gpus != int(row.gpus):
-        raise SystemExit(f"{row.id}: tp x pp x dp = {gpus} but the row says {row.gpus} GPUs")
-    return {
-        "name": row.id, "iterations": 1, "seed": 0, "profile": f"analytical-{row.gpu}",
-        "model": {"name": row.model, "hidden": h, "layers": int(row.layers), "heads": int(row.heads),
-                  "kv_heads": int(row.heads), "head_dim": h // int(row.heads), "ffn": 4 * h,
-                  "vocab": int(row.vocab), "block_size": BLOCK, "tie_embeddings": True, "mlp": "gelu",
-                  "qkv_bias": True, "bias": True, "norm": "layernorm", "positions": "learned",
-                  "max_positions": seq, "attention_kernel": row.attention_kernel},
-        "cluster": {"preset": node.name, "pp": int(row.pp), "dp": int(row.dp),
-                    "tp": int(row.tp), "schedule": row.schedule, "virtual_stages": int(row.virtual_stages),
-                    "micro_batch_size": int(row.micro_batch_size), "global_batch": int(row.global_batch),
-                    "recompute": row.recompute, "dp_overlap": bool(row.dp_overlap),
-                    "grad_reduce_bytes": int(row.grad_reduce_bytes),
-                    "sequence_parallel": bool(row.sequence_parallel), "tp_overlap": bool(row.tp_overlap),
-                    "nodes": math.ceil(gpus / node.gpus_per_node)},
-        "data": {"source": "distribution", "distribution": "fixed", "length": seq,
-                 "num_sequences": int(row.global_batch)},
-        "policy": {"batching": "sequential", "tuning": "fixed", "k0": blocks, "k_max": max(blocks, 64)},
-    }
+#: GPUs whose preset terms ``--terms`` switches off (the A100's measured curves)
+A100S = tuple(g for g in NODES if g.startswith("a100"))
 
 
 def simulate(mapping: dict, out: Path, base_dir: Path = ROOT) -> dict:
@@ -162,11 +134,11 @@ TERMS = (("as shipped", {}, None),
 
 
 def term_table(dense: pd.DataFrame, rows_of: pd.DataFrame, out: Path) -> pd.DataFrame:
-    """The dense rows' MAE and the layer check with each of three terms switched off in turn: GEMMs
+    """The A100 rows' MAE and the layer check with each of three terms switched off in turn: GEMMs
     by call size, TP collectives by message size (the A100's measured curves) and Megatron's TP
     overlap -- what each term moves, and whether one of them only looks good on the rows while the
-    layer it prices moves away from its measurement. ``rows_of``: the rows to simulate; ``dense``:
-    all of them (the layer check's base run)."""
+    layer it prices moves away from its measurement. ``rows_of``: the priced A100 rows to simulate;
+    ``dense``: all rows (the layer check's base run)."""
     from dataclasses import replace
 
     from sparsebalance.simulator.cost import roofline
@@ -174,7 +146,7 @@ def term_table(dense: pd.DataFrame, rows_of: pd.DataFrame, out: Path) -> pd.Data
     rows, saved = [], dict(roofline.HARDWARE)
     try:
         for label, fields, overlap in TERMS:
-            for gpu in NODES:
+            for gpu in A100S:
                 roofline.HARDWARE[gpu] = replace(saved[gpu], **fields)
             roofline._built.cache_clear()  # the profile cache is keyed by the hardware: rebuild
 
@@ -196,6 +168,43 @@ def term_table(dense: pd.DataFrame, rows_of: pd.DataFrame, out: Path) -> pd.Data
     return pd.DataFrame(rows)
 
 
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per source and overall: rows, priced rows (exactly / with an approximation), MAE, worst and mean
+    signed error over the priced rows; the overall line is the mean over every priced row."""
+    out = []
+    for source, g in list(df.groupby("source", sort=False)) + [("all sources", df)]:
+        p = g[g["status"] != "not yet modelled"]
+        err = p["error_pct"]
+        out.append({"source": source, "rows": len(g), "priced": len(p),
+                    "approximate": int((p["status"] == "approximate").sum()),
+                    "mae_pct": err.abs().mean() if len(p) else math.nan,
+                    "worst_pct": err.abs().max() if len(p) else math.nan,
+                    "signed_pct": err.mean() if len(p) else math.nan})
+    return pd.DataFrame(out)
+
+
+def report(df: pd.DataFrame, out: Path) -> None:
+    """Print the priced rows, the per-source and overall errors, and the rows not yet modelled."""
+    fmt = {"float_format": lambda v: f"{v:.3f}", "index": False}
+    priced = df[df["status"] != "not yet modelled"]
+    cols = ["id", "gpu", "gpus", "dp_mode", "published_s", "predicted_s", "error_pct", "bubble_fraction",
+            "model_tflops_per_gpu", "peak_memory_gb", "status"]
+    with pd.option_context("display.width", 220, "display.max_columns", 20, "display.max_colwidth", 60):
+        print(priced[cols].to_string(**fmt))
+        approx = priced[priced["status"] == "approximate"]
+        for note, g in approx.groupby("notes", sort=False):
+            print(f"  approximate ({len(g)}: {', '.join(g['id'])}): {note}")
+        s = summary(df[df["kind"] == "dense"])
+        s.to_csv(out / "published_sources.csv", index=False)
+        print("\nper source (dense rows; MAE over the priced rows):")
+        print(s.to_string(float_format=lambda v: f"{v:.1f}", index=False))
+        todo = df[df["status"] == "not yet modelled"]
+        if len(todo):
+            print(f"\nnot yet modelled: {len(todo)} rows")
+            for note, g in todo.groupby("notes", sort=False):
+                print(f"  {note}: {len(g)} rows ({', '.join(g['id'].head(6))}{', ...' if len(g) > 6 else ''})")
+
+
 def main(argv=None) -> int:
     from tqdm import tqdm
 
@@ -203,42 +212,44 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "published_runs")
     ap.add_argument("--only", default="", help="comma-separated row ids (default: all)")
     ap.add_argument("--terms", action="store_true",
-                    help="also re-run the dense rows with each A100 term switched off in turn (terms.csv)")
+                    help="also re-run the priced A100 rows with each A100 term switched off in turn (terms.csv)")
     args = ap.parse_args(argv)
     only = {x for x in args.only.split(",") if x}
-    dense = pd.read_csv(PUBLISHED / "runs.csv")
+    dense = load_runs()
     sparse = pd.read_csv(PUBLISHED / "sparse_runs.csv")
-    jobs = [("dense", r, dense_config(r)) for r in dense.itertuples()] + [
-        ("sparse", r, sparse_config(r)) for r in sparse.itertuples()]
+    jobs = [("dense", r) for r in dense.itertuples()] + [("sparse", r) for r in sparse.itertuples()]
     jobs = [j for j in jobs if not only or j[1].id in only]
     args.out.mkdir(parents=True, exist_ok=True)
     rows, t0 = [], time.perf_counter()
-    for kind, r, mapping in tqdm(jobs, desc="published runs", unit="run", file=sys.stderr):
-        got = simulate(mapping, args.out)
-        rows.append({"id": r.id, "kind": kind, "source": r.source.split(" (")[0], "gpu": r.gpu, "gpus": r.gpus,
-                     "published_s": r.measured_iteration_s, **got})
+    for kind, r in tqdm(jobs, desc="published runs", unit="run", file=sys.stderr):
+        blocking, approx = gaps(r) if kind == "dense" else ([], [])
+        row = {"id": r.id, "kind": kind, "source": r.source.split(" (")[0], "gpu": r.gpu, "gpus": r.gpus,
+               "dp_mode": getattr(r, "dp_mode", "ddp"), "published_s": r.measured_iteration_s,
+               "status": "not yet modelled" if blocking else "approximate" if approx else "priced",
+               "notes": "; ".join(blocking or approx)}
+        if not blocking:
+            row |= simulate(dense_config(r) if kind == "dense" else sparse_config(r), args.out)
+        rows.append(row)
     df = pd.DataFrame(rows)
+    for col in ("predicted_s", "bubble_fraction", "model_tflops_per_gpu", "peak_memory_gb"):
+        df[col] = df.get(col, math.nan)
     df["error_pct"] = 100 * (df["predicted_s"] / df["published_s"] - 1)
     df.to_csv(args.out / "published_runs.csv", index=False)
-    figure(df, args.out / "published_runs.png")
-    with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(df.drop(columns=["source"]).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    d = df[df["kind"] == "dense"]
-    if len(d):
-        err = d["error_pct"].abs()
-        print(f"dense rows: {len(d)}, mean absolute error {err.mean():.1f} % (worst {err.max():.1f} %, "
-              f"{d.loc[err.idxmax(), 'id']}); mean signed error {d['error_pct'].mean():+.1f} %")
+    figure(df[df["status"] != "not yet modelled"], args.out / "published_runs.png")
+    report(df, args.out)
     layers = layer_check(dense)
     layers.to_csv(args.out / "layer_check.csv", index=False)
     print("\none layer of the 22B model (micro-batch 4 x 2,048 tokens, TP 8), ours vs Korthikanti et al. Table 4:")
     print(layers.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     if args.terms:
-        terms = term_table(dense, dense[dense["id"].isin(only)] if only else dense, args.out)
+        a100 = dense[dense["gpu"].isin(A100S) & dense["id"].isin(df.loc[df["status"] != "not yet modelled", "id"])]
+        terms = term_table(dense, a100, args.out)
         terms.to_csv(args.out / "terms.csv", index=False)
-        print("\ndense rows with each term switched off in turn (layer: the five Table 4 settings):")
+        print("\npriced A100 rows with each term switched off in turn (layer: the five Table 4 settings):")
         print(terms.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
     print(f"host: {platform.processor() or platform.machine()}, {platform.python_version()}; "
-          f"{len(df)} runs simulated in {time.perf_counter() - t0:.1f} s; written to {args.out}")
+          f"{int(df['predicted_s'].notna().sum())} of {len(df)} runs simulated in {time.perf_counter() - t0:.1f} s; "
+          f"written to {args.out}")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Context-parallel attention cost (simulator/cost/contextparallel.py) against closed forms: the
+"""Context-parallel attention cost (simulator/cost/cp/) against closed forms: the
 pair count, a contiguous causal dense ring's W / (2W - 1), a dense zigzag ring's balanced steps, a
 stripe of a local pattern within 2 / n, and the ring's overlap recurrence."""
 
@@ -9,13 +9,12 @@ import math
 import numpy as np
 import pytest
 
-from sparsebalance.simulator.cost.contextparallel import (
-    layer_time,
+from sparsebalance.simulator.cost.cp.ring import layer_time, ring_order
+from sparsebalance.simulator.cost.cp.shards import (
     min_blocks,
     pair_weights,
     rank_pairs,
     rank_step_pairs,
-    ring_order,
     shards,
 )
 from sparsebalance.simulator.cost.roofline import moba_pairs

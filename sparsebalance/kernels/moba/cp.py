@@ -1,7 +1,7 @@
 """MoBA attention on a context-parallel (CP) group: the token layout and the all-gather variant, in PyTorch.
 
 Each rank of a CP group holds a layout's share of every packed sequence's tokens (Q, K and V of its
-key blocks: :func:`cp_token_index`, the same layouts as ``simulator/cost/contextparallel.py``) and
+key blocks: :func:`cp_token_index`, the same layouts as ``simulator/cost/cp/shards.py``) and
 computes the attention of its own queries.
 
 :func:`moba_attention_cp` (all-gather, what the real run runs fast): K and V are all-gathered (gloo
@@ -87,7 +87,7 @@ def cp_token_index(cu_seqlens: Any, block_size: int, cp: int, layout: str) -> li
     import numpy as np
     import torch
 
-    from sparsebalance.simulator.cost.contextparallel import min_blocks, shards
+    from sparsebalance.simulator.cost.cp.shards import min_blocks, shards
 
     bounds = [int(x) for x in cu_seqlens.tolist()]
     per_rank: list[list[np.ndarray]] = [[] for _ in range(cp)]

@@ -63,7 +63,7 @@ from sparsebalance.data.sequence import blocks
 from sparsebalance.errors import ConfigError, MeaningWarning, check_choice
 from sparsebalance.simulator.budget import Budget
 from sparsebalance.simulator.config import QWEN2_ARCH, ClusterConfig, ModelConfig
-from sparsebalance.simulator.cost.hybrid import PerSequenceCP, uniform_budgets
+from sparsebalance.simulator.cost.cp.placement import PerSequenceCP, uniform_budgets
 from sparsebalance.simulator.cost.profile import CP_ATTENTION_OPS, Profile, load_profile, monotone_violations
 from sparsebalance.simulator.cost.profilemeta import ProfileMeta
 from sparsebalance.simulator.cost.query import ScalarStageLatency
@@ -219,7 +219,7 @@ class LatencyModel(ScalarStageLatency):
         c = self.cluster
         if c.cp == 1:
             return
-        from sparsebalance.simulator.cost.contextparallel import min_blocks
+        from sparsebalance.simulator.cost.cp.shards import min_blocks
 
         self._whole_max = (min_blocks(c.cp_layout, c.cp) - 1) * self.block_size
         # a ring step costs at least the profile's cheapest attention point (a near-empty call)
@@ -257,13 +257,13 @@ class LatencyModel(ScalarStageLatency):
 
     def cp_report(self, L: int, k: int, *, backward: bool = False, degree: int | None = None):
         """One layer of a sequence of ``L`` tokens at budget ``k`` on the CP group
-        (``contextparallel.RingReport``, with the layout and comm it ran on), or None when the
+        (``cp.ring.RingReport``, with the layout and comm it ran on), or None when the
         sequence is too short for the layout and stays whole on one rank. ``cp_layout = "best"``:
         the candidate (zigzag or stripe on ``cp_comm``, or all-gather) with the least forward +
         backward time for this sequence and budget, the same for both passes. ``degree``: on an
         aligned group of that many of the CP ranks (default: all ``cp``; ``cp_split =
         "per-sequence"``), a ring inside one node when the group fits in one."""
-        from sparsebalance.simulator.cost import contextparallel as cpm
+        from sparsebalance.simulator.cost.cp import shards as cpm
 
         c = self.cluster
         d = c.cp if degree is None else int(degree)
@@ -290,7 +290,8 @@ class LatencyModel(ScalarStageLatency):
         return rep
 
     def _cp_layer(self, L: int, k: int, layout: str, comm: str, backward: bool, degree: int):
-        from sparsebalance.simulator.cost import contextparallel as cpm
+        from sparsebalance.simulator.cost.cp import ring as cpr
+        from sparsebalance.simulator.cost.cp import shards as cpm
 
         c, m = self.cluster, self.model
         n = blocks(L, self.block_size)
@@ -299,11 +300,11 @@ class LatencyModel(ScalarStageLatency):
         if comm == "allgather":
             steps = pairs.sum(axis=1, keepdims=True)
         else:
-            steps = np.take_along_axis(pairs, cpm.ring_order(degree, comm, inner), axis=1)
+            steps = np.take_along_axis(pairs, cpr.ring_order(degree, comm, inner), axis=1)
         sizes = cpm.block_sizes(L, self.block_size)
         tokens = np.array([sizes[part].sum() for part in cpm.shards(n, degree, layout)])
         kv_dim = -(-m.kv_heads // c.tp) * m.head_dim
-        return cpm.layer_time(steps, self._group_work(L, k, backward, layout, comm, degree),
+        return cpr.layer_time(steps, self._group_work(L, k, backward, layout, comm, degree),
                               self._cp_floor[backward], comm=comm,
                               kv_bytes=tokens * 2 * kv_dim * m.dtype_bytes, intra=c.tp_bandwidth,
                               inter=c.p2p_bandwidth, latency=c.p2p_latency, inner=inner,
@@ -312,7 +313,7 @@ class LatencyModel(ScalarStageLatency):
 
     def _group_work(self, L: int, k: int, backward: bool, layout: str, comm: str, degree: int) -> float:
         """Seconds of a CP group's attention work on one sequence (summed over its ranks, before
-        :func:`contextparallel.layer_time` spreads it over ranks and steps by pairs). The one-GPU
+        :func:`.cp.ring.layer_time` spreads it over ranks and steps by pairs). The one-GPU
         time, times the measured ratio of the group's work to it where the profile has CP rows for
         this group (``attn_*_cp``: degree, layout, all-gather; the CP path's own work, such as
         placing every rank's K/V and a partial layout's fixed costs), read at the nearest profiled

@@ -75,7 +75,7 @@ class LatencyQuery(MicrobatchLatency, Protocol):
     def optimizer_time(self, stage: int) -> float: ...
 
     def cp_report(self, L: int, k: int, *, backward: bool = False, degree: int | None = None):
-        """One layer of a sequence on the context-parallel group (``contextparallel.RingReport``), or
+        """One layer of a sequence on the context-parallel group (``cp.ring.RingReport``), or
         None without CP or when the sequence stays whole on one rank; ``degree``: on that many of
         the group's ranks (``cp_split = "per-sequence"``)."""
         ...

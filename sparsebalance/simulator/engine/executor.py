@@ -105,8 +105,8 @@ class SimulatorExecutor:
     def _cp_figures(self, plan: Plan, mean_budget: np.ndarray) -> dict[str, float]:
         """Per iteration, over its micro-batches (mean): one layer's forward on the CP group --
         worker and step imbalance, exposed communication (s), ring efficiency
-        (``contextparallel.combine``), each micro-batch at its mean budget."""
-        from sparsebalance.simulator.cost.contextparallel import combine
+        (``cp.ring.combine``), each micro-batch at its mean budget."""
+        from sparsebalance.simulator.cost.cp.ring import combine
 
         rows = []
         for r, j, mb in plan.microbatches():
@@ -119,7 +119,7 @@ class SimulatorExecutor:
         return {key: float(np.mean([row[key] for row in rows])) for key in keys}
 
     def _cp_reports(self, mb, mean_budget: float, *, backward: bool) -> list:
-        """One layer of each of ``mb``'s sequences split over the CP group (``contextparallel.RingReport``),
+        """One layer of each of ``mb``'s sequences split over the CP group (``cp.ring.RingReport``),
         at the micro-batch's mean budget; sequences that stay whole on one rank have none."""
         k = max(1, round(float(mean_budget)))
         placed = self.latency.cp_placement(mb.lengths, k)

@@ -5,7 +5,7 @@ Splitting every sequence over all ``cp`` ranks (``cp_split = "whole"``) is what 
 sparse attention at fixed k a short sequence's ring is mostly transfers and launch floors, work the
 other ranks could spend on something else. Here each sequence of a micro-batch gets a degree ``d``
 (``ClusterConfig.cp_degrees``: 1, the powers of two dividing cp, cp) and an aligned group of ``d``
-ranks, chosen by :func:`.contextparallel.place` from the model's own prices: per rank, one layer's
+ranks, chosen by :func:`place` from the model's own prices: per rank, one layer's
 forward + backward attention of the sequence on ``d`` ranks (:meth:`LatencyModel.attention_at_degree`:
 the ring or all-gather of section 11 at degree ``d``, one GPU at 1) + the dense part of its
 ``L / d`` tokens. A degree a sequence is too short for (fewer blocks than its layout needs) is not
@@ -32,11 +32,90 @@ import numpy as np
 
 from sparsebalance.data.sequence import blocks
 from sparsebalance.errors import ConfigError
-from sparsebalance.simulator.cost.contextparallel import groups, min_blocks, place
+from sparsebalance.simulator.cost.cp.shards import min_blocks
 from sparsebalance.simulator.cost.stagecost import MODES
 
 if TYPE_CHECKING:
     from sparsebalance.simulator.cost.latency import LatencyModel
+
+
+def place(cost: np.ndarray, degrees: tuple[int, ...], cp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A CP degree and an aligned rank group for each sequence of a micro-batch (``cp_split =
+    "per-sequence"``). ``cost`` [N, D]: seconds each rank of the group spends on sequence i at degree
+    ``degrees[j]`` (inf where it may not take it); ``degrees`` ascending, each dividing ``cp``, their
+    aligned groups nested. Returns (degree [N], first rank [N], load [cp] seconds per rank).
+
+    Degrees are searched, groups follow from them (:func:`groups`: by decreasing degree, then cost,
+    each sequence on the aligned group whose busiest rank ends first). Steepest descent over one
+    sequence's degree one allowed step up or down, minimising the makespan, then the total work (a
+    ring's transfers and launch floors are work the other ranks could do), from three starts: every
+    sequence at its least allowed degree; at its largest (the whole group where it may, as ``cp_split
+    = "whole"``); and the least raised while a sequence's per-rank cost exceeds the lower bound on
+    the makespan (the mean load, and the largest of the pieces' least costs). Within 1.25x of the
+    optimum on enumerated small cases (tests). A rank's load is the sum of its pieces, which is the
+    time it needs when a layer's rings run in decreasing degree: every rank of a group has then done
+    the same larger rings (the groups nest), so a ring's ranks start it together."""
+    cost = np.asarray(cost, dtype=float)
+    n = cost.shape[0]
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(cp)
+    finite = np.isfinite(cost)
+    if not finite.any(axis=1).all():
+        raise ValueError("place: every sequence needs at least one degree it may take")
+    deg = np.asarray(degrees, dtype=np.int64)
+    rows = np.arange(n)
+    up = [[q for q in range(len(degrees)) if finite[i, q]] for i in range(n)]  # allowed, ascending
+
+    def score(j):
+        start, load = groups(cost[rows, j], deg[j], cp)
+        return (float(load.max()), float((deg[j] * cost[rows, j]).sum())), start, load, j
+
+    def descend(j):  # steepest descent over one sequence's degree one allowed step up or down
+        best = score(j)
+        while True:
+            moves = []
+            for i in range(n):
+                at = up[i].index(int(best[3][i]))
+                for q in (at - 1, at + 1):
+                    if 0 <= q < len(up[i]):
+                        x = best[3].copy()
+                        x[i] = up[i][q]
+                        moves.append(score(x))
+            if not moves:
+                return best
+            step = min(moves, key=lambda t: t[0])
+            if not step[0] < best[0]:
+                return best
+            best = step
+
+    least = np.array([u[0] for u in up])
+    floor = float(np.where(finite, cost, np.inf).min(axis=1).max())  # no makespan is below any piece's least
+    j = least.copy()
+    for _ in range(len(degrees)):
+        c = cost[rows, j]
+        target = max(float((deg[j] * c).sum()) / cp, floor)
+        step = np.array([next((q for q in up[i] if q > x), -1) for i, x in enumerate(j.tolist())])
+        grow = (c > target) & (step >= 0)
+        if not grow.any():
+            break
+        j = np.where(grow, step, j)
+    starts = {tuple(x.tolist()): x for x in (j, least, np.array([u[-1] for u in up]))}
+    _, start, load, j = min((descend(x) for x in starts.values()), key=lambda t: t[0])
+    return deg[j], start, load
+
+
+def groups(c: np.ndarray, d: np.ndarray, cp: int) -> tuple[np.ndarray, np.ndarray]:
+    """(first rank [N], load [cp]): sequences of per-rank cost ``c`` at degrees ``d``, by decreasing
+    degree then cost (then index), each on the aligned group of ``d`` ranks whose busiest rank ends
+    first (the lower rank on ties)."""
+    start = np.zeros(len(c), dtype=np.int64)
+    load = np.zeros(cp)
+    for i in np.lexsort((np.arange(len(c)), -c, -d)).tolist():
+        w = int(d[i])
+        g = int(np.argmin(load.reshape(-1, w).max(axis=1)))
+        start[i] = g * w
+        load[g * w:(g + 1) * w] += c[i]
+    return start, load
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +152,7 @@ class PerSequenceCP:
 
     def placement(self, lengths, k: int) -> Placement:
         """The placement of a micro-batch of ``lengths`` at the uniform budget ``k`` (cached):
-        :func:`.contextparallel.place` on the model's per-rank prices, kept only where one layer
+        :func:`place` on the model's per-rank prices, kept only where one layer
         priced in full (each rank's pieces, the call once, the dense part of its tokens) is not
         slower than every sequence at its largest allowed degree (``cp_split = "whole"``'s split)."""
         key = (tuple(int(x) for x in lengths), int(k))

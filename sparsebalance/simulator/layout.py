@@ -80,6 +80,29 @@ class Layout:
         """Decoder layers of each virtual stage, float [pp x virtual_stages] (a factor of the per-layer costs)."""
         return np.array([len(r) for r in self.vstage_ranges], dtype=float)
 
+    # -- context parallelism: a CP rank's share of the tokens, and who reduces gradients together --
+    @property
+    def cp(self) -> int:
+        """Ranks of a stage's context-parallel group (1: none)."""
+        return self.cluster.cp
+
+    @property
+    def grad_group(self) -> int:
+        """Ranks that hold the same parameters and reduce their gradients together: the DP replicas
+        x the CP ranks of a stage (each CP rank runs the whole stage on its share of the tokens)."""
+        return self.cluster.dp * self.cluster.cp
+
+    def rank_tokens(self, tokens):
+        """What one CP rank holds of ``tokens`` (the group's): tokens / cp (as they are without
+        CP); its P2P sends, TP all-reduces and activations are of this many."""
+        return tokens / self.cluster.cp if self.cluster.cp > 1 else tokens
+
+    def group_tokens(self, tokens):
+        """The inverse: ``tokens`` held by one CP rank x cp. With CP the latency model's per-token
+        tables are read at a micro-batch's tokens (their token axis stretched by cp when folded,
+        ``cost/cp/pricing.py``), so a rank's share is priced at this count."""
+        return tokens * self.cluster.cp
+
     def stage_layers(self, stage: int, chunk: int = 0) -> range:
         """Layers of model chunk ``chunk`` on pipeline stage ``stage``: virtual stage chunk x pp + stage
         (the interleaved numbering of Megatron and torch.distributed.pipelining)."""

@@ -221,7 +221,7 @@ def test_measured_cp_rows_scale_the_group_work_where_the_group_matches():
     for L, k in [(1024, 8), (2048, 4), (100, 2)]:  # 100 tokens: 4 blocks, split, below the rows' 128
         for bw in (False, True):
             a, b = plain.cp_report(L, k, backward=bw), cp.cp_report(L, k, backward=bw)
-            free = a.steps > plain._cp_floor[bw] * (1 + 1e-9)  # a step at the launch floor stays >= it
+            free = a.steps > plain.cp.floor[bw] * (1 + 1e-9)  # a step at the launch floor stays >= it
             assert free.any() and b.steps[free] == pytest.approx(1.5 * a.steps[free], rel=1e-9), (L, k, bw)
             assert (b.steps[~free] >= a.steps[~free]).all()
             assert b.transfers == pytest.approx(a.transfers, rel=1e-12)

@@ -79,3 +79,51 @@ def test_scalar_stage_latency_fills_every_virtual_stage_and_mode():
     got = Linear(cl).stage_times([(100,), (10, 20)], [3, 4], ("F", "I"))
     assert got["F"].tolist() == [[103, 34], [203, 64], [1103, 334], [1203, 364]]
     assert got["I"].tolist() == [[103, 34], [203, 64], [1103, 334], [1203, 364]]
+
+
+TOTAL_CASES = {  # profile, model, cluster overrides: each term and fold the totals must carry
+    "tp2 measured shard, full recompute": ("cpu-tiny-tp2", "tiny", {"pp": 2, "dp": 1, "tp": 2, "recompute": "full"}),
+    "interleaved, selective": ("analytical-h200", "qwen2.5-3b", {"pp": 2, "dp": 2, "tp": 1, "schedule": "interleaved",
+                                                                 "virtual_stages": 3, "global_batch": 16,
+                                                                 "recompute": "selective"}),
+    "cp4 ring": ("analytical-h200", "qwen2.5-3b", {"pp": 2, "dp": 1, "tp": 1, "cp": 4, "cp_layout": "zigzag",
+                                                   "cp_comm": "ring", "global_batch": 4}),
+    "cp16 per sequence": ("analytical-h200", "qwen2.5-3b", {"pp": 2, "dp": 1, "tp": 1, "cp": 16, "global_batch": 4,
+                                                            "cp_layout": "best", "cp_comm": "hierarchical",
+                                                            "cp_split": "per-sequence"}),
+}
+
+
+@pytest.mark.parametrize("case", list(TOTAL_CASES))
+def test_whole_model_total_is_the_sum_of_its_stages(case):
+    """What the policies balance (one micro-batch's forward + backward over the whole model, from
+    pre-summed tables) is the stages' times summed: a term added to a stage but not to the totals
+    (or the other way round) fails here."""
+    from sparsebalance.simulator.config import cluster_from_mapping, model_from_mapping
+
+    profile, preset, over = TOTAL_CASES[case]
+    model = model_from_mapping({"preset": preset})
+    cl = cluster_from_mapping({"preset": "h200-4x8"} | over)
+    lm = load_latency_model(profile, model, cl, extrapolate="clamp", allow_nonmonotone=True)
+    rng = np.random.default_rng(5)
+    hi = 3000 if preset == "tiny" else 200_000
+    mbs = [tuple(int(x) for x in rng.integers(100, hi, rng.integers(1, 4))) for _ in range(12)]
+    ks = [int(k) for k in rng.integers(1, 40, len(mbs))]
+    st = lm.stage_times(mbs, ks, ("F", "B"))
+    want = st["F"].sum(axis=0) + st["B"].sum(axis=0)
+    assert lm.microbatch_latencies(mbs, ks) == pytest.approx(want, rel=1e-11)
+    assert [lm.microbatch_latency(mb, k) for mb, k in zip(mbs, ks)] == pytest.approx(want, rel=1e-11)
+
+
+def test_budget_free_part_is_the_stage_less_its_attention():
+    lm, _ = _model(pp=4, dp=2, tp=2)
+    mbs = _microbatches(6, 8)
+    tokens = np.array([sum(mb) for mb in mbs])
+    lengths, counts = np.array([L for mb in mbs for L in mb]), np.array([len(mb) for mb in mbs])
+    for bw in (False, True):
+        a1 = lm.cost.attention_sums(lengths, counts, np.ones_like(lengths), backward=bw)
+        a9 = lm.cost.attention_sums(lengths, counts, np.full_like(lengths, 9), backward=bw)
+        free = lm.cost.budget_free(a1, tokens, backward=bw)
+        assert np.allclose(free, lm.cost.budget_free(a9, tokens, backward=bw), rtol=1e-12, atol=0)
+        at9 = lm.stage_times(mbs, [9] * len(mbs), ("B" if bw else "F",))["B" if bw else "F"]
+        assert np.allclose(free + lm.cost.layers[:, None] * a9, at9, rtol=1e-12, atol=0)

@@ -6,7 +6,7 @@ sparse attention at fixed k a short sequence's ring is mostly transfers and laun
 other ranks could spend on something else. Here each sequence of a micro-batch gets a degree ``d``
 (``ClusterConfig.cp_degrees``: 1, the powers of two dividing cp, cp) and an aligned group of ``d``
 ranks, chosen by :func:`place` from the model's own prices: per rank, one layer's
-forward + backward attention of the sequence on ``d`` ranks (:meth:`LatencyModel.attention_at_degree`:
+forward + backward attention of the sequence on ``d`` ranks (``LatencyModel.attention_at_degree``:
 the ring or all-gather of section 11 at degree ``d``, one GPU at 1) + the dense part of its
 ``L / d`` tokens. A degree a sequence is too short for (fewer blocks than its layout needs) is not
 offered. The placement is made once per (micro-batch, budget) and serves every stage and pass, as a
@@ -25,18 +25,18 @@ rank's tokens (:meth:`PerSequenceCP.busiest_tokens`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sparsebalance.data.sequence import blocks
-from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.cost.cp.shards import min_blocks
-from sparsebalance.simulator.cost.stagecost import MODES
+from sparsebalance.simulator.cost.modes import MODES
 
 if TYPE_CHECKING:
-    from sparsebalance.simulator.cost.latency import LatencyModel
+    from sparsebalance.simulator.cost.stagecost import StageCost
 
 
 def place(cost: np.ndarray, degrees: tuple[int, ...], cp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -138,17 +138,22 @@ class Placement:
 
 class PerSequenceCP:
     """Placement and stage times under ``cp_split = "per-sequence"`` (module docstring), for one
-    latency model (``LatencyModel.per_sequence``)."""
+    latency model (``LatencyModel.per_sequence``): its stage cost ``cost`` and its attention of one
+    sequence on ``degree`` ranks, ``attention_at_degree(L, k, degree, backward=)``."""
 
-    def __init__(self, lm: LatencyModel) -> None:
-        self.lm = lm
-        self.cp = lm.cluster.cp
-        self.degrees = lm.cluster.cp_degrees
+    def __init__(self, cost: StageCost, attention_at_degree: Callable[..., float]) -> None:
+        self.cost, self.at_degree = cost, attention_at_degree
+        self.layout = cost.layout
+        cluster = self.layout.cluster
+        self.cp = cluster.cp
+        self.degrees = cluster.cp_degrees
+        self.cp_layout = cluster.cp_layout
+        self.block_size = self.layout.model.block_size
         self._placements: dict[tuple[tuple[int, ...], int], Placement] = {}
 
     def allowed(self, L: int, d: int) -> bool:
         """Whether a sequence of ``L`` tokens may be split over ``d`` ranks (enough blocks)."""
-        return d == 1 or blocks(L, self.lm.block_size) >= min_blocks(self.lm.cluster.cp_layout, d)
+        return d == 1 or blocks(L, self.block_size) >= min_blocks(self.cp_layout, d)
 
     def placement(self, lengths, k: int) -> Placement:
         """The placement of a micro-batch of ``lengths`` at the uniform budget ``k`` (cached):
@@ -159,15 +164,14 @@ class PerSequenceCP:
         hit = self._placements.get(key)
         if hit is not None:
             return hit
-        lm, cp = self.lm, self.cp
+        cp, at, lay = self.cp, self.at_degree, self.layout
         cost = np.full((len(key[0]), len(self.degrees)), np.inf)
         for i, L in enumerate(key[0]):
             for j, d in enumerate(self.degrees):
                 if self.allowed(L, d):
-                    # per rank: its attention share + the dense part of L / d tokens (curves are
-                    # stretched by cp: a rank's t tokens are priced at t x cp)
-                    cost[i, j] = (lm.attention_at_degree(L, k, d) + lm.attention_at_degree(L, k, d, backward=True)
-                                  + lm.dense(L * cp // d) + lm.dense(L * cp // d, backward=True))
+                    # per rank: its attention share + the dense part of L / d tokens (the tables
+                    # read a rank's t tokens at t x cp: Layout.group_tokens)
+                    cost[i, j] = self.cost.layer_fb(at(L, k, d), at(L, k, d, backward=True), lay.group_tokens(L) // d)
         deg, start, _ = place(cost, self.degrees, cp)
         largest = np.array([max(d for d in self.degrees if self.allowed(L, d)) for L in key[0]], dtype=np.int64)
         alt_start, _ = groups(cost[np.arange(len(largest)), np.searchsorted(self.degrees, largest)], largest, cp)
@@ -181,34 +185,33 @@ class PerSequenceCP:
     def _priced(self, lengths, k: int, deg: np.ndarray, start: np.ndarray) -> Placement:
         """A placement with its tokens per rank and its load: one layer's forward + backward per
         rank priced in full (the pieces' attention, the call once, the dense part of its tokens)."""
-        lm, cp = self.lm, self.cp
+        cp, call = self.cp, self.cost.tables.call
         tokens = np.zeros(cp, dtype=np.int64)
         attn = {False: np.zeros(cp), True: np.zeros(cp)}
         for L, d, a in zip(lengths, deg.tolist(), start.tolist()):
             tokens[a:a + d] += L // d + (np.arange(d) < L % d)
             for bw in (False, True):
-                attn[bw][a:a + d] += lm.attention_at_degree(L, k, d, backward=bw)
+                attn[bw][a:a + d] += self.at_degree(L, k, d, backward=bw)
         for bw in (False, True):
-            attn[bw] = attn[bw] + np.where(tokens > 0, lm.call[bw], 0.0)
-        load = attn[False] + attn[True] + np.array([lm.dense(t * cp) + lm.dense(t * cp, backward=True) if t else 0.0
-                                                    for t in tokens.tolist()])
+            attn[bw] = attn[bw] + np.where(tokens > 0, call[bw], 0.0)
+        load = self.cost.layer_fb_ranks(attn[False], attn[True], self.layout.group_tokens(tokens))
         return Placement(degree=deg, start=start, tokens=tokens, attention=attn, load=load)
 
     def busiest_tokens(self, lengths, k: int) -> int:
-        """The tokens of the busiest rank x cp: what P2P and memory, which divide a micro-batch's
-        tokens by cp, should see."""
-        return int(self.placement(lengths, k).tokens.max()) * self.cp
+        """The tokens of the busiest rank x cp: what P2P and memory, which take a micro-batch's
+        tokens and divide them by cp (``Layout.rank_tokens``), should see."""
+        return self.layout.group_tokens(int(self.placement(lengths, k).tokens.max()))
 
     def times(self, microbatches, k: np.ndarray, modes=("F", "B")) -> dict[str, np.ndarray]:
         """Seconds [V, M] per mode of micro-batch i (a tuple of lengths) at the int budget ``k[i]``:
         each virtual stage's slowest CP rank (module docstring)."""
-        cost = self.lm.cost
+        cost = self.cost
         m, cp = len(microbatches), self.cp
         tokens = np.zeros(m * cp, dtype=np.int64)
         attn = {bw: np.zeros(m * cp) for bw in (False, True)}
         for i, (mb, ki) in enumerate(zip(microbatches, np.asarray(k).tolist())):
             pl = self.placement(mb, ki)
-            tokens[i * cp:(i + 1) * cp] = pl.tokens * cp
+            tokens[i * cp:(i + 1) * cp] = self.layout.group_tokens(pl.tokens)
             for bw in (False, True):
                 attn[bw][i * cp:(i + 1) * cp] = pl.attention[bw]
         out = {}
@@ -218,18 +221,3 @@ class PerSequenceCP:
             per_rank = cost.compose(a, tokens, backward=bw, part=part)  # [V, M x cp]
             out[mode] = per_rank.reshape(len(cost.layers), m, cp).max(axis=2)
         return out
-
-
-def uniform_budgets(budgets) -> np.ndarray:
-    """The ints of uniform budgets; a per-layer budget is refused (one placement per micro-batch)."""
-    from sparsebalance.simulator.budget import Budget
-
-    out = []
-    for b in budgets:
-        if isinstance(b, Budget):
-            if not b.is_uniform:
-                raise ConfigError("cluster.cp_split: 'per-sequence' places each micro-batch at one budget; "
-                                  "per-layer budgets (policy.per_layer) are not supported with it")
-            b = b.value
-        out.append(int(b))
-    return np.array(out, dtype=np.int64)

@@ -160,8 +160,8 @@ def model() -> dict:
     from sparsebalance.simulator.budget import Budget
     from sparsebalance.simulator.config import cluster_from_mapping, model_from_mapping
     from sparsebalance.simulator.cost.latency import load_latency_model
+    from sparsebalance.simulator.cost.memory import memory_report, static_bytes, token_cap_for_memory
     from sparsebalance.simulator.engine.executor import SimulatorExecutor
-    from sparsebalance.simulator.engine.memory import memory_report, static_bytes, token_cap_for_memory
     from sparsebalance.simulator.plan import Plan
     from sparsebalance.simulator.schedule.graph import schedule_graph
 

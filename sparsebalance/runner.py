@@ -38,7 +38,7 @@ def prepare(cfg: RunConfig, *, profile: Profile | None = None, sequences: list |
     from sparsebalance.policies.base import PolicyContext
     from sparsebalance.policies.coverage import make_coverage_model
     from sparsebalance.policies.registry import make_batching, make_tuning
-    from sparsebalance.simulator.engine.memory import check_fits
+    from sparsebalance.simulator.cost.memory import check_fits
 
     batching = make_batching(cfg.policy)
     tuning = make_tuning(cfg.policy)

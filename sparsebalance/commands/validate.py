@@ -231,7 +231,8 @@ def _uncertainty(cfg, out: Path, summary: dict, calibration: dict, dirs: dict[st
 
     from sparsebalance.analysis.uncertainty import consistent, pooled_spread, predicted_interval
     from sparsebalance.realrun.results import load_plans
-    from sparsebalance.simulator.cost.profile import load_profile
+    from sparsebalance.simulator.cost.catalog import load_profile
+    from sparsebalance.simulator.engine.executor import SimulatorExecutor
 
     res: dict = {"predicted_speedup_ci95": None, "measured_in_predicted_range": None,
                  "speedup_consistent": None}
@@ -250,7 +251,7 @@ def _uncertainty(cfg, out: Path, summary: dict, calibration: dict, dirs: dict[st
                 seen.setdefault(text, load_plans(f))
                 lst.append(seen[text])
         prof = load_profile(cfg.profile, cfg.base_dir)
-        iv = predicted_interval(prof, cfg.model, cfg.cluster, runs, baseline=base_label,
+        iv = predicted_interval(prof, cfg.model, cfg.cluster, runs, executor=SimulatorExecutor, baseline=base_label,
                                 policy=label, sigma=sigma, skip_first=warmup_excluded,
                                 extrapolate=cfg.latency_extrapolate if cfg.latency_extrapolate != "warn"
                                 else "clamp")

@@ -85,7 +85,7 @@ class SparsityAware:
         from dataclasses import replace
 
         from sparsebalance.errors import ConfigError
-        from sparsebalance.simulator.engine.memory import memory_report, token_cap_for_memory
+        from sparsebalance.simulator.cost.memory import memory_report, token_cap_for_memory
         from sparsebalance.simulator.schedule.graph import schedule_graph
 
         cl = ctx.cluster

@@ -52,7 +52,7 @@ def init_runtime(cfg: Any, rr: RealrunConfig) -> Runtime:
 
     from sparsebalance.realrun.tp import kv_copies
     from sparsebalance.realrun.worker import StageWorker
-    from sparsebalance.simulator.schedule.schedules import placement
+    from sparsebalance.simulator.layout import placement
 
     c = cfg.cluster
     pp, dp, tp, cp = c.pp, c.dp, c.tp, c.cp

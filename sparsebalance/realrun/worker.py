@@ -64,7 +64,7 @@ class StageWorker:
 
         from sparsebalance.realrun.p2p import P2P
         from sparsebalance.realrun.tp import kv_copies, replicated_kv_params
-        from sparsebalance.simulator.schedule.schedules import placement
+        from sparsebalance.simulator.layout import placement
 
         c = cluster
         self.rank, self.dp_rank, self.stage, self.tp_rank = rank, dp_rank, stage, tp_rank

@@ -17,7 +17,8 @@ import numpy as np
 
 from sparsebalance.errors import ConfigError, MeaningWarning
 from sparsebalance.simulator.config import QWEN2_ARCH, ClusterConfig, ModelConfig
-from sparsebalance.simulator.cost.profile import Profile, load_profile, monotone_violations
+from sparsebalance.simulator.cost.catalog import load_profile
+from sparsebalance.simulator.cost.profile import Profile, monotone_violations
 from sparsebalance.simulator.cost.profilemeta import ProfileMeta
 
 _CHECKED_DIMS = ("hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab")
@@ -91,7 +92,7 @@ def load_checked(profile: str | Profile, model: ModelConfig, cluster: ClusterCon
 def _built(name: str, model: ModelConfig, cluster: ClusterConfig, base_dir: str) -> Profile | None:
     """``analytical-<gpu>`` with no shipped profile or directory of that name: the roofline's profile
     for this model and TP on that GPU, built now (None: load ``name`` as a file)."""
-    from sparsebalance.simulator.cost.profile import built_gpu
+    from sparsebalance.simulator.cost.catalog import built_gpu
 
     gpu = built_gpu(name, base_dir)
     if gpu is None:

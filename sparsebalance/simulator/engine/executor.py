@@ -6,7 +6,7 @@ weight-gradient parts), ``p2p_time`` of the micro-batch's tokens for every stage
 ``allreduce_time`` and ``optimizer_time`` per physical stage (with ``cluster.dp_overlap`` the
 gradient synchronisation's exposed part, ``grad_sync_exposed``, overlapped with each device's last
 backward action: the shortest over DP replicas, an upper bound on what is exposed). Every iteration also reports the peak
-memory per device (``sparsebalance.simulator.engine.memory``): ``extra`` holds ``peak_memory_gb`` (the
+memory per device (``sparsebalance.simulator.cost.memory``): ``extra`` holds ``peak_memory_gb`` (the
 largest device), ``peak_memory_gb_s<stage>`` (largest over DP ranks) and ``memory_exceeded`` (devices
 over ``cluster.device_memory``). With context parallelism it adds the CP group's figures and its
 CP / CP_COMM trace rows, which the CP home builds (``simulator/cost/cp/trace.py``). Imports no torch.
@@ -19,10 +19,10 @@ import numpy as np
 from sparsebalance.errors import ConfigError, check_choice
 from sparsebalance.simulator.config import DEFAULT_ENGINE, ENGINE_NAMES, ClusterConfig, ModelConfig
 from sparsebalance.simulator.cost.cp import trace as cp_trace
+from sparsebalance.simulator.cost.memory import GB, MemoryReport, check_fits, memory_report
 from sparsebalance.simulator.cost.query import LatencyQuery
 from sparsebalance.simulator.engine import PipelineInput, PipelineResult, simulate
 from sparsebalance.simulator.engine.iteration import IterationResult
-from sparsebalance.simulator.engine.memory import GB, MemoryReport, check_fits, memory_report
 from sparsebalance.simulator.layout import layout_of
 from sparsebalance.simulator.plan import Budget, Budgets, Plan
 from sparsebalance.simulator.schedule.graph import schedule_graph
@@ -46,7 +46,7 @@ class SimulatorExecutor:
         self.last: PipelineResult | None = None
         """The engine's full result of the last ``execute`` (start/end arrays, per-device busy)."""
         self.last_memory: MemoryReport | None = None
-        """Peak memory per device of the last ``execute`` (sparsebalance.simulator.engine.memory)."""
+        """Peak memory per device of the last ``execute`` (sparsebalance.simulator.cost.memory)."""
         check_fits(model, cluster)
         self._fixed = (
             np.array([latency.allreduce_time(s) for s in range(cluster.pp)], dtype=float),

@@ -200,8 +200,9 @@ def test_measured_cp_rows_scale_the_group_work_where_the_group_matches():
     import pandas as pd
 
     from sparsebalance.simulator.config import ClusterConfig, tiny
+    from sparsebalance.simulator.cost.catalog import load_profile
     from sparsebalance.simulator.cost.latency import load_latency_model
-    from sparsebalance.simulator.cost.profile import Profile, load_profile
+    from sparsebalance.simulator.cost.profile import Profile
 
     base = load_profile("cpu-tiny")
     t = base.table
@@ -234,7 +235,7 @@ def test_measured_cp_rows_scale_the_group_work_where_the_group_matches():
 
 def test_cp_memory_keeps_a_share_of_the_tokens_plus_the_ring_buffers():
     from sparsebalance.simulator.config import ClusterConfig, qwen25_3b
-    from sparsebalance.simulator.engine.memory import kept_bytes_per_token, transient_bytes_per_token
+    from sparsebalance.simulator.cost.memory import kept_bytes_per_token, transient_bytes_per_token
 
     m = qwen25_3b()
     base = ClusterConfig(pp=2, dp=1, tp=2, global_batch=2)

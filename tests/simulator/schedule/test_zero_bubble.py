@@ -8,7 +8,8 @@ import pytest
 
 from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.engine import PipelineInput, simulate
-from sparsebalance.simulator.schedule.schedules import placement, stage_orders
+from sparsebalance.simulator.layout import placement
+from sparsebalance.simulator.schedule.schedules import stage_orders
 
 SPLIT = [("zb-h1", 1), ("zbv", 2), ("dualpipev", 2)]
 

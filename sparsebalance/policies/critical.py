@@ -48,6 +48,7 @@ from sparsebalance.policies.base import PolicyContext
 from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.policies.critical_phases import State, lower, raise_into_bubbles
 from sparsebalance.policies.stage_tables import StageTable, budget_monotone_range
+from sparsebalance.simulator.cost.query import LatencyQuery
 from sparsebalance.simulator.plan import Budget, Budgets, Plan
 from sparsebalance.simulator.schedule.graph import ActionGraph, schedule_graph
 from sparsebalance.simulator.schedule.perturb import ReplicaTimes
@@ -67,7 +68,7 @@ class CriticalPathDST:
     def __init__(self, cfg: PolicyConfig) -> None:
         self.cfg = cfg
         self.stats: dict[str, float] = {}
-        self._latency = None
+        self._latency: LatencyQuery | None = None
         self._tail: np.ndarray | None = None
         self._monotone: tuple[float, float] | None = None
 
@@ -121,8 +122,10 @@ class CriticalPathDST:
         first = tab.rows(np.arange(dp * m), st.K.ravel())  # [dp m, 2V] at k0
         dur = first.reshape(dp, m, 2 * nv).transpose(2, 1, 0).reshape(2 * nv * m, dp)
         if g.split:
+            assert fused is not None
             w = np.where(fused, 0.0, tab.weight_times())  # [dp m, V]
             dur = np.vstack([dur, w.reshape(dp, m, nv).transpose(2, 1, 0).reshape(nv * m, dp)])
+        assert self._tail is not None  # set with self._latency above
         times = ReplicaTimes(g, dur, pack_lags(g, p2p, dp), self._tail)
         R = times.finish()
         T_fixed = float(R.max())

@@ -216,11 +216,11 @@ class ScheduleAwareOrder(SparsityAware):
                 break
             a, b = np.array(pairs, dtype=np.int64).T
             rows = np.arange(len(pairs))
-            cands = np.tile(np.asarray(best, dtype=np.int64), (len(pairs), 1))  # row c: best, a[c] <-> b[c]
-            cands[rows, a], cands[rows, b] = cands[rows, b], cands[rows, a]
-            s = score(cands)
+            swapped = np.tile(np.asarray(best, dtype=np.int64), (len(pairs), 1))  # row c: best, a[c] <-> b[c]
+            swapped[rows, a], swapped[rows, b] = swapped[rows, b], swapped[rows, a]
+            s = score(swapped)
             k = int(np.argmin(s))
             if not s[k] < t_best * (1 - 1e-12):
                 break
-            best, t_best = cands[k].tolist(), float(s[k])
+            best, t_best = swapped[k].tolist(), float(s[k])
         return best, t_sab, t_best, used

@@ -66,7 +66,7 @@ class StageTable:
         self.base = np.empty((len(lengths), 2 * nv))  # budget-free part per micro-batch
         a0 = acc[:, self.offset]  # attention at k_lo: stage_time(lens, k_lo) - its attention = the rest
         self.tokens = tokens
-        modes = [(0, False, None), (1, True, None)]
+        modes: list[tuple[int, bool, str | None]] = [(0, False, None), (1, True, None)]
         if fused is not None:  # the backward's input part I: attention is all input gradient
             modes.append((1, True, "input"))
         for half, bw, part in modes:
@@ -74,6 +74,7 @@ class StageTable:
             if part is None:
                 self.base[:, half * nv:(half + 1) * nv] = base
             else:  # I where the backward is split, B (kept) where the graph runs it whole
+                assert fused is not None
                 self.base[:, nv:] = np.where(fused, self.base[:, nv:], base)
         # rows live in a cube [N, k, 2V] from the lowest k_lo (one gather per look-up); those of
         # micro-batch i above top[i] are computed by extend(), which then raises top[i] to k_hi[i]

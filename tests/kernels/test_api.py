@@ -28,7 +28,7 @@ def test_topk_tensor_equals_scalar_when_uniform(packed):
 
 def _args(packed):
     q, k, v = packed.cast(torch.float32)
-    return dict(q=q, k=k, v=v, cu_seqlens=packed.cu, block_size=16, topk=3)
+    return {"q": q, "k": k, "v": v, "cu_seqlens": packed.cu, "block_size": 16, "topk": 3}
 
 
 BAD = [  # (id, argument named in the error, change)

@@ -51,7 +51,7 @@ class LatencyModel(ScalarStageLatency):
         self.tables = OpTables(profile, model, cluster, extrapolate=extrapolate)
         self.cp = CPPricing(self.tables, model, cluster, self.layout)
         self.cp.fold()
-        self.tables.fold_recompute(cluster.recompute, list(self.cp.degree_surfaces.values()))
+        self.tables.fold_recompute(str(cluster.recompute), list(self.cp.degree_surfaces.values()))
         self.comm = Communication(self.tables, model, cluster, self.layout)
         self.cost = StageCost(self, self.tables, self.comm, self.layout)
         """Stage and whole-model times (``simulator/cost/stagecost.py``): the one sum."""

@@ -167,7 +167,7 @@ class MemoryReport:
 
 
 def memory_report(model: ModelConfig, cluster: ClusterConfig, graph: ActionGraph,
-                  tokens: np.ndarray) -> MemoryReport:
+                  tokens: np.ndarray | list[list[int]]) -> MemoryReport:
     """Peak memory per device of an iteration whose micro-batch j of DP rank r has ``tokens[r, j]``
     tokens, under ``graph`` (the schedule of ``cluster``)."""
     tokens = np.asarray(tokens, dtype=float)

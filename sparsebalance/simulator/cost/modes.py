@@ -4,6 +4,7 @@ module shares (``StageCost``, its totals, the per-sequence CP split, the query's
 from __future__ import annotations
 
 from numbers import Integral
+from typing import cast
 
 import numpy as np
 
@@ -20,7 +21,7 @@ def plain(budget: Budget | int) -> int | Budget:
     if type(budget) is int:
         return budget
     if isinstance(budget, Budget):
-        return budget.value if budget.is_uniform else budget
+        return cast(int, budget.value) if budget.is_uniform else budget
     if isinstance(budget, Integral) and not isinstance(budget, bool):
         return int(budget)
     raise ConfigError(f"budget: expected an int or a Budget (Budget.per_layer for one int per layer), "

@@ -64,7 +64,7 @@ class Presummed:
         fast_attn = None
         if f.xs == b.xs and f.ks == b.ks:
             fast_attn = Surface(f.xs, f.ks, [[u + v for u, v in zip(ru, rv)] for ru, rv in zip(f.zs, b.zs)])
-        weights = {}
+        weights: dict[str, int] = {}
         for name, where in self.cost.terms:
             count = self.cost.model_layers if where == "layers" else 1
             weights |= {f"{name}_fwd": count, f"{name}_bwd": count}

@@ -57,8 +57,10 @@ def load_checked(profile: str | Profile, model: ModelConfig, cluster: ClusterCon
     A profile whose latency falls as length or budget grows is refused (ConfigError listing the
     points) unless ``allow_nonmonotone`` or its sidecar carries a ``nonmonotone`` note saying why the
     points are acceptable; then a warning lists them."""
-    prof = profile if isinstance(profile, Profile) else _built(profile, model, cluster, base_dir)
-    prof = prof if prof is not None else load_profile(profile, base_dir)
+    if isinstance(profile, Profile):
+        prof = profile
+    else:
+        prof = _built(profile, model, cluster, base_dir) or load_profile(profile, base_dir)
     bad = _mismatches(prof.meta, model, cluster)
     sp = cluster.sequence_parallel and cluster.tp > 1
     overlap = cluster.tp_overlap and cluster.tp > 1

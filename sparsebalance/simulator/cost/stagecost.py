@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from sparsebalance.simulator.cost.modes import MODES, plain, uniform_budgets
 from sparsebalance.simulator.cost.tables import PARTS, OpTables
 from sparsebalance.simulator.layout import Layout
 
-TERMS = (("layer", "layers"), ("embed", "first"), ("head", "last"))
+TERMS: tuple[tuple[str, str], ...] = (("layer", "layers"), ("embed", "first"), ("head", "last"))
 """The per-token terms of a stage's time, in the order they are added after its attention: (name,
 where): ``layers`` counts once per decoder layer of the stage, ``first`` / ``last`` once on the first
 / last virtual stage. A term's seconds: :meth:`StageCost.per_token` (scalar) and
@@ -71,7 +71,7 @@ class StageCost:
         """Set under ``cp_split = "per-sequence"``: stage and micro-batch times go through it."""
         self._counts: dict[Budget, tuple[tuple[int, int], ...]] = {}
         self._dense: dict[tuple[str, int], float] = {}
-        self.terms = TERMS
+        self.terms: tuple[tuple[str, str], ...] = TERMS
         self._presum = presum.Presummed(self)
 
     # -- the per-token terms ----------------------------------------------------------------------
@@ -176,11 +176,12 @@ class StageCost:
         int or a per-layer :class:`Budget` (from :func:`plain`)."""
         if type(budget) is int:
             return ((budget, len(layers) if layers is not None else self.model_layers),)
+        assert isinstance(budget, Budget)
         if layers is None:
             hit = self._counts.get(budget)
             if hit is not None:
                 return hit
-        per_layer = budget.check_layers(self.model_layers).value
+        per_layer = budget.check_layers(self.model_layers).ks
         part = per_layer if layers is None else per_layer[layers.start:layers.stop]
         counts = tuple(sorted(Counter(part).items()))
         if layers is None:
@@ -220,7 +221,7 @@ class StageCost:
         return attention_f + attention_b + dense
 
     # -- many micro-batches --------------------------------------------------------------------------
-    def attention_sums(self, lengths: np.ndarray, counts: np.ndarray, k: np.ndarray, *,
+    def attention_sums(self, lengths: np.ndarray, counts: np.ndarray | Sequence[int], k: np.ndarray, *,
                        backward: bool) -> np.ndarray:
         """[M] one layer's attention of each micro-batch: its sequences' attention summed left to
         right, + the call. ``lengths`` [sum counts] the sequences of micro-batch 0, then 1, ...;
@@ -289,7 +290,7 @@ class StageCost:
         """Seconds of the per-token terms' forward + backward over the whole model at ``tokens``
         tokens, term by term (what the pre-summed table holds, :mod:`.presum`): a ``layers`` term
         counts ``model.layers`` times, ``first`` and ``last`` once."""
-        total = None
+        total: float | None = None
         for name, where in TERMS:
             f = self.per_token(name, tokens)
             b = self.per_token(name, tokens, backward=True)
@@ -297,4 +298,4 @@ class StageCost:
                 total = self.model_layers * (f + b) if total is None else total + self.model_layers * (f + b)
             else:
                 total = (f if total is None else total + f) + b
-        return total
+        return cast(float, total)

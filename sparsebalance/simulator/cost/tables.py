@@ -212,7 +212,7 @@ class OpTables:
         op = ATTENTION[backward]
         # with CP a sequence too short for the layout stays whole on one rank: the one-GPU surface
         # (with recomputation folded in, as the main surfaces)
-        surf = self.whole[backward] if seq_len <= self.whole_max else self.surfaces[op]
+        surf = self.surfaces[op] if self.whole is None or seq_len > self.whole_max else self.whole[backward]
         k = self.effective_budget(seq_len, budget)
         value = self._attn[key] = self.read(surf, op, seq_len, k)
         return value

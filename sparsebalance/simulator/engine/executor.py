@@ -114,7 +114,8 @@ class SimulatorExecutor:
         memory = {"peak_memory_gb": float(peak.max()) / GB, "memory_exceeded": float(mem.exceeded)}
         memory |= {f"peak_memory_gb_s{s}": float(v) / GB for s, v in enumerate(peak.max(axis=0))}
         trace = res.trace
-        if self.cluster.cp > 1:  # the CP group inside each action: its figures and trace rows (cost/cp/trace.py)
+        if self.cluster.cp > 1:
+            assert inp.budget is not None  # build_input sets it  # the CP group inside each action: its figures and trace rows (cost/cp/trace.py)
             import pandas as pd
 
             from sparsebalance.simulator.engine.trace import TRACE_COLUMNS

@@ -62,7 +62,7 @@ def time_graph(graph: ActionGraph, duration: np.ndarray, lag: np.ndarray | None 
         t = end[prv]
         for q in range(2, len(step), 2):
             np.maximum(t, end[step[q]] + lag[step[q + 1]], out=t)
-        if starts:
+        if start is not None:
             start[idx] = t
         end[idx] = t + duration[idx]
     return start, end[:n]
@@ -167,6 +167,7 @@ def order_finish(graph: ActionGraph, orders: np.ndarray, fwd: np.ndarray, bwd: n
     cols = orders.T  # [m, C]: node (kind, vs, j) of candidate c takes column orders[c, j]
     per_kind = {"F": fwd, "B": bwd}
     if graph.split:
+        assert bwd_input is not None and bwd_weight is not None  # checked above
         fused = graph.fused[:, :, None]  # by position, as kind_durations
         per_kind = {"F": fwd, "I": np.where(fused, np.take(bwd, cols, axis=1), np.take(bwd_input, cols, axis=1)),
                     "W": np.where(fused, 0.0, np.take(bwd_weight, cols, axis=1))}

@@ -232,7 +232,7 @@ def test_timeline_writes_png_and_svg(tmp_path):
     ({"forward": np.ones((1, 3, 2))}, "virtual stages"),
 ])
 def test_bad_input_raises_config_error(kw, needle):
-    args = dict(schedule="gpipe", pp=2, forward=np.ones((1, 2, 2)), backward=np.ones((1, 2, 2))) | kw
+    args = {"schedule": "gpipe", "pp": 2, "forward": np.ones((1, 2, 2)), "backward": np.ones((1, 2, 2))} | kw
     with pytest.raises(ConfigError, match=needle):
         PipelineInput(**args)
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from sparsebalance.analysis.stats import mean_ci
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
 from sparsebalance.simulator.cost.profile import Profile
 
@@ -29,18 +30,15 @@ if TYPE_CHECKING:
 
 
 def speedup_ci(per_round: Sequence[float], level: float = 0.95) -> dict:
-    """``{"lo", "hi", "se_log", "n"}``: t interval of the geometric-mean speedup over rounds;
-    lo/hi None with fewer than 2 rounds."""
-    from scipy import stats
-
+    """``{"lo", "hi", "se_log", "n"}``: t interval of the geometric-mean speedup over rounds (the
+    interval of the mean log speedup, :func:`.stats.mean_ci`, exponentiated); lo/hi None with fewer
+    than 2 rounds."""
     logs = np.log(np.asarray([x for x in per_round if x > 0], dtype=float))
     n = len(logs)
     if n < 2:
         return {"lo": None, "hi": None, "se_log": None, "n": n}
-    se = float(logs.std(ddof=1) / math.sqrt(n))
-    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * se
-    m = float(logs.mean())
-    return {"lo": math.exp(m - half), "hi": math.exp(m + half), "se_log": se, "n": n}
+    _, lo, hi = mean_ci(logs, level)
+    return {"lo": math.exp(lo), "hi": math.exp(hi), "se_log": float(logs.std(ddof=1) / math.sqrt(n)), "n": n}
 
 
 def pooled_spread(spreads: dict[str, float], counts: dict[str, int]) -> float | None:

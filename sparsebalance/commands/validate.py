@@ -40,10 +40,10 @@ BASELINE = {"batching": "sequential", "tuning": "fixed"}
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from sparsebalance.commands._args import (
         add_config,
+        add_launch_flags,
         add_out,
         add_output_flags,
         nonneg_int,
-        port,
         positive_int,
     )
 
@@ -58,12 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run a round again when other processes' load or a probe's disagreement says it "
                         "was disturbed, at most this many more times (default 2; 0 = never)")
     add_out(p, "<output_dir>/validate-<name>")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, e.g. --set data.max_length=1024 (repeatable)")
-    p.add_argument("--allow-nonmonotone", action="store_true",
-                   help="use a profile whose latency falls as work grows (a warning lists the points)")
-    p.add_argument("--master-port", type=port, default=None,
-                   help="rendezvous port on localhost (default: a free one)")
+    add_launch_flags(p, example="data.max_length=1024")
     p.add_argument("--profile-as-is", action="store_true",
                    help="trust the profile as measured: no calibration probe on this machine (by default "
                         "a measured profile is probed at a few points here and rescaled per op)")

@@ -215,7 +215,7 @@ def _farewell(rt: Runtime) -> None:
 
 
 class RealrunExecutor:
-    """``simulator.iteration.Executor`` on rank 0: broadcast (plan, budgets), run rank 0's share, gather every rank's
+    """``simulator.engine.iteration.Executor`` on rank 0: broadcast (plan, budgets), run rank 0's share, gather every rank's
     trace rows, loss and measured coverage; feed the coverage to the policies' coverage model."""
 
     name = "realrun"

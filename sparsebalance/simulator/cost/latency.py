@@ -106,7 +106,7 @@ class LatencyModel(ScalarStageLatency):
 
     def head(self, tokens: int, *, backward: bool = False, part: str | None = None) -> float:
         """Final norm + LM head + loss."""
-        return self.cost.head(tokens, backward=backward, part=part)
+        return self.cost.per_token("head", tokens, backward=backward, part=part)
 
     def per_token_many(self, name: str, tokens, *, backward: bool = False, part: str | None = None) -> np.ndarray:
         """Vectorised :meth:`dense` (``name`` "layer"), :meth:`embed` or :meth:`head`."""

@@ -10,9 +10,11 @@ once from ``StageCost``'s own terms when the model is built: attention F + B on 
 and the per-token terms (:data:`.stagecost.TERMS`, each counted as often as the model holds it) on
 the union of their token grids. Interpolation is linear, so interpolating a sum equals summing the
 interpolations (up to rounding); queries outside either table's range take the term-by-term path
-(which warns, errors or clamps as configured). The TP all-reduces of the dense term are priced
-apart (the tables hold the profile's ops alone). ``tests/simulator/cost/test_stagecost.py`` holds
-these totals to the stage-by-stage sum, so a term added to a stage but not here fails there.
+(which warns, errors or clamps as configured). What the profile's tables do not hold (the dense
+term's TP all-reduces) is added after them (``StageCost.whole_untabled``). Nothing here names a term:
+the tables and the untabled share are ``StageCost``'s, and ``tests/simulator/cost/test_stagecost.py``
+holds these totals to the stage-by-stage sum, so a term priced into a stage but not into the
+totals fails there.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import numpy as np
 from sparsebalance.data.sequence import blocks
 from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.budget import Budget
-from sparsebalance.simulator.cost.comm import Communication
 from sparsebalance.simulator.cost.modes import plain, uniform_budgets
 from sparsebalance.simulator.cost.tables import Curve, OpTables, Surface
 
@@ -35,12 +36,13 @@ class Sums(Protocol):
 
     lm: Any
     tables: OpTables
-    comm: Communication
     terms: tuple[tuple[str, str], ...]
     model_layers: int
     per_sequence: Any
 
     def whole_terms(self, tokens: int) -> float: ...
+
+    def whole_untabled(self, tokens) -> Any: ...
 
     def budget_counts(self, budget, layers: range | None = None) -> tuple[tuple[int, int], ...]: ...
 
@@ -96,11 +98,12 @@ class Presummed:
         """The per-token terms' forward + backward over the whole model."""
         hit = self._dense_fb.get(tokens)
         if hit is None:
-            fast, comm = self.dense, self.cost.comm
+            fast = self.dense
             if fast is not None and fast.xs[0] <= tokens <= fast.xs[-1]:
                 hit = fast(tokens)
-                if comm.tp_added:  # the table holds the ops alone: 2 + 2 (+ 2) all-reduces per layer
-                    hit += self.cost.model_layers * (2 + comm.tp_backward) * comm.tp_allreduce_time(tokens)
+                rest = self.cost.whole_untabled(tokens)  # the table holds the profile's ops alone
+                if rest is not None:
+                    hit += rest
             else:
                 hit = self.cost.whole_terms(tokens)
             self._dense_fb[tokens] = hit
@@ -187,7 +190,7 @@ class Presummed:
         return out
 
     def _dense_fb_array(self, tokens: np.ndarray) -> np.ndarray:
-        fast, comm = self.dense, self.cost.comm
+        fast = self.dense
         out = np.empty(tokens.shape)
         if fast is None:
             inside = np.zeros(tokens.shape, dtype=bool)
@@ -195,9 +198,9 @@ class Presummed:
             xs, ys = np.asarray(fast.xs), np.asarray(fast.ys)
             inside = (tokens >= xs[0]) & (tokens <= xs[-1])
             out[inside] = np.interp(tokens[inside].astype(float), xs, ys)
-            if comm.tp_added:
-                out[inside] += self.cost.model_layers * (2 + comm.tp_backward) * comm.tp_allreduce_time(
-                    tokens[inside].astype(float))
+            rest = self.cost.whole_untabled(tokens[inside].astype(float))
+            if rest is not None:
+                out[inside] += rest
         for idx in np.flatnonzero(~inside):
             out[idx] = self.dense_fb(int(tokens[idx]))
         return out

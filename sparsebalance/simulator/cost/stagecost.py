@@ -92,14 +92,14 @@ class StageCost:
             return 0.0
         return self.tables.op("embed_bwd" if backward else "embed_fwd", tokens)
 
-    def head(self, tokens: int, *, backward: bool = False, part: str | None = None) -> float:
-        """Final norm + LM head + loss."""
-        return self.tables.op(self.tables.op_name("head", backward, part), tokens)
-
     def per_token(self, name: str, tokens: int, *, backward: bool = False, part: str | None = None) -> float:
-        """Seconds of per-token term ``name`` (:data:`TERMS`) at ``tokens`` tokens."""
-        return {"layer": self.dense, "embed": self.embed, "head": self.head}[name](tokens, backward=backward,
-                                                                                  part=part)
+        """Seconds of per-token term ``name`` (:data:`TERMS`) at ``tokens`` tokens: :meth:`dense`,
+        :meth:`embed`, else the profile's op of that name (``head``: final norm + LM head + loss)."""
+        if name == "layer":
+            return self.dense(tokens, backward=backward, part=part)
+        if name == "embed":
+            return self.embed(tokens, backward=backward, part=part)
+        return self.tables.op(self.tables.op_name(name, backward, part), tokens)
 
     def per_token_many(self, name: str, tokens, *, backward: bool = False, part: str | None = None) -> np.ndarray:
         """Vectorised :meth:`per_token` for an array of token counts: the same arithmetic, so bitwise
@@ -285,6 +285,16 @@ class StageCost:
         :class:`Budget` (per-layer ones take the scalar path). Points outside the profiled range
         take the scalar path, so warnings, errors and clamping are the same."""
         return self._presum.microbatch_latencies(microbatches, budgets)
+
+    def whole_untabled(self, tokens):
+        """The share of the per-token terms' forward + backward over the whole model that the
+        profile's tables do not hold, which the pre-summed totals add after their table
+        (:mod:`.presum`); None when there is none. Today: the dense term's TP all-reduces where the
+        profile lacks them (2 in the forward and 2, or 4 with full recomputation, in the backward of
+        every layer). Numpy-broadcastable in ``tokens``."""
+        if not self.comm.tp_added:
+            return None
+        return self.model_layers * (2 + self.comm.tp_backward) * self.comm.tp_allreduce_time(tokens)
 
     def whole_terms(self, tokens: int) -> float:
         """Seconds of the per-token terms' forward + backward over the whole model at ``tokens``

@@ -127,3 +127,46 @@ def test_budget_free_part_is_the_stage_less_its_attention():
         assert np.allclose(free, lm.cost.budget_free(a9, tokens, backward=bw), rtol=1e-12, atol=0)
         at9 = lm.stage_times(mbs, [9] * len(mbs), ("B" if bw else "F",))["B" if bw else "F"]
         assert np.allclose(free + lm.cost.layers[:, None] * a9, at9, rtol=1e-12, atol=0)
+
+
+def test_a_term_priced_in_stagecost_alone_reaches_every_consumer(monkeypatch):
+    """docs/architecture.md, "Adding a cost term": a made-up per-layer term (EXTRA seconds per token
+    in each pass, say an FSDP gather) written into StageCost only -- the dense term, its array twin
+    and the whole-model share the pre-summed table does not hold -- is in the executor's stage
+    times, the scalar stage_time, the policies' whole-model totals and the budget-free split."""
+    from sparsebalance.simulator.cost.stagecost import StageCost
+
+    extra = 1e-8
+    before, _ = _model(pp=4, dp=2, tp=2)
+    mbs = _microbatches(7, 10)
+    ks = [5] * len(mbs)
+    tokens = np.array([sum(mb) for mb in mbs])
+    old = before.stage_times(mbs, ks)
+    dense, many, untabled = StageCost.dense, StageCost.per_token_many, StageCost.whole_untabled
+
+    def with_term(self, tokens, *, backward=False, part=None):
+        return dense(self, tokens, backward=backward, part=part) + (extra * tokens if part != "weight" else 0.0)
+
+    def many_with_term(self, name, tokens, *, backward=False, part=None):
+        out = many(self, name, tokens, backward=backward, part=part)
+        return out + extra * np.asarray(tokens) if name == "layer" and part != "weight" else out
+
+    def untabled_with_term(self, tokens):
+        rest = untabled(self, tokens)
+        return self.model_layers * 2 * extra * tokens + (0.0 if rest is None else rest)
+
+    monkeypatch.setattr(StageCost, "dense", with_term)
+    monkeypatch.setattr(StageCost, "per_token_many", many_with_term)
+    monkeypatch.setattr(StageCost, "whole_untabled", untabled_with_term)
+    after, _ = _model(pp=4, dp=2, tp=2)
+    new = after.stage_times(mbs, ks)
+    for mode in ("F", "B"):
+        assert np.allclose(new[mode] - old[mode], after.cost.layers[:, None] * extra * tokens, rtol=1e-9, atol=0)
+    assert after.stage_time(mbs[0], 5, 1, backward=True) == new["B"][1, 0]
+    total = new["F"].sum(axis=0) + new["B"].sum(axis=0)
+    assert after.microbatch_latencies(mbs, ks) == pytest.approx(total, rel=1e-11)
+    assert after.microbatch_latency(mbs[0], 5) == pytest.approx(total[0], rel=1e-11)
+    a = after.cost.attention_sums(np.array([L for mb in mbs for L in mb]), [len(mb) for mb in mbs],
+                                  np.full(sum(len(mb) for mb in mbs), 5), backward=False)
+    assert np.allclose(after.cost.budget_free(a, tokens, backward=False) + after.cost.layers[:, None] * a,
+                       new["F"], rtol=1e-12, atol=0)

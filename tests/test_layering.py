@@ -1,13 +1,17 @@
-"""The dependency rules of docs/architecture.md, checked on the source (every import, lazy ones too).
+"""The dependency rules of docs/architecture.md, checked on the source (every import statement, lazy
+ones and type-only ones too), and the page's drawing of them checked against these rules.
 
 An arrow points from importer to imported; a part may import only the parts listed for it. Shared
-top-level helpers (``errors``, ``configmap``, ``fsutil``, ``procutil``, ``readfile``) may be imported from anywhere.
+top-level helpers (``errors``, ``configmap``, ``fsutil``, ``procutil``, ``readfile``, ``jit``) may be
+imported from anywhere. Inside the simulator: base <- schedule <- cost <- engine; policies never import
+engine/; nothing in analysis/ reaches the executor; no import circle anywhere.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import re
 from pathlib import Path
 
 import pytest
@@ -265,3 +269,21 @@ def test_the_circle_finder_finds_circles():
     g = {"a": frozenset({"b"}), "b": frozenset({"c"}), "c": frozenset({"a", "d"}), "d": frozenset(),
          "e": frozenset({"f"}), "f": frozenset({"e", "d"})}
     assert sorted(_circles(g)) == [["a", "b", "c"], ["e", "f"]]
+
+
+def test_the_architecture_page_draws_these_rules():
+    """docs/architecture.md's drawing of the rules is these rules: each part's arrow lists what
+    ALLOWED lets it import, and the simulator's parts stand in SIMULATOR_ORDER."""
+    text = (PKG.parent / "docs" / "architecture.md").read_text()
+    block = text[text.index("**Dependency rules**"):]
+    block = block[block.index("```") + 3:]
+    block = block[:block.index("```")]
+    drawn = {}
+    for line in block.splitlines():
+        m = re.match(r"\s*(\w+)/\s+──>\s+([^(]*)", line)
+        if m and m.group(1) in ALLOWED:
+            targets = {t.rstrip("/") for t in m.group(2).split()} - {"nothing"}
+            drawn[m.group(1)] = targets
+    assert drawn == ALLOWED
+    order = re.search(r"inside simulator/:\s+(.*)", block).group(1)
+    assert tuple(p.rstrip("/") for p in order.split(" <── ")) == SIMULATOR_ORDER

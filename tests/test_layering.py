@@ -172,6 +172,15 @@ def test_analysis_never_reaches_the_executor():
     assert not bad, "\n".join(bad)
 
 
+def test_every_import_is_absolute():
+    """The checks here read ``import sparsebalance...`` / ``from sparsebalance... import`` statements;
+    a relative import (``from . import x``) would pass by them unseen, so there is none."""
+    bad = [f"{f.relative_to(PKG)}:{node.lineno}" for f in sorted(PKG.rglob("*.py"))
+           for node in ast.walk(ast.parse(f.read_text()))
+           if isinstance(node, ast.ImportFrom) and node.level > 0]
+    assert not bad, bad
+
+
 def test_no_import_circle_anywhere():
     """No module reaches itself through imports (every import counts: lazy ones and those only for
     type checking), so every part can be read, tested and replaced from the bottom up."""

@@ -32,8 +32,10 @@ test-fast: $(STAMP)
 gpu-check:
 	bash scripts/gpu-check.sh
 
+# ruff on the code, mypy on the typed core (its files and settings: [tool.mypy] in pyproject.toml)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sparsebalance tests benchmarks
+	$(VENV)/bin/mypy
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_simulator.py

@@ -123,7 +123,8 @@ def main() -> None:
     import torch.multiprocessing as mp
 
     from sparsebalance.runconfig import load_run_config
-    from sparsebalance.simulator.cost.profile import CP_ATTENTION_OPS, Profile, load_profile
+    from sparsebalance.simulator.cost.catalog import load_profile
+    from sparsebalance.simulator.cost.profile import CP_ATTENTION_OPS, Profile
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="examples/cpu_cp2.toml", help="run config: model, profile, CP group")

@@ -32,7 +32,7 @@ def tiny_qk(length: int, seed: int = 0) -> list[tuple]:
     import torch
 
     from sparsebalance.data.config import DataConfig
-    from sparsebalance.data.loaders import load_sequences
+    from sparsebalance.data.sources import load_sequences
     from sparsebalance.kernels.qwen2 import MobaArgs, build_qwen2, pack, run_layers
     from sparsebalance.simulator.config import tiny
 

@@ -5,7 +5,7 @@ squares over the sizes (prints the table and the fit; not a test):
   ranks of a TP group, fitted as ``latency + 2 (tp - 1) / tp x bytes / bandwidth``: ``cluster.tp_latency``
   / ``tp_bandwidth`` of a TP run, ``allreduce_*`` of the gradient reduction;
 * ``--op allgather``: the CP all-gather of K/V (``kernels/moba/cp.py``: every rank's [tokens / n,
-  hidden] float32 share), fitted as the simulator prices it (``contextparallel.layer_time``:
+  hidden] float32 share), fitted as the simulator prices it (``cp.ring.layer_time``:
   ``(n - 1) x latency + (n - 1) / n x gathered bytes / bandwidth``): ``cluster.p2p_latency`` and, inside
   one node, ``tp_bandwidth`` of a CP run's transfers.
 

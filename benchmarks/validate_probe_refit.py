@@ -24,7 +24,7 @@ from sparsebalance.analysis import validate as V
 from sparsebalance.commands.train import validate_for_launch
 from sparsebalance.commands.validate import BASELINE, _policy_label, replay_side
 from sparsebalance.simulator.cost.calibration import fit, rescale
-from sparsebalance.simulator.cost.profile import load_profile
+from sparsebalance.simulator.cost.catalog import load_profile
 
 
 def call_error(call: Path, profile: str | None) -> float:

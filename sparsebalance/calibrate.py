@@ -51,8 +51,8 @@ class Prober:
             needs_probe,
             same_device_kind,
         )
-        from sparsebalance.simulator.cost.latency import check_tp_overlap
-        from sparsebalance.simulator.cost.profile import load_profile
+        from sparsebalance.simulator.cost.catalog import load_profile
+        from sparsebalance.simulator.cost.profilecheck import check_tp_overlap
 
         self.cfg, self.measure, self.emit = cfg, measure, emit
         self.tables: list[pd.DataFrame] = []

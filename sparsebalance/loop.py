@@ -85,7 +85,10 @@ def run_loop(*, batches: Iterator[list[Sequence]], batching: BatchingPolicy, tun
     executor's :class:`NonFiniteLoss` stops the loop with the iterations before it attached."""
     from tqdm import tqdm
 
-    rows, traces, plans, all_budgets = [], [], [], []
+    rows: list[dict] = []
+    traces: list[pd.DataFrame] = []
+    plans: list[Plan] = []
+    all_budgets: list[Budgets] = []
     bar = tqdm(range(iterations), desc=f"{executor.name} {batching.name}+{tuning.name}",
                disable=not progress, leave=False)
     for it in bar:

@@ -7,7 +7,7 @@ import commands/. It knows data/, policies/ and simulator/, as loop.py does.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,17 +16,22 @@ from sparsebalance.loop import LoopResult, global_batches, run_loop
 from sparsebalance.runconfig import RunConfig
 from sparsebalance.simulator.cost.profile import Profile
 
+if TYPE_CHECKING:
+    from sparsebalance.data.sequence import Sequence
+    from sparsebalance.policies.base import BatchingPolicy, PolicyContext, TuningPolicy
+    from sparsebalance.simulator.cost.latency import LatencyModel
+
 
 @dataclass(slots=True)
 class Prepared:
     """Everything one run of the loop needs, built from a RunConfig."""
 
     cfg: RunConfig
-    sequences: list
-    ctx: Any
-    batching: Any
-    tuning: Any
-    latency: Any
+    sequences: list[Sequence]
+    ctx: PolicyContext
+    batching: BatchingPolicy
+    tuning: TuningPolicy
+    latency: LatencyModel
 
 
 def prepare(cfg: RunConfig, *, profile: Profile | None = None, sequences: list | None = None) -> Prepared:
@@ -38,7 +43,7 @@ def prepare(cfg: RunConfig, *, profile: Profile | None = None, sequences: list |
     from sparsebalance.policies.base import PolicyContext
     from sparsebalance.policies.coverage import make_coverage_model
     from sparsebalance.policies.registry import make_batching, make_tuning
-    from sparsebalance.simulator.engine.memory import check_fits
+    from sparsebalance.simulator.cost.memory import check_fits
 
     batching = make_batching(cfg.policy)
     tuning = make_tuning(cfg.policy)

@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from sparsebalance import cli
-from sparsebalance.analysis.schedules import summarise, t_interval
+from sparsebalance.analysis.schedules import summarise
+from sparsebalance.analysis.stats import t_interval
 
 
 def test_study_rows_and_files(tmp_path, capsys):

@@ -144,3 +144,33 @@ def test_config_file_then_flags_override():
         args = cli.build_parser("accuracy").parse_args(["accuracy", "--config", str(cfg), "--ps", "0.3"])
         exp = _experiment(args)
     assert (exp.steps, exp.seeds, exp.ps, exp.lr) == (4, (3, 4), (0.3,), 2e-3)
+
+
+def test_token_batches_pack_greedily_in_order_under_the_cap():
+    """``token_batches`` (what evaluation and pre-training step over), against a brute-force oracle:
+    the examples in order, each run the longest prefix of the rest within the cap (one example
+    alone when it exceeds it), answers labelled at their positions."""
+    import numpy as np
+
+    from sparsebalance.accuracy.executor import token_batches
+    from sparsebalance.data.recall import Example
+
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(3, 40, size=23).tolist() + [90, 5]
+    exs = [Example(tokens=rng.integers(1, 100, size=n), positions=np.array([0, n // 2]))
+           for n in lengths]
+    cap = 60
+    want, i = [], 0
+    while i < len(lengths):
+        j = i + 1
+        while j < len(lengths) and sum(lengths[i:j + 1]) <= cap:
+            j += 1
+        want.append(lengths[i:j])
+        i = j
+    got = list(token_batches(exs, cap))
+    assert [np.diff(b.cu_seqlens.numpy()).tolist() for b in got] == want
+    ids = np.concatenate([b.input_ids[0].numpy() for b in got])
+    assert np.array_equal(ids, np.concatenate([e.tokens for e in exs]))
+    labels = np.concatenate([b.labels[0].numpy() for b in got])
+    answers = np.concatenate([e.answers for e in exs])
+    assert np.array_equal(labels[labels >= 0], answers)

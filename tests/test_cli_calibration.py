@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from sparsebalance.simulator.cost.profile import SHIPPED_DIR
+from sparsebalance.simulator.cost.catalog import SHIPPED_DIR
 
 SIM = """
 name = "cal"
@@ -130,7 +130,7 @@ def test_probes_between_rounds_enter_one_fit(tmp_path, measured, scaled_probe):
     from sparsebalance.calibrate import Prober
     from sparsebalance.commands._calibrate import CALIBRATED_DIR, save_calibrated
     from sparsebalance.runconfig import load_run_config
-    from sparsebalance.simulator.cost.profile import load_profile
+    from sparsebalance.simulator.cost.catalog import load_profile
 
     cfg_path = tmp_path / "run.toml"
     cfg_path.write_text(SIM.format(profile=measured, out=tmp_path / "res"))

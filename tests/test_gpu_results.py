@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from sparsebalance.runconfig import load_run_config
-from sparsebalance.simulator.cost.profile import load_profile
+from sparsebalance.simulator.cost.catalog import load_profile
 from sparsebalance.stagecheck import predict_stages
 
 RUN = Path(__file__).resolve().parents[1] / "docs" / "gpu" / "h100-2026-11-26"

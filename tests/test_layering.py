@@ -1,12 +1,17 @@
-"""The dependency rules of docs/architecture.md, checked on the source (every import, lazy ones too).
+"""The dependency rules of docs/architecture.md, checked on the source (every import statement, lazy
+ones and type-only ones too), and the page's drawing of them checked against these rules.
 
 An arrow points from importer to imported; a part may import only the parts listed for it. Shared
-top-level helpers (``errors``, ``configmap``, ``fsutil``, ``procutil``, ``readfile``) may be imported from anywhere.
+top-level helpers (``errors``, ``configmap``, ``fsutil``, ``procutil``, ``readfile``, ``jit``) may be
+imported from anywhere. Inside the simulator: base <- schedule <- cost <- engine; policies never import
+engine/; nothing in analysis/ reaches the executor; no import circle anywhere.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+import re
 from pathlib import Path
 
 import pytest
@@ -107,34 +112,187 @@ def test_no_capability_probes_of_the_latency_model():
     assert not bad, bad
 
 
-#: Inside the simulator: the parts of ``simulator/`` each part may import (config: the configs and
-#: presets, importable by all; base: layout and plan).
-SIMULATOR_PARTS = {
-    "config": {"config"},
-    "schedule": {"schedule", "config"},
-    "base": {"base", "schedule", "config"},
-    "cost": {"cost", "base", "config"},
-    "engine": {"engine", "cost", "schedule", "base", "config"},
-}
+#: Inside the simulator, four parts in a row, each importing only itself and those before it:
+#: base <- schedule <- cost <- engine. base: the configs and presets, layout (the model's geometry,
+#: the schedules' stage placement, a CP rank's share), plan, budget, flops, hfconfig; schedule/: in
+#: what order and when; cost/: what an action takes (the latency model, its one stage cost, memory,
+#: CP, profiles); engine/: one iteration end to end.
+SIMULATOR_ORDER = ("base", "schedule", "cost", "engine")
 
 
-def _simulator_part(name: str) -> str:
-    return name if name in ("cost", "schedule", "engine", "config") else "base"
+def simulator_part(module: str) -> str:
+    """The part of a ``sparsebalance.simulator.*`` module (base unless in schedule/, cost/, engine/)."""
+    sub = module.split(".")[2] if module.count(".") >= 2 else ""
+    return sub if sub in SIMULATOR_ORDER else "base"
 
 
 def test_simulator_parts_import_only_what_the_rules_allow():
-    """schedule/ knows only configs; the base (config, layout, plan) may place stages by schedule;
-    cost/ prices actions on the base; engine/ runs a schedule with costs."""
-    sim = PKG / "simulator"
+    """base <- schedule <- cost <- engine: a part imports itself and the parts before it only."""
     bad = []
-    for f in sorted(sim.rglob("*.py")):
-        rel = f.relative_to(sim).parts
-        if rel == ("__init__.py",):
+    for f in sorted((PKG / "simulator").rglob("*.py")):
+        me = _module(f)
+        if me == "sparsebalance.simulator":
             continue
-        part = _simulator_part(rel[0] if len(rel) > 1 else f.stem)
-        for node in ast.walk(ast.parse(f.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sparsebalance.simulator."):
-                target = _simulator_part(node.module.split(".")[2])
-                if target not in SIMULATOR_PARTS[part]:
-                    bad.append(f"simulator/{'/'.join(rel)} ({part}) imports {node.module} ({target})")
+        part = simulator_part(me)
+        for target in _graph()[me]:
+            if target.startswith("sparsebalance.simulator."):
+                other = simulator_part(target)
+                if SIMULATOR_ORDER.index(other) > SIMULATOR_ORDER.index(part):
+                    bad.append(f"{me} ({part}) imports {target} ({other})")
     assert not bad, "\n".join(bad)
+
+
+def test_policies_import_the_simulator_but_not_its_engine():
+    """Policies decide from the base, schedules and costs; the engine runs what they decided."""
+    bad = [f"{me} imports {t}" for me, targets in _graph().items() if me.startswith("sparsebalance.policies.")
+           for t in targets if t.startswith("sparsebalance.simulator.") and simulator_part(t) == "engine"]
+    assert not bad, "\n".join(bad)
+
+
+def test_analysis_never_reaches_the_executor():
+    """analysis/ reads results and replays them through what it is given: no import path, direct
+    or through another module, leads from it to the simulator's executor."""
+    graph, target = _graph(), "sparsebalance.simulator.engine.executor"
+    bad = []
+    for start in (m for m in graph if m.startswith("sparsebalance.analysis")):
+        seen, todo, via = {start}, [start], {start: None}
+        while todo:
+            m = todo.pop()
+            for t in graph[m]:
+                if t not in seen:
+                    seen.add(t)
+                    via[t] = m
+                    todo.append(t)
+        if target in seen:
+            path, m = [], target
+            while m is not None:
+                path.append(m)
+                m = via[m]
+            bad.append(" -> ".join(reversed(path)))
+    assert not bad, "\n".join(bad)
+
+
+def test_every_import_is_absolute():
+    """The checks here read ``import sparsebalance...`` / ``from sparsebalance... import`` statements;
+    a relative import (``from . import x``) would pass by them unseen, so there is none."""
+    bad = [f"{f.relative_to(PKG)}:{node.lineno}" for f in sorted(PKG.rglob("*.py"))
+           for node in ast.walk(ast.parse(f.read_text()))
+           if isinstance(node, ast.ImportFrom) and node.level > 0]
+    assert not bad, bad
+
+
+def test_no_import_circle_anywhere():
+    """No module reaches itself through imports (every import counts: lazy ones and those only for
+    type checking), so every part can be read, tested and replaced from the bottom up."""
+    circles = _circles(_graph())
+    assert not circles, "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_simulator_tests_mirror_its_parts():
+    """tests/simulator/ holds a folder per part that has one (schedule/, cost/, cost/cp/, engine/), the
+    base's tests beside them, and no folder that names no part."""
+    tests = Path(__file__).resolve().parent / "simulator"
+    folders = {p.relative_to(tests).as_posix() for p in tests.rglob("*") if p.is_dir() and p.name != "__pycache__"}
+    parts = {p.relative_to(PKG / "simulator").as_posix() for p in (PKG / "simulator").rglob("*")
+             if p.is_dir() and p.name != "__pycache__"}
+    assert folders == parts, (sorted(folders), sorted(parts))
+
+
+def _module(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    name = ".".join(rel.parts)
+    return name.removesuffix(".__init__")
+
+
+@functools.cache
+def _graph() -> dict[str, frozenset[str]]:
+    """Module -> the package's modules it imports (every import statement, at any depth: lazy ones
+    and ``if TYPE_CHECKING:`` ones too); ``from package import module`` names the module."""
+    mods = {_module(f): f for f in PKG.rglob("*.py")}
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    out = {}
+    for me, f in mods.items():
+        targets = set()
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module
+                         for a in node.names]
+            else:
+                continue
+            targets |= {t for n in names if n.startswith("sparsebalance") and (t := resolve(n)) and t != me}
+        out[me] = frozenset(targets)
+    return out
+
+
+def _circles(graph: dict[str, frozenset[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    x = stack.pop()
+                    on.discard(x)
+                    comp.append(x)
+                    if x == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_the_circle_finder_finds_circles():
+    """The oracle for :func:`_circles` on a hand-made graph: one 3-circle, one 2-circle, a tail."""
+    g = {"a": frozenset({"b"}), "b": frozenset({"c"}), "c": frozenset({"a", "d"}), "d": frozenset(),
+         "e": frozenset({"f"}), "f": frozenset({"e", "d"})}
+    assert sorted(_circles(g)) == [["a", "b", "c"], ["e", "f"]]
+
+
+def test_the_architecture_page_draws_these_rules():
+    """docs/architecture.md's drawing of the rules is these rules: each part's arrow lists what
+    ALLOWED lets it import, and the simulator's parts stand in SIMULATOR_ORDER."""
+    text = (PKG.parent / "docs" / "architecture.md").read_text()
+    block = text[text.index("**Dependency rules**"):]
+    block = block[block.index("```") + 3:]
+    block = block[:block.index("```")]
+    drawn = {}
+    for line in block.splitlines():
+        m = re.match(r"\s*(\w+)/\s+──>\s+([^(]*)", line)
+        if m and m.group(1) in ALLOWED:
+            targets = {t.rstrip("/") for t in m.group(2).split()} - {"nothing"}
+            drawn[m.group(1)] = targets
+    assert drawn == ALLOWED
+    order = re.search(r"inside simulator/:\s+(.*)", block).group(1)
+    assert tuple(p.rstrip("/") for p in order.split(" <── ")) == SIMULATOR_ORDER

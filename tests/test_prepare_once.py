@@ -11,7 +11,7 @@ import pytest
 from sparsebalance.runconfig import load_run_config
 from sparsebalance.runner import prepare, run_simulation
 from sparsebalance.simulator.cost import calibration as C
-from sparsebalance.simulator.cost.profile import load_profile
+from sparsebalance.simulator.cost.catalog import load_profile
 
 
 @pytest.mark.filterwarnings("ignore")

@@ -17,6 +17,7 @@ H200) has 256. A recall example of ``L`` tokens is planned as a sequence of ``L 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,19 @@ def pack_answers(examples: list[Example]) -> Any:
                        cu_seqlens=torch.tensor(cu, dtype=torch.int32))
 
 
+def token_batches(examples: list[Example], max_tokens: int) -> Iterator[Any]:
+    """``examples`` in order, packed (:func:`pack_answers`) into runs of at most ``max_tokens``
+    tokens each (an example longer than that alone)."""
+    i = 0
+    while i < len(examples):
+        j, toks = i, 0
+        while j < len(examples) and (j == i or toks + len(examples[j].tokens) <= max_tokens):
+            toks += len(examples[j].tokens)
+            j += 1
+        yield pack_answers(examples[i:j])
+        i = j
+
+
 def forward(model: Any, batch: Any, budget: Budget | int, block_size: int, coverage_layer: int | None = None):
     """Logits ``[T, vocab]`` and the MobaArgs (holding the coverage layer's q/k when asked)."""
     from sparsebalance.kernels.qwen2 import MobaArgs, run_layers
@@ -66,18 +80,11 @@ def evaluate(model: Any, examples: list[Example], k: int, block_size: int,
     model.eval()
     right = total = 0
     with torch.no_grad():
-        i = 0
-        while i < len(examples):
-            j, toks = i, 0
-            while j < len(examples) and (j == i or toks + len(examples[j].tokens) <= tokens_per_batch):
-                toks += len(examples[j].tokens)
-                j += 1
-            batch = pack_answers(examples[i:j])
+        for batch in token_batches(examples, tokens_per_batch):
             logits, _ = forward(model, batch, k, block_size)
             m = batch.labels[0] != IGNORE_INDEX
             right += int((logits[m].argmax(-1) == batch.labels[0][m]).sum())
             total += int(m.sum())
-            i = j
     model.train(was)
     return right / max(total, 1)
 

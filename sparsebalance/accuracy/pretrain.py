@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from sparsebalance.accuracy.executor import evaluate, forward, pack_answers
+from sparsebalance.accuracy.executor import evaluate, forward, pack_answers, token_batches
 from sparsebalance.accuracy.model import NetConfig, build, save
 from sparsebalance.data.recall import TRAIN, RecallConfig, RecallTask
 from sparsebalance.errors import check, check_positive
@@ -81,18 +81,12 @@ def _step(model: Any, opt: Any, examples: list, k: int, block_size: int, max_tok
 
     answers = sum(len(e.positions) for e in examples)
     opt.zero_grad(set_to_none=True)
-    total, i = 0.0, 0
-    while i < len(examples):
-        j, toks = i, 0
-        while j < len(examples) and (j == i or toks + len(examples[j].tokens) <= max_tokens):
-            toks += len(examples[j].tokens)
-            j += 1
-        batch = pack_answers(examples[i:j])
+    total = 0.0
+    for batch in token_batches(examples, max_tokens):
         logits, _ = forward(model, batch, k, block_size)
         loss = lm_loss_sum(logits[None], batch.labels)
         (loss / answers).backward()
         total += float(loss.detach())
-        i = j
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     return total / answers

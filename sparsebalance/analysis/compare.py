@@ -1,4 +1,4 @@
-"""Predicted (simulator) vs measured (realrun): joined tables, errors, speedups and the y = x plot.
+"""Predicted (simulator) vs measured (realrun): joined tables, errors and speedups.
 
 Conventions: ``delta_pct = (predicted - measured) / measured * 100`` (positive = the simulator is
 pessimistic); the mean absolute error is a fraction (0.05 = 5 %); times are seconds; a speedup of a
@@ -8,7 +8,6 @@ policy is ``mean baseline iteration time / mean policy iteration time`` (> 1 = f
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -62,15 +61,6 @@ def mean_abs_error(table: pd.DataFrame) -> float:
     return float(np.mean(np.abs(d)) / 100.0)
 
 
-def iteration_times(trace: pd.DataFrame) -> pd.DataFrame:
-    """Per iteration of a trace (shared schema): ``iteration, iteration_time_s`` = last end − first
-    start over all ranks, stages and ops of that iteration (seconds)."""
-    _need_columns(trace, ["iteration", "start_s", "end_s"], "trace")
-    g = trace.groupby("iteration", sort=True)
-    out = (g["end_s"].max() - g["start_s"].min()).rename("iteration_time_s").reset_index()
-    return out
-
-
 def stage_busy(trace: pd.DataFrame) -> pd.DataFrame:
     """Per (iteration, dp_rank, stage): ``busy_s`` = summed duration of its F and B (or I, W)
     actions (s)."""
@@ -109,48 +99,3 @@ def speedup_table(times: pd.DataFrame, baseline: str, *, policy: str = "policy",
     out["same_direction"] = np.sign(out["predicted_speedup"] - 1) == np.sign(out["measured_speedup"] - 1)
     return out
 
-
-def plot_predicted_vs_measured(table: pd.DataFrame, path: str | Path, title: str = "", *,
-                               predicted: str = "predicted", measured: str = "measured",
-                               quantity: str = "iteration time", unit: str = "s",
-                               label: str | None = None, band_pct: float = 10.0) -> Path:
-    """Scatter of predicted (y) against measured (x), one point per row, with the y = x line and a
-    ±``band_pct`` % band; writes ``path`` (PNG) and an SVG beside it and returns the PNG path.
-    ``label`` names a column whose values annotate the points (e.g. ``policy``)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    _need_columns(table, [predicted, measured] + ([label] if label else []), "table")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    x = table[measured].to_numpy(np.float64)
-    y = table[predicted].to_numpy(np.float64)
-    lo = float(min(x.min(), y.min())) if len(x) else 0.0
-    hi = float(max(x.max(), y.max())) if len(x) else 1.0
-    pad = 0.08 * (hi - lo) if hi > lo else 0.1 * max(abs(hi), 1e-9)
-    lo, hi = lo - pad, hi + pad
-    fig, ax = plt.subplots(figsize=(5.2, 5.0))
-    line = np.array([lo, hi])
-    ax.plot(line, line, color="black", lw=1, label="y = x (perfect prediction)")
-    ax.fill_between(line, line * (1 - band_pct / 100), line * (1 + band_pct / 100), color="grey",
-                    alpha=0.15, label=f"±{band_pct:g} %")
-    ax.scatter(x, y, s=28, color="#4C72B0", zorder=3, label=f"{len(x)} points")
-    if label:
-        for xi, yi, text in zip(x, y, table[label]):
-            ax.annotate(str(text), (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    suffix = f" ({unit})" if unit else ""
-    ax.set_xlabel(f"measured {quantity}{suffix}")
-    ax.set_ylabel(f"predicted {quantity}{suffix}")
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
-    ax.set_aspect("equal")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
-    ax.set_title(title or f"predicted vs measured {quantity}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    fig.savefig(path.with_suffix(".svg"))
-    plt.close(fig)
-    return path

@@ -8,19 +8,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sparsebalance.analysis.stats import ci_cell, t_interval
+
 ROWS = ("baseline", "SAB+DST", "SAB+DST-CP")
 COLOURS = {"baseline": "C0", "SAB+DST": "C1", "SAB+DST-CP": "C2"}
-
-
-def t_interval(x: np.ndarray, level: float = 0.95) -> tuple[float, float]:
-    """Student-t confidence interval of the mean of ``x`` (NaN for fewer than two values)."""
-    from scipy import stats
-
-    x = np.asarray(x, dtype=float)
-    if len(x) < 2:
-        return float("nan"), float("nan")
-    half = stats.t.ppf(0.5 + level / 2, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
-    return float(x.mean() - half), float(x.mean() + half)
 
 
 def summarise(per_seed: pd.DataFrame, schedules: list[str]) -> pd.DataFrame:
@@ -64,16 +55,14 @@ def summarise(per_seed: pd.DataFrame, schedules: list[str]) -> pd.DataFrame:
 
 
 def format_table(t: pd.DataFrame) -> str:
+    """The schedule study's table as printed."""
     head = (f"{'schedule':<11} {'config':<11} {'iteration (s)':>13} {'bubble':>7} "
             f"{'speedup [95% CI]':>22} {'gain vs 1F1B [95% CI]':>22} {'vs 1F1B base':>12} {'coverage':>9}")
-    lines = [head]
-    for _, r in t.iterrows():
-        ci = f"[{r.speedup_ci_low:.3f}, {r.speedup_ci_high:.3f}]"
-        gci = f"[{r.gain_ci_low:.3f}, {r.gain_ci_high:.3f}]"
-        lines.append(f"{r.schedule:<11} {r.config:<11} {r.iteration_time_s:13.4f} {r.bubble_fraction:7.3f} "
-                     f"{r.speedup:6.3f} {ci:>15} {r.gain_vs_1f1b:6.3f} {gci:>15} "
-                     f"{r.speedup_vs_1f1b_baseline:12.3f} {r.mean_coverage:9.4f}")
-    return "\n".join(lines)
+    rows = (f"{r.schedule:<11} {r.config:<11} {r.iteration_time_s:13.4f} {r.bubble_fraction:7.3f} "
+            f"{ci_cell(r.speedup, r.speedup_ci_low, r.speedup_ci_high, 6)} "
+            f"{ci_cell(r.gain_vs_1f1b, r.gain_ci_low, r.gain_ci_high, 6)} "
+            f"{r.speedup_vs_1f1b_baseline:12.3f} {r.mean_coverage:9.4f}" for _, r in t.iterrows())
+    return "\n".join([head, *rows])
 
 
 def plot(t: pd.DataFrame, path: Path, title: str = "") -> None:

@@ -1,4 +1,5 @@
-"""Confidence intervals over seeds: what every headline number carries.
+"""Confidence intervals over seeds: what every headline number carries (the one Student-t interval
+of the package: :func:`mean_ci`; the studies' tables and validate's measured speedup use it).
 
 A seed is the unit of replication (a different data draw and order); iterations within one seed
 share its data and are not independent replicates. So a result is reported as the mean over seeds,
@@ -33,6 +34,12 @@ def mean_ci(values: Iterable[float], confidence: float = CONFIDENCE) -> tuple[fl
     return m, m - half, m + half
 
 
+def t_interval(values: Iterable[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """``(lo, hi)`` of :func:`mean_ci` (NaN for fewer than two values)."""
+    _, lo, hi = mean_ci(values, confidence)
+    return lo, hi
+
+
 def summarize(per_seed: pd.DataFrame, by: str | list[str], cols: Iterable[str]) -> pd.DataFrame:
     """One row per group of ``by``: for each column ``c`` of ``cols`` the mean over the group's rows
     (seeds) as ``c``, and ``c_ci_lo``, ``c_ci_hi`` (95 % t interval), ``c_min``, ``c_max`` (per-seed
@@ -55,6 +62,12 @@ def fmt_ci(mean: float, lo: float, hi: float, digits: int = 2) -> str:
     if math.isnan(lo):
         return f"{mean:.{digits}f}"
     return f"{mean:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def ci_cell(value: float, lo: float, hi: float, width: int) -> str:
+    """A printed table's cell of a ratio and its interval: the value at 3 decimals right-aligned in
+    ``width`` columns, then ``[lo, hi]`` right-aligned in 15."""
+    return f"{value:{width}.3f} {f'[{lo:.3f}, {hi:.3f}]':>15}"
 
 
 def over_seeds(summary: pd.DataFrame, values: Iterable[str], metrics: Iterable[str] = ("speedup", "imbalance"),

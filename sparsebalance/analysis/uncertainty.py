@@ -15,26 +15,30 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from sparsebalance.analysis.stats import mean_ci
+from sparsebalance.simulator.config import ClusterConfig, ModelConfig
 from sparsebalance.simulator.cost.profile import Profile
+
+if TYPE_CHECKING:
+    from sparsebalance.simulator.cost.query import LatencyQuery
+    from sparsebalance.simulator.engine.iteration import Executor
 
 
 def speedup_ci(per_round: Sequence[float], level: float = 0.95) -> dict:
-    """``{"lo", "hi", "se_log", "n"}``: t interval of the geometric-mean speedup over rounds;
-    lo/hi None with fewer than 2 rounds."""
-    from scipy import stats
-
+    """``{"lo", "hi", "se_log", "n"}``: t interval of the geometric-mean speedup over rounds (the
+    interval of the mean log speedup, :func:`.stats.mean_ci`, exponentiated); lo/hi None with fewer
+    than 2 rounds."""
     logs = np.log(np.asarray([x for x in per_round if x > 0], dtype=float))
     n = len(logs)
     if n < 2:
         return {"lo": None, "hi": None, "se_log": None, "n": n}
-    se = float(logs.std(ddof=1) / math.sqrt(n))
-    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * se
-    m = float(logs.mean())
-    return {"lo": math.exp(m - half), "hi": math.exp(m + half), "se_log": se, "n": n}
+    _, lo, hi = mean_ci(logs, level)
+    return {"lo": math.exp(lo), "hi": math.exp(hi), "se_log": float(logs.std(ddof=1) / math.sqrt(n)), "n": n}
 
 
 def pooled_spread(spreads: dict[str, float], counts: dict[str, int]) -> float | None:
@@ -53,21 +57,23 @@ def perturbed(profile: Profile, sigma: float, rng: np.random.Generator) -> Profi
     return Profile(table=t, meta=profile.meta, source=profile.source)
 
 
-def predicted_interval(profile: Profile, model, cluster, runs: dict[str, list], *, baseline: str,
+def predicted_interval(profile: Profile, model: ModelConfig, cluster: ClusterConfig, runs: dict[str, list], *,
+                       executor: Callable[[LatencyQuery, ModelConfig, ClusterConfig], Executor], baseline: str,
                        policy: str, sigma: float, draws: int = 48, seed: int = 0,
                        skip_first: bool = True, extrapolate: str = "clamp") -> dict:
     """``runs``: policy -> list of (plans, budgets), one per round (rounds that ran identical plans
-    may pass the same object: it is replayed once per draw). Returns ``{"lo", "hi", "se_log",
-    "draws", "sigma"}`` of the predicted speedup (mean baseline / mean policy iteration time over
-    counted iterations) under ``draws`` redraws of the profile."""
+    may pass the same object: it is replayed once per draw); ``executor(latency, model, cluster)``
+    replays them (the simulator's, ``SimulatorExecutor``: the caller's choice, so analysis never
+    imports the engine). Returns ``{"lo", "hi", "se_log", "draws", "sigma"}`` of the predicted
+    speedup (mean baseline / mean policy iteration time over counted iterations) under ``draws``
+    redraws of the profile."""
     from sparsebalance.simulator.cost.latency import LatencyModel
-    from sparsebalance.simulator.engine.executor import SimulatorExecutor
 
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(draws):
         lm = LatencyModel(perturbed(profile, sigma, rng), model, cluster, extrapolate=extrapolate)
-        ex = SimulatorExecutor(lm, model, cluster)
+        ex = executor(lm, model, cluster)
         means, cache = {}, {}
         for name in (baseline, policy):
             times = []

@@ -156,6 +156,18 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
                    help="show warnings even when stderr is not a terminal")
 
 
+def add_launch_flags(p: argparse.ArgumentParser, *, example: str) -> None:
+    """The flags of the verbs that launch the real run under torchrun (train, validate): config
+    overrides, a profile whose latency falls as work grows, the rendezvous port. ``example``: a
+    ``--set`` override shown in the help."""
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"override a config value, e.g. --set {example} (repeatable)")
+    p.add_argument("--allow-nonmonotone", action="store_true",
+                   help="use a profile whose latency falls as work grows (a warning lists the points)")
+    p.add_argument("--master-port", type=port, default=None,
+                   help="rendezvous port on localhost (default: a free one)")
+
+
 def progress_enabled(args: argparse.Namespace) -> bool:
     """Progress bars on: asked for, or (not refused and) stderr is a terminal."""
     flag = getattr(args, "progress", None)

@@ -117,7 +117,7 @@ def _measure(cfgs, seeds: list[int]) -> list[dict[str, float]]:
 
 def _memory(m: pd.DataFrame) -> dict[str, float]:
     """Peak memory of the largest device (GB, max over iterations) and per stage, and how many
-    iterations put a device over the cluster's device memory (simulator/engine/memory.py)."""
+    iterations put a device over the cluster's device memory (simulator/cost/memory.py)."""
     if "peak_memory_gb" not in m:
         return {}
     out = {"peak_memory_gb": float(m["peak_memory_gb"].max()),

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -60,7 +59,6 @@ ROWS: dict[str, dict[str, dict[str, Any]]] = {
 """Row -> overrides of :data:`BASE`."""
 BASELINE = "dense zigzag ring"
 MTRAINING = "MTraining-like"
-CP_FIGURES = ("cp_worker_imbalance", "cp_step_imbalance", "cp_exposed_s", "cp_efficiency")
 
 
 def configs(args, row: str, seeds: list[int]):
@@ -77,6 +75,7 @@ def measure(cfgs) -> pd.DataFrame:
 
     from sparsebalance.commands._common import run_simulation
     from sparsebalance.runner import prepare
+    from sparsebalance.simulator.cost.cp.trace import FIGURES as CP_FIGURES
 
     rows, latency = [], None
     for cfg in cfgs:
@@ -105,73 +104,8 @@ def measure_rows(cfgs: dict[str, list], args, desc: str) -> pd.DataFrame:
     return pd.concat([measure(cfgs[row]).assign(config=row) for row in rows], ignore_index=True)
 
 
-def summarise(per_seed: pd.DataFrame) -> pd.DataFrame:
-    """One row per config: means over seeds; speedup over the dense ring and over the MTraining-like
-    row (ratios of the means), each with a 95 % t-interval of the per-seed ratios (paired by seed)."""
-    from sparsebalance.analysis.schedules import t_interval
-
-    base = per_seed[per_seed.config == BASELINE].set_index("seed")
-    mt = per_seed[per_seed.config == MTRAINING].set_index("seed")
-    out = []
-    for row in ROWS:
-        d = per_seed[per_seed.config == row].set_index("seed")
-        ratio = base.loc[d.index, "iteration_time_s"] / d["iteration_time_s"]
-        lo, hi = t_interval(ratio.to_numpy())
-        vs = mt.loc[d.index, "iteration_time_s"] / d["iteration_time_s"]
-        vlo, vhi = t_interval(vs.to_numpy())
-        out.append({"config": row, "iteration_time_s": float(d["iteration_time_s"].mean()),
-                    "speedup": float(base["iteration_time_s"].mean() / d["iteration_time_s"].mean()),
-                    "speedup_ci_low": lo, "speedup_ci_high": hi,
-                    "vs_mtraining": float(mt["iteration_time_s"].mean() / d["iteration_time_s"].mean()),
-                    "vs_mtraining_ci_low": vlo, "vs_mtraining_ci_high": vhi,
-                    "speedup_min": float(ratio.min()), "speedup_max": float(ratio.max()),
-                    **{f: float(d[f].mean()) for f in (*CP_FIGURES, "mean_coverage", "mean_budget")},
-                    "peak_memory_gb": float(d["peak_memory_gb"].max()), "seeds": len(d)})
-    return pd.DataFrame(out)
-
-
-def format_table(t: pd.DataFrame) -> str:
-    head = (f"{'config':<30}{'iteration (s)':>14}{'vs dense [95% CI]':>24}{'vs MTraining-like':>24}"
-            f"{'worker imb':>11}{'step imb':>9}{'exposed ms':>11}{'ring eff':>9}{'coverage':>9}{'budget':>8}"
-            f"{'mem GB':>8}")
-    lines = [head]
-    for _, r in t.iterrows():
-        ci = f"[{r.speedup_ci_low:.3f}, {r.speedup_ci_high:.3f}]"
-        vci = f"[{r.vs_mtraining_ci_low:.3f}, {r.vs_mtraining_ci_high:.3f}]"
-        lines.append(f"{r.config:<30}{r.iteration_time_s:14.3f}{r.speedup:8.3f} {ci:>15}{r.vs_mtraining:8.3f} {vci:>15}"
-                     f"{r.cp_worker_imbalance:11.3f}"
-                     f"{r.cp_step_imbalance:9.3f}{1e3 * r.cp_exposed_s:11.3f}{r.cp_efficiency:9.3f}"
-                     f"{r.mean_coverage:9.4f}{r.mean_budget:8.1f}{r.peak_memory_gb:8.1f}")
-    return "\n".join(lines)
-
-
-def plot(t: pd.DataFrame, path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
-    x = np.arange(len(t))
-    err = np.vstack([t.speedup - t.speedup_ci_low, t.speedup_ci_high - t.speedup]).clip(min=0)
-    a.bar(x, t.speedup, yerr=err, capsize=4, color=[f"C{i}" for i in range(len(t))])
-    a.axhline(1.0, color="k", lw=0.8)
-    a.set(xticks=x)
-    a.set_ylabel("speedup vs the dense ring (95 % CI)", fontsize=8)
-    a.set_xticklabels(t.config, rotation=15, ha="right", fontsize=8)
-    b.bar(x - 0.2, t.cp_worker_imbalance, 0.4, label="worker imbalance")
-    b.bar(x + 0.2, t.cp_step_imbalance, 0.4, label="step imbalance")
-    b.set(xticks=x, ylabel="max / mean (1 = balanced)", ylim=(0.9, None))
-    b.set_xticklabels(t.config, rotation=15, ha="right", fontsize=8)
-    b.legend(fontsize=8)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path.with_suffix(".png"), dpi=130)
-    fig.savefig(path.with_suffix(".svg"))
-    plt.close(fig)
-
-
 def run_cp(args) -> int:
+    from sparsebalance.analysis.cp import format_table, plot, summarise
     from sparsebalance.commands._args import resolve_out
     from sparsebalance.commands.ablation_schedules import parse_seeds
     from sparsebalance.runconfig import dump_toml
@@ -182,7 +116,7 @@ def run_cp(args) -> int:
     (out / "config.toml").write_text(dump_toml(cfgs[BASELINE][0]))
     seeds_df = measure_rows(cfgs, args, "cp rows")
     seeds_df.to_csv(out / "cp_seeds.csv", index=False)
-    table = summarise(seeds_df)
+    table = summarise(seeds_df, ROWS, BASELINE, MTRAINING)
     table.to_csv(out / "cp.csv", index=False)
     c = cfgs[BASELINE][0]
     plot(table, out / "cp", f"{c.model.name}, PP{c.cluster.pp} x CP{c.cluster.cp} x DP{c.cluster.dp}, "

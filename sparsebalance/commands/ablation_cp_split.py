@@ -8,7 +8,7 @@ MoBA budget k0 = 8, the analytical-h200 profile. Rows: the paper's baseline (LBB
 SAB + DST, each with ``cluster.cp_split = "whole"`` and ``"per-sequence"``. Per row: mean iteration
 time, speedup over the baseline with a 95 % Student-t interval of the per-seed ratios (paired by
 seed), and for the per-sequence rows the same against their whole-split row. The placement itself:
-``simulator/cost/hybrid.py``, docs/costmodel.md section 11.
+``simulator/cost/cp/placement.py``, docs/costmodel.md section 11; tables: ``analysis/cp.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import json
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 BASE: dict[str, Any] = {
     "name": "ablation-cp-split",
@@ -41,43 +40,8 @@ PAIRS = {"LBB + fixed, per-sequence": "LBB + fixed, whole split", "SAB+DST, per-
 """A per-sequence row -> its whole-split row (the paired comparison)."""
 
 
-def summarise(per_seed: pd.DataFrame) -> pd.DataFrame:
-    """One row per config: means over seeds; speedup over the baseline and (per-sequence rows)
-    over the same policies' whole split, each ratio of the means with a 95 % t-interval of the
-    per-seed ratios."""
-    from sparsebalance.analysis.schedules import t_interval
-
-    by = {row: per_seed[per_seed.config == row].set_index("seed") for row in ROWS}
-    out = []
-    for row, d in by.items():
-        rec = {"config": row, "iteration_time_s": float(d["iteration_time_s"].mean())}
-        for name, ref in (("speedup", BASELINE), ("vs_whole", PAIRS.get(row))):
-            if ref is None:
-                rec |= {name: np.nan, f"{name}_ci_low": np.nan, f"{name}_ci_high": np.nan}
-                continue
-            ratio = by[ref].loc[d.index, "iteration_time_s"] / d["iteration_time_s"]
-            lo, hi = t_interval(ratio.to_numpy())
-            rec |= {name: float(by[ref]["iteration_time_s"].mean() / d["iteration_time_s"].mean()),
-                    f"{name}_ci_low": lo, f"{name}_ci_high": hi}
-        rec |= {f: float(d[f].mean()) for f in ("cp_worker_imbalance", "cp_efficiency", "mean_coverage",
-                                                 "mean_budget")}
-        rec |= {"peak_memory_gb": float(d["peak_memory_gb"].max()), "seeds": len(d)}
-        out.append(rec)
-    return pd.DataFrame(out)
-
-
-def format_table(t: pd.DataFrame) -> str:
-    def ci(name: str) -> list[str]:
-        return ["–" if np.isnan(r[name]) else f"{r[name]:.3f} [{r[name + '_ci_low']:.3f}, {r[name + '_ci_high']:.3f}]"
-                for _, r in t.iterrows()]
-
-    return pd.DataFrame({"config": t.config, "iteration (s)": t.iteration_time_s.round(3),
-                         "vs baseline [95% CI]": ci("speedup"), "vs whole split [95% CI]": ci("vs_whole"),
-                         "worker imb": t.cp_worker_imbalance.round(3), "coverage": t.mean_coverage.round(4),
-                         "budget": t.mean_budget.round(1), "mem GB": t.peak_memory_gb.round(1)}).to_string(index=False)
-
-
 def run_cp_split(args) -> int:
+    from sparsebalance.analysis.cp import format_split_table, summarise_split
     from sparsebalance.commands._args import resolve_out
     from sparsebalance.commands.ablation_cp import measure_rows
     from sparsebalance.commands.ablation_schedules import parse_seeds, seeded_configs
@@ -90,12 +54,12 @@ def run_cp_split(args) -> int:
         (out / f"config_{row.replace(' ', '_').replace(',', '').replace('+', 'plus')}.toml").write_text(dump_toml(c[0]))
     seeds_df = measure_rows(cfgs, args, "cp-split rows")
     seeds_df.to_csv(out / "cp_split_seeds.csv", index=False)
-    table = summarise(seeds_df)
+    table = summarise_split(seeds_df, ROWS, BASELINE, PAIRS)
     table.to_csv(out / "cp_split.csv", index=False)
     if args.json:
         print(json.dumps(table.replace({np.nan: None}).to_dict("records")))
         return 0
-    print(format_table(table))
+    print(format_split_table(table))
     c = cfgs[BASELINE][0]
     print(f"{c.model.name}, PP{c.cluster.pp} x CP{c.cluster.cp} x DP{c.cluster.dp}, {c.data.distribution}, "
           f"{c.profile}; mean over {len(seeds)} seeds x {c.iterations} iterations; [95 % CI over seeds, "

@@ -52,7 +52,7 @@ def run_id(cfg) -> str:
     """16 hex digits of SHA-256 over the full resolved config (base, overrides, iterations, seed, ...;
     ``output_dir`` left out), the profile's bytes, the result schema and the package version."""
     from sparsebalance import __version__
-    from sparsebalance.simulator.cost.profile import profile_fingerprint
+    from sparsebalance.simulator.cost.catalog import profile_fingerprint
 
     d = cfg.to_dict()
     d.pop("base_dir", None)

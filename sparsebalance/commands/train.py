@@ -16,9 +16,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from sparsebalance.commands._args import (
         DeprecatedAlias,
         add_config,
+        add_launch_flags,
         add_out,
         add_output_flags,
-        port,
         positive_int,
     )
 
@@ -28,12 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_out(p, "<output_dir>/<name>")
     p.add_argument("--output-dir", action=DeprecatedAlias, new="--out", dest="out", metavar="DIR",
                    help="deprecated spelling of --out")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, e.g. --set iterations=3 (repeatable)")
-    p.add_argument("--allow-nonmonotone", action="store_true",
-                   help="use a profile whose latency falls as work grows (a warning lists the points)")
-    p.add_argument("--master-port", type=port, default=None,
-                   help="rendezvous port on localhost (default: a free one)")
+    add_launch_flags(p, example="iterations=3")
     add_output_flags(p)
 
 

@@ -40,10 +40,10 @@ BASELINE = {"batching": "sequential", "tuning": "fixed"}
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from sparsebalance.commands._args import (
         add_config,
+        add_launch_flags,
         add_out,
         add_output_flags,
         nonneg_int,
-        port,
         positive_int,
     )
 
@@ -58,12 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run a round again when other processes' load or a probe's disagreement says it "
                         "was disturbed, at most this many more times (default 2; 0 = never)")
     add_out(p, "<output_dir>/validate-<name>")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, e.g. --set data.max_length=1024 (repeatable)")
-    p.add_argument("--allow-nonmonotone", action="store_true",
-                   help="use a profile whose latency falls as work grows (a warning lists the points)")
-    p.add_argument("--master-port", type=port, default=None,
-                   help="rendezvous port on localhost (default: a free one)")
+    add_launch_flags(p, example="data.max_length=1024")
     p.add_argument("--profile-as-is", action="store_true",
                    help="trust the profile as measured: no calibration probe on this machine (by default "
                         "a measured profile is probed at a few points here and rescaled per op)")
@@ -231,7 +226,8 @@ def _uncertainty(cfg, out: Path, summary: dict, calibration: dict, dirs: dict[st
 
     from sparsebalance.analysis.uncertainty import consistent, pooled_spread, predicted_interval
     from sparsebalance.realrun.results import load_plans
-    from sparsebalance.simulator.cost.profile import load_profile
+    from sparsebalance.simulator.cost.catalog import load_profile
+    from sparsebalance.simulator.engine.executor import SimulatorExecutor
 
     res: dict = {"predicted_speedup_ci95": None, "measured_in_predicted_range": None,
                  "speedup_consistent": None}
@@ -250,7 +246,7 @@ def _uncertainty(cfg, out: Path, summary: dict, calibration: dict, dirs: dict[st
                 seen.setdefault(text, load_plans(f))
                 lst.append(seen[text])
         prof = load_profile(cfg.profile, cfg.base_dir)
-        iv = predicted_interval(prof, cfg.model, cfg.cluster, runs, baseline=base_label,
+        iv = predicted_interval(prof, cfg.model, cfg.cluster, runs, executor=SimulatorExecutor, baseline=base_label,
                                 policy=label, sigma=sigma, skip_first=warmup_excluded,
                                 extrapolate=cfg.latency_extrapolate if cfg.latency_extrapolate != "warn"
                                 else "clamp")

@@ -1,4 +1,5 @@
-"""``load_sequences``: a run's sequences from a distribution, JSONL, Parquet, HF-on-disk or text files.
+"""Table sources: a run's sequences from JSONL, Parquet or HF-on-disk rows (``load_files``; the front door,
+``load_sequences``, is ``sources.py``).
 
 Table sources (jsonl, parquet, hf_disk) share one column convention:
 
@@ -34,20 +35,9 @@ TEXT_BATCH = 256
 """Texts tokenized per call (batching amortises the tokenizer's per-call overhead)."""
 
 
-def load_sequences(cfg: DataConfig, base_dir: str | Path = ".") -> list[Sequence]:
-    """The sequences ``cfg`` describes; relative paths are resolved against ``base_dir``."""
-    if cfg.source == "distribution":
-        from sparsebalance.data.distributions import fixed_sequences, simulated_sequences
-
-        seed = 0 if cfg.seed is None else cfg.seed
-        if cfg.distribution == "fixed":
-            return fixed_sequences(cfg.length, cfg.num_sequences, seed)
-        return simulated_sequences(cfg.distribution, cfg.num_sequences, seed,
-                                   min_length=cfg.min_length, max_length=cfg.max_length)
-    if cfg.source == "text_dir":
-        from sparsebalance.data.corpus import load_text_dir
-
-        return load_text_dir(cfg, base_dir)
+def load_files(cfg: DataConfig, base_dir: str | Path = ".") -> list[Sequence]:
+    """The sequences of a ``jsonl``, ``parquet`` or ``hf_disk`` source (``cfg.path`` resolved
+    against ``base_dir``)."""
     path = resolve_path(cfg.path, base_dir)
     if cfg.source == "jsonl":
         rows = _jsonl_rows(path)

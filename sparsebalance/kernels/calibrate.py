@@ -64,7 +64,7 @@ def _gpu_clocks() -> dict[str, Any]:
 def machine_fingerprint(device: str = "cpu", threads: int | None = None) -> dict[str, Any]:
     """What a latency profile depends on: CPU model and usable cores, torch threads; on CUDA the GPU
     name, count, memory, SM count and clocks. Keys are compared by
-    ``simulator.calibration.fingerprint_mismatch``."""
+    ``simulator.cost.calibration.fingerprint_mismatch``."""
     import torch
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

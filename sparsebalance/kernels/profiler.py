@@ -303,7 +303,7 @@ def _tp_plan_on_one_rank(layer: Any, device: str) -> bool:
 
 def _jobs(grid: ProfileGrid, block_size: int) -> list[tuple[str, int, int]]:
     from sparsebalance.data.sequence import blocks
-    from sparsebalance.simulator.cost.contextparallel import min_blocks
+    from sparsebalance.simulator.cost.cp.shards import min_blocks
 
     split = [L for L in grid.seq_lens if grid.cp > 1 and blocks(L, block_size) >= min_blocks(grid.cp_layout, grid.cp)]
     return ([("attn", L, k) for L in grid.seq_lens for k in grid.budgets]
@@ -387,7 +387,7 @@ def run_profile(model: ModelConfig, grid: ProfileGrid, progress: bool = True,
     if not jobs:
         raise ConfigError("profile: the grid is empty")
     if grid.cp > 1 and not any(j[0] == "attn_cp" for j in jobs):
-        from sparsebalance.simulator.cost.contextparallel import min_blocks
+        from sparsebalance.simulator.cost.cp.shards import min_blocks
 
         raise ConfigError(f"cp: no seq_len of the grid is split by {grid.cp_layout} over {grid.cp} ranks "
                           f"(needs >= {min_blocks(grid.cp_layout, grid.cp)} blocks of {model.block_size} "

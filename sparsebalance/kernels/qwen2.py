@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from sparsebalance.data.sequence import blocks
+from sparsebalance.kernels.moba.cp import CPContext
 from sparsebalance.simulator.budget import Budget
 from sparsebalance.simulator.config import ModelConfig
 
@@ -47,13 +48,9 @@ class MobaArgs:
     """Global layer index whose q/k are kept for :meth:`coverage_curves` (None = none)."""
     captured: Any = None
     """(q [T, H, D], k [T, Hkv, D], cu_seqlens) of ``coverage_layer`` from the last forward, detached."""
-    cp_index: Any = None
-    """int64 [T_r]: under context parallelism, the packed positions of this rank's tokens (its rows of
-    q/k/v, in order; ``kernels/moba/cp.py``); ``cu_seqlens`` stays the whole micro-batch's. None: no CP."""
-    cp_group: Any = None
-    """The context-parallel process group (with ``cp_index``)."""
-    cp_comm: str = "ring"
-    """``ring`` (P2P, K/V passed around) or ``allgather`` (K/V gathered)."""
+    cp: CPContext | None = None
+    """Under context parallelism, this rank's share of the micro-batch and its group
+    (``kernels/moba/cp.py``); ``cu_seqlens`` stays the whole micro-batch's. None: no CP."""
 
     def __post_init__(self) -> None:
         self.budget = Budget.of(self.budget, "MobaArgs.budget")
@@ -94,12 +91,12 @@ def moba_attention_forward(module, query, key, value, attention_mask, scaling=No
     v = value[0].transpose(0, 1)
     cu = moba.cu_seqlens
     layer = int(getattr(module, "layer_idx", 0))
-    if moba.cp_index is not None:  # this rank's share of every sequence on a context-parallel group
+    if moba.cp is not None:  # this rank's share of every sequence on a context-parallel group
         from sparsebalance.kernels.moba.cp import moba_attention_cp
         from sparsebalance.kernels.moba.cp_ring import moba_attention_cp_ring
 
-        fn = moba_attention_cp_ring if moba.cp_comm == "ring" else moba_attention_cp
-        out = fn(q, k, v, moba.cp_index, cu, moba.block_size, moba.budget.at(layer), group=moba.cp_group)
+        fn = moba_attention_cp_ring if moba.cp.comm == "ring" else moba_attention_cp
+        out = fn(q, k, v, moba.cp.index, cu, moba.block_size, moba.budget.at(layer), group=moba.cp.group)
         return out.unsqueeze(0), None
     # one int per layer: the kernel's API validates it and makes the tensor its backend needs
     out = moba_attention(q, k, v, cu, block_size=moba.block_size, topk=moba.budget.at(layer),

@@ -14,6 +14,7 @@ import numpy as np
 
 from sparsebalance.data.sequence import Sequence
 from sparsebalance.policies.config import PolicyConfig
+from sparsebalance.policies.coverage import CoverageModel
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
 from sparsebalance.simulator.cost.query import LatencyQuery
 from sparsebalance.simulator.plan import Budgets, Plan
@@ -23,13 +24,13 @@ from sparsebalance.simulator.plan import Budgets, Plan
 class PolicyContext:
     """What policies may consult. ``latency`` answers :class:`~sparsebalance.simulator.cost.query.LatencyQuery`
     (a ``LatencyModel`` in every run; SAB, LBB and DST ask only its micro-batch part);
-    ``coverage`` a ``sparsebalance.policies.coverage.CoverageModel`` (C(k) per sequence)."""
+    ``coverage`` the :class:`~sparsebalance.policies.coverage.CoverageModel` (C(k) per sequence)."""
 
     model: ModelConfig
     cluster: ClusterConfig
     policy: PolicyConfig
     latency: LatencyQuery
-    coverage: Any
+    coverage: CoverageModel
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
 
 

@@ -59,8 +59,8 @@ def two_stage(batch: list[Sequence], costs: np.ndarray, ctx: PolicyContext, *,
         if swaps:
             ranks = packing.improve(ranks, costs, rounds=swaps)
         plan = []
-        for idx in ranks:
-            idx = np.asarray(idx)
+        for row in ranks:
+            idx = np.asarray(row)
             mbs_idx = packing.lpt(costs[idx], per_rank // mbs, count=mbs)
             if swaps and mbs > 1:
                 mbs_idx = packing.improve(mbs_idx, costs[idx], rounds=swaps)
@@ -145,11 +145,14 @@ def ordered_plan(seqs: list[Sequence], ctx: PolicyContext, *, round_robin: bool)
     """Micro-batches in the given order (fixed size, or greedy fill to the token cap, then split
     until their count is a multiple of dp); contiguous blocks per rank, or dealt round-robin."""
     dp, cap = _check_batch(seqs, ctx)
+    mbs: list[list[Sequence]]
     if cap is None:
         size = ctx.cluster.micro_batch_size
         mbs = [seqs[i:i + size] for i in range(0, len(seqs), size)]
     else:
-        mbs, cur, tok = [], [], 0
+        mbs = []
+        cur: list[Sequence] = []
+        tok = 0
         for s in seqs:
             if cur and tok + s.length > cap:
                 mbs.append(cur)

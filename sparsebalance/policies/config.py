@@ -57,7 +57,7 @@ class PolicyConfig:
     """Micro-batch coverage of packed sequences: tokens (token-weighted mean) or min."""
     memory_aware: bool = False
     """SAB / sab-order: cap micro-batch tokens so the plan fits ``cluster.device_memory`` under the
-    memory model (sparsebalance.simulator.engine.memory), on top of ``token_cap``."""
+    memory model (sparsebalance.simulator.cost.memory), on top of ``token_cap``."""
     cp_rounds: int = 64
     """dst-cp: at most this many lowering rounds per iteration (each one batched evaluation)."""
     cp_raise_tol: float = 0.0

@@ -48,6 +48,7 @@ from sparsebalance.policies.base import PolicyContext
 from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.policies.critical_phases import State, lower, raise_into_bubbles
 from sparsebalance.policies.stage_tables import StageTable, budget_monotone_range
+from sparsebalance.simulator.cost.query import LatencyQuery
 from sparsebalance.simulator.plan import Budget, Budgets, Plan
 from sparsebalance.simulator.schedule.graph import ActionGraph, schedule_graph
 from sparsebalance.simulator.schedule.perturb import ReplicaTimes
@@ -67,9 +68,9 @@ class CriticalPathDST:
     def __init__(self, cfg: PolicyConfig) -> None:
         self.cfg = cfg
         self.stats: dict[str, float] = {}
-        self._latency = None
-        self._tail: np.ndarray | None = None
-        self._monotone: tuple[float, float] | None = None
+        self._per_model: tuple[LatencyQuery, np.ndarray, tuple[float, float] | None] | None = None
+        """(latency model, [pp] all-reduce + optimizer seconds, the lengths where its attention does
+        not fall as the budget grows): kept while the latency model stays the same."""
 
     def stage_table(self, lm, lengths: tuple[int, ...], k_lo: int, k_hi: int, nv: int, pp: int,
                     split: bool = False):
@@ -91,10 +92,10 @@ class CriticalPathDST:
         pp, nv = cl.pp, cl.pp * cl.virtual_stages
         g = graph_for(cl, m)
         jit.warm(dp * m >= 256)  # many exact re-timings of a long graph ahead (sparsebalance/jit.py)
-        if self._latency is not lm:
-            self._latency = lm
-            self._tail = np.array([lm.allreduce_time(s) + lm.optimizer_time(s) for s in range(pp)])
-            self._monotone = budget_monotone_range(lm)
+        if self._per_model is None or self._per_model[0] is not lm:
+            tail = np.array([lm.allreduce_time(s) + lm.optimizer_time(s) for s in range(pp)])
+            self._per_model = (lm, tail, budget_monotone_range(lm))
+        _, tail, mono = self._per_model
         mbs = [mb for _, _, mb in plan.microbatches()]  # flat index i = r * m + j
         lengths = [mb.lengths for mb in mbs]
         bs = ctx.model.block_size
@@ -114,16 +115,16 @@ class CriticalPathDST:
         fused = np.tile(g.fused.T, (dp, 1)) if g.split else None  # [dp m, V]
         # rows above k0 + 1 only when phase (b) reads them, where rows surely grow with k (bounds
         # then settle most micro-batches on one row); else all rows, each checked
-        mono = self._monotone
         lazy = mono is not None and mono[0] <= min(map(min, lengths)) and max(map(max, lengths)) <= mono[1]
         tab = StageTable(lm, lengths, lo, np.minimum(hi, cfg.k0 + 1) if lazy else hi, hi, nv, pp, fused=fused)
         st = State(cfg, tab, lo, hi, cov, dp, m)
         first = tab.rows(np.arange(dp * m), st.K.ravel())  # [dp m, 2V] at k0
         dur = first.reshape(dp, m, 2 * nv).transpose(2, 1, 0).reshape(2 * nv * m, dp)
         if g.split:
+            assert fused is not None
             w = np.where(fused, 0.0, tab.weight_times())  # [dp m, V]
             dur = np.vstack([dur, w.reshape(dp, m, nv).transpose(2, 1, 0).reshape(nv * m, dp)])
-        times = ReplicaTimes(g, dur, pack_lags(g, p2p, dp), self._tail)
+        times = ReplicaTimes(g, dur, pack_lags(g, p2p, dp), tail)
         R = times.finish()
         T_fixed = float(R.max())
         rounds, R = lower(st, times, R)

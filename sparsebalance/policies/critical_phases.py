@@ -127,7 +127,7 @@ def raise_into_bubbles(st: State, times: ReplicaTimes, R: np.ndarray, T_a: float
         todo = [i for i in order.tolist() if flat[i] < hi[i]]
         todo_a = np.array(todo, dtype=np.int64)
         others = _others(R)
-        limits: dict[int, tuple[list, list]] = {}  # per replica, valid until it changes
+        limits: dict[int, tuple[list, list, dict]] = {}  # per replica, valid until it changes
         dead: dict[int, np.ndarray] = {}  # per replica, settled while its actions only lengthen
         for at, i in enumerate(todo):
             r, j = divmod(i, m)

@@ -64,8 +64,9 @@ class ScheduleAwareOrder(SparsityAware):
     def stage_times(self, mbs, ctx: PolicyContext) -> tuple[np.ndarray, np.ndarray]:
         """Forward and backward seconds [V, len(mbs)] of micro-batches ``mbs`` on every virtual
         stage, each sequence at its bucket's EMA budget (affine in attention, as in ``dst-cp``'s
-        table): the stage cost at budget 1 (``StageCost.compose``), its attention then swapped for
-        the attention at the estimated budgets (sums over a micro-batch's sequences left to right)."""
+        table): the stage's budget-free part (``StageCost.budget_free``, taken at budget 1) + its
+        layers x the attention at the estimated budgets (sums over a micro-batch's sequences left to
+        right)."""
         lm = ctx.latency
         n_layers = lm.layout.layer_counts
         counts = [len(mb.sequences) for mb in mbs]
@@ -83,8 +84,8 @@ class ScheduleAwareOrder(SparsityAware):
                 a[frac] = a[frac] + (k[frac] - lo[frac]) * (up - a[frac])
             attn = lm.cost.with_call(lm.cost.per_microbatch(a, counts), counts, backward=bw)
             attn1 = lm.cost.attention_sums(L, counts, np.ones_like(L), backward=bw)
-            st = lm.cost.compose(attn1, tok, backward=bw)  # [V, M] at budget 1
-            out.append((st - n_layers[:, None] * attn1) + n_layers[:, None] * attn)
+            free = lm.cost.budget_free(attn1, tok, backward=bw)  # [V, M]: the stage less its attention
+            out.append(free + n_layers[:, None] * attn)
         return out[0], out[1]
 
     def plan(self, batch: list[Sequence], ctx: PolicyContext) -> Plan:
@@ -120,16 +121,9 @@ class ScheduleAwareOrder(SparsityAware):
     def split_parts(mbs, ctx: PolicyContext, bwd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(I, W) [V, m] of a split-backward schedule from the backward ``bwd``: attention's
         backward is all input gradient, so B - I and W do not depend on the budget and come from
-        ``stage_time`` at budget 1."""
-        lm, cl = ctx.latency, ctx.cluster
-        pp, nv = cl.pp, cl.pp * cl.virtual_stages
-
-        def at1(mb, vs, part):
-            return lm.stage_time(mb.lengths, 1, vs % pp, backward=True, chunk=vs // pp, part=part)
-
-        gap = np.array([[at1(mb, vs, None) - at1(mb, vs, "input") for mb in mbs] for vs in range(nv)])
-        weight = np.array([[at1(mb, vs, "weight") for mb in mbs] for vs in range(nv)])
-        return bwd - gap, weight
+        the stage times at budget 1."""
+        at1 = ctx.latency.stage_times([mb.lengths for mb in mbs], [1] * len(mbs), ("B", "I", "W"))  # [V, m] each
+        return bwd - (at1["B"] - at1["I"]), at1["W"]
 
     @staticmethod
     def edge_pairs(m: int) -> list[tuple[int, int]]:
@@ -222,11 +216,11 @@ class ScheduleAwareOrder(SparsityAware):
                 break
             a, b = np.array(pairs, dtype=np.int64).T
             rows = np.arange(len(pairs))
-            cands = np.tile(np.asarray(best, dtype=np.int64), (len(pairs), 1))  # row c: best, a[c] <-> b[c]
-            cands[rows, a], cands[rows, b] = cands[rows, b], cands[rows, a]
-            s = score(cands)
+            swapped = np.tile(np.asarray(best, dtype=np.int64), (len(pairs), 1))  # row c: best, a[c] <-> b[c]
+            swapped[rows, a], swapped[rows, b] = swapped[rows, b], swapped[rows, a]
+            s = score(swapped)
             k = int(np.argmin(s))
             if not s[k] < t_best * (1 - 1e-12):
                 break
-            best, t_best = cands[k].tolist(), float(s[k])
+            best, t_best = swapped[k].tolist(), float(s[k])
         return best, t_sab, t_best, used

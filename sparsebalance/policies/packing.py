@@ -18,11 +18,24 @@ Both packers are deterministic: ties in cost are broken by item index, ties in l
 from __future__ import annotations
 
 import heapq
+from typing import Literal, overload
 
 import numpy as np
 
 from sparsebalance import jit
 from sparsebalance.policies import packing_jit
+
+
+@overload
+def lpt(costs: np.ndarray, bins: int, *, count: int | None = None, min_count: int = 0,
+        tokens: np.ndarray | None = None, token_cap: int | None = None,
+        strict_cap: Literal[False] = False) -> list[list[int]]: ...
+
+
+@overload
+def lpt(costs: np.ndarray, bins: int, *, count: int | None = None, min_count: int = 0,
+        tokens: np.ndarray | None = None, token_cap: int | None = None,
+        strict_cap: bool) -> list[list[int]] | None: ...
 
 
 def lpt(costs: np.ndarray, bins: int, *, count: int | None = None, min_count: int = 0,
@@ -46,19 +59,22 @@ def lpt(costs: np.ndarray, bins: int, *, count: int | None = None, min_count: in
     cap = float("inf") if token_cap is None or tokens is None else float(token_cap)
     full = n + 1 if count is None else count           # no bin ever reaches n + 1 items
     if n >= packing_jit.MIN_ITEMS and jit.loaded():  # the same loop compiled (sparsebalance/jit.py)
-        placed = packing_jit.place(order_a, cost, tok_a, bins, full, min_count, count is None, cap, strict_cap)
-        if len(placed) != n:  # a status
-            if placed[0] == packing_jit.STRICT_CAP_FAILED:
+        bin_of = packing_jit.place(order_a, cost, tok_a, bins, full, min_count, count is None, cap, strict_cap)
+        assert bin_of is not None  # the loops are loaded (jit.loaded())
+        if len(bin_of) != n:  # a status
+            if bin_of[0] == packing_jit.STRICT_CAP_FAILED:
                 return None
             raise ValueError(f"lpt: no bin can take another item ({bins} bins, count {count})")
-        items = order_a[np.argsort(placed, kind="stable")]  # per bin, in placement order
-        return [x.tolist() for x in np.split(items, np.cumsum(np.bincount(placed, minlength=bins))[:-1])]
+        items = order_a[np.argsort(bin_of, kind="stable")]  # per bin, in placement order
+        return [x.tolist() for x in np.split(items, np.cumsum(np.bincount(bin_of, minlength=bins))[:-1])]
     order, cost_l, tok_of = order_a.tolist(), cost.tolist(), tok_a.tolist()
     heap = [(0.0, b) for b in range(bins)]
     cnt, tok = [0] * bins, [0.0] * bins
+    fallback: int | None
     out: list[list[int]] = [[] for _ in range(bins)]
     deficit = min_count * bins                          # items still owed to short bins
     heappop, heappush, heapreplace = heapq.heappop, heapq.heappush, heapq.heapreplace
+    chosen: int | None
     for placed, i in enumerate(order):
         t_i = tok_of[i]
         # only bins still short of min_count may take the item when the rest are owed to them
@@ -68,7 +84,8 @@ def lpt(costs: np.ndarray, bins: int, *, count: int | None = None, min_count: in
             heapreplace(heap, (load + cost_l[i], b))    # fast path: the least-loaded bin takes it
             chosen = b
         else:
-            aside, chosen, fallback = [], None, None
+            aside: list[tuple[float, int]] = []
+            chosen, fallback = None, None
             while heap:
                 load, b = heappop(heap)
                 if cnt[b] >= full:
@@ -134,7 +151,8 @@ def improve(assign: list[list[int]], costs: np.ndarray, *, rounds: int = 100, mo
         la = ld[a]
         if len(members[a]) == 1 and costs[members[a][0]] >= top:
             break  # a lone largest item: no move or swap can lower it (common at large n)
-        best, step = la - 1e-12 * max(la, 1e-300), None
+        best = la - 1e-12 * max(la, 1e-300)
+        step: tuple[int, int | None, int] | None = None
         ia = np.asarray(members[a], dtype=np.int64)
         ca = costs[ia]
         light = [int(b) for b in np.argsort(ld, kind="stable")[:partners + 1] if b != a][:partners]
@@ -195,7 +213,8 @@ def _improve_small(assign, costs, rounds, moves, min_count, tokens, cap) -> list
     for _ in range(rounds):
         a = max(range(len(members)), key=lambda b: (ld[b], -b))
         la = ld[a]
-        best, step = la - 1e-12 * max(la, 1e-300), None
+        best = la - 1e-12 * max(la, 1e-300)
+        step: tuple[int, int | None, int] | None = None
         for b, mb in enumerate(members):
             if b == a:
                 continue

@@ -85,7 +85,7 @@ class SparsityAware:
         from dataclasses import replace
 
         from sparsebalance.errors import ConfigError
-        from sparsebalance.simulator.engine.memory import memory_report, token_cap_for_memory
+        from sparsebalance.simulator.cost.memory import memory_report, token_cap_for_memory
         from sparsebalance.simulator.schedule.graph import schedule_graph
 
         cl = ctx.cluster
@@ -94,7 +94,7 @@ class SparsityAware:
         from sparsebalance.policies.batching import min_microbatches
 
         m = max(cl.pp, min_microbatches(ctx))
-        plan = None
+        plan: Plan | None = None
         for _ in range(8):
             cap = token_cap_for_memory(ctx.model, cl, schedule_graph(cl.schedule, cl.pp, m, cl.virtual_stages))
             if self.cfg.token_cap is not None:
@@ -111,6 +111,7 @@ class SparsityAware:
             if m_plan <= m or memory_report(ctx.model, cl, g, tokens).exceeded == 0:
                 return plan
             m = m_plan
+        assert plan is not None  # the loop ran
         return plan
 
     def observe(self, plan: Plan, budgets: Budgets, result=None) -> None:

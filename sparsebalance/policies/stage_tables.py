@@ -2,8 +2,8 @@
 
 A stage's forward (backward) time is affine in its attention: ``n_layers(vs) x sum over sequences
 of attention(L, k)`` + a budget-free part (dense layers, embedding on the first virtual stage, LM
-head on the last). The budget-free part is taken as ``LatencyModel.stage_time`` at the lowest
-budget minus its attention, computed term by term as ``stage_time`` does (sums over a
+head on the last). The budget-free part is the stage's time at the lowest budget minus its
+attention (``StageCost.budget_free``: the one sum, as ``stage_time`` adds it, sums over a
 micro-batch's sequences left to right), so every entry equals ``stage_time``'s bit for bit. The
 attention of every (sequence, k) pair comes from one vectorised call per sequence position, the
 dense parts from one per op.
@@ -66,7 +66,7 @@ class StageTable:
         self.base = np.empty((len(lengths), 2 * nv))  # budget-free part per micro-batch
         a0 = acc[:, self.offset]  # attention at k_lo: stage_time(lens, k_lo) - its attention = the rest
         self.tokens = tokens
-        modes = [(0, False, None), (1, True, None)]
+        modes: list[tuple[int, bool, str | None]] = [(0, False, None), (1, True, None)]
         if fused is not None:  # the backward's input part I: attention is all input gradient
             modes.append((1, True, "input"))
         for half, bw, part in modes:
@@ -74,6 +74,7 @@ class StageTable:
             if part is None:
                 self.base[:, half * nv:(half + 1) * nv] = base
             else:  # I where the backward is split, B (kept) where the graph runs it whole
+                assert fused is not None
                 self.base[:, nv:] = np.where(fused, self.base[:, nv:], base)
         # rows live in a cube [N, k, 2V] from the lowest k_lo (one gather per look-up); those of
         # micro-batch i above top[i] are computed by extend(), which then raises top[i] to k_hi[i]
@@ -95,9 +96,8 @@ class StageTable:
 
     def _base(self, tokens: np.ndarray, a0: np.ndarray, bw: bool, part: str | None) -> np.ndarray:
         """[N, V] the budget-free seconds of each stage: the stage cost at k_lo (attention ``a0``
-        per layer, ``StageCost.compose``) minus its attention."""
-        st = self.lm.cost.compose(a0, tokens, backward=bw, part=part)  # [V, N]
-        return (st - self.n_layers[:, None] * a0).T
+        per layer) minus its attention (``StageCost.budget_free``)."""
+        return self.lm.cost.budget_free(a0, tokens, backward=bw, part=part).T
 
     def weight_times(self) -> np.ndarray:
         """[N, V] seconds of the weight-gradient part W of each stage's backward (no attention,

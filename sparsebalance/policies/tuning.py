@@ -33,6 +33,9 @@ empty feasible sets), ``lowered``/``raised`` (micro-batches below/above k0), ``a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 from sparsebalance.data.sequence import blocks
@@ -41,7 +44,7 @@ from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.policies.predict import Predictor
 from sparsebalance.simulator.plan import Budget, Budgets, Plan, uniform_budgets
 
-_ANCHOR = {"mean": np.mean, "min": np.min, "max": np.max}
+_ANCHOR: dict[str, Callable[[np.ndarray], Any]] = {"mean": np.mean, "min": np.min, "max": np.max}
 
 
 class Fixed:
@@ -155,6 +158,7 @@ class DynamicSparsity:
         m = np.zeros(len(lengths), dtype=np.int64)
         idx = np.flatnonzero((kstar >= 1) & (kstar < k_hi))
         if idx.size:
+            assert self._predict is not None  # made by budgets(), which calls this
             sub = [lengths[i] for i in idx.tolist()]
             lo = self._predict.many(sub, kstar[idx])
             hi = self._predict.many(sub, kstar[idx] + 1)

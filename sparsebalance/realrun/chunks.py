@@ -1,7 +1,7 @@
 """One device's actions of one iteration: its model chunks (virtual stages), F, B, I and W.
 
 A device (a pipeline stage of one DP replica and one TP rank) holds one chunk per virtual stage the
-schedule places on it (``simulator.schedules.placement``: vstage ``c * pp + s`` on device ``s``).
+schedule places on it (``simulator.layout.placement``: vstage ``c * pp + s`` on device ``s``).
 It walks its action order (``stage_orders``, the simulator's) and for action ``(kind, vs, j)``:
 
 * **F**: its input is the token ids (vstage 0), the previous vstage's output handed over in

@@ -52,7 +52,7 @@ def init_runtime(cfg: Any, rr: RealrunConfig) -> Runtime:
 
     from sparsebalance.realrun.tp import kv_copies
     from sparsebalance.realrun.worker import StageWorker
-    from sparsebalance.simulator.schedule.schedules import placement
+    from sparsebalance.simulator.layout import placement
 
     c = cfg.cluster
     pp, dp, tp, cp = c.pp, c.dp, c.tp, c.cp
@@ -215,7 +215,7 @@ def _farewell(rt: Runtime) -> None:
 
 
 class RealrunExecutor:
-    """``simulator.iteration.Executor`` on rank 0: broadcast (plan, budgets), run rank 0's share, gather every rank's
+    """``simulator.engine.iteration.Executor`` on rank 0: broadcast (plan, budgets), run rank 0's share, gather every rank's
     trace rows, loss and measured coverage; feed the coverage to the policies' coverage model."""
 
     name = "realrun"

@@ -64,7 +64,7 @@ class StageWorker:
 
         from sparsebalance.realrun.p2p import P2P
         from sparsebalance.realrun.tp import kv_copies, replicated_kv_params
-        from sparsebalance.simulator.schedule.schedules import placement
+        from sparsebalance.simulator.layout import placement
 
         c = cluster
         self.rank, self.dp_rank, self.stage, self.tp_rank = rank, dp_rank, stage, tp_rank
@@ -100,6 +100,7 @@ class StageWorker:
         import torch.distributed as dist
 
         from sparsebalance.kernels.cpuclock import thread_usage, usage_delta
+        from sparsebalance.kernels.moba.cp import CPContext
         from sparsebalance.kernels.moba.cp import recording as cp_recording
         from sparsebalance.kernels.qwen2 import MobaArgs, pack
         from sparsebalance.realrun.chunks import DeviceActions, Route
@@ -169,8 +170,9 @@ class StageWorker:
                                        coverage_layer=self.rr.coverage_layer if gate else None)
                     if self.cp > 1:
                         def moba_for(cu_seqlens, base_for=moba_for, held=held):  # the index is known once packed
-                            return base_for(cu_seqlens=cu_seqlens, cp_index=held["index"], cp_group=self.groups["cp"],
-                                            cp_comm=self.cp_comm)
+                            return base_for(cu_seqlens=cu_seqlens, cp=CPContext(index=held["index"],
+                                                                                group=self.groups["cp"],
+                                                                                comm=self.cp_comm))
                     loss, moba = acts.forward(vs, j, make_batch, moba_for, msg.label_tokens, split, row)
                     if loss is not None and self.cp > 1:
                         cp_loss += float(loss)

@@ -262,7 +262,7 @@ class ClusterConfig:
     (docs/costmodel.md, 'Gradient synchronisation'). False: one collective after the backward."""
     grad_reduce_bytes: int | None = None
     """Bytes per element of the gradient buffer, which the DP reduction moves and the optimizer step
-    reads twice and zeroes (``latency.adamw_bytes``); None = ``model.dtype_bytes``. Megatron-LM
+    reads twice and zeroes (``cost.comm.adamw_bytes``); None = ``model.dtype_bytes``. Megatron-LM
     accumulates and all-reduces a bf16 model's gradients in fp32 (4): "bfloat16 requires gradient
     accumulation and all-reduce to be done in fp32" (megatron/training/arguments.py)."""
     grad_bucket_params: int | None = None

@@ -67,7 +67,7 @@ def model_from_hf(source: str | Path | Mapping[str, Any], *, where: str = "model
     if kind not in ARCHITECTURES:
         raise ConfigError(f"{label}: model_type {kind!r} is not supported; choose one of "
                           f"{', '.join(ARCHITECTURES)} (or give the dimensions in [model] directly)")
-    arch = dict(ARCHITECTURES[kind])
+    arch: dict[str, Any] = dict(ARCHITECTURES[kind])
 
     def get(key: str, default: Any = None) -> Any:
         value = data.get(key, default)

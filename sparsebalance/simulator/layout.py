@@ -1,19 +1,21 @@
 """Where the model lives on the cluster: the one home of the model's geometry.
 
 A :class:`Layout` answers, for one (model, cluster): which decoder layers each virtual stage holds
-(:func:`split_layers`, the one split rule), which device runs each virtual stage (the schedule's
-placement) and which chunk of that device it is, which virtual stages a device holds, and the
-parameters each device holds. The latency model, the memory model, the executor, the policies, the
-real run's stages and the stage check all ask it; none of them splits layers itself. The key
-blocks of a sequence are counted by ``data.sequence.blocks`` (in the lowest layer, so that data/
-and kernels/ count them with the same function).
+(:func:`split_layers`, the one split rule), which device runs each virtual stage (:func:`placement`:
+the schedule's loop or V placement) and which chunk of that device it is, which virtual stages a
+device holds, the parameters each device holds, and a context-parallel rank's share: the CP degree
+``cp``, the tokens one CP rank holds (:meth:`Layout.rank_tokens`, tokens / cp) and the inverse
+(:meth:`Layout.group_tokens`, x cp), and the ranks that reduce a stage's gradients together
+(:attr:`Layout.grad_group`, dp x cp). The latency model, the memory model, the executor, the
+policies, the real run's stages and the stage check all ask it; none of them splits layers or
+divides tokens by cp itself. The key blocks of a sequence are counted by ``data.sequence.blocks``
+(in the lowest layer, so that data/ and kernels/ count them with the same function).
 
-The mesh order is (dp, pp, tp) from the outside in: global rank = (d x pp + s) x tp + t, so TP
-ranks (the most traffic) are neighbours, then the stages of a replica, and only DP crosses nodes
-(:func:`mesh_rank`, :func:`mesh_coords`, for any number of dimensions; the real run's rank layout
-is these). A further dimension (a context-parallel degree) goes in as one more
-coordinate and one more size, between pp and tp, with its share of the tokens in the per-device
-quantities; nothing here assumes there are three.
+The mesh order is (dp, pp, cp, tp) from the outside in (:attr:`Layout.mesh`): global rank =
+((d x pp + s) x cp + c) x tp + t, so TP ranks (the most traffic) are neighbours, then a stage's CP
+group, then the stages of a replica, and DP crosses nodes first (:func:`mesh_rank`,
+:func:`mesh_coords`, for any number of dimensions). The real run lays its ranks out with these
+(``realrun/config.py``: (dp, pp, tp), a CP rank in the TP rank's place when tp = 1).
 """
 
 from __future__ import annotations
@@ -24,8 +26,7 @@ from functools import lru_cache
 import numpy as np
 
 from sparsebalance.errors import ConfigError
-from sparsebalance.simulator.config import ClusterConfig, ModelConfig
-from sparsebalance.simulator.schedule.schedules import placement
+from sparsebalance.simulator.config import V_SCHEDULES, ClusterConfig, ModelConfig
 
 
 def mesh_rank(coords: tuple[int, ...], inner: tuple[int, ...]) -> int:
@@ -44,6 +45,26 @@ def mesh_coords(rank: int, inner: tuple[int, ...]) -> tuple[int, ...]:
         rank, c = divmod(rank, size)
         out.append(c)
     return (rank, *reversed(out))
+
+
+def v_vstages(pp: int, device: int) -> tuple[int, int]:
+    """The two virtual stages of ``device`` in the V placement: (chunk 0, chunk 1)."""
+    return device, 2 * pp - 1 - device
+
+
+def placement(schedule: str, pp: int, virtual_stages: int = 1) -> tuple[int, ...]:
+    """The device of every virtual stage, ``placement(...)[vs]``: under the loop placement of GPipe,
+    1F1B, interleaved 1F1B and ZB-H1, vstage ``c * pp + s`` (chunk ``c``) lives on device ``s``; under
+    the V placement of ZB-V and DualPipeV, device ``d`` holds vstages ``d`` and ``2 pp - 1 - d``
+    (:func:`v_vstages`), so the first and the last vstage share device 0 and the two middle ones
+    share device pp - 1 (their transfer is local: no P2P)."""
+    if schedule in V_SCHEDULES:
+        dev = [0] * (2 * pp)
+        for d in range(pp):
+            for vs in v_vstages(pp, d):
+                dev[vs] = d
+        return tuple(dev)
+    return tuple(vs % pp for vs in range(pp * virtual_stages))
 
 
 def split_layers(layers: int, chunks: int) -> tuple[range, ...]:
@@ -79,6 +100,35 @@ class Layout:
     def layer_counts(self) -> np.ndarray:
         """Decoder layers of each virtual stage, float [pp x virtual_stages] (a factor of the per-layer costs)."""
         return np.array([len(r) for r in self.vstage_ranges], dtype=float)
+
+    @property
+    def mesh(self) -> tuple[int, int, int, int]:
+        """Sizes of the mesh dimensions, outermost first: (dp, pp, cp, tp)."""
+        c = self.cluster
+        return c.dp, c.pp, c.cp, c.tp
+
+    # -- context parallelism: a CP rank's share of the tokens, and who reduces gradients together --
+    @property
+    def cp(self) -> int:
+        """Ranks of a stage's context-parallel group (1: none)."""
+        return self.cluster.cp
+
+    @property
+    def grad_group(self) -> int:
+        """Ranks that hold the same parameters and reduce their gradients together: the DP replicas
+        x the CP ranks of a stage (each CP rank runs the whole stage on its share of the tokens)."""
+        return self.cluster.dp * self.cluster.cp
+
+    def rank_tokens(self, tokens):
+        """What one CP rank holds of ``tokens`` (the group's): tokens / cp (as they are without
+        CP); its P2P sends, TP all-reduces and activations are of this many."""
+        return tokens / self.cluster.cp if self.cluster.cp > 1 else tokens
+
+    def group_tokens(self, tokens):
+        """The inverse: ``tokens`` held by one CP rank x cp. With CP the latency model's per-token
+        tables are read at a micro-batch's tokens (their token axis stretched by cp when folded,
+        ``cost/cp/pricing.py``), so a rank's share is priced at this count."""
+        return tokens * self.cluster.cp
 
     def stage_layers(self, stage: int, chunk: int = 0) -> range:
         """Layers of model chunk ``chunk`` on pipeline stage ``stage``: virtual stage chunk x pp + stage

@@ -5,14 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from sparsebalance.analysis.compare import (
-    compare,
-    iteration_times,
-    mean_abs_error,
-    plot_predicted_vs_measured,
-    speedup_table,
-    stage_busy,
-)
+from sparsebalance.analysis.compare import compare, mean_abs_error, speedup_table, stage_busy
 from sparsebalance.errors import ConfigError
 
 
@@ -85,21 +78,7 @@ def trace_rows():
 
 def test_trace_summaries():
     t = trace_rows()
-    it = iteration_times(t)
-    assert it.to_dict("list") == {"iteration": [0, 1], "iteration_time_s": [7.25, 3.0]}
     busy = stage_busy(t)
     # iteration 0: stage 0 F 1 + B 2 = 3, stage 1 F 1 + B 2 = 3; iteration 1: stage 0 = 3
     assert busy.to_dict("list") == {"iteration": [0, 0, 1], "dp_rank": [0, 0, 0], "stage": [0, 1, 0],
                                     "busy_s": [3.0, 3.0, 3.0]}
-
-
-def test_plot_writes_png_and_svg(tmp_path):
-    table = pd.DataFrame({"policy": ["a", "b"], "predicted": [1.0, 2.1], "measured": [1.1, 2.0]})
-    png = plot_predicted_vs_measured(table, tmp_path / "fig" / "pvm.png", "test", label="policy")
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    svg = (tmp_path / "fig" / "pvm.svg").read_text()
-    # labelled axes with units, and the two annotations
-    assert "measured iteration time (s)" in svg and "predicted iteration time (s)" in svg
-    assert "<!-- a -->" in svg and "<!-- b -->" in svg  # matplotlib keeps each text as a comment
-    with pytest.raises(ConfigError, match="table: missing column"):
-        plot_predicted_vs_measured(table.drop(columns="measured"), tmp_path / "x.png")

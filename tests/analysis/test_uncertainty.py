@@ -33,8 +33,8 @@ def test_pooled_spread_weights_ops_by_degrees_of_freedom():
 def test_predicted_interval_without_profile_error_is_the_point_prediction():
     from sparsebalance.data.sequence import Sequence
     from sparsebalance.simulator.config import ClusterConfig, tiny
+    from sparsebalance.simulator.cost.catalog import load_profile
     from sparsebalance.simulator.cost.latency import LatencyModel
-    from sparsebalance.simulator.cost.profile import load_profile
     from sparsebalance.simulator.engine.executor import SimulatorExecutor
     from sparsebalance.simulator.plan import Plan
 
@@ -43,13 +43,13 @@ def test_predicted_interval_without_profile_error_is_the_point_prediction():
     plan = Plan.from_lists([[[Sequence(id=0, length=2000)], [Sequence(id=1, length=300)]]])
     base = ([plan, plan], [((8, 8),), ((8, 8),)])
     pol = ([plan, plan], [((4, 8),), ((4, 8),)])
-    iv = predicted_interval(prof, m, c, {"b": [base], "p": [pol, pol]}, baseline="b", policy="p",
-                            sigma=0.0, draws=3)
+    iv = predicted_interval(prof, m, c, {"b": [base], "p": [pol, pol]}, executor=SimulatorExecutor, baseline="b",
+                            policy="p", sigma=0.0, draws=3)
     ex = SimulatorExecutor(LatencyModel(prof, m, c), m, c)
     want = ex.execute(1, plan, base[1][1]).iteration_time_s / ex.execute(1, plan, pol[1][1]).iteration_time_s
     assert iv["lo"] == pytest.approx(want) and iv["hi"] == pytest.approx(want) and want > 1
-    wide = predicted_interval(prof, m, c, {"b": [base], "p": [pol]}, baseline="b", policy="p",
-                              sigma=0.1, draws=24, seed=1)
+    wide = predicted_interval(prof, m, c, {"b": [base], "p": [pol]}, executor=SimulatorExecutor, baseline="b",
+                              policy="p", sigma=0.1, draws=24, seed=1)
     assert wide["lo"] < want < wide["hi"]
 
 

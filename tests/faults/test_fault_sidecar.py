@@ -16,7 +16,7 @@ import pytest
 from faultkit import TINY_RUN
 
 from sparsebalance.errors import ConfigError, MeaningWarning
-from sparsebalance.simulator.cost.profile import SHIPPED_DIR, load_profile, shipped_profiles
+from sparsebalance.simulator.cost.catalog import SHIPPED_DIR, load_profile, shipped_profiles
 
 RUN = TINY_RUN.replace('device = "cpu"\n', "").replace("{name}", "s")  # the cluster's device is its default
 GPUS = ("NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 4090", "h20")

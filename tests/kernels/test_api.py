@@ -6,9 +6,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sparsebalance.errors import ConfigError  # noqa: E402
-from sparsebalance.kernels import moba_attention, moba_coverage  # noqa: E402
-from sparsebalance.kernels.moba.naive import moba_attention_naive  # noqa: E402
+from sparsebalance.errors import ConfigError
+from sparsebalance.kernels import moba_attention, moba_coverage
+from sparsebalance.kernels.moba.naive import moba_attention_naive
 
 
 def test_backends_agree_on_cpu(packed, rel_err):
@@ -28,7 +28,7 @@ def test_topk_tensor_equals_scalar_when_uniform(packed):
 
 def _args(packed):
     q, k, v = packed.cast(torch.float32)
-    return dict(q=q, k=k, v=v, cu_seqlens=packed.cu, block_size=16, topk=3)
+    return {"q": q, "k": k, "v": v, "cu_seqlens": packed.cu, "block_size": 16, "topk": 3}
 
 
 BAD = [  # (id, argument named in the error, change)

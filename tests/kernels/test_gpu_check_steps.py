@@ -65,7 +65,7 @@ def test_speed_step_table_headline_and_early_stop(tmp_path, monkeypatch):
 
 def test_profile_comparison_with_the_analytical_model(tmp_path):
     from sparsebalance.simulator.config import tiny
-    from sparsebalance.simulator.cost.profile import load_profile
+    from sparsebalance.simulator.cost.catalog import load_profile
 
     table = load_profile("cpu-tiny").table
     assert steps.versus_analytical(table, tiny(), "cpu") is None  # no analytical hardware for a CPU

@@ -13,7 +13,7 @@ from sparsebalance.commands import profile as profile_cmd
 from sparsebalance.errors import ConfigError
 from sparsebalance.kernels.profiler import Bench, ProfileGrid
 from sparsebalance.simulator.config import tiny
-from sparsebalance.simulator.cost.profile import load_profile
+from sparsebalance.simulator.cost.catalog import load_profile
 
 SMALL = {"seq_lens": (64, 160), "budgets": (1, 3), "tokens": (32, 96), "params": (500, 5000), "repeats": 2,
          "warmup": 1}

@@ -3,6 +3,8 @@ in reference_decisions.py): same budgets, same orders, same predicted seconds, o
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from reference_decisions import OldCriticalPathDST, OldScheduleAwareOrder
@@ -155,3 +157,33 @@ def test_compiled_loops_decide_alike(case, monkeypatch):
         plan = order.plan(seqs, ctx)
         got[ok] = (plan, order.stats, tune.budgets(plan, ctx), tune.stats)
     assert got[True] == got[False]
+
+
+class _OnTheProtocol:
+    """Exactly :class:`LatencyQuery`: each declared member forwards to a latency model, nothing else
+    is there (so a policy that reads anything undeclared fails with AttributeError)."""
+
+    def __init__(self, lm) -> None:
+        from sparsebalance.simulator.cost.query import LatencyQuery
+
+        members = {n for n in dir(LatencyQuery) if not n.startswith("_")} | set(LatencyQuery.__annotations__)
+        for name in members:
+            object.__setattr__(self, name, getattr(lm, name))
+        self.__dict__["_members"] = members
+
+    def __setattr__(self, name, value):
+        raise AttributeError(name)
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[3], SPLIT_CASES[0]])
+def test_schedule_aware_policies_decide_on_the_protocol_alone(case):
+    """dst-cp and sab-order ask only what ``LatencyQuery`` declares (``cost`` included): on an object
+    that holds nothing else they decide exactly as on the latency model itself."""
+    seqs, ctx = context(*case, batching="sab-order")
+    proto = replace(ctx, latency=_OnTheProtocol(ctx.latency))
+    got = {}
+    for name, c in (("model", ctx), ("protocol", proto)):
+        order, tune = ScheduleAwareOrder(c.policy), CriticalPathDST(c.policy)
+        plan = order.plan(seqs, c)
+        got[name] = (plan, order.stats, tune.budgets(plan, c), tune.stats)
+    assert got["protocol"] == got["model"]

@@ -211,7 +211,7 @@ def test_dst_with_the_shipped_latency_model_matches_a_scan():
         # the longest run of budgets from 1 that fit: the shipped tables are not monotone at the full
         # budget (the masked path below it pays the gate; docs/costmodel.md), and DST's bisection
         # stops at the first budget that does not fit
-        ok = list(itertools.takewhile(lambda k: latency.microbatch_latency(mb.lengths, k) <= A * (1 + 1e-12),
+        ok = list(itertools.takewhile(lambda k, mb=mb: latency.microbatch_latency(mb.lengths, k) <= A * (1 + 1e-12),
                                       range(1, k_hi + 1)))
         f = brute_floor(ctx, mb, 0.1, 32)
         assert budgets[r][j] == Budget.uniform(max(ok) if ok and max(ok) >= f else f)

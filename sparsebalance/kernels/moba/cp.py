@@ -1,7 +1,7 @@
 """MoBA attention on a context-parallel (CP) group: the token layout and the all-gather variant, in PyTorch.
 
 Each rank of a CP group holds a layout's share of every packed sequence's tokens (Q, K and V of its
-key blocks: :func:`cp_token_index`, the same layouts as ``simulator/cost/contextparallel.py``) and
+key blocks: :func:`cp_token_index`, the same layouts as ``simulator/cost/cp/shards.py``) and
 computes the attention of its own queries.
 
 :func:`moba_attention_cp` (all-gather, what the real run runs fast): K and V are all-gathered (gloo
@@ -38,11 +38,32 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from sparsebalance.data.sequence import blocks
 
-__all__ = ["cp_token_index", "group_index", "moba_attention_cp", "moba_attention_cp_alone", "recording"]
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed import ProcessGroup
+
+__all__ = ["CPContext", "cp_token_index", "group_index", "moba_attention_cp", "moba_attention_cp_alone", "recording"]
+
+
+@dataclass(kw_only=True, slots=True)
+class CPContext:
+    """This rank's place in a context-parallel group, for the attention of one packed micro-batch
+    (``MobaArgs.cp``): which of its tokens the rank holds, the group, and how K/V are exchanged."""
+
+    index: torch.Tensor
+    """int64 [T_r]: the packed positions of this rank's tokens (its rows of q/k/v, in order:
+    :func:`group_index` of :func:`cp_token_index`); the micro-batch's ``cu_seqlens`` stays whole."""
+    group: ProcessGroup | None
+    """The context-parallel process group (None: the world)."""
+    comm: str = "ring"
+    """``ring`` (P2P, K/V passed around: ``cp_ring.py``) or ``allgather`` (K/V gathered: here);
+    ``kernels/qwen2.py`` calls the variant."""
+
 
 _SINK: tuple[Callable[[], float], Callable[[float, float], None]] | None = None
 """(clock, sink) while :func:`recording` is active."""
@@ -87,7 +108,7 @@ def cp_token_index(cu_seqlens: Any, block_size: int, cp: int, layout: str) -> li
     import numpy as np
     import torch
 
-    from sparsebalance.simulator.cost.contextparallel import min_blocks, shards
+    from sparsebalance.simulator.cost.cp.shards import min_blocks, shards
 
     bounds = [int(x) for x in cu_seqlens.tolist()]
     per_rank: list[list[np.ndarray]] = [[] for _ in range(cp)]

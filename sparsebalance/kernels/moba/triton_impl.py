@@ -389,7 +389,7 @@ def dispatch_hardware(device: torch.device):
 def plan_paths(cu_seqlens: torch.Tensor, topk: torch.Tensor, block_size: int, q: torch.Tensor, k: torch.Tensor,
                path: str = "auto") -> list[bool]:
     """Per sequence: run it on the masked dense path? ``"auto"``: where the cost model
-    (``simulator.kernelcost.choose_path``, the rule the analytical profiles price) says that path is
+    (``simulator.cost.kernelcost.choose_path``, the rule the analytical profiles price) says that path is
     cheaper for forward + backward than the sparse key-block-major one; ``"sparse"`` / ``"masked"``
     force one path for every sequence with k < n. Dense sequences (k >= n) are dense either way."""
 

@@ -24,7 +24,7 @@ no selection and no gathered entries; its query tiles attend every key from the 
 loop), in the same own-block kernels. No partial outputs are written for it.
 
 A sparse sequence the dispatcher puts on the **masked dense path** (``masked[i]``; the rule is
-``simulator.kernelcost.choose_path``) runs those same dense loops, but every (row, key tile) pair
+``simulator.cost.kernelcost.choose_path``) runs those same dense loops, but every (row, key tile) pair
 is masked by the row's selection: ``bits`` [T, H, W] int32 holds, per (token, head), one bit per
 local block (its chosen past blocks and its own block), W = ceil(n_blocks / 32) of the longest
 masked sequence. Its selection is computed as usual, turned into bits, and then cleared from ``sel``

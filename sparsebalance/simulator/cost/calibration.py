@@ -134,7 +134,7 @@ class Calibration:
               else ("" if self.fingerprint_profile else "; the profile records no machine fingerprint"))
         worst = max(self.timed_ops, key=lambda op: self.spreads[op], default=None)
         advice = (f"; shapes differ too ({worst} spread {self.spreads[worst]:.2f} > {RESHAPE_SPREAD}): "
-                  "re-measure with `sparsebalance profile`") if self.reshape else ""
+                  "re-measure with `sparsebalance profile`") if self.reshape and worst is not None else ""
         return (f"calibration: probed {len(self.points)} profile points in {self.seconds:.0f} s on this "
                 f"machine: {parts}; {what}{fp}{advice}")
 

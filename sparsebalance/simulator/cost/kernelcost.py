@@ -270,7 +270,7 @@ def kernel_counts(L, k, s: Shape, *, backward: bool, path=None) -> dict:
 def phase_times(L, k, s: Shape, hw, *, backward: bool = False, path=None) -> dict:
     """Seconds of each phase of one sequence's attention on ``path`` (default: the dispatcher's
     :func:`choose_path`). ``hw``: peak, bandwidth, efficiencies and launch overhead, as
-    ``simulator.roofline.Hardware``. A Triton kernel costs max(FLOPs / (peak x efficiency), extra bytes
+    ``simulator.cost.hardware.Hardware``. A Triton kernel costs max(FLOPs / (peak x efficiency), extra bytes
     / (bandwidth x memory efficiency)); a PyTorch phase bytes / bandwidth (the gate: max with its GEMM)
     plus (ops + syncs) x launch overhead."""
     L, k = np.broadcast_arrays(np.asarray(L, dtype=np.int64), np.asarray(k, dtype=np.int64))

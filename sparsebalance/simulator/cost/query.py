@@ -18,9 +18,13 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from sparsebalance.simulator.budget import Budget
+from sparsebalance.simulator.cost.modes import MODES
 
 if TYPE_CHECKING:
+    from sparsebalance.simulator.cost.cp.placement import Placement
+    from sparsebalance.simulator.cost.cp.ring import RingReport
     from sparsebalance.simulator.cost.profile import Profile
+    from sparsebalance.simulator.cost.stagecost import StageCost
     from sparsebalance.simulator.layout import Layout
 
 
@@ -45,6 +49,9 @@ class LatencyQuery(MicrobatchLatency, Protocol):
     """The latency table behind the model."""
     extrapolate: str
     """Beyond the profiled range: warn, error or clamp."""
+    cost: StageCost
+    """Stage and whole-model times (``simulator/cost/stagecost.py``): what dst-cp's stage tables and
+    sab-order compose, and their budget-free split."""
 
     def attention(self, seq_len: int, budget: int, *, backward: bool = False) -> float: ...
 
@@ -74,14 +81,15 @@ class LatencyQuery(MicrobatchLatency, Protocol):
 
     def optimizer_time(self, stage: int) -> float: ...
 
-    def cp_report(self, L: int, k: int, *, backward: bool = False, degree: int | None = None):
-        """One layer of a sequence on the context-parallel group (``contextparallel.RingReport``), or
+    def cp_report(self, L: int, k: int, *, backward: bool = False,
+                  degree: int | None = None) -> RingReport | None:
+        """One layer of a sequence on the context-parallel group (``cp.ring.RingReport``), or
         None without CP or when the sequence stays whole on one rank; ``degree``: on that many of
         the group's ranks (``cp_split = "per-sequence"``)."""
         ...
 
-    def cp_placement(self, lengths, budget):
-        """Where a micro-batch's sequences lie on the CP group (``hybrid.Placement``) under
+    def cp_placement(self, lengths, budget) -> Placement | None:
+        """Where a micro-batch's sequences lie on the CP group (``cp.placement.Placement``) under
         ``cp_split = "per-sequence"``, else None."""
         ...
 
@@ -106,10 +114,11 @@ class ScalarStageLatency:
     iterations; ``LatencyModel`` takes this path for them). A model without context parallelism
     answers ``cp_report`` and ``cp_placement`` with None and ``cp_tokens`` with the tokens."""
 
-    def cp_report(self, L: int, k: int, *, backward: bool = False, degree: int | None = None):
+    def cp_report(self, L: int, k: int, *, backward: bool = False,
+                  degree: int | None = None) -> RingReport | None:
         return None
 
-    def cp_placement(self, lengths, budget):
+    def cp_placement(self, lengths, budget) -> Placement | None:
         return None
 
     def cp_tokens(self, lengths, budget) -> int:
@@ -118,8 +127,6 @@ class ScalarStageLatency:
     _MEMO_LIMIT = 200_000
 
     def stage_times(self, microbatches, budgets, modes=("F", "B")) -> dict[str, np.ndarray]:
-        from sparsebalance.simulator.cost.stagecost import MODES
-
         pp, chunks = self.cluster.pp, self.cluster.virtual_stages  # type: ignore[attr-defined]
         memo = self.__dict__.setdefault("_stage_memo", {})
         if len(memo) > self._MEMO_LIMIT:  # bound memory in very long runs

@@ -145,7 +145,7 @@ class PipelineInput:
     @property
     def shape(self) -> tuple[int, int, int]:
         """(dp, V, m)."""
-        return self.forward.shape  # type: ignore[return-value]
+        return self.forward.shape
 
 
 @dataclass(kw_only=True, slots=True)
@@ -242,8 +242,8 @@ def simulate(inp: PipelineInput, *, method: str = DEFAULT_ENGINE) -> PipelineRes
     g = graph_of(inp)
     dur = pack_durations(g, kind_durations(g, inp.forward, inp.backward, inp.backward_input,
                                            inp.backward_weight))
-    lag = pack_lags(g, inp.p2p, dp)
-    start, end, ar_start = ENGINES[method](g, dur, lag, inp.allreduce, inp.optimizer)
+    lag = pack_lags(g, np.asarray(inp.p2p, dtype=float), dp)
+    start, end, ar_start = ENGINES[method](g, dur, lag, np.asarray(inp.allreduce), np.asarray(inp.optimizer))
     finish = end[g.last]  # [pp, dp]
     k = len(g.kinds)
     shape = (k, nv, m, dp)
@@ -319,6 +319,7 @@ def _trace(res: PipelineResult) -> pd.DataFrame:
     fb = j >= 0
     tok = np.full(len(r), -1, dtype=np.int64)
     bud = np.full(len(r), -1.0)
+    assert inp.tokens is not None and inp.budget is not None  # filled in by PipelineInput
     tok[fb] = inp.tokens[r[fb], j[fb]]
     bud[fb] = inp.budget[r[fb], j[fb]]
     return pd.DataFrame({

@@ -1,4 +1,4 @@
-"""``SimulatorExecutor``: the ``simulator.iteration.Executor`` that predicts an iteration with the SimPy engine.
+"""``SimulatorExecutor``: the ``engine.iteration.Executor`` that predicts an iteration with an engine (``engine.ENGINES``).
 
 Durations come from the latency model (docs/architecture.md): ``stage_times`` (its StageCost) per (virtual stage,
 micro-batch) forward and backward (and, for a schedule that splits the backward, its input- and
@@ -6,9 +6,10 @@ weight-gradient parts), ``p2p_time`` of the micro-batch's tokens for every stage
 ``allreduce_time`` and ``optimizer_time`` per physical stage (with ``cluster.dp_overlap`` the
 gradient synchronisation's exposed part, ``grad_sync_exposed``, overlapped with each device's last
 backward action: the shortest over DP replicas, an upper bound on what is exposed). Every iteration also reports the peak
-memory per device (``sparsebalance.simulator.engine.memory``): ``extra`` holds ``peak_memory_gb`` (the
+memory per device (``sparsebalance.simulator.cost.memory``): ``extra`` holds ``peak_memory_gb`` (the
 largest device), ``peak_memory_gb_s<stage>`` (largest over DP ranks) and ``memory_exceeded`` (devices
-over ``cluster.device_memory``). Imports no torch.
+over ``cluster.device_memory``). With context parallelism it adds the CP group's figures and its
+CP / CP_COMM trace rows, which the CP home builds (``simulator/cost/cp/trace.py``). Imports no torch.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import numpy as np
 
 from sparsebalance.errors import ConfigError, check_choice
 from sparsebalance.simulator.config import DEFAULT_ENGINE, ENGINE_NAMES, ClusterConfig, ModelConfig
+from sparsebalance.simulator.cost.cp import trace as cp_trace
+from sparsebalance.simulator.cost.memory import GB, MemoryReport, check_fits, memory_report
 from sparsebalance.simulator.cost.query import LatencyQuery
 from sparsebalance.simulator.engine import PipelineInput, PipelineResult, simulate
 from sparsebalance.simulator.engine.iteration import IterationResult
-from sparsebalance.simulator.engine.memory import GB, MemoryReport, check_fits, memory_report
+from sparsebalance.simulator.layout import layout_of
 from sparsebalance.simulator.plan import Budget, Budgets, Plan
 from sparsebalance.simulator.schedule.graph import schedule_graph
 from sparsebalance.simulator.schedule.schedules import splits_backward
@@ -43,7 +46,7 @@ class SimulatorExecutor:
         self.last: PipelineResult | None = None
         """The engine's full result of the last ``execute`` (start/end arrays, per-device busy)."""
         self.last_memory: MemoryReport | None = None
-        """Peak memory per device of the last ``execute`` (sparsebalance.simulator.engine.memory)."""
+        """Peak memory per device of the last ``execute`` (sparsebalance.simulator.cost.memory)."""
         check_fits(model, cluster)
         self._fixed = (
             np.array([latency.allreduce_time(s) for s in range(cluster.pp)], dtype=float),
@@ -102,100 +105,6 @@ class SimulatorExecutor:
         return np.array([self.latency.cp_tokens(mb.lengths, max(1, round(float(inp.budget[r, j]))))
                          for r, j, mb in plan.microbatches()], dtype=float).reshape(inp.tokens.shape)
 
-    def _cp_figures(self, plan: Plan, mean_budget: np.ndarray) -> dict[str, float]:
-        """Per iteration, over its micro-batches (mean): one layer's forward on the CP group --
-        worker and step imbalance, exposed communication (s), ring efficiency
-        (``contextparallel.combine``), each micro-batch at its mean budget."""
-        from sparsebalance.simulator.cost.contextparallel import combine
-
-        rows = []
-        for r, j, mb in plan.microbatches():
-            row = combine(self._cp_reports(mb, mean_budget[r, j], backward=False))
-            placed = self.latency.cp_placement(mb.lengths, max(1, round(float(mean_budget[r, j]))))
-            if placed is not None and placed.load.mean() > 0:  # per-sequence degrees: the group's ranks
-                row["cp_worker_imbalance"] = float(placed.load.max() / placed.load.mean())
-            rows.append(row)
-        keys = ("cp_worker_imbalance", "cp_step_imbalance", "cp_exposed_s", "cp_efficiency")
-        return {key: float(np.mean([row[key] for row in rows])) for key in keys}
-
-    def _cp_reports(self, mb, mean_budget: float, *, backward: bool) -> list:
-        """One layer of each of ``mb``'s sequences split over the CP group (``contextparallel.RingReport``),
-        at the micro-batch's mean budget; sequences that stay whole on one rank have none."""
-        k = max(1, round(float(mean_budget)))
-        placed = self.latency.cp_placement(mb.lengths, k)
-        degrees = [None] * len(mb.lengths) if placed is None else placed.degree.tolist()
-        return [rep for L, d in zip(mb.lengths, degrees)
-                if d != 1 and (rep := self.latency.cp_report(L, k, backward=backward, degree=d)) is not None]
-
-    def _cp_rows(self, res, plan: Plan, mean_budget: np.ndarray):
-        """Trace rows of each F and backward (B or I) action's CP attention: ``CP``, one per ring
-        step, the step's slowest rank's compute, and ``CP_COMM``, one per transfer (a ring hop, the
-        all-gather, dK/dV's hop home or reduce-scatter), its slowest rank's seconds; each summed
-        over the micro-batch's sequences and the stage's layers. Drawn from the action's start (the
-        dense parts are not drawn): the steps back to back after the first transfer (the
-        all-gather; none in a ring), the hop bringing step s beside step s - 1, the last transfer
-        after the last step; clipped to the action's end."""
-        import pandas as pd
-
-        from sparsebalance.simulator.engine.trace import TRACE_COLUMNS
-        from sparsebalance.simulator.layout import layout_of
-
-        lay = layout_of(self.model, self.cluster)
-        n_layers, devices = lay.layer_counts, np.asarray(lay.devices)
-        frames = []
-        for kind in [k for k in res.kinds if k in ("F", "B", "I")]:
-            ki = res.kinds.index(kind)
-            per_mb = {}  # (r, j) -> ([S] step seconds, [S + 1] transfer seconds), summed over sequences, one layer
-            for r, j, mb in plan.microbatches():
-                reps = self._cp_reports(mb, mean_budget[r, j], backward=kind != "F")
-                if reps:
-                    width = max(rep.steps.shape[1] for rep in reps)
-                    step, comm = np.zeros(width), np.zeros(width + 1)
-                    for rep in reps:
-                        n = rep.steps.shape[1]
-                        step[:n] += rep.steps.max(axis=0)
-                        comm[:n] += rep.transfers[:, :n].max(axis=0)
-                        comm[-1] += rep.transfers[:, -1].max()
-                    per_mb[(r, j)] = (step, comm)
-            if not per_mb:
-                continue
-            width = max(len(v[0]) for v in per_mb.values())
-            keys = list(per_mb)
-            steps, comms = np.zeros((len(keys), width)), np.zeros((len(keys), width + 1))
-            for i, key in enumerate(keys):
-                step, comm = per_mb[key]
-                steps[i, : len(step)] = step
-                comms[i, : len(step)] = comm[:-1]
-                comms[i, -1] = comm[-1]
-            r_of = np.array([key[0] for key in keys])
-            j_of = np.array([key[1] for key in keys])
-            dur = steps[:, None, :] * n_layers[None, :, None]  # [mbs, V, S]
-            xfer = comms[:, None, :] * n_layers[None, :, None]  # [mbs, V, S + 1]
-            t_start = res.start[r_of, ki, :, j_of][..., None]  # [mbs, V, 1]
-            t_end = res.end[r_of, ki, :, j_of][..., None]
-            first = t_start + xfer[..., :1]  # step 0 starts once the first transfer is in
-            c1 = first + np.cumsum(dur, axis=2)
-            c0 = c1 - dur
-            # transfer s (s >= 1) beside step s - 1; transfer 0 at the action's start; the last after the last step
-            x0 = np.concatenate([t_start, c0[..., :-1], c1[..., -1:]], axis=2)
-            x1 = x0 + xfer
-            tokens = np.array([plan.ranks[r][j].tokens for r, j in keys])
-            budget = np.array([float(max(1, round(float(mean_budget[r, j])))) for r, j in keys])  # as _cp_reports
-            for op, a, b in (("CP", c0, c1), ("CP_COMM", x0, x1)):
-                shape = a.shape
-                real = (b - a > 0).ravel()  # padding (fewer steps; all-gather: one) and no-transfer slots dropped
-                a, b = np.minimum(a, t_end), np.minimum(b, t_end)
-                frames.append(pd.DataFrame({
-                    "iteration": np.full(int(real.sum()), res.inp.iteration, dtype=np.int64),
-                    "dp_rank": np.broadcast_to(r_of[:, None, None], shape).ravel()[real],
-                    "stage": np.broadcast_to(devices[None, :, None], shape).ravel()[real],
-                    "microbatch": np.broadcast_to(j_of[:, None, None], shape).ravel()[real],
-                    "op": op, "start_s": a.ravel()[real], "end_s": b.ravel()[real],
-                    "tokens": np.broadcast_to(tokens[:, None, None], shape).ravel()[real],
-                    "budget": np.broadcast_to(budget[:, None, None], shape).ravel()[real]},
-                    columns=list(TRACE_COLUMNS)))
-        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(TRACE_COLUMNS))
-
     def execute(self, iteration: int, plan: Plan, budgets: Budgets) -> IterationResult:
         inp = self.build_input(iteration, plan, budgets)
         res = simulate(inp, method=self.engine)
@@ -204,13 +113,18 @@ class SimulatorExecutor:
         peak = mem.peak
         memory = {"peak_memory_gb": float(peak.max()) / GB, "memory_exceeded": float(mem.exceeded)}
         memory |= {f"peak_memory_gb_s{s}": float(v) / GB for s, v in enumerate(peak.max(axis=0))}
-        if self.cluster.cp > 1:
-            memory |= self._cp_figures(plan, inp.budget)
         trace = res.trace
         if self.cluster.cp > 1:
+            assert inp.budget is not None  # build_input sets it  # the CP group inside each action: its figures and trace rows (cost/cp/trace.py)
             import pandas as pd
 
-            trace = pd.concat([trace, self._cp_rows(res, plan, inp.budget)], ignore_index=True)
+            from sparsebalance.simulator.engine.trace import TRACE_COLUMNS
+
+            memory |= cp_trace.figures(self.latency, plan, inp.budget)
+            rows = cp_trace.rows(self.latency, layout_of(self.model, self.cluster), plan, inp.budget,
+                                 kinds=list(res.kinds), start=res.start, end=res.end, iteration=res.inp.iteration,
+                                 columns=TRACE_COLUMNS)
+            trace = pd.concat([trace, rows], ignore_index=True)
         return IterationResult(
             iteration_time_s=res.iteration_time,
             trace=trace,

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 from typing import Any
 
 #: Column order of every trace table (CSV/Parquet). Times in seconds from the iteration's start
@@ -136,13 +134,3 @@ def _num(x) -> float | None:
 
 def _isnan(x) -> bool:
     return isinstance(x, float) and math.isnan(x)
-
-
-def write_trace(df, directory: str | Path, prefix: str = "") -> tuple[Path, Path]:
-    """Write ``<prefix>trace.csv`` and ``<prefix>trace.json`` (Chrome) under ``directory``."""
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    csv_path, json_path = out / f"{prefix}trace.csv", out / f"{prefix}trace.json"
-    df.to_csv(csv_path, index=False, columns=list(TRACE_COLUMNS))
-    json_path.write_text(json.dumps(to_chrome_trace(df)))
-    return csv_path, json_path

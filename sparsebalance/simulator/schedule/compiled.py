@@ -10,7 +10,7 @@ and contiguous, about 8x faster.
 **Same numbers, bit for bit.** Every node's end is ``max(end of its device predecessor, end of
 each data predecessor + its lag) + duration``, the same floats combined in the same order as the
 numpy levels (a sentinel predecessor ends at 0 s and the zero lag is 0, which cannot raise a
-non-negative maximum); ``tests/simulator/test_timing.py`` holds the paths equal on every schedule.
+non-negative maximum); ``tests/simulator/schedule/test_timing.py`` holds the paths equal on every schedule.
 
 **When** (:mod:`sparsebalance.jit`): only once a large policy decision has loaded the compiled
 loops, and then for calls of :data:`MIN_WORK` updates or more; otherwise, and where numba is

@@ -181,14 +181,15 @@ def build_graph(orders: Sequence[Sequence[Action]], nv: int, m: int,
     prev = np.full(n, n, dtype=np.int64)
     for ids in dev_orders:
         prev[ids[1:]] = ids[:-1]
-    order, bounds = _levels(dev_orders, prev, deps, n, name)
+    by_level, bounds = _levels(dev_orders, prev, deps, n, name)
     # per level, views into level-sorted copies (one slice per array, no per-level gathers)
-    used = ~((deps[order] == n) & (lags[order] == zero))  # a column of only "ends at 0 s, no lag"
-    sorted_arrays = [order, prev[order]] + [a for c in range(width) for a in (deps[order, c], lags[order, c])]
+    used = ~((deps[by_level] == n) & (lags[by_level] == zero))  # a column of only "ends at 0 s, no lag"
+    sorted_arrays = [by_level, prev[by_level]] + [a for c in range(width)
+                                                  for a in (deps[by_level, c], lags[by_level, c])]
     for arr in (device, prev, deps, lags, fused, *dev_orders, *sorted_arrays):
         arr.setflags(write=False)
     pairs = list(itertools.pairwise(bounds.tolist()))
-    levels = tuple(order[lo:hi] for lo, hi in pairs)
+    levels = tuple(by_level[lo:hi] for lo, hi in pairs)
     # which dependency columns a level uses (adds nothing to the max where no node of it does)
     col_used = [np.add.reduceat(used[:, c], bounds[:-1]) > 0 for c in range(width)] if pairs else []
     col_used = np.array(col_used, dtype=bool).T.tolist() if pairs else []
@@ -278,6 +279,7 @@ def _levels(dev_orders, prev, deps, n, name) -> tuple[np.ndarray, np.ndarray]:
     level = [-1] * n + [0]  # -1: not done yet; the sentinel (node n) is done at level 0
     dep_rows = [[d for d in row if d < n] for row in deps.tolist()] if deps.shape[1] > 1 else None
     dep1 = deps[:, 0].tolist() if dep_rows is None else None
+    rows: list[list[int]] = dep_rows if dep_rows is not None else []  # read only where dep1 is None
     prev_l = prev.tolist()
     ptr = [0] * len(dev_orders)
     orders = [o.tolist() for o in dev_orders]
@@ -294,7 +296,7 @@ def _levels(dev_orders, prev, deps, n, name) -> tuple[np.ndarray, np.ndarray]:
                         break
                 else:
                     top = 0
-                    for d in dep_rows[i]:
+                    for d in rows[i]:
                         x = level[d]
                         if x < 0:
                             top = -1

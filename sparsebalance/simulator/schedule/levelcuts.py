@@ -150,3 +150,42 @@ def _pairs(owner: np.ndarray, other: np.ndarray, lag: np.ndarray, n: int) -> lis
     for x, a, b in zip(owner[starts].tolist(), starts.tolist(), ends.tolist()):
         out[x] = tuple(pairs[a:b])
     return out
+
+
+def forward(cx: LevelCuts, dur: list[float], lag: list[float], starts: list[float] | None = None) -> list[float]:
+    """[n] the end of every row of one column: the timing core's recurrence (``start = max(end of
+    the device's previous action, end of each data predecessor + its lag)``, ``end = start +
+    duration``) as a plain loop over the rows in level order. ``dur`` per row, ``lag`` per lag id;
+    ``starts`` (length n), when given, receives each row's start. Bitwise the numpy levels' and
+    the compiled loop's values: the same floats combined in the same order."""
+    end = [0.0] * cx.n
+    for x, p, deps in zip(range(cx.n), cx.prev, cx.deps):
+        t = end[p] if p >= 0 else 0.0
+        for d, q in deps:
+            v = end[d] + lag[q]
+            if v > t:  # noqa: PLR1730 (hot loop: cheaper than max())
+                t = v
+        if starts is not None:
+            starts[x] = t
+        end[x] = t + dur[x]
+    return end
+
+
+def backward(cx: LevelCuts, dur: list[float], lag: list[float], sink: list[float]) -> list[float]:
+    """[n] the longest time from the end of every row to the iteration's end, one column: over the
+    device's next action and the data successors (their lag, then their duration and time to the
+    end), and ``sink[s]`` after the last action of device ``s``; the rows in reverse level order."""
+    out = [0.0] * cx.n
+    through = [0.0] * cx.n  # duration + time to the end, from a row's start
+    for x in range(cx.n - 1, -1, -1):
+        y, s = cx.next[x], cx.sink[x]
+        t = through[y] if y >= 0 else -np.inf
+        if s >= 0 and sink[s] > t:
+            t = sink[s]
+        for y, q in cx.succ[x]:
+            v = lag[q] + through[y]
+            if v > t:  # noqa: PLR1730 (hot loop: cheaper than max())
+                t = v
+        out[x] = t
+        through[x] = t + dur[x]
+    return out

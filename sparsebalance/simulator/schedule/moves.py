@@ -5,7 +5,12 @@ class that uses it."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from sparsebalance.simulator.schedule.levelcuts import LevelCuts
 
 REACH = 3
 """A move's re-timing looks this many window widths (+ 4 levels) past its window for a settling
@@ -18,6 +23,16 @@ class Moves:
     ``S``, ``_lag_l``, ``_sink_l`` and ``refresh``)."""
 
     __slots__ = ()
+    # what ReplicaTimes keeps (declared for the type checker; no slots, no values here)
+    cuts: LevelCuts
+    D: np.ndarray
+    E: np.ndarray
+    S: np.ndarray
+    _lag_l: list[list[float]]
+    _sink_l: list[float]
+
+    if TYPE_CHECKING:
+        def refresh(self, replicas) -> None: ...
 
     # -- moves -----------------------------------------------------------------------------------
     def apply(self, r: int, j: int, new) -> None:

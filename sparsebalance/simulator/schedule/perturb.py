@@ -37,7 +37,7 @@ import numpy as np
 
 from sparsebalance.simulator.schedule import compiled
 from sparsebalance.simulator.schedule.graph import ActionGraph
-from sparsebalance.simulator.schedule.levelcuts import level_cuts
+from sparsebalance.simulator.schedule.levelcuts import backward, forward, level_cuts
 from sparsebalance.simulator.schedule.moves import REACH, Moves  # noqa: F401 (REACH: re-exported)
 from sparsebalance.simulator.schedule.timing import _narrow, time_graph, time_to_sink
 
@@ -97,36 +97,11 @@ class ReplicaTimes(Moves):
         self.E[:, cols] = end[node]
         self.S[:, cols] = time_to_sink(self.graph, d, lg, self.sink)[node]
 
-    def _forward_all(self, r: int) -> list:
-        cx = self.cuts
-        dur, lg = self.D[:, r].tolist(), self._lag_l[r]
-        end = [0.0] * cx.n
-        for x, p, deps in zip(range(cx.n), cx.prev, cx.deps):
-            t = end[p] if p >= 0 else 0.0
-            for d, q in deps:
-                v = end[d] + lg[q]
-                if v > t:  # noqa: PLR1730 (hot loop: cheaper than max())
-                    t = v
-            end[x] = t + dur[x]
-        return end
+    def _forward_all(self, r: int) -> list[float]:
+        return forward(self.cuts, self.D[:, r].tolist(), self._lag_l[r])
 
-    def _backward_all(self, r: int) -> list:
-        cx = self.cuts
-        dur, lg, sk = self.D[:, r].tolist(), self._lag_l[r], self._sink_l
-        out = [0.0] * cx.n
-        through = [0.0] * cx.n
-        for x in range(cx.n - 1, -1, -1):
-            y, s = cx.next[x], cx.sink[x]
-            t = through[y] if y >= 0 else -np.inf
-            if s >= 0 and sk[s] > t:
-                t = sk[s]
-            for y, q in cx.succ[x]:
-                v = lg[q] + through[y]
-                if v > t:  # noqa: PLR1730
-                    t = v
-            out[x] = t
-            through[x] = t + dur[x]
-        return out
+    def _backward_all(self, r: int) -> list[float]:
+        return backward(self.cuts, self.D[:, r].tolist(), self._lag_l[r], self._sink_l)
 
     def finish(self) -> np.ndarray:
         """[R] each replica's finish (last action's end + its stage's sink time, max over stages)."""

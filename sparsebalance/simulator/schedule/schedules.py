@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from sparsebalance.errors import ConfigError, check_choice, check_positive
 from sparsebalance.simulator.config import SCHEDULES, SPLIT_SCHEDULES, V_SCHEDULES
-from sparsebalance.simulator.schedule.zerobubble import dualpipev_order, v_vstages, zb_h1_order, zbv_order
+from sparsebalance.simulator.schedule.zerobubble import dualpipev_order, zb_h1_order, zbv_order
 
 #: One scheduled action: (op "F", "B", "I" or "W", virtual stage index, micro-batch index).
 Action = tuple[str, int, int]
@@ -41,26 +41,10 @@ def splits_backward(schedule: str) -> bool:
     return schedule in SPLIT_SCHEDULES
 
 
-def placement(schedule: str, pp: int, virtual_stages: int = 1) -> tuple[int, ...]:
-    """The device of every virtual stage: ``placement(...)[vs]`` (loop or V, see module doc)."""
-    if schedule in V_SCHEDULES:
-        dev = [0] * (2 * pp)
-        for d in range(pp):
-            for vs in v_vstages(pp, d):
-                dev[vs] = d
-        return tuple(dev)
-    return tuple(vs % pp for vs in range(pp * virtual_stages))
-
-
 def fewest_microbatches(schedule: str, pp: int) -> int:
     """Micro-batches per replica a packing policy aims for at least: pp (every stage busy in the
     steady state), 2 pp for dualpipev (its minimum)."""
     return 2 * pp if schedule == "dualpipev" else pp
-
-
-def device_vstages(schedule: str, pp: int, virtual_stages: int, device: int) -> tuple[int, ...]:
-    """The virtual stages that live on ``device``, in increasing order."""
-    return tuple(vs for vs, d in enumerate(placement(schedule, pp, virtual_stages)) if d == device)
 
 
 def validate_schedule(schedule: str, pp: int, m: int, virtual_stages: int = 1) -> None:
@@ -147,7 +131,7 @@ def interleaved_order(pp: int, m: int, stage: int, virtual_stages: int) -> list[
 def stage_orders(schedule: str, pp: int, m: int, virtual_stages: int = 1) -> list[list[Action]]:
     """The action order of every device: ``orders[d]`` is the list of device ``d``.
 
-    Each list holds, for every vstage of the device (:func:`placement`) and micro-batch, its F and
+    Each list holds, for every vstage of the device (``layout.placement``) and micro-batch, its F and
     either its B or its I and W, exactly once; F precedes the backward, I precedes W.
     """
     validate_schedule(schedule, pp, m, virtual_stages)

@@ -24,7 +24,9 @@ Arithmetic is the same as the former closed-form evaluator of ``policies/critica
 **Narrow graphs.** With few columns and few nodes per level (one replica of a long pipeline: 4
 nodes per level at PP 4) numpy's fixed cost per call dominates; there the same recurrence runs as
 a plain loop over the nodes in level order, column by column (about 12x faster at one column, the
-same values bit for bit: ``max`` and ``+`` of the same floats in the same order).
+same values bit for bit: ``max`` and ``+`` of the same floats in the same order). The plain loops,
+forward and backward, are written once, over the graph's level cuts (:func:`.levelcuts.forward`,
+:func:`.levelcuts.backward`), and the what-ifs of :mod:`.perturb` run the same ones.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import numpy as np
 
 from sparsebalance.simulator.schedule import compiled
 from sparsebalance.simulator.schedule.graph import ActionGraph
+from sparsebalance.simulator.schedule.levelcuts import backward, forward, level_cuts
 
 
 def time_graph(graph: ActionGraph, duration: np.ndarray, lag: np.ndarray | None = None,
@@ -59,7 +62,7 @@ def time_graph(graph: ActionGraph, duration: np.ndarray, lag: np.ndarray | None 
         t = end[prv]
         for q in range(2, len(step), 2):
             np.maximum(t, end[step[q]] + lag[step[q + 1]], out=t)
-        if starts:
+        if start is not None:
             start[idx] = t
         end[idx] = t + duration[idx]
     return start, end[:n]
@@ -76,74 +79,28 @@ def _narrow_calls(graph: ActionGraph) -> list[int]:
 
 
 def _rows_paid(graph: ActionGraph) -> bool:
-    """Whether the plain loops' rows of ``graph`` are (or are now worth) built: from its second
-    narrow call on. Building them costs 10-25 ms at ~3,000 nodes, several narrow calls' worth, so a
-    graph timed narrow once (sab-order's seeds at a micro-batch count not seen before) takes the
-    numpy levels instead. Both give the same numbers bit for bit."""
+    """Whether the plain loops' rows of ``graph`` (its level cuts, :mod:`.levelcuts`) are, or are
+    now worth, built: from its second narrow call on. Building them costs 10-25 ms at ~3,000 nodes,
+    several narrow calls' worth, so a graph timed narrow once (sab-order's seeds at a micro-batch
+    count not seen before) takes the numpy levels instead. Both give the same numbers bit for bit."""
     calls = _narrow_calls(graph)
     calls[0] += 1
     return calls[0] > 1
 
 
-@functools.lru_cache(maxsize=64)
-def _rows(graph: ActionGraph) -> tuple[list, list]:
-    """Nodes in level order with their predecessors, for the plain loops: forward rows
-    ``(node, prev, ((dep, lag id), ...))`` and backward rows ``(node, next, ((succ, lag id), ...),
-    sink stage or -1)``."""
-    n = graph.n
-    order = np.concatenate(graph.levels).tolist()
-    prev, deps, lags = graph.prev.tolist(), graph.deps.tolist(), graph.lags.tolist()
-    fwd = [(i, prev[i], tuple((d, lg) for d, lg in zip(deps[i], lags[i]) if d < n)) for i in order]
-    nxt = [n] * n
-    succ: list[list] = [[] for _ in range(n)]
-    for i in range(n):
-        if prev[i] < n:
-            nxt[prev[i]] = i
-        for d, lg in zip(deps[i], lags[i]):
-            if d < n:
-                succ[d].append((i, lg))
-    sink = [-1] * n
-    for s, o in enumerate(graph.orders):
-        sink[int(o[-1])] = s
-    bwd = [(i, nxt[i], tuple(succ[i]), sink[i]) for i in reversed(order)]
-    return fwd, bwd
-
-
-def _time_scalar(graph, duration, lag, starts):
+def _time_scalar(graph: ActionGraph, duration: np.ndarray, lag: np.ndarray,
+                 starts: bool) -> tuple[np.ndarray | None, np.ndarray]:
+    """:func:`time_graph` column by column with the plain loop (:func:`.levelcuts.forward`)."""
+    cx = level_cuts(graph)
     n, c = graph.n, duration.shape[1]
-    fwd, _ = _rows(graph)
     end_out = np.empty((n, c))
     start_out = np.empty((n, c)) if starts else None
     for col in range(c):
-        dur, lg = duration[:, col].tolist(), lag[:, col].tolist()
-        end = [0.0] * (n + 1)
-        st = [0.0] * n
-        for i, p, deps in fwd:
-            t = end[p]
-            for d, q in deps:
-                v = end[d] + lg[q]
-                if v > t:  # noqa: PLR1730 (hot loop: cheaper than max())
-                    t = v
-            st[i] = t
-            end[i] = t + dur[i]
-        end_out[:, col] = end[:n]
-        if starts:
-            start_out[:, col] = st
+        st = [0.0] * n if start_out is not None else None
+        end_out[cx.node, col] = forward(cx, duration[cx.node, col].tolist(), lag[:, col].tolist(), st)
+        if start_out is not None:
+            start_out[cx.node, col] = st
     return start_out, end_out
-
-
-@functools.lru_cache(maxsize=64)
-def _level_pos(graph: ActionGraph) -> tuple[np.ndarray, np.ndarray]:
-    """Per node, the row where its level starts in the forward rows and where its level ends in
-    the backward rows (rows of :func:`_rows`)."""
-    sizes = np.array([len(x) for x in graph.levels])
-    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-    level = np.empty(graph.n, dtype=np.int64)
-    for i, idx in enumerate(graph.levels):
-        level[idx] = i
-    fwd_start = starts[level]
-    bwd_start = graph.n - (starts + sizes)[level]  # backward rows run the levels in reverse
-    return fwd_start, bwd_start
 
 
 def stage_finish(graph: ActionGraph, duration: np.ndarray, lag: np.ndarray | None = None) -> np.ndarray:
@@ -210,6 +167,7 @@ def order_finish(graph: ActionGraph, orders: np.ndarray, fwd: np.ndarray, bwd: n
     cols = orders.T  # [m, C]: node (kind, vs, j) of candidate c takes column orders[c, j]
     per_kind = {"F": fwd, "B": bwd}
     if graph.split:
+        assert bwd_input is not None and bwd_weight is not None  # checked above
         fused = graph.fused[:, :, None]  # by position, as kind_durations
         per_kind = {"F": fwd, "I": np.where(fused, np.take(bwd, cols, axis=1), np.take(bwd_input, cols, axis=1)),
                     "W": np.where(fused, 0.0, np.take(bwd_weight, cols, axis=1))}
@@ -265,24 +223,11 @@ def time_to_sink(graph: ActionGraph, duration: np.ndarray, lag: np.ndarray | Non
     if compiled.worth(n * c):
         return compiled.to_sink_compiled(graph, *_successors(graph), duration, lag, sink)
     if _narrow(graph, c) and _rows_paid(graph):
-        _, bwd = _rows(graph)
+        cx = level_cuts(graph)
         res = np.empty((n, c))
         sk = sink.tolist()
         for col in range(c):
-            dur, lg = duration[:, col].tolist(), lag[:, col].tolist()
-            out = [-np.inf] * (n + 1)
-            through = [-np.inf] * (n + 1)
-            for i, nx, succ, s in bwd:
-                t = through[nx]
-                if s >= 0 and sk[s] > t:
-                    t = sk[s]
-                for y, q in succ:
-                    v = lg[q] + through[y]
-                    if v > t:  # noqa: PLR1730 (hot loop: cheaper than max())
-                        t = v
-                out[i] = t
-                through[i] = t + dur[i]
-            res[:, col] = out[:n]
+            res[cx.node, col] = backward(cx, duration[cx.node, col].tolist(), lag[:, col].tolist(), sk)
         return res
     out = np.full((n + 1, c), -np.inf)
     out[graph.last] = np.broadcast_to(sink[:, None], (graph.pp, c))

@@ -3,7 +3,7 @@
 The backward of a (virtual stage, micro-batch) is split into ``I`` (gradient with respect to the
 stage's input: what the previous stage waits for) and ``W`` (gradient with respect to the weights:
 nobody waits for it, so it can fill bubbles); ``B`` is an unsplit backward (both at once). Orders are
-the ones torch 2.13's ``torch.distributed.pipelining`` executes (``tests/simulator/test_schedules.py``
+the ones torch 2.13's ``torch.distributed.pipelining`` executes (``tests/simulator/schedule/test_schedules.py``
 derives torch's orders and compares every (pp, m) torch accepts); the idle slots of its schedule IR
 are dropped, the engine derives waiting from data dependencies. Written from the schedules' rules,
 stated below, not from torch's code.
@@ -36,13 +36,10 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 
+from sparsebalance.simulator.layout import v_vstages
+
 #: One scheduled action: (kind "F"/"B"/"I"/"W", virtual stage index, micro-batch index).
 Action = tuple[str, int, int]
-
-
-def v_vstages(pp: int, device: int) -> tuple[int, int]:
-    """The two virtual stages of ``device`` in the V placement: (chunk 0, chunk 1)."""
-    return device, 2 * pp - 1 - device
 
 
 class _Counter:

@@ -12,9 +12,9 @@ import pytest
 
 from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.config import h200_4x8, qwen25_3b
-from sparsebalance.simulator.cost.contextparallel import place
+from sparsebalance.simulator.cost.cp.placement import place
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def _brute(cost, degrees, cp):

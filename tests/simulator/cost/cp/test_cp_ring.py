@@ -1,4 +1,4 @@
-"""Context-parallel attention cost (simulator/cost/contextparallel.py) against closed forms: the
+"""Context-parallel attention cost (simulator/cost/cp/) against closed forms: the
 pair count, a contiguous causal dense ring's W / (2W - 1), a dense zigzag ring's balanced steps, a
 stripe of a local pattern within 2 / n, and the ring's overlap recurrence."""
 
@@ -9,13 +9,12 @@ import math
 import numpy as np
 import pytest
 
-from sparsebalance.simulator.cost.contextparallel import (
-    layer_time,
+from sparsebalance.simulator.cost.cp.ring import layer_time, ring_order
+from sparsebalance.simulator.cost.cp.shards import (
     min_blocks,
     pair_weights,
     rank_pairs,
     rank_step_pairs,
-    ring_order,
     shards,
 )
 from sparsebalance.simulator.cost.roofline import moba_pairs
@@ -201,8 +200,9 @@ def test_measured_cp_rows_scale_the_group_work_where_the_group_matches():
     import pandas as pd
 
     from sparsebalance.simulator.config import ClusterConfig, tiny
+    from sparsebalance.simulator.cost.catalog import load_profile
     from sparsebalance.simulator.cost.latency import load_latency_model
-    from sparsebalance.simulator.cost.profile import Profile, load_profile
+    from sparsebalance.simulator.cost.profile import Profile
 
     base = load_profile("cpu-tiny")
     t = base.table
@@ -222,7 +222,7 @@ def test_measured_cp_rows_scale_the_group_work_where_the_group_matches():
     for L, k in [(1024, 8), (2048, 4), (100, 2)]:  # 100 tokens: 4 blocks, split, below the rows' 128
         for bw in (False, True):
             a, b = plain.cp_report(L, k, backward=bw), cp.cp_report(L, k, backward=bw)
-            free = a.steps > plain._cp_floor[bw] * (1 + 1e-9)  # a step at the launch floor stays >= it
+            free = a.steps > plain.cp.floor[bw] * (1 + 1e-9)  # a step at the launch floor stays >= it
             assert free.any() and b.steps[free] == pytest.approx(1.5 * a.steps[free], rel=1e-9), (L, k, bw)
             assert (b.steps[~free] >= a.steps[~free]).all()
             assert b.transfers == pytest.approx(a.transfers, rel=1e-12)
@@ -235,7 +235,7 @@ def test_measured_cp_rows_scale_the_group_work_where_the_group_matches():
 
 def test_cp_memory_keeps_a_share_of_the_tokens_plus_the_ring_buffers():
     from sparsebalance.simulator.config import ClusterConfig, qwen25_3b
-    from sparsebalance.simulator.engine.memory import kept_bytes_per_token, transient_bytes_per_token
+    from sparsebalance.simulator.cost.memory import kept_bytes_per_token, transient_bytes_per_token
 
     m = qwen25_3b()
     base = ClusterConfig(pp=2, dp=1, tp=2, global_batch=2)

@@ -14,7 +14,8 @@ import pytest
 from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.config import ModelConfig, qwen25_3b
 from sparsebalance.simulator.cost import kernelcost as kc
-from sparsebalance.simulator.cost.profile import load_profile, monotone_violations
+from sparsebalance.simulator.cost.catalog import load_profile
+from sparsebalance.simulator.cost.profile import monotone_violations
 from sparsebalance.simulator.cost.profilemeta import ProfileMeta
 from sparsebalance.simulator.cost.roofline import (
     H20,
@@ -326,7 +327,7 @@ def test_tp_overlap_reaches_the_profile_and_a_measured_profile_refuses_it():
 
 def test_tp_overlap_with_a_measured_profile_is_refused_before_the_probe(run_cli, tmp_path):
     """One line, exit 2, and no calibration probe run first (it would spend seconds for nothing)."""
-    example = Path(__file__).resolve().parents[2] / "examples" / "cpu_pp2_tp2.toml"
+    example = Path(__file__).resolve().parents[3] / "examples" / "cpu_pp2_tp2.toml"
     r = run_cli("simulate", "--config", example, "--out", tmp_path / "o",
                 "--set", "cluster.tp_overlap=true", "--iterations", 1, "--no-progress")
     assert r.code == 2 and "cluster.tp_overlap: priced by analytical profiles only" in r.err

@@ -10,7 +10,7 @@ import pytest
 
 from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.engine import PipelineInput, simulate
-from sparsebalance.simulator.engine.trace import TRACE_COLUMNS, TRACE_OPS, to_chrome_trace, write_trace
+from sparsebalance.simulator.engine.trace import TRACE_COLUMNS, TRACE_OPS, to_chrome_trace
 from sparsebalance.simulator.schedule.schedules import stage_orders
 
 
@@ -189,7 +189,9 @@ def test_trace_rows_schema_and_p2p():
 
 def test_chrome_trace_round_trip(tmp_path):
     tr = simulate(_small()).trace
-    csv_path, json_path = write_trace(tr, tmp_path, prefix="x_")
+    csv_path, json_path = tmp_path / "trace.csv", tmp_path / "trace.json"
+    tr.to_csv(csv_path, index=False, columns=list(TRACE_COLUMNS))
+    json_path.write_text(json.dumps(to_chrome_trace(tr)))
     back = pd.read_csv(csv_path)
     assert len(back) == len(tr) and list(back.columns) == list(TRACE_COLUMNS)
     events = json.loads(json_path.read_text())["traceEvents"]
@@ -232,7 +234,7 @@ def test_timeline_writes_png_and_svg(tmp_path):
     ({"forward": np.ones((1, 3, 2))}, "virtual stages"),
 ])
 def test_bad_input_raises_config_error(kw, needle):
-    args = dict(schedule="gpipe", pp=2, forward=np.ones((1, 2, 2)), backward=np.ones((1, 2, 2))) | kw
+    args = {"schedule": "gpipe", "pp": 2, "forward": np.ones((1, 2, 2)), "backward": np.ones((1, 2, 2))} | kw
     with pytest.raises(ConfigError, match=needle):
         PipelineInput(**args)
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from sparsebalance.simulator.cost import calibration as C
-from sparsebalance.simulator.cost.profile import load_profile
+from sparsebalance.simulator.cost.catalog import load_profile
 
 FACTORS = {"attn_fwd": 1.3, "attn_bwd": 1.45, "layer_fwd": 0.8, "layer_bwd": 1.1, "embed_fwd": 1.2,
            "embed_bwd": 1.2, "head_fwd": 0.9, "head_bwd": 1.0}

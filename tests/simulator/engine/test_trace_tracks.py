@@ -51,7 +51,7 @@ def test_simulated_runs_give_disjoint_tracks():
     from sparsebalance.runconfig import load_run_config
     from sparsebalance.runner import run_simulation
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     cfg = load_run_config(root / "examples" / "qwen25-3b_h200_dp4pp4.toml",
                           {"iterations": 2, "data.num_sequences": 64, "policy.tuning": "dst"})
     trace = run_simulation(cfg, progress=False).trace

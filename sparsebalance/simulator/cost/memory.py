@@ -5,8 +5,8 @@ micro-batches in flight under the schedule. Bytes throughout; no torch.
 the stage (``Layout.device_params``, the split and counting the latency model uses too) over ``tp``,
 times ``PARAM_BYTES`` (bf16 weights) + ``GRAD_BYTES`` (bf16 gradients) + ``MASTER_BYTES`` (fp32
 master copy) + ``ADAM_BYTES`` (fp32 first and second moments) = 16 bytes per parameter; with
-``cluster.zero1`` the master copy and the moments are sharded over the DP group (ZeRO-1):
-``4 + 12 / dp``.
+``cluster.zero1`` the master copy and the moments are sharded over the gradient group (ZeRO-1;
+``Layout.grad_group``: dp x cp): ``4 + 12 / (dp cp)``.
 
 **Activations** kept for the backward, per token per decoder layer (bf16, FlashAttention-style
 attention: no L x L matrices; MoBA's gate scores are per block, negligible), from the model dims
@@ -25,9 +25,11 @@ micro-batch at a time (transient).
 
 **In flight**: a micro-batch's activations on virtual stage ``vs`` live from its F there until its
 last backward action there (B, or W when the backward is split). The peak of a device is read off
-its actual action order (:mod:`.graph`): walking the order, adding the bytes at each F and
+its actual action order (``schedule/graph.py``): walking the order, adding the bytes at each F and
 releasing them after the backward, so every schedule, present or future, is covered. 1F1B stage
-``s`` thus peaks at ``min(m, pp - s)`` micro-batches, GPipe at ``m``.
+``s`` thus peaks at ``min(m, pp - s)`` micro-batches, GPipe at ``m``. With CP a rank holds 1/cp of
+every micro-batch's tokens (``Layout.rank_tokens``) and the K/V its ring or all-gather holds beside
+its own.
 
 Not modelled: the allocator's fragmentation and caching, CUDA context and NCCL buffers, optimizer
 temporaries; :func:`compare_measured` compares with ``torch.cuda.max_memory_allocated`` (unrun
@@ -58,8 +60,8 @@ GB = 1e9
 
 def static_bytes(model: ModelConfig, cluster: ClusterConfig) -> np.ndarray:
     """[pp] weights + gradients + optimizer states of one device of each stage."""
-    per_param = PARAM_BYTES + GRAD_BYTES + (MASTER_BYTES + ADAM_BYTES) / (cluster.dp * cluster.cp if cluster.zero1 else 1)
-    lay = layout_of(model, cluster)
+    lay = layout_of(model, cluster)  # with zero1 the master copy and moments are sharded over the gradient group
+    per_param = PARAM_BYTES + GRAD_BYTES + (MASTER_BYTES + ADAM_BYTES) / (lay.grad_group if cluster.zero1 else 1)
     return np.array([lay.device_params(s) / cluster.tp * per_param for s in range(cluster.pp)])
 
 
@@ -96,9 +98,10 @@ def kept_bytes_per_token(model: ModelConfig, cluster: ClusterConfig) -> np.ndarr
     else:
         per_layer = (layer_bytes_per_token(model, cluster.tp, cluster.sequence_parallel)
                      - recomputed_bytes_per_token(model, cluster))
-    out = layout_of(model, cluster).layer_counts * per_layer
+    lay = layout_of(model, cluster)
+    out = lay.layer_counts * per_layer
     out[0] += input_bytes_per_token(model, cluster)  # embedding output
-    return out / cluster.cp if cluster.cp > 1 else out  # a CP rank keeps its 1/cp of the tokens
+    return lay.rank_tokens(out)  # a CP rank keeps its 1/cp of the tokens
 
 
 def transient_bytes_per_token(model: ModelConfig, cluster: ClusterConfig) -> np.ndarray:
@@ -109,13 +112,14 @@ def transient_bytes_per_token(model: ModelConfig, cluster: ClusterConfig) -> np.
         out += layer_bytes_per_token(model, cluster.tp, cluster.sequence_parallel)
     elif cluster.recompute == "selective":
         out += recomputed_bytes_per_token(model, cluster)
-    out[layout_of(model, cluster).devices[-1]] += 2 * model.vocab / cluster.tp
+    lay = layout_of(model, cluster)
+    out[lay.devices[-1]] += 2 * model.vocab / cluster.tp
     if cluster.cp > 1:  # 1/cp of the tokens per rank, + the K/V a CP layer holds beside its own
         kv = 2 * -(-model.kv_heads // cluster.tp) * model.head_dim * model.dtype_bytes  # K and V, bf16
         extra = {"ring": 2 * kv + 2 * 2 * kv,  # two shards in flight, + dK/dV (fp32) travelling in the backward
                  "hierarchical": 3 * kv + 2 * 2 * kv,  # + the next node's shard arriving
                  "allgather": cluster.cp * kv + 2 * cluster.cp * kv}[cluster.cp_comm]  # all K/V, dK/dV
-        out = out / cluster.cp + extra / cluster.cp
+        out = lay.rank_tokens(out) + lay.rank_tokens(extra)
     return out
 
 
@@ -163,7 +167,7 @@ class MemoryReport:
 
 
 def memory_report(model: ModelConfig, cluster: ClusterConfig, graph: ActionGraph,
-                  tokens: np.ndarray) -> MemoryReport:
+                  tokens: np.ndarray | list[list[int]]) -> MemoryReport:
     """Peak memory per device of an iteration whose micro-batch j of DP rank r has ``tokens[r, j]``
     tokens, under ``graph`` (the schedule of ``cluster``)."""
     tokens = np.asarray(tokens, dtype=float)

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from sparsebalance.errors import ConfigError
-from sparsebalance.simulator.cost.profile import OPS, Profile, load_profile, shipped_profiles
+from sparsebalance.simulator.cost.catalog import load_profile, shipped_profiles
+from sparsebalance.simulator.cost.profile import OPS, Profile
 from sparsebalance.simulator.cost.profilemeta import REQUIRED_KEYS, ProfileMeta
 
 
@@ -161,7 +162,7 @@ def test_sidecar_round_trip_keeps_unknown_keys(tmp_path):
 def test_every_shipped_profile_loads_and_saves_unchanged(tmp_path, name):
     """A shipped sidecar (some written by older versions of this tool) loads; saving the loaded
     profile gives back its sidecar and exactly its latencies."""
-    from sparsebalance.simulator.cost.profile import SHIPPED_DIR
+    from sparsebalance.simulator.cost.catalog import SHIPPED_DIR
 
     prof = load_profile(name)
     raw = json.loads((SHIPPED_DIR / name / "profile.json").read_text())

@@ -156,7 +156,7 @@ def test_zero_bubble_orders_equal_torch_for_every_accepted_pp_and_m(schedule):
 @pytest.mark.parametrize("schedule,v", [("zb-h1", 1), ("zbv", 2), ("dualpipev", 2)])
 @pytest.mark.parametrize("pp,m", [(1, 2), (2, 4), (3, 6), (4, 8), (4, 12)])
 def test_split_schedules_run_each_backward_once_f_before_i_before_w(schedule, v, pp, m):
-    from sparsebalance.simulator.schedule.schedules import placement
+    from sparsebalance.simulator.layout import placement
 
     orders = stage_orders(schedule, pp, m, v)
     dev = placement(schedule, pp, v)
@@ -174,12 +174,15 @@ def test_split_schedules_run_each_backward_once_f_before_i_before_w(schedule, v,
 
 
 def test_v_placement_pairs_first_and_last_stage():
-    from sparsebalance.simulator.schedule.schedules import device_vstages, placement
+    from sparsebalance.simulator.config import ClusterConfig, qwen25_3b
+    from sparsebalance.simulator.layout import layout_of, placement
 
     assert placement("zbv", 4, 2) == (0, 1, 2, 3, 3, 2, 1, 0)
     assert placement("interleaved", 4, 2) == (0, 1, 2, 3, 0, 1, 2, 3)
-    assert device_vstages("dualpipev", 3, 2, 0) == (0, 5)
-    assert device_vstages("zb-h1", 3, 1, 2) == (2,)
+    dual = ClusterConfig(pp=3, dp=1, global_batch=6, schedule="dualpipev", virtual_stages=2)
+    assert layout_of(qwen25_3b(), dual).vstages_of(0) == (0, 5)
+    zb = ClusterConfig(pp=3, dp=1, global_batch=3, schedule="zb-h1")
+    assert layout_of(qwen25_3b(), zb).vstages_of(2) == (2,)
 
 
 def test_zb_h1_defers_weight_gradients_on_later_stages():

@@ -9,7 +9,7 @@ import pytest
 
 from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.config import ClusterConfig, cluster_from_mapping, tiny
-from sparsebalance.simulator.engine.memory import (
+from sparsebalance.simulator.cost.memory import (
     check_fits,
     compare_measured,
     memory_report,

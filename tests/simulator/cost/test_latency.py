@@ -292,7 +292,7 @@ def test_shipped_cpu_profile_round_trip_every_profiled_point():
     """The measured CPU profile loads in the simulator, and at every profiled point the prediction is
     the measured latency (issue 4: within 5 %; interpolation makes it exact on the grid)."""
     from sparsebalance.simulator.config import tiny
-    from sparsebalance.simulator.cost.profile import load_profile
+    from sparsebalance.simulator.cost.catalog import load_profile
 
     prof = load_profile("cpu-tiny")
     lm = load_latency_model("cpu-tiny", tiny(), ClusterConfig(device="cpu", pp=1, dp=1, global_batch=1))

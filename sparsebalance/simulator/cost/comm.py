@@ -1,0 +1,143 @@
+"""Communication and the optimizer step: what moves between devices, and the update, priced.
+
+* **P2P** (:meth:`Communication.p2p_time`): one micro-batch's activations (tokens x hidden x dtype
+  bytes) to the next stage, ``p2p_latency + bytes / p2p_bandwidth``; each CP rank sends its own share.
+* **TP all-reduce** (:meth:`Communication.tp_allreduce_time`): a profile's numbers are one TP rank's.
+  An analytical profile includes the TP all-reduces of a Megatron layer (the roofline's); a profile
+  measured on one shard (``profile --tp N``, sidecar ``tp_comm_included`` false or absent) does not,
+  and they are added from the cluster (:attr:`Communication.tp_added`): 2 all-reduces of the layer's
+  activation (tokens x hidden x dtype bytes) per layer forward (after the row-parallel attention
+  output and MLP down projections) and 2 in the input-gradient part of its backward (the
+  column-parallel inputs' gradients), + the forward's 2 again under full recomputation, each
+  ``tp_latency + 2 (tp - 1) / tp x bytes / tp_bandwidth``. Where they enter a stage's time:
+  ``StageCost.dense``.
+* **DP gradient synchronisation** (:meth:`Communication.allreduce_time`,
+  :meth:`Communication.grad_sync_exposed`): bucketed and, with ``dp_overlap``, overlapped with the
+  device's last backward action; with ``zero1`` a reduce-scatter. The group is ``Layout.grad_group``
+  (DP x CP: the CP ranks of a stage hold the same weights).
+* **Optimizer** (:meth:`Communication.optimizer_time`): the profile's ``optim`` op, else HBM bytes of
+  one AdamW step (:func:`adamw_bytes`) over the sidecar's memory bandwidth; with ``zero1`` on 1/n of
+  the parameters, then their all-gather.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from sparsebalance.simulator.config import ClusterConfig, ModelConfig
+from sparsebalance.simulator.cost.tables import OpTables
+from sparsebalance.simulator.layout import Layout
+
+ADAMW_BYTES_PER_PARAM = 32
+"""HBM bytes one mixed-precision AdamW step moves per parameter with bf16 gradients (the optimizer
+estimate of a profile without ``optim`` rows): read the fp32 master weight, Adam's two fp32 moments
+(12) and the gradient (2); write the master and the moments (12) and the bf16 weight the next forward
+uses (2); read the gradient once more for the global norm of gradient clipping (2) and zero it (2).
+The gradient's three passes follow its buffer's dtype (:func:`adamw_bytes`)."""
+ADAMW_GRAD_PASSES = 3
+"""Passes over the gradient buffer in one step: the clipping norm's read, the step's read, the zeroing."""
+
+
+def adamw_bytes(grad_bytes: int) -> int:
+    """HBM bytes per parameter of one AdamW step whose gradient buffer holds ``grad_bytes`` per
+    element (``cluster.grad_reduce_bytes``: Megatron-LM keeps a bf16 model's gradients in an fp32
+    ``main_grad`` buffer, 4): ``ADAMW_BYTES_PER_PARAM`` with the three gradient passes at that width."""
+    return ADAMW_BYTES_PER_PARAM + ADAMW_GRAD_PASSES * (grad_bytes - 2)
+
+
+class Communication:
+    """P2P, TP and DP collectives and the optimizer step of one (model, cluster) (module docstring)."""
+
+    def __init__(self, tables: OpTables, model: ModelConfig, cluster: ClusterConfig, layout: Layout) -> None:
+        self.tables, self.model, self.cluster, self.layout = tables, model, cluster, layout
+        meta = tables.profile.meta
+        included = meta.analytical if meta.tp_comm_included is None else meta.tp_comm_included
+        self.tp_added = cluster.tp > 1 and not included
+        """Whether the profile's dense ops lack the TP all-reduces (added from the cluster)."""
+        self.tp_backward = 4 if cluster.recompute == "full" else 2
+        """TP all-reduces in a layer's backward (input part): its own 2, + the forward's 2 again
+        under full recomputation."""
+
+    def p2p_time(self, tokens: int) -> float:
+        """Seconds to send one micro-batch's activations (tokens x hidden x dtype bytes) to the next
+        stage; each CP rank sends its own share, all at once (``Layout.rank_tokens``)."""
+        c = self.cluster
+        tokens = self.layout.rank_tokens(tokens)
+        return c.p2p_latency + tokens * self.model.hidden * self.model.dtype_bytes / c.p2p_bandwidth
+
+    def tp_allreduce_time(self, tokens):
+        """Seconds of one ring all-reduce of a [tokens, hidden] activation across the TP group
+        (0 at tp = 1); numpy-broadcastable in ``tokens``."""
+        c = self.cluster
+        if c.tp == 1:
+            return 0.0 * tokens
+        nbytes = self.layout.rank_tokens(tokens) * self.model.hidden * self.model.dtype_bytes
+        return c.tp_latency + 2 * (c.tp - 1) / c.tp * nbytes / c.tp_bandwidth
+
+    def _grad_buckets(self, stage: int) -> list[tuple[float, float]]:
+        """(share of the device's parameters up to and including the bucket, seconds of its
+        collective) per gradient bucket, in the order the backward fills them: one bucket without
+        ``dp_overlap``; each a ring all-reduce ``2 (n-1)/n x bytes / bw + latency``, or with
+        ``zero1`` a reduce-scatter ``(n-1)/n x bytes / bw + latency`` (bytes = params / tp x
+        ``cluster.grad_reduce_bytes``, default the model's dtype bytes). Empty at n = 1."""
+        c = self.cluster
+        n = self.layout.grad_group
+        if n == 1:
+            return []
+        params = self.layout.device_params(stage) / c.tp
+        size = params
+        if c.dp_overlap:
+            size = c.grad_bucket_params or max(40_000_000, 1_000_000 * n)
+        steps = (n - 1) / n if c.zero1 else 2 * (n - 1) / n
+        db = c.grad_reduce_bytes or self.model.dtype_bytes
+        out, done = [], 0.0
+        while done < params:
+            p = min(size, params - done)
+            done += p
+            out.append((done / params, steps * (p * db) / c.allreduce_bandwidth
+                        + c.allreduce_latency))
+        return out
+
+    def allreduce_time(self, stage: int) -> float:
+        """Seconds of the DP gradient synchronisation of stage ``stage`` when nothing overlaps it:
+        its buckets' collectives one after another (without ``dp_overlap`` one ring all-reduce
+        ``2 (n-1)/n x bytes / bandwidth + latency``); 0 when n = 1."""
+        return float(sum(sec for _, sec in self._grad_buckets(stage)))
+
+    def grad_sync_exposed(self, stage: int, window: float) -> float:
+        """Seconds of stage ``stage``'s gradient synchronisation left after its last backward action
+        (``window`` seconds long) with ``dp_overlap``: bucket i is ready when the action has run
+        its share of the parameters (gradients come out evenly over it), and the collectives run
+        one at a time, ``end_i = max(ready_i, end_(i-1)) + seconds_i``; exposed = end - window.
+        Equal buckets (n_b of them, T seconds in all): ``max(T / n_b, T - window (n_b - 1) / n_b)``."""
+        end = 0.0
+        for share, sec in self._grad_buckets(stage):
+            end = max(end, window * share) + sec
+        return max(0.0, end - window)
+
+    def optimizer_time(self, stage: int) -> float:
+        """Seconds of one AdamW step over stage ``stage``'s parameters (its TP shard; with ``zero1``
+        its 1/n share, then the ring all-gather of the updated bf16 parameters, ``(n-1)/n x bytes
+        / bandwidth + latency``): the profile's ``optim`` op at that parameter count, else params x
+        :func:`adamw_bytes` (gradient buffer of ``grad_reduce_bytes``) / the sidecar's memory_bandwidth."""
+        c = self.cluster
+        params = round(self.layout.device_params(stage) / c.tp)
+        n = self.layout.grad_group  # the data-parallel group of a stage's weights: DP x CP
+        if c.zero1 and n > 1:
+            gather = ((n - 1) / n * params * self.model.dtype_bytes / c.allreduce_bandwidth
+                      + c.allreduce_latency)
+            return self._optimizer_step(round(params / n)) + gather
+        return self._optimizer_step(params)
+
+    def _optimizer_step(self, params: int) -> float:
+        t = self.tables
+        if "optim" in t.curves:
+            return t.op("optim", params)
+        bw = t.profile.meta.memory_bandwidth
+        if bw:
+            return params * adamw_bytes(self.cluster.grad_reduce_bytes or self.model.dtype_bytes) / bw
+        if "optim" not in t.warned:
+            t.warned.add("optim")
+            warnings.warn(f"profile {t.profile.source} has neither optim rows nor memory_bandwidth; "
+                          "the optimizer step costs 0 s", RuntimeWarning, stacklevel=4)
+        return 0.0

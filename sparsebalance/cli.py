@@ -10,8 +10,10 @@ traceback); 1 the environment (``HostError``, or an ``OSError`` such as a full d
 file, SQLite's "database or disk is full", memory: one line naming the file); 130 interrupted (SIGINT), 143 terminated (SIGTERM/SIGHUP; verbs with work in flight
 clean it up first: a sweep keeps its finished runs, a launcher ends its process group); 141 the
 reader of stdout went away (``sparsebalance sweep ... | head``), after the results were written.
-Warnings print as one line each on a terminal; on other output they are counted and one line says
-how many were hidden (``-v`` shows them).
+Warnings by weight (``commands/_warnings.py``): one that changes what a result means
+(``errors.MeaningWarning``) is always printed and written into the results' ``summary.json``, and
+``--strict`` (every verb) makes it an error, exit 2; the others are notes, one line each on a terminal
+and counted otherwise (``-v`` shows them).
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import os
 import signal
 import sqlite3
 import sys
-import warnings
 
 from sparsebalance import __version__
 from sparsebalance.errors import ConfigError, HostError, MeaningWarning
@@ -86,6 +87,9 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     for name, (module, help_) in VERBS.items():
         p = sub.add_parser(name, help=help_, description=help_, epilog=EPILOG)
         p.set_defaults(_module=module)
+        p.add_argument("--strict", action="store_true",
+                       help="a warning that changes what the result means is an error (exit 2, the "
+                            "result not written); docs/reliability.md lists them")
         if verb == name:
             _load(module).add_arguments(p)
     return parser
@@ -121,22 +125,27 @@ def main(argv: list[str] | None = None) -> int:
     if _main_thread():
         for sig in (signal.SIGTERM, signal.SIGHUP):
             old[sig] = signal.signal(sig, _raise_terminated)
-    hidden: list[str] = []
-    from sparsebalance.commands._args import finish_outputs
+    from sparsebalance.commands import _warnings
+    from sparsebalance.commands._args import finish_outputs, open_outputs
 
     finish_outputs(False)  # nothing left open by an earlier verb in this process
     ended = False
     try:
-        with warnings.catch_warnings():
-            warnings.showwarning = _warning_printer(getattr(args, "verbose", False), hidden)
+        loud = getattr(args, "verbose", False) or _isatty(sys.stderr)
+        with _warnings.handling(loud=loud, strict=args.strict) as seen:
             rc = int(_load(args._module).run(args) or 0)
         ended = True
+        _warnings.record(open_outputs(), seen.meaning)  # beside the results: what they depend on
         finish_outputs(True)  # the verb returned: what it wrote is its result
         _flush_stdout()
-        if hidden and rc == 0:
-            print(f"sparsebalance: {len(hidden)} warning(s) not shown (stderr is not a terminal); "
+        if seen.hidden and rc == 0:
+            print(f"sparsebalance: {len(seen.hidden)} note(s) not shown (stderr is not a terminal); "
                   "-v shows them", file=sys.stderr)
         return rc
+    except MeaningWarning as w:  # --strict
+        print(f"sparsebalance {args.verb}: error: {_warnings.text_of(w, MeaningWarning)} (--strict: this "
+              "warning changes what the result means; nothing of it was written)", file=sys.stderr)
+        return 2
     except ConfigError as e:
         print(f"sparsebalance {args.verb}: error: {e}", file=sys.stderr)
         return 2
@@ -226,26 +235,6 @@ def _main_thread() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()
-
-
-def _warning_printer(verbose: bool, hidden: list[str]):
-    """``warnings.showwarning``: one line per distinct warning on a terminal (or with -v); counted
-    otherwise, so logs of non-interactive runs are not flooded -- except a ``MeaningWarning`` (it
-    changes what a result means), shown always."""
-    shown: set[str] = set()
-    loud = verbose or _isatty(sys.stderr)
-
-    def show(message, category, filename, lineno, file=None, line=None):
-        text = (str(message).strip().splitlines() or [category.__name__])[0]
-        if text in shown or text in hidden:
-            return
-        if loud or issubclass(category, MeaningWarning):  # it changes what the result means: shown
-            shown.add(text)
-            print(f"sparsebalance: warning: {text}", file=sys.stderr)
-        else:
-            hidden.append(text)
-
-    return show
 
 
 def _flush_stdout() -> None:

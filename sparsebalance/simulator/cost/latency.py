@@ -60,7 +60,7 @@ from numbers import Integral
 import numpy as np
 
 from sparsebalance.data.sequence import blocks
-from sparsebalance.errors import ConfigError, MeaningWarning, check_choice
+from sparsebalance.errors import ConfigError, MeaningWarning, NoteWarning, check_choice
 from sparsebalance.simulator.budget import Budget
 from sparsebalance.simulator.config import QWEN2_ARCH, ClusterConfig, ModelConfig
 from sparsebalance.simulator.cost.hybrid import PerSequenceCP, uniform_budgets
@@ -378,7 +378,7 @@ class LatencyModel(ScalarStageLatency):
             ops = " and ".join(f"{n}_bwd" for n in self._derived_split)
             self.notes.append(f"profile {self.profile.source} (format {self.profile.meta.format_version}) "
                               f"has no split-backward rows: I = W = half of {ops} (B = I + W)")
-            warnings.warn("latency: " + self.notes[0], RuntimeWarning, stacklevel=3)
+            warnings.warn("latency: " + self.notes[0], NoteWarning, stacklevel=3)
 
     def _fused(self):
         """Pre-summed tables for microbatch_latency's hot path: attention F + B on the shared grid, and
@@ -840,7 +840,7 @@ class LatencyModel(ScalarStageLatency):
         if "optim" not in self._warned:
             self._warned.add("optim")
             warnings.warn(f"profile {self.profile.source} has neither optim rows nor memory_bandwidth; "
-                          "the optimizer step costs 0 s", RuntimeWarning, stacklevel=3)
+                          "the optimizer step costs 0 s", MeaningWarning, stacklevel=3)
         return 0.0
 
 
@@ -961,7 +961,7 @@ def _check_monotone(prof: Profile, block_size: int, allow: bool) -> None:
     if allow or note:
         why = f" (accepted: {note})" if note else " (accepted: --allow-nonmonotone)"
         warnings.warn(f"profile {prof.source}: latency falls as work grows at {len(bad)} point(s)"
-                      f"{why}: {shown}", stacklevel=3)
+                      f"{why}: {shown}", NoteWarning, stacklevel=3)
         return
     raise ConfigError(f"profile: {prof.source}: latency falls as work grows at {len(bad)} point(s): "
                       f"{shown}. Re-measure, or pass --allow-nonmonotone (allow_nonmonotone = true) "

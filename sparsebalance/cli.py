@@ -21,11 +21,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import signal
 import sqlite3
 import sys
 
 from sparsebalance import __version__
+from sparsebalance.commands._signals import Terminated, installed
 from sparsebalance.errors import ConfigError, HostError, MeaningWarning
 
 #: verb -> (module under sparsebalance.commands, one-line help)
@@ -41,15 +41,6 @@ VERBS = {
                               "(CPU; `accuracy pretrain` makes its base model)")),
     "gpu-check": ("gpu_check", "on a CUDA GPU: kernel accuracy and speed, profiles, stage validation"),
 }
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM/SIGHUP turned into an exception, so every ``except KeyboardInterrupt`` clean-up path
-    (sweep workers, launcher process groups) runs for them too."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 class _Parser(argparse.ArgumentParser):
@@ -106,10 +97,6 @@ def _isatty(stream) -> bool:
         return False
 
 
-def _raise_terminated(signum, frame):
-    raise Terminated(signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # Import only the chosen verb's module: `--help` and `simulate` stay free of torch.
@@ -121,12 +108,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     stdout = sys.stdout
     sys.stdout = _NamedStdout(stdout)  # a failed write to it says "standard output", not nothing
-    old = {}
-    if _main_thread():
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            old[sig] = signal.signal(sig, _raise_terminated)
+    with installed():  # SIGTERM/SIGHUP raise Terminated; commands/_signals.py
+        try:
+            return _run(args, parser)
+        finally:
+            sys.stdout = stdout
+
+
+def _run(args, parser) -> int:
     from sparsebalance.commands import _warnings
-    from sparsebalance.commands._args import finish_outputs, open_outputs
+    from sparsebalance.commands._args import MARKER, finish_outputs, open_outputs
 
     finish_outputs(False)  # nothing left open by an earlier verb in this process
     ended = False
@@ -134,9 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         loud = getattr(args, "verbose", False) or _isatty(sys.stderr)
         with _warnings.handling(loud=loud, strict=args.strict) as seen:
             rc = int(_load(args._module).run(args) or 0)
-        ended = True
         _warnings.record(open_outputs(), seen.meaning)  # beside the results: what they depend on
         finish_outputs(True)  # the verb returned: what it wrote is its result
+        ended = True
         _flush_stdout()
         if seen.hidden and rc == 0:
             print(f"sparsebalance: {len(seen.hidden)} note(s) not shown (stderr is not a terminal); "
@@ -173,11 +164,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sparsebalance {args.verb}: interrupted", file=sys.stderr)
         return 130
     finally:
-        if not ended:
-            finish_outputs(False)  # an error or a signal: a directory it left is marked incomplete
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-        sys.stdout = stdout
+        if not ended:  # an error or a signal: a directory it left is marked incomplete
+            try:
+                kept = finish_outputs(False)
+            except KeyboardInterrupt:  # a second signal while closing: they are closed all the same
+                kept = []
+            for path in kept:
+                print(f"sparsebalance {args.verb}: {path} holds an unfinished run, marked incomplete "
+                      f"in its {MARKER}", file=sys.stderr)
 
 
 STDOUT = "standard output"
@@ -229,12 +223,6 @@ def _os_line(e: OSError) -> str:
         where = f"writing into {opened[-1]}" if opened else None
     what = e.strerror or str(e) or type(e).__name__
     return f"{where}: {what}" if where else what
-
-
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
 
 
 def _flush_stdout() -> None:

@@ -62,6 +62,21 @@ def prepare(cfg: RunConfig, *, profile: Profile | None = None, sequences: list |
                     latency=latency)
 
 
+def check_inputs(cfgs, seen: set[str] | None = None) -> None:
+    """:func:`prepare` once per distinct input of ``cfgs`` (profile, model, cluster, data but its
+    seed), so that a verb running many configs refuses a bad profile or data file in one line before
+    it creates its results directory. ``seen`` carries the inputs checked across calls."""
+    import json
+    from dataclasses import replace
+
+    seen = set() if seen is None else seen
+    for cfg in cfgs:
+        key = json.dumps([cfg.profile, cfg.model, cfg.cluster, replace(cfg.data, seed=None)], default=str)
+        if key not in seen:
+            seen.add(key)
+            prepare(cfg)
+
+
 def _latency(cfg: RunConfig, profile: Profile | None = None):
     from sparsebalance.simulator.cost.latency import load_latency_model
 

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from sparsebalance.errors import ConfigError
+from sparsebalance.fsutil import atomic_savefig
 from sparsebalance.simulator.engine.trace import WORK_OPS
 
 
@@ -150,7 +151,7 @@ def plot_predicted_vs_measured(table: pd.DataFrame, path: str | Path, title: str
     ax.legend(fontsize=7, loc="upper left")
     ax.set_title(title or f"predicted vs measured {quantity}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    fig.savefig(path.with_suffix(".svg"))
+    atomic_savefig(fig, path, dpi=120)
+    atomic_savefig(fig, path.with_suffix(".svg"))
     plt.close(fig)
     return path

@@ -36,6 +36,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sparsebalance.fsutil import atomic_savefig
+
 BASE: dict[str, Any] = {
     "name": "ablation-cp",
     "profile": "analytical-h200",
@@ -166,8 +168,8 @@ def plot(t: pd.DataFrame, path: Path, title: str) -> None:
     b.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path.with_suffix(".png"), dpi=130)
-    fig.savefig(path.with_suffix(".svg"))
+    atomic_savefig(fig, path.with_suffix(".png"), dpi=130)
+    atomic_savefig(fig, path.with_suffix(".svg"))
     plt.close(fig)
 
 
@@ -175,9 +177,11 @@ def run_cp(args) -> int:
     from sparsebalance.commands._args import resolve_out
     from sparsebalance.commands.ablation_schedules import parse_seeds
     from sparsebalance.runconfig import dump_toml
+    from sparsebalance.runner import check_inputs
 
     seeds = parse_seeds(args.seeds)
     cfgs = {row: configs(args, row, seeds) for row in ROWS}  # every config validated first
+    check_inputs(c for cs in cfgs.values() for c in cs)  # profile and data too, before any output
     out = resolve_out(args.out, "results/ablation-cp", force=args.force, verb="ablation")
     (out / "config.toml").write_text(dump_toml(cfgs[BASELINE][0]))
     seeds_df = measure_rows(cfgs, args, "cp rows")

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from sparsebalance.commands._args import (
+    MARKER,
     add_config,
     add_out,
     add_output_flags,
@@ -164,6 +165,7 @@ def run(args) -> int:
     if _legacy_sweep_dir(out) and not _is_sweep_dir(out):
         print(f"sweep: {out} was written before the run store existed: its runs are run again and "
               "its tables replaced", file=sys.stderr)
+    fresh = {c.name for c in out.iterdir()} <= {MARKER}  # this call made it: undone if no run is stored
     lock = open(out / ".sweep.lock", "w")  # noqa: SIM115  (held for the whole sweep)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -174,6 +176,7 @@ def run(args) -> int:
     for tmp in [*out.glob(".*.tmp"), *(out / "configs").glob(".*.tmp")]:
         tmp.unlink()  # a rename a kill interrupted: the complete file it was replacing is still there
     store = ResultStore(out, create=True)
+    undo = False
     try:
         done = store.ids()
         todo = [s for s in specs if s.run_id not in done]
@@ -206,9 +209,14 @@ def run(args) -> int:
             runs.close()  # an error (a full disk): workers end now, not when the traceback is freed
         bar.close()
         summary = export.now()
+    except BaseException:  # refused (--strict), failed or stopped before its first run was stored
+        undo = fresh and _stored_nothing(store)
+        raise
     finally:
         store.close()
         lock.close()
+        if undo:
+            _unmake(out)
     for f in failures[:10]:
         print(f"sweep: run {f.run_id} failed: {f.error}", file=sys.stderr)
     if summary is not None:
@@ -224,6 +232,27 @@ def run(args) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def _stored_nothing(store) -> bool:
+    try:
+        return len(store) == 0
+    except (ConfigError, OSError):  # a store that cannot say (a full disk): kept as it is
+        return False
+
+
+def _unmake(out: Path) -> None:
+    """Undo what a fresh sweep made before any run was stored (store, grid.json, configs/, lock), so
+    that the CLI removes the directory, then holding only its marker: a sweep refused (``--strict``) or
+    stopped before its first result leaves nothing behind."""
+    import contextlib
+
+    from sparsebalance.analysis.store import FILENAME
+
+    for name in (FILENAME, f"{FILENAME}-wal", f"{FILENAME}-shm", "grid.json", ".sweep.lock"):
+        (out / name).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        (out / "configs").rmdir()
 
 
 def _print_over_seeds(summary, out: Path) -> None:

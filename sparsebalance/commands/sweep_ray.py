@@ -73,7 +73,7 @@ class RayBackend:
 
         if ray.is_initialized():
             return False
-        kw = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        kw = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
         if self.address is None:
             ray.init(num_cpus=self.jobs, object_store_memory=256 * 1024 * 1024, **kw)
         else:

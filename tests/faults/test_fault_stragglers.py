@@ -11,7 +11,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -29,18 +28,6 @@ def _one_line(r, code: int, *needles: str) -> str:
     assert r.code == code and len(lines) == 1 and "Traceback" not in r.err, (r.code, r.err[-2000:])
     assert all(n in lines[0] for n in needles), (needles, lines[0])
     return lines[0]
-
-
-@pytest.fixture
-def no_launch(monkeypatch):
-    """Fail the test if a verb reaches torchrun or starts any process."""
-    import sparsebalance.realrun.launch as L
-
-    def refuse(*a, **k):
-        raise AssertionError(f"a process was started: {a[:1]}")
-
-    monkeypatch.setattr(L, "launch", refuse)
-    monkeypatch.setattr(subprocess, "Popen", refuse)
 
 
 # -- an empty data file ------------------------------------------------------------------------------

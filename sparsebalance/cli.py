@@ -110,12 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout = _NamedStdout(stdout)  # a failed write to it says "standard output", not nothing
     with installed():  # SIGTERM/SIGHUP raise Terminated; commands/_signals.py
         try:
-            return _run(args, parser)
+            return _run(args)
         finally:
             sys.stdout = stdout
 
 
-def _run(args, parser) -> int:
+def _run(args) -> int:
     from sparsebalance.commands import _warnings
     from sparsebalance.commands._args import MARKER, finish_outputs, open_outputs
 
@@ -134,8 +134,8 @@ def _run(args, parser) -> int:
                   "-v shows them", file=sys.stderr)
         return rc
     except MeaningWarning as w:  # --strict
-        print(f"sparsebalance {args.verb}: error: {_warnings.text_of(w, MeaningWarning)} (--strict: this "
-              "warning changes what the result means; nothing of it was written)", file=sys.stderr)
+        print(f"sparsebalance {args.verb}: error: {_warnings.text_of(w, MeaningWarning)} (--strict: a "
+              "warning that changes what the result means; that result is not written)", file=sys.stderr)
         return 2
     except ConfigError as e:
         print(f"sparsebalance {args.verb}: error: {e}", file=sys.stderr)
@@ -157,21 +157,25 @@ def _run(args, parser) -> int:
         return _fail(args, "out of memory (lower the sizes: data.num_sequences, the grid, --jobs)", 1)
     except (RecursionError, OverflowError, UnicodeError) as e:  # an input past a limit, unnamed
         return _fail(args, f"an input is out of range ({type(e).__name__}: {e})", 2)
-    except Terminated as e:
-        print(f"sparsebalance {args.verb}: terminated ({e})", file=sys.stderr)
-        return 128 + e.signum
-    except KeyboardInterrupt:
-        print(f"sparsebalance {args.verb}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Terminated too: the line says what a directory it left holds
+        kept = _close_unfinished()
+        said = "; ".join(f"{p} holds an unfinished run, marked incomplete in its {MARKER}" for p in kept)
+        what = f"terminated ({e})" if isinstance(e, Terminated) else "interrupted"
+        print(f"sparsebalance {args.verb}: {what}{'; ' + said if said else ''}", file=sys.stderr)
+        return 128 + e.signum if isinstance(e, Terminated) else 130
     finally:
-        if not ended:  # an error or a signal: a directory it left is marked incomplete
-            try:
-                kept = finish_outputs(False)
-            except KeyboardInterrupt:  # a second signal while closing: they are closed all the same
-                kept = []
-            for path in kept:
-                print(f"sparsebalance {args.verb}: {path} holds an unfinished run, marked incomplete "
-                      f"in its {MARKER}", file=sys.stderr)
+        if not ended:  # an error: a directory it left is marked incomplete
+            _close_unfinished()
+
+
+def _close_unfinished() -> list:
+    """Close the verb's directories as unfinished (``_args.finish_outputs(False)``); those kept."""
+    from sparsebalance.commands._args import finish_outputs
+
+    try:
+        return finish_outputs(False)
+    except KeyboardInterrupt:  # a second signal while closing: they are closed all the same
+        return []
 
 
 STDOUT = "standard output"

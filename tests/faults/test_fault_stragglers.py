@@ -89,12 +89,12 @@ def test_sigterm_while_simulate_writes_marks_it_incomplete(tmp_path, run_cli, mo
     r = run_cli(*argv)
     monkeypatch.undo()
     assert r.code == 143 and "Traceback" not in r.err, r.err
-    assert "terminated (SIGTERM)" in r.err
+    assert len(r.err.strip().splitlines()) == 1 and "terminated (SIGTERM)" in r.err, r.err
     out = tmp_path / "o"
     results = [p for p in out.iterdir() if p.name != MARKER] if out.exists() else []
     if results:
         assert json.loads((out / MARKER).read_text())["complete"] is False
-        assert f"{out} holds an unfinished run, marked incomplete" in r.err
+        assert f"terminated (SIGTERM); {out} holds an unfinished run, marked incomplete" in r.err
         assert not list(out.glob(".*.tmp"))  # every file whole or absent
     else:
         assert not out.exists()

@@ -14,7 +14,8 @@
 # script's output) and the results marker -- at most 8 files, what a lent machine gives back.
 #
 # Exit codes: 0 every step ok, skipped or partial; 1 a step failed or timed out; 2 no CUDA GPU (or
-# bad input): nothing was run, summary.md holds the environment; 124 the hard deadline hit.
+# bad input): nothing was run, gpu-check left no results directory and this script's summary.md
+# holds its one line and the environment; 124 the hard deadline hit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -83,14 +84,28 @@ if (( rc == 124 || rc == 137 )); then
     echo "gpu-check.sh: the hard deadline (${SECS} s) hit; summary.md holds the steps that finished" | tee -a "$LOG"
     [[ -f "$OUT/summary.md" ]] && echo "- hard deadline (${SECS} s) hit: the run was stopped there" >>"$OUT/summary.md"
 fi
-if [[ ! -f "$OUT/summary.md" ]]; then  # gpu-check never got as far as its summary: leave one anyway
-    {
-        echo "# sparsebalance gpu-check"
-        echo
-        echo "- gpu-check exited $rc before writing its summary; its output is in gpu-check.log"
-        echo "- python: $("$PY" -V 2>&1) ($(command -v "$PY"))"
-        echo "- gpus (nvidia-smi -L): $(nvidia-smi -L 2>&1 | tr '\n' ';')"
-    } >"$OUT/summary.md"
+if [[ ! -f "$OUT/summary.md" ]]; then  # gpu-check wrote none (no CUDA, bad input, an early death): leave one
+    said=$(grep -m1 "^sparsebalance gpu-check: error: " "$LOG" | sed 's/^sparsebalance gpu-check: error: //')
+    "$PY" - "$OUT/summary.md" "$rc" "$said" >>"$LOG" 2>&1 <<'EOF' || {
+import sys
+from pathlib import Path
+
+from sparsebalance.commands.gpu_check import cuda_device
+from sparsebalance.gpucheck.report import environment, write_summary
+
+path, rc, said = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+env = {"device": cuda_device() or "no CUDA device"} | environment()
+write_summary([], env, path, [f"gpu-check exited {rc} before any step" + (f": {said}" if said else "")
+                              + "; its output is in gpu-check.log"])
+EOF
+        {
+            echo "# sparsebalance gpu-check"
+            echo
+            echo "- gpu-check exited $rc before writing its summary; its output is in gpu-check.log"
+            echo "- python: $("$PY" -V 2>&1) ($(command -v "$PY"))"
+            echo "- gpus (nvidia-smi -L): $(nvidia-smi -L 2>&1 | tr '\n' ';')"
+        } >"$OUT/summary.md"
+    }
 fi
 cp "$LOG" "$OUT/gpu-check.log"
 exit "$rc"

@@ -10,8 +10,10 @@ traceback); 1 the environment (``HostError``, or an ``OSError`` such as a full d
 file, SQLite's "database or disk is full", memory: one line naming the file); 130 interrupted (SIGINT), 143 terminated (SIGTERM/SIGHUP; verbs with work in flight
 clean it up first: a sweep keeps its finished runs, a launcher ends its process group); 141 the
 reader of stdout went away (``sparsebalance sweep ... | head``), after the results were written.
-Warnings print as one line each on a terminal; on other output they are counted and one line says
-how many were hidden (``-v`` shows them).
+Warnings by weight (``commands/_warnings.py``): one that changes what a result means
+(``errors.MeaningWarning``) is always printed and written into the results' ``summary.json``, and
+``--strict`` (every verb) makes it an error, exit 2; the others are notes, one line each on a terminal
+and counted otherwise (``-v`` shows them).
 """
 
 from __future__ import annotations
@@ -19,12 +21,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import signal
 import sqlite3
 import sys
-import warnings
 
 from sparsebalance import __version__
+from sparsebalance.commands._signals import Terminated, installed
 from sparsebalance.errors import ConfigError, HostError, MeaningWarning
 
 #: verb -> (module under sparsebalance.commands, one-line help)
@@ -40,15 +41,6 @@ VERBS = {
                               "(CPU; `accuracy pretrain` makes its base model)")),
     "gpu-check": ("gpu_check", "on a CUDA GPU: kernel accuracy and speed, profiles, stage validation"),
 }
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM/SIGHUP turned into an exception, so every ``except KeyboardInterrupt`` clean-up path
-    (sweep workers, launcher process groups) runs for them too."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 class _Parser(argparse.ArgumentParser):
@@ -86,6 +78,9 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     for name, (module, help_) in VERBS.items():
         p = sub.add_parser(name, help=help_, description=help_, epilog=EPILOG)
         p.set_defaults(_module=module)
+        p.add_argument("--strict", action="store_true",
+                       help="a warning that changes what the result means is an error (exit 2, the "
+                            "result not written); docs/reliability.md lists them")
         if verb == name:
             _load(module).add_arguments(p)
     return parser
@@ -102,10 +97,6 @@ def _isatty(stream) -> bool:
         return False
 
 
-def _raise_terminated(signum, frame):
-    raise Terminated(signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # Import only the chosen verb's module: `--help` and `simulate` stay free of torch.
@@ -117,26 +108,35 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     stdout = sys.stdout
     sys.stdout = _NamedStdout(stdout)  # a failed write to it says "standard output", not nothing
-    old = {}
-    if _main_thread():
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            old[sig] = signal.signal(sig, _raise_terminated)
-    hidden: list[str] = []
-    from sparsebalance.commands._args import finish_outputs
+    with installed():  # SIGTERM/SIGHUP raise Terminated; commands/_signals.py
+        try:
+            return _run(args)
+        finally:
+            sys.stdout = stdout
+
+
+def _run(args) -> int:
+    from sparsebalance.commands import _warnings
+    from sparsebalance.commands._args import MARKER, finish_outputs, open_outputs
 
     finish_outputs(False)  # nothing left open by an earlier verb in this process
     ended = False
     try:
-        with warnings.catch_warnings():
-            warnings.showwarning = _warning_printer(getattr(args, "verbose", False), hidden)
+        loud = getattr(args, "verbose", False) or _isatty(sys.stderr)
+        with _warnings.handling(loud=loud, strict=args.strict) as seen:
             rc = int(_load(args._module).run(args) or 0)
-        ended = True
+        _warnings.record(open_outputs(), seen.meaning)  # beside the results: what they depend on
         finish_outputs(True)  # the verb returned: what it wrote is its result
+        ended = True
         _flush_stdout()
-        if hidden and rc == 0:
-            print(f"sparsebalance: {len(hidden)} warning(s) not shown (stderr is not a terminal); "
+        if seen.hidden and rc == 0:
+            print(f"sparsebalance: {len(seen.hidden)} note(s) not shown (stderr is not a terminal); "
                   "-v shows them", file=sys.stderr)
         return rc
+    except MeaningWarning as w:  # --strict
+        print(f"sparsebalance {args.verb}: error: {_warnings.text_of(w, MeaningWarning)} (--strict: a "
+              "warning that changes what the result means; that result is not written)", file=sys.stderr)
+        return 2
     except ConfigError as e:
         print(f"sparsebalance {args.verb}: error: {e}", file=sys.stderr)
         return 2
@@ -157,18 +157,25 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(args, "out of memory (lower the sizes: data.num_sequences, the grid, --jobs)", 1)
     except (RecursionError, OverflowError, UnicodeError) as e:  # an input past a limit, unnamed
         return _fail(args, f"an input is out of range ({type(e).__name__}: {e})", 2)
-    except Terminated as e:
-        print(f"sparsebalance {args.verb}: terminated ({e})", file=sys.stderr)
-        return 128 + e.signum
-    except KeyboardInterrupt:
-        print(f"sparsebalance {args.verb}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Terminated too: the line says what a directory it left holds
+        kept = _close_unfinished()
+        said = "; ".join(f"{p} holds an unfinished run, marked incomplete in its {MARKER}" for p in kept)
+        what = f"terminated ({e})" if isinstance(e, Terminated) else "interrupted"
+        print(f"sparsebalance {args.verb}: {what}{'; ' + said if said else ''}", file=sys.stderr)
+        return 128 + e.signum if isinstance(e, Terminated) else 130
     finally:
-        if not ended:
-            finish_outputs(False)  # an error or a signal: a directory it left is marked incomplete
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-        sys.stdout = stdout
+        if not ended:  # an error: a directory it left is marked incomplete
+            _close_unfinished()
+
+
+def _close_unfinished() -> list:
+    """Close the verb's directories as unfinished (``_args.finish_outputs(False)``); those kept."""
+    from sparsebalance.commands._args import finish_outputs
+
+    try:
+        return finish_outputs(False)
+    except KeyboardInterrupt:  # a second signal while closing: they are closed all the same
+        return []
 
 
 STDOUT = "standard output"
@@ -220,32 +227,6 @@ def _os_line(e: OSError) -> str:
         where = f"writing into {opened[-1]}" if opened else None
     what = e.strerror or str(e) or type(e).__name__
     return f"{where}: {what}" if where else what
-
-
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
-
-
-def _warning_printer(verbose: bool, hidden: list[str]):
-    """``warnings.showwarning``: one line per distinct warning on a terminal (or with -v); counted
-    otherwise, so logs of non-interactive runs are not flooded -- except a ``MeaningWarning`` (it
-    changes what a result means), shown always."""
-    shown: set[str] = set()
-    loud = verbose or _isatty(sys.stderr)
-
-    def show(message, category, filename, lineno, file=None, line=None):
-        text = (str(message).strip().splitlines() or [category.__name__])[0]
-        if text in shown or text in hidden:
-            return
-        if loud or issubclass(category, MeaningWarning):  # it changes what the result means: shown
-            shown.add(text)
-            print(f"sparsebalance: warning: {text}", file=sys.stderr)
-        else:
-            hidden.append(text)
-
-    return show
 
 
 def _flush_stdout() -> None:

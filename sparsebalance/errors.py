@@ -23,10 +23,24 @@ class HostError(Exception):
 
 
 class MeaningWarning(UserWarning, RuntimeWarning):
-    """A warning that changes what a result means (the profile is for another device, a latency is
-    extrapolated, an op costs nothing): the CLI always shows it, where other warnings off a terminal
-    are only counted. Both a UserWarning and a RuntimeWarning, the categories these warnings had
-    before, so filters written for those still catch them."""
+    """A warning that changes what a result means (the profile is another device's or another model's,
+    a latency extrapolated past the profile, an op with no rows costing 0 s, a plan that does not fit
+    in the device's memory). The CLI prints it whatever stderr is, writes it into the results'
+    ``summary.json`` (``warnings``), and ``--strict`` makes it an error (exit 2). Both a UserWarning and
+    a RuntimeWarning, the categories these warnings had before, so filters written for those still
+    catch them. Every warning the package emits is this or a :class:`NoteWarning`
+    (docs/reliability.md lists them)."""
+
+
+class NoteWarning(UserWarning, RuntimeWarning):
+    """A warning safe to hide from a script: the result means what it says (an accepted, documented
+    approximation). Off a terminal the CLI counts it in one line; ``-v`` shows it. Both categories
+    too, as :class:`MeaningWarning`."""
+
+
+def is_meaning(category: type[Warning]) -> bool:
+    """Whether warnings of ``category`` change what a result means (see :class:`MeaningWarning`)."""
+    return issubclass(category, MeaningWarning)
 
 
 def check(cond: bool, field: str, message: str) -> None:

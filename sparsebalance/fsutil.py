@@ -61,3 +61,14 @@ def atomic_to_csv(df, path: str | Path, **kw) -> Path:
     """``df.to_csv(path, index=False)`` through a temporary sibling and a rename."""
     kw.setdefault("index", False)
     return atomic_write_text(path, df.to_csv(**kw))
+
+
+def atomic_savefig(fig, path: str | Path, **kw) -> Path:
+    """``fig.savefig(path, **kw)`` rendered in memory, then written atomically (a kill while
+    matplotlib writes leaves no truncated PNG/SVG); the format follows the suffix."""
+    import io
+
+    path = Path(path)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=path.suffix.lstrip(".") or None, **kw)
+    return atomic_write_bytes(path, buf.getvalue())

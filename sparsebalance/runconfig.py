@@ -70,7 +70,8 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     realrun: dict[str, Any] = field(default_factory=dict)
-    """Options of the real executor (parsed by sparsebalance.realrun.config; empty for simulation)."""
+    """Options of the real executor (``sparsebalance.realrun.config.RealrunConfig``: keys and values
+    checked on load by every verb; empty for simulation)."""
     base_dir: str = "."
     """Directory relative paths are resolved against (the config file's directory)."""
 
@@ -133,6 +134,12 @@ def run_config_from_mapping(data: dict[str, Any], base_dir: str = ".") -> RunCon
         rr = data.pop("realrun")
         if not isinstance(rr, dict):
             raise ConfigError("realrun: expected a table")
+        from sparsebalance.realrun.config import RealrunConfig
+
+        # its keys and values checked on load whatever the verb (simulate ignores the table, but an
+        # unknown key or backend = "mpi" is a mistake there too); the checks against the model, the
+        # plan and this machine are realrun_config's, before a launch
+        from_mapping(RealrunConfig, rr, "realrun")
         kwargs["realrun"] = rr
     data.pop("base_dir", None)
     cfg = from_mapping(RunConfig, data | kwargs | {"base_dir": base_dir})

@@ -67,6 +67,21 @@ def prepare(cfg: RunConfig, *, profile: Profile | None = None, sequences: list |
                     latency=latency)
 
 
+def check_inputs(cfgs, seen: set[str] | None = None) -> None:
+    """:func:`prepare` once per distinct input of ``cfgs`` (profile, model, cluster, data but its
+    seed), so that a verb running many configs refuses a bad profile or data file in one line before
+    it creates its results directory. ``seen`` carries the inputs checked across calls."""
+    import json
+    from dataclasses import replace
+
+    seen = set() if seen is None else seen
+    for cfg in cfgs:
+        key = json.dumps([cfg.profile, cfg.model, cfg.cluster, replace(cfg.data, seed=None)], default=str)
+        if key not in seen:
+            seen.add(key)
+            prepare(cfg)
+
+
 def _latency(cfg: RunConfig, profile: Profile | None = None):
     from sparsebalance.simulator.cost.latency import load_latency_model
 
@@ -86,7 +101,27 @@ def run_simulation(cfg: RunConfig, *, progress: bool = True, prepared: Prepared 
     result = run_loop(batches=batches, batching=p.batching, tuning=p.tuning, executor=executor,
                       ctx=p.ctx, iterations=cfg.iterations, progress=progress)
     check_finite_metrics(result.metrics)
+    warn_memory(result.metrics, cfg)
     return result
+
+
+def warn_memory(metrics, cfg: RunConfig) -> None:
+    """A MeaningWarning when some iteration's peak memory passes ``cluster.device_memory``: the plan
+    would not run as simulated (the times assume it fits)."""
+    if "memory_exceeded" not in metrics or cfg.cluster.device_memory is None:
+        return
+    over = metrics["memory_exceeded"] > 0
+    if not over.any():
+        return
+    import warnings
+
+    from sparsebalance.errors import MeaningWarning
+
+    warnings.warn(f"memory: {int(over.sum())} of {len(metrics)} iteration(s) need up to "
+                  f"{float(metrics.loc[over, 'peak_memory_gb'].max()):,.1f} GB on one device, above "
+                  f"cluster.device_memory = {cfg.cluster.device_memory / 1e9:,.1f} GB: the plan cannot run "
+                  "as simulated (see policy.memory_aware, policy.token_cap, cluster.recompute, cluster.zero1)",
+                  MeaningWarning, stacklevel=3)
 
 
 FINITE_METRICS = ("iteration_time_s", "imbalance", "bubble_fraction", "mean_budget", "mean_coverage",

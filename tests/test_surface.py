@@ -119,7 +119,7 @@ def test_warnings_are_counted_not_printed_off_a_terminal(tmp_path, run_cli):
     quiet = run_cli("simulate", "--config", cfg, *SMALL, "--out", tmp_path / "q", "--no-trace")
     # the accepted non-monotone points are counted; the device mismatch changes what the result
     # means, so it is shown even here
-    assert quiet.code == 0 and "warning(s) not shown" in quiet.err and "falls as work grows" not in quiet.err
+    assert quiet.code == 0 and "1 note(s) not shown" in quiet.err and "falls as work grows" not in quiet.err
     assert "sparsebalance: warning: profile" in quiet.err and "is for device 'h200'" in quiet.err
     loud = run_cli("simulate", "--config", cfg, *SMALL, "--out", tmp_path / "v", "--no-trace", "-v")
     assert loud.code == 0 and "sparsebalance: warning: profile" in loud.err

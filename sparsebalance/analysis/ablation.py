@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sparsebalance.fsutil import atomic_savefig
+
 CONFIGS = ("baseline", "+DST", "+SAB", "+SAB+DST", "+LBB", "+LBB+DST")
 """Table I rows, in order."""
 
@@ -138,6 +140,6 @@ def plot_ablation(t: pd.DataFrame, path: Path, title: str = "") -> None:
     axes[0].legend(fontsize=8)
     fig.suptitle(title or "Table I ablation: simulated vs paper")
     path = Path(path)
-    fig.savefig(path.with_suffix(".png"), dpi=130)
-    fig.savefig(path.with_suffix(".svg"))
+    atomic_savefig(fig, path.with_suffix(".png"), dpi=130)
+    atomic_savefig(fig, path.with_suffix(".svg"))
     plt.close(fig)

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from sparsebalance.analysis.stats import fmt_ci, summarize
+from sparsebalance.fsutil import atomic_savefig
 
 METRICS = ("accuracy", "accuracy_vs_fixed", "sim_speedup", "mean_budget", "coverage", "cpu_time_s")
 
@@ -110,6 +111,6 @@ def plot_accuracy_vs_speedup(s: pd.DataFrame, path: Path, title: str = "") -> No
         g = s[s.bucket == b]
         label_points(ax, g["sim_speedup"], g["accuracy"], g["config"])
     path = Path(path)
-    fig.savefig(path.with_suffix(".png"), dpi=130)
-    fig.savefig(path.with_suffix(".svg"))
+    atomic_savefig(fig, path.with_suffix(".png"), dpi=130)
+    atomic_savefig(fig, path.with_suffix(".svg"))
     plt.close(fig)

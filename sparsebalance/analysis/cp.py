@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from sparsebalance.analysis.stats import ci_cell, t_interval
+from sparsebalance.fsutil import atomic_savefig
 from sparsebalance.simulator.cost.cp.trace import FIGURES as CP_FIGURES
 
 
@@ -74,8 +75,8 @@ def plot(t: pd.DataFrame, path: Path, title: str) -> None:
     b.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path.with_suffix(".png"), dpi=130)
-    fig.savefig(path.with_suffix(".svg"))
+    atomic_savefig(fig, path.with_suffix(".png"), dpi=130)
+    atomic_savefig(fig, path.with_suffix(".svg"))
     plt.close(fig)
 
 

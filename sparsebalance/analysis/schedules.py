@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from sparsebalance.analysis.stats import ci_cell, t_interval
+from sparsebalance.fsutil import atomic_savefig
 
 ROWS = ("baseline", "SAB+DST", "SAB+DST-CP")
 COLOURS = {"baseline": "C0", "SAB+DST": "C1", "SAB+DST-CP": "C2"}
@@ -96,6 +97,6 @@ def plot(t: pd.DataFrame, path: Path, title: str = "") -> None:
     axes[1].legend(fontsize=8)
     fig.suptitle(title or "policies under each pipeline schedule", fontsize=10)
     path = Path(path)
-    fig.savefig(path.with_suffix(".png"), dpi=130)
-    fig.savefig(path.with_suffix(".svg"))
+    atomic_savefig(fig, path.with_suffix(".png"), dpi=130)
+    atomic_savefig(fig, path.with_suffix(".svg"))
     plt.close(fig)

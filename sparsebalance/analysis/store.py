@@ -8,7 +8,8 @@ processes today, a Ray backend later: both hand records to :meth:`ResultStore.ap
 
 API::
 
-    store = ResultStore(directory)          # creates or opens <directory>/runs.sqlite
+    store = ResultStore(directory)          # opens <directory>/runs.sqlite (ConfigError if none)
+    store = ResultStore(directory, create=True)  # creates it if absent (the sweep)
     store.ids() -> set[str]                 # run ids already stored
     store.append(record) -> bool            # False when the id is already there (idempotent)
     store.records(ids=None) -> list[RunRecord]
@@ -34,16 +35,18 @@ from typing import Any, Self
 
 from sparsebalance.errors import ConfigError, HostError
 
-COLUMNS = ("run_id", "schema", "coords", "metrics", "timing", "config", "created")
-"""The ``runs`` table's columns, in order; a table of other columns is refused, never written."""
+COLUMNS = ("run_id", "schema", "coords", "metrics", "timing", "config", "created", "warnings")
+"""The ``runs`` table's columns, in order; a table of other columns is refused, never written (a
+table of the columns before ``warnings`` was added is given that column, empty: not recorded)."""
 _AWAY = "move it away or pass --force to start the sweep afresh"
 #: SQLite result codes that are the machine's fault: PERM, BUSY, LOCKED, NOMEM, READONLY, IOERR,
 #: FULL, CANTOPEN (https://sqlite.org/rescode.html); the words are their messages, for errors that
 #: carry no code.
 _HOST_CODES = {3, 5, 6, 7, 8, 10, 13, 14}
 _HOST_WORDS = ("disk is full", "disk I/O error", "unable to open", "readonly", "locked", "out of memory")
-RESULT_SCHEMA_VERSION = 1
-"""Version of :class:`RunRecord`'s content; part of every run id (bump it when metrics change)."""
+RESULT_SCHEMA_VERSION = 2
+"""Version of :class:`RunRecord`'s content; part of every run id (bump it when metrics change).
+2: records carry their run's warnings."""
 FILENAME = "runs.sqlite"
 
 
@@ -64,26 +67,41 @@ class RunRecord:
     schema: int = RESULT_SCHEMA_VERSION
     created: float = 0.0
     """Unix time the record was stored."""
+    warnings: list[str] | None = field(default_factory=list)
+    """The run's warnings that change what its numbers mean (``errors.MeaningWarning``: extrapolated
+    latencies, a plan over the device memory...); None in a record stored before they were kept."""
 
 
 class ResultStore:
     """Append-only store of :class:`RunRecord` in ``<directory>/runs.sqlite`` (see module doc)."""
 
-    def __init__(self, directory: str | Path):
-        self.path = Path(directory) / FILENAME
+    def __init__(self, directory: str | Path, *, create: bool = False):
+        directory = Path(directory)
+        self.path = directory / FILENAME
+        if not directory.is_dir():
+            what = "is not a directory" if directory.exists() else "no such directory"
+            raise ConfigError(f"store: {directory}: {what} (a sweep's --out holds its {FILENAME})")
+        ResultStore.check_not_other(directory)
+        if not create and not self.path.exists():
+            raise ConfigError(f"store: {directory} holds no sweep store ({FILENAME}); a sweep's --out does")
         with self._guard("open"):
             self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
-            self._db.execute(
-                "CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, schema INTEGER NOT NULL, "
-                "coords TEXT NOT NULL, metrics TEXT NOT NULL, timing TEXT NOT NULL, "
-                "config TEXT NOT NULL, created REAL NOT NULL)")
+            if create:
+                self._db.execute(
+                    "CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, schema INTEGER NOT NULL, "
+                    "coords TEXT NOT NULL, metrics TEXT NOT NULL, timing TEXT NOT NULL, "
+                    "config TEXT NOT NULL, created REAL NOT NULL, warnings TEXT)")
             cols = [r[1] for r in self._db.execute("PRAGMA table_info(runs)")]
-        if cols != list(COLUMNS):  # a `runs` table some other tool made: never written into
+            if create and cols == list(COLUMNS[:-1]):  # a store of version 1: its records keep None
+                self._db.execute("ALTER TABLE runs ADD COLUMN warnings TEXT")
+                cols.append("warnings")
+        if cols != list(COLUMNS):  # a `runs` table some other tool made (or none): never written into
             self._db.close()
-            raise ConfigError(f"store: {self.path} has a runs table of another schema (columns "
-                              f"{', '.join(cols)}; a sweep store has {', '.join(COLUMNS)}); {_AWAY}")
+            what = (f"a runs table of another schema (columns {', '.join(cols)}; a sweep store has "
+                    f"{', '.join(COLUMNS)})" if cols else "no runs table")
+            raise ConfigError(f"store: {self.path} has {what}; {_AWAY}")
 
     @contextmanager
     def _guard(self, doing: str):
@@ -102,6 +120,14 @@ class ResultStore:
     def exists(directory: str | Path) -> bool:
         return (Path(directory) / FILENAME).is_file()
 
+    @staticmethod
+    def check_not_other(directory: str | Path) -> None:
+        """ConfigError when ``<directory>/runs.sqlite`` exists but is no file (a directory, a socket):
+        what no sweep wrote, refused before anything is touched."""
+        path = Path(directory) / FILENAME
+        if (path.exists() or path.is_symlink()) and not path.is_file():
+            raise ConfigError(f"store: {path} is not a file, so not a sweep store; {_AWAY}")
+
     def ids(self) -> set[str]:
         with self._guard("read run ids"):
             return {r[0] for r in self._db.execute("SELECT run_id FROM runs")}
@@ -115,9 +141,10 @@ class ResultStore:
         Non-finite numbers are refused (ValueError): the store holds valid JSON only. A full disk is
         a HostError naming the store; the transaction is not committed, earlier records stay."""
         row = (record.run_id, int(record.schema), _dumps(record.coords), _dumps(record.metrics),
-               _dumps(record.timing), record.config, record.created or time.time())
+               _dumps(record.timing), record.config, record.created or time.time(),
+               None if record.warnings is None else _dumps(list(record.warnings)))
         with self._guard(f"store run {record.run_id}"):
-            cur = self._db.execute("INSERT OR IGNORE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?)", row)
+            cur = self._db.execute("INSERT OR IGNORE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
         return cur.rowcount == 1
 
     def records(self, ids: Iterable[str] | None = None) -> list[RunRecord]:
@@ -125,7 +152,7 @@ class ResultStore:
         does not parse (edited by hand, another tool) is one line naming the store and the row."""
         with self._guard("read runs"):
             rows = self._db.execute("SELECT rowid, run_id, schema, coords, metrics, timing, config, "
-                                    "created FROM runs ORDER BY rowid").fetchall()
+                                    "created, warnings FROM runs ORDER BY rowid").fetchall()
         keep = None if ids is None else set(ids)
         return [_record(r, self.path) for r in rows if keep is None or r[1] in keep]
 
@@ -147,16 +174,24 @@ def _record(row: tuple, path: Path) -> RunRecord:
     rowid, run_id, schema, *texts = row[:6]
     parsed = []
     for name, text in zip(("coords", "metrics", "timing"), texts):
-        try:
-            value = json.loads(text)
-        except (TypeError, ValueError, RecursionError):  # JSONDecodeError is a ValueError
-            value = None
+        value = _loads(text)
         if not isinstance(value, dict):
             raise ConfigError(f"store: {path}: row {rowid} (run {run_id}) has no JSON object in "
                               f"column {name}; {_AWAY}")
         parsed.append(value)
+    warned = None if row[8] is None else _loads(row[8])
+    if warned is not None and not (isinstance(warned, list) and all(isinstance(w, str) for w in warned)):
+        raise ConfigError(f"store: {path}: row {rowid} (run {run_id}) has no JSON list of texts in column "
+                          f"warnings; {_AWAY}")
     return RunRecord(run_id=run_id, schema=schema, coords=parsed[0], metrics=parsed[1], timing=parsed[2],
-                     config=row[6], created=row[7])
+                     config=row[6], created=row[7], warnings=warned)
+
+
+def _loads(text: Any) -> Any:
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError, RecursionError):  # JSONDecodeError is a ValueError
+        return None
 
 
 def _dumps(obj: Any) -> str:

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sparsebalance.fsutil import atomic_savefig
+
 METRICS = ("iteration_time_s", "imbalance", "mean_budget", "mean_coverage", "floor_share")
 """Per-run metrics (means over iterations) a sweep records; ``speedup`` is added by
 :func:`with_speedup`. Deterministic: the same config gives the same numbers."""
@@ -117,6 +119,6 @@ def plot_pareto(w: pd.DataFrame, path: Path, *, label_cols=("anchor", "p"), titl
     texts = [" ".join(f"{row[c]}" for c in label_cols if c in row) for _, row in w.iterrows()]
     label_points(ax, x, y, texts)
     path = Path(path)
-    fig.savefig(path.with_suffix(".png"), dpi=130)
-    fig.savefig(path.with_suffix(".svg"))
+    atomic_savefig(fig, path.with_suffix(".png"), dpi=130)
+    atomic_savefig(fig, path.with_suffix(".svg"))
     plt.close(fig)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sparsebalance.fsutil import atomic_savefig
+
 #: Colour per op: F and B clearly apart, communication and optimizer muted; idle stays white.
 COLOURS = {"F": "#4C72B0", "B": "#DD8452", "I": "#E9A66F", "W": "#8172B3", "P2P": "#8C8C8C",
            "ALLREDUCE": "#55A868", "OPTIM": "#C44E52", "CP": "#64B5CD",
@@ -76,10 +78,10 @@ def plot_timeline(trace, path: str | Path, iteration: int = 0, title: str = "",
               loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    atomic_savefig(fig, path, dpi=120)
     svg = path.with_suffix(".svg")
     if len(df) <= SVG_MAX_ACTIONS:
-        fig.savefig(svg)
+        atomic_savefig(fig, svg)
     elif svg.exists():
         svg.unlink()  # never leave an SVG of another run beside this PNG
     plt.close(fig)

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from sparsebalance.analysis.compare import compare, mean_abs_error, speedup_table, stage_busy
+from sparsebalance.fsutil import atomic_savefig
 from sparsebalance.simulator.engine.trace import NESTED_OPS, WORK_OPS
 
 OPS = ("F", "B", "I", "W", "P2P", "ALLREDUCE", "OPTIM", "CP_COMM")
@@ -294,7 +295,7 @@ def plot_validation(iterations: pd.DataFrame, speedups: pd.DataFrame, path: str 
     ax.legend(fontsize=7, loc="upper left")
     fig.suptitle(title or "predicted vs measured", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    fig.savefig(path.with_suffix(".svg"))
+    atomic_savefig(fig, path, dpi=120)
+    atomic_savefig(fig, path.with_suffix(".svg"))
     plt.close(fig)
     return path

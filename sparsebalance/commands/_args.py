@@ -258,27 +258,31 @@ def resolve_out(requested: str | None, default: str | Path, *, force: bool, verb
         else:
             path = _timestamped(path)
             print(f"sparsebalance: {Path(default)} exists; writing to {path}", file=sys.stderr)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        _lock(path)
-        if clear:
-            _clear(path)
-        fd, probe = tempfile.mkstemp(prefix=".probe.", dir=path)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise _out_error(e, path) from None
     from sparsebalance import __version__
+    from sparsebalance.commands._signals import held
     from sparsebalance.fsutil import atomic_write_json
 
-    try:
-        atomic_write_json(path / MARKER, {"verb": verb, "version": __version__, "path": str(path.resolve()),
-                                          "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "complete": False})
-    except OSError as e:  # the disk filled between the probe and the marker: leave no empty directory
-        if fresh and not any(path.iterdir()):
-            path.rmdir()
-        raise _out_error(e, path) from None
-    _OPENED.append((path, fresh))
+    with held():  # created, marked and registered as one step: a signal waits until it is known
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            _lock(path)
+            if clear:
+                _clear(path)
+            fd, probe = tempfile.mkstemp(prefix=".probe.", dir=path)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            if fresh and path.is_dir() and not any(path.iterdir()):
+                path.rmdir()
+            raise _out_error(e, path) from None
+        try:
+            atomic_write_json(path / MARKER, {"verb": verb, "version": __version__, "path": str(path.resolve()),
+                                              "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "complete": False})
+        except OSError as e:  # the disk filled between the probe and the marker: leave no empty directory
+            if fresh and not any(path.iterdir()):
+                path.rmdir()
+            raise _out_error(e, path) from None
+        _OPENED.append((path, fresh))
     return path
 
 
@@ -303,29 +307,36 @@ def open_outputs() -> list[Path]:
     return [path for path, _ in _OPENED]
 
 
-def finish_outputs(ok: bool) -> None:
+def finish_outputs(ok: bool) -> list[Path]:
     """Close the results directories of the verb that just ended. ``ok`` (it returned): the marker
     says complete. Otherwise (an error, a signal) a directory it created and left with nothing but
     the marker is removed; one holding files keeps ``"complete": false``, so it is never taken for a
-    result and the next run replaces it without ``--force``."""
+    result and the next run replaces it without ``--force``. Returns those kept incomplete. A signal
+    arriving meanwhile waits until all are closed."""
+    from sparsebalance.commands._signals import held
     from sparsebalance.fsutil import atomic_write_json
 
-    while _OPENED:
-        path, fresh = _OPENED.pop()
-        data = _read_marker(path)
-        if data is None:
-            continue
-        try:
-            if ok:
-                atomic_write_json(path / MARKER, {**data, "complete": True,
-                                                  "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-            elif fresh and {p.name for p in path.iterdir()} <= {MARKER}:
-                (path / MARKER).unlink()
-                path.rmdir()
-        except OSError:  # a full disk or a vanished directory: the marker keeps saying incomplete
-            pass
-    while _LOCKS:  # the verb is over: its directories are free (a removed one must not stay "held")
-        os.close(_LOCKS.popitem()[1])
+    kept = []
+    with held():
+        while _OPENED:
+            path, fresh = _OPENED.pop()
+            data = _read_marker(path)
+            if data is None:
+                continue
+            try:
+                if ok:
+                    atomic_write_json(path / MARKER, {**data, "complete": True,
+                                                      "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+                elif fresh and {p.name for p in path.iterdir()} <= {MARKER}:
+                    (path / MARKER).unlink()
+                    path.rmdir()
+                else:
+                    kept.append(path)
+            except OSError:  # a full disk or a vanished directory: the marker keeps saying incomplete
+                kept.append(path)
+        while _LOCKS:  # the verb is over: its directories are free (a removed one must not stay "held")
+            os.close(_LOCKS.popitem()[1])
+    return kept
 
 
 def _refuse_shared(path: Path) -> None:

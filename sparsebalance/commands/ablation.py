@@ -156,6 +156,7 @@ def run(args) -> int:
     from sparsebalance.commands._args import progress_enabled, resolve_out
     from sparsebalance.errors import ConfigError
     from sparsebalance.runconfig import dump_toml
+    from sparsebalance.runner import check_inputs
 
     if sum([args.cp, args.cp_split, args.schedules is not None, args.anchors]) > 1:
         raise ConfigError("ablation: give one of --cp, --cp-split, --schedules, --anchors")
@@ -189,6 +190,7 @@ def run(args) -> int:
         jobs = [(name, {"batching": b, "tuning": t}) for name, (b, t) in A.ROW_POLICIES.items()]
         jobs += [(name, {"batching": b, "tuning": t}) for name, (b, t) in A.BEYOND_POLICIES.items()]
     cfgs = {name: _configs(args, pol, seeds) for name, pol in jobs}  # validates before running
+    check_inputs(c for cs in cfgs.values() for c in cs)  # profile and data too, before any output
     out = resolve_out(args.out, "results/ablation", force=args.force, verb="ablation")
     (out / "config.toml").write_text(dump_toml(cfgs["baseline"][0]))
     rows = []

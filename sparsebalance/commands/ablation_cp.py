@@ -109,9 +109,11 @@ def run_cp(args) -> int:
     from sparsebalance.commands._args import resolve_out
     from sparsebalance.commands.ablation_schedules import parse_seeds
     from sparsebalance.runconfig import dump_toml
+    from sparsebalance.runner import check_inputs
 
     seeds = parse_seeds(args.seeds)
     cfgs = {row: configs(args, row, seeds) for row in ROWS}  # every config validated first
+    check_inputs(c for cs in cfgs.values() for c in cs)  # profile and data too, before any output
     out = resolve_out(args.out, "results/ablation-cp", force=args.force, verb="ablation")
     (out / "config.toml").write_text(dump_toml(cfgs[BASELINE][0]))
     seeds_df = measure_rows(cfgs, args, "cp rows")

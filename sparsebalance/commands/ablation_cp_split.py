@@ -46,9 +46,11 @@ def run_cp_split(args) -> int:
     from sparsebalance.commands.ablation_cp import measure_rows
     from sparsebalance.commands.ablation_schedules import parse_seeds, seeded_configs
     from sparsebalance.runconfig import dump_toml
+    from sparsebalance.runner import check_inputs
 
     seeds = parse_seeds(args.seeds)
     cfgs = {row: seeded_configs(args, BASE, over, seeds) for row, over in ROWS.items()}  # all validated first
+    check_inputs(c for cs in cfgs.values() for c in cs)  # profile and data too, before any output
     out = resolve_out(args.out, "results/ablation-cp-split", force=args.force, verb="ablation")
     for row, c in cfgs.items():
         (out / f"config_{row.replace(' ', '_').replace(',', '').replace('+', 'plus')}.toml").write_text(dump_toml(c[0]))

@@ -114,11 +114,13 @@ def run_schedules(args) -> int:
     from sparsebalance.analysis import schedules as S
     from sparsebalance.commands._args import progress_enabled, resolve_out
     from sparsebalance.runconfig import dump_toml
+    from sparsebalance.runner import check_inputs
 
     names = parse_schedules(args.schedules)
     seeds = parse_seeds(args.seeds)
     jobs = [(s, row) for s in names for row in POLICIES]
     cfgs = {job: configs(args, job[0], POLICIES[job[1]], seeds) for job in jobs}  # validate first
+    check_inputs(c for cs in cfgs.values() for c in cs)  # profile and data too, before any output
     out = resolve_out(args.out, "results/ablation-schedules", force=args.force, verb="ablation")
     (out / "config.toml").write_text(dump_toml(cfgs[jobs[0]][0]))
     per_seed = []

@@ -6,8 +6,8 @@ every path), ``speed`` (MoBA vs flash attention, 8K-128K), ``stages`` (single-GP
 kernel tests), ``validate`` (NCCL, two or more GPUs). Each runs in a process of its own under its own
 deadline: the time left is shared among the steps still to run (:data:`SHARE`), so an early step
 that finishes quickly gives its time to the later ones. ``summary.md`` is rewritten after every step;
-the results folder holds flat files only (``gpucheck/report.py``). Without CUDA it writes the
-environment into ``summary.md``, prints one line and exits 2. Run it on a lent machine through
+the results folder holds flat files only (``gpucheck/report.py``). Without CUDA it prints one line
+and exits 2, before any results directory exists. Run it on a lent machine through
 ``scripts/gpu-check.sh`` (offline, system python3, hard deadline).
 """
 
@@ -118,17 +118,17 @@ def run(args: argparse.Namespace) -> int:
     steps = _steps(args.steps)
     if not args.budget_s > 0 or args.budget_s == float("inf"):
         raise ConfigError(f"--budget-s: must be a positive number of seconds, got {args.budget_s}")
-    out = resolve_out(args.out, "results/gpu-check", force=args.force, verb="gpu-check").resolve()
     t_start = time.monotonic()
     device = cuda_device()
     env = {"device": device or "no CUDA device"} | environment()
     env["command"] = "sparsebalance gpu-check " + " ".join(sys.argv[2:])
+    if args.device == "cuda" and device is None:  # before the results directory: nothing is left
+        why = ("this python has no torch" if env.get("torch") == "not installed"
+               else f"torch {env.get('torch')} sees no CUDA device")
+        raise ConfigError(f"device: gpu-check needs a CUDA GPU and {why}; nothing was run "
+                          "(--device cpu runs the steps that need none)")
+    out = resolve_out(args.out, "results/gpu-check", force=args.force, verb="gpu-check").resolve()
     summary = out / "summary.md"
-    if args.device == "cuda" and device is None:
-        why = "torch sees no CUDA device" if env.get("torch") != "not installed" else "this python has no torch"
-        write_summary([], env, summary, [f"{why}: no step was run"])
-        raise ConfigError(f"device: gpu-check needs a CUDA GPU and torch sees none; nothing was run "
-                          f"(environment in {summary})")
     work = Path(tempfile.mkdtemp(prefix="sparsebalance-gpu-check-"))
     for sub in ("logs", "results"):
         (work / sub).mkdir()

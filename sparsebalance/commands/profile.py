@@ -82,6 +82,11 @@ def run(args: argparse.Namespace) -> int:
 
         model = load_run_config(args.config).model
     if args.block_size is not None:
+        from sparsebalance.data.config import MAX_LENGTH
+
+        if args.block_size > MAX_LENGTH:  # one block longer than any sequence the simulator models
+            raise ConfigError(f"--block-size: {args.block_size:,} tokens is above the longest sequence "
+                              f"the simulator models ({MAX_LENGTH:,} tokens, data.MAX_LENGTH)")
         model = replace(model, block_size=args.block_size)
     from sparsebalance.kernels.measure import tp_shard
 
@@ -102,6 +107,9 @@ def run(args: argparse.Namespace) -> int:
     grid = ProfileGrid(repeats=args.repeats, warmup=args.warmup, threads=args.threads,
                        statistic=args.statistic, tp_plan=args.tp > 1, cp=args.cp, cp_layout=args.cp_layout,
                        device=args.device, dtype=dtype, **kw)
+    from sparsebalance.commands._profile_memory import check_memory
+
+    check_memory(tp_shard(model, args.tp), grid, args.concurrency)  # before a tensor is allocated
     # before measuring: a bad --out must not cost the measurement
     out_dir = resolve_out(args.out, args.out, force=args.force, verb="profile",
                           ours=lambda p: {c.name for c in p.iterdir()} <= {"profile.csv", "profile.json"})

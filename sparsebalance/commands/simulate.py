@@ -2,7 +2,8 @@
 
 Loads a run config (TOML), applies overrides, runs the simulated loop and writes ``--out`` (default
 ``<output_dir>/<name>/``; see docs/formats.md): config.toml (resolved), metrics.csv, trace.csv,
-trace.json (Chrome), timeline.png/.svg. Prints a short summary. ``--no-trace`` / ``--trace-limit``
+trace.json (Chrome), timeline.png/.svg, summary.json (the figures of the summary, and ``warnings``: those
+that change what the numbers mean). Prints a short summary. ``--no-trace`` / ``--trace-limit``
 keep big runs from spending longer writing traces than simulating.
 """
 
@@ -77,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
     from sparsebalance.calibrate import calibrate_profile
     from sparsebalance.commands._calibrate import save_calibrated
     from sparsebalance.commands._common import prepare, run_simulation, write_results
-    from sparsebalance.fsutil import atomic_write_text
+    from sparsebalance.commands._warnings import SUMMARY, meaning_warnings
+    from sparsebalance.fsutil import atomic_write_json, atomic_write_text
     from sparsebalance.runconfig import load_run_config
 
     overrides = dict(parse_override(item) for item in args.overrides)
@@ -103,9 +105,11 @@ def run(args: argparse.Namespace) -> int:
     prepared = prepare(cfg, profile=calibrated.profile, sequences=sequences)
     # the results directory is created and probed before simulating: a bad path costs nothing
     out = resolve_out(args.out, Path(cfg.output_dir) / cfg.name, force=args.force, verb="simulate")
+    # nothing is written into it before the run ends: a run stopped by an error, a signal or (--strict)
+    # a warning leaves no directory
+    result = run_simulation(cfg, progress=progress_enabled(args), prepared=replace(prepared, cfg=cfg))
     cfg = save_calibrated(cfg, out, calibrated)  # the results' config names the profile it ran on
     calibration = calibrated.record
-    result = run_simulation(cfg, progress=progress_enabled(args), prepared=replace(prepared, cfg=cfg))
     out = write_results(cfg, result, out, trace=not args.no_trace, trace_limit=args.trace_limit)
     if calibration["status"] != "analytical":
         atomic_write_text(out / "calibration.json", json.dumps(calibration, indent=2, default=str))
@@ -113,18 +117,21 @@ def run(args: argparse.Namespace) -> int:
     c = cfg.cluster
     # achieved model FLOP/s per GPU (simulator/flops.py: Megatron's convention, no recompute forward)
     tflops = m["model_flops"] / m["iteration_time_s"] / c.gpus / 1e12
+    summary = {
+        "name": cfg.name, "results": str(out), "iterations": len(m), "gpus": c.gpus,
+        "iteration_time_s": {"mean": float(m["iteration_time_s"].mean()),
+                             "min": float(m["iteration_time_s"].min()),
+                             "max": float(m["iteration_time_s"].max())},
+        "model_tflops_per_gpu": float(tflops.mean()),
+        "flop_convention": "model FLOPs (Megatron, Korthikanti et al. 2022 Eq. 7): 3 x forward, full "
+                           "L x L attention, LM head included, recompute forward not counted",
+        "bubble_fraction": float(m["bubble_fraction"].mean()),
+        "peak_memory_gb": float(m["peak_memory_gb"].max()) if "peak_memory_gb" in m else None,
+        "warnings": meaning_warnings(),  # what the numbers depend on (the CLI adds any later one)
+    }
+    atomic_write_json(out / SUMMARY, summary, indent=2)
     if args.json:
-        print(json.dumps({
-            "name": cfg.name, "results": str(out), "iterations": len(m), "gpus": c.gpus,
-            "iteration_time_s": {"mean": float(m["iteration_time_s"].mean()),
-                                 "min": float(m["iteration_time_s"].min()),
-                                 "max": float(m["iteration_time_s"].max())},
-            "model_tflops_per_gpu": float(tflops.mean()),
-            "flop_convention": "model FLOPs (Megatron, Korthikanti et al. 2022 Eq. 7): 3 x forward, full "
-                               "L x L attention, LM head included, recompute forward not counted",
-            "bubble_fraction": float(m["bubble_fraction"].mean()),
-            "peak_memory_gb": float(m["peak_memory_gb"].max()) if "peak_memory_gb" in m else None,
-        }))
+        print(json.dumps(summary))
         return 0
     cp = f" x CP{c.cp} ({c.cp_layout}, {c.cp_comm})" if c.cp > 1 else ""
     print(f"{cfg.name}: {cfg.model.name} on {c.name} (DP{c.dp} x PP{c.pp}{cp} x TP{c.tp}, {c.schedule}), "
@@ -146,11 +153,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"  {'metric':<22}{'mean':>12}{'min':>12}{'max':>12}")
     for label, col in rows:
         print(f"  {label:<22}{col.mean():>12.4f}{col.min():>12.4f}{col.max():>12.4f}")
-    over = int((m["memory_exceeded"] > 0).sum()) if "memory_exceeded" in m else 0
-    if over:
-        print(f"  memory: {over} of {len(m)} iterations exceed cluster.device_memory = "
-              f"{c.device_memory / 1e9:.0f} GB on some device (see policy.memory_aware, cluster.recompute, "
-              "cluster.zero1)")
     if c.cp > 1:
         print(f"  CP attention work priced from {prepared.latency.cp_attention}")
     print(f"results: {out}")

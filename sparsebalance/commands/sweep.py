@@ -21,7 +21,8 @@ anchor_scope, per_layer) and are run once. ``--config`` names the base when the 
 Crash safety (docs/reliability.md): every finished run is appended to ``<out>/runs.sqlite``
 (``analysis/store.py``: SQLite WAL, one transaction per run) by this process; ``results.csv``
 (tidy: run x metric), ``summary.csv`` (one row per run), ``timing.csv`` (wall clock: decision_ms,
-wall_s) and ``grid.json`` are rebuilt from it atomically, during the sweep and at its end.
+wall_s), ``warnings.csv`` (run x warning that changes what its numbers mean; their texts in
+``summary.json``) and ``grid.json`` are rebuilt from it atomically, during the sweep and at its end.
 ``configs/<run_id>.toml`` holds each resolved config. A run's id hashes its full resolved config
 (``sweep_exec.run_id``), so a re-run into the same ``--out`` skips exactly the runs already done
 with the same settings and runs any whose settings changed. Ctrl-C or SIGTERM stops the workers at
@@ -38,10 +39,12 @@ import argparse
 import fcntl
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 from sparsebalance.commands._args import (
+    MARKER,
     add_config,
     add_out,
     add_output_flags,
@@ -55,7 +58,7 @@ from sparsebalance.commands.sweep_grid import (  # noqa: F401  (expand, load_gri
     load_grid,
     plan_runs,
 )
-from sparsebalance.errors import ConfigError
+from sparsebalance.errors import ConfigError, MeaningWarning
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -127,7 +130,22 @@ class _Exporter:
         order_cols = [c for c in summary.columns if c not in skip]
         summary = summary.sort_values(order_cols, na_position="first", kind="stable").reset_index(drop=True)
         atomic_to_csv(summary, self.out / "summary.csv")
+        self._warnings(records)
         return pd.DataFrame(summary)
+
+    def _warnings(self, records) -> None:
+        """``warnings.csv`` (run_id, coordinates, warning: one row per run x warning that changes what
+        its numbers mean) and their distinct texts in ``summary.json``'s ``warnings``."""
+        import pandas as pd
+
+        from sparsebalance.commands._warnings import SUMMARY
+        from sparsebalance.fsutil import atomic_to_csv, atomic_write_json
+
+        rows = [{"run_id": r.run_id, **r.coords, "warning": w} for r in records for w in r.warnings or ()]
+        df = pd.DataFrame(rows, columns=None if rows else ["run_id", "warning"])
+        atomic_to_csv(df[[c for c in df.columns if c != "warning"] + ["warning"]], self.out / "warnings.csv")
+        texts = list(dict.fromkeys(df["warning"]))
+        atomic_write_json(self.out / SUMMARY, {"runs": len(records), "warnings": texts}, indent=2)
 
 
 def run(args) -> int:
@@ -140,11 +158,14 @@ def run(args) -> int:
 
     specs, grid, baseline = plan_runs(args)
     backend = make_backend(args.backend, args.address, args.jobs)  # checked before any output
+    if not args.force:  # a runs.sqlite that is no file: refused before the directory is touched
+        ResultStore.check_not_other(args.out or "results/sweep")
     out = resolve_out(args.out, "results/sweep", force=args.force, verb="sweep",
                       reuse=lambda p: _is_sweep_dir(p) or _legacy_sweep_dir(p), ours=_legacy_sweep_dir)
     if _legacy_sweep_dir(out) and not _is_sweep_dir(out):
         print(f"sweep: {out} was written before the run store existed: its runs are run again and "
               "its tables replaced", file=sys.stderr)
+    fresh = {c.name for c in out.iterdir()} <= {MARKER}  # this call made it: undone if no run is stored
     lock = open(out / ".sweep.lock", "w")  # noqa: SIM115  (held for the whole sweep)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -154,7 +175,8 @@ def run(args) -> int:
     (out / "configs").mkdir(exist_ok=True)
     for tmp in [*out.glob(".*.tmp"), *(out / "configs").glob(".*.tmp")]:
         tmp.unlink()  # a rename a kill interrupted: the complete file it was replacing is still there
-    store = ResultStore(out)
+    store = ResultStore(out, create=True)
+    undo = False
     try:
         done = store.ids()
         todo = [s for s in specs if s.run_id not in done]
@@ -170,6 +192,8 @@ def run(args) -> int:
                 if isinstance(result, RunFailure):
                     failures.append(result)
                 else:
+                    for text in result.warnings or ():  # shown; under --strict an error, not stored
+                        warnings.warn(text, MeaningWarning, stacklevel=1)
                     store.append(result)
                     atomic_write_text(out / "configs" / f"{spec.run_id}.toml", result.config)
                     export.maybe()
@@ -185,9 +209,14 @@ def run(args) -> int:
             runs.close()  # an error (a full disk): workers end now, not when the traceback is freed
         bar.close()
         summary = export.now()
+    except BaseException:  # refused (--strict), failed or stopped before its first run was stored
+        undo = fresh and _stored_nothing(store)
+        raise
     finally:
         store.close()
         lock.close()
+        if undo:
+            _unmake(out)
     for f in failures[:10]:
         print(f"sweep: run {f.run_id} failed: {f.error}", file=sys.stderr)
     if summary is not None:
@@ -203,6 +232,27 @@ def run(args) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def _stored_nothing(store) -> bool:
+    try:
+        return len(store) == 0
+    except (ConfigError, OSError):  # a store that cannot say (a full disk): kept as it is
+        return False
+
+
+def _unmake(out: Path) -> None:
+    """Undo what a fresh sweep made before any run was stored (store, grid.json, configs/, lock), so
+    that the CLI removes the directory, then holding only its marker: a sweep refused (``--strict``) or
+    stopped before its first result leaves nothing behind."""
+    import contextlib
+
+    from sparsebalance.analysis.store import FILENAME
+
+    for name in (FILENAME, f"{FILENAME}-wal", f"{FILENAME}-shm", "grid.json", ".sweep.lock"):
+        (out / name).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        (out / "configs").rmdir()
 
 
 def _print_over_seeds(summary, out: Path) -> None:

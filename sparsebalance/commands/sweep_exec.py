@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparsebalance.analysis.store import RESULT_SCHEMA_VERSION, RunRecord
-from sparsebalance.errors import MeaningWarning
+from sparsebalance.errors import NoteWarning
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -72,17 +72,20 @@ def make_spec(cfg, coords: dict[str, Any]) -> RunSpec:
 
 
 def run_point(spec: RunSpec) -> RunRecord:
-    """Simulate one grid point and return its record (deterministic metrics apart from timing)."""
+    """Simulate one grid point and return its record (deterministic metrics apart from timing; the
+    run's meaning warnings in ``warnings``, not shown here: the coordinator shows and judges them)."""
     from sparsebalance.analysis.sweep import METRICS, TIMING, summarize
+    from sparsebalance.commands._warnings import captured
     from sparsebalance.runconfig import dump_toml, run_config_from_mapping
     from sparsebalance.runner import run_simulation
 
     t0 = time.perf_counter()
-    cfg = run_config_from_mapping(spec.config, base_dir=spec.base_dir)
-    m = run_simulation(cfg, progress=False).metrics
+    with captured() as warned:  # the run's own: carried in its record, shown and judged by the sweep
+        cfg = run_config_from_mapping(spec.config, base_dir=spec.base_dir)
+        m = run_simulation(cfg, progress=False).metrics
     return RunRecord(run_id=spec.run_id, coords=dict(spec.coords), metrics=summarize(m, METRICS),
                      timing={**summarize(m, TIMING), "wall_s": time.perf_counter() - t0},
-                     config=dump_toml(cfg))
+                     config=dump_toml(cfg), warnings=warned)
 
 
 def _one_line(e: BaseException) -> str:
@@ -166,8 +169,8 @@ class _Pool:
                             msg = conn.recv()
                         except (EOFError, OSError):
                             msg = None
-                        if msg is not None and msg[0] == "warn":  # a worker's, its kind kept
-                            warnings.warn(msg[1], MeaningWarning if msg[2] else UserWarning, stacklevel=1)
+                        if msg is not None and msg[0] == "warn":  # a worker's note (run_point keeps
+                            warnings.warn(msg[1], NoteWarning, stacklevel=1)  # the others in the record)
                             continue
                         if msg is not None:
                             pending -= 1
@@ -220,7 +223,7 @@ def _worker(conn, parent: int) -> None:
     tqdm.set_lock(threading.RLock())
 
     def forward(message, category, filename, lineno, file=None, line=None):
-        conn.send(("warn", str(message), issubclass(category, MeaningWarning)))
+        conn.send(("warn", str(message)))
 
     warnings.showwarning = forward
     while True:

@@ -154,7 +154,7 @@ def plan_runs(args) -> tuple[list, dict[str, Any], dict[str, Any]]:
     from sparsebalance.commands._args import progress_enabled
     from sparsebalance.commands.sweep_exec import make_spec
     from sparsebalance.policies.registry import make_batching, make_tuning
-    from sparsebalance.runner import prepare
+    from sparsebalance.runner import check_inputs
 
     axes, baseline, extra, base_path = load_grid(args)
     base, base_dir = _base_table(base_path)
@@ -166,10 +166,7 @@ def plan_runs(args) -> tuple[list, dict[str, Any], dict[str, Any]]:
         # every run is validated before any starts
         cfg = build_config(base, run, extra, base_dir)
         make_batching(cfg.policy), make_tuning(cfg.policy)
-        key = json.dumps([cfg.profile, cfg.model, cfg.cluster, cfg.data], default=str)
-        if key not in prepared:  # data, profile: checked once per distinct input
-            prepared.add(key)
-            prepare(cfg)
+        check_inputs([cfg], prepared)  # data, profile: checked once per distinct input
         spec = make_spec(cfg, coordinates(run))
         if spec.run_id not in seen:
             seen.add(spec.run_id)

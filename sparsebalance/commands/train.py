@@ -50,7 +50,12 @@ def validate_for_launch(config: str, overrides: list[str]):
         import transformers  # noqa: F401
     except ImportError as e:
         raise ConfigError(f"train: needs the [train] extra (torch, transformers): {e}") from None
-    prepare(cfg)
+    prepared = prepare(cfg)
+    lengths_only = next((s for s in prepared.sequences if s.tokens is None), None)
+    if lengths_only is not None:  # a rank would find it only after torchrun started
+        raise ConfigError(f"data.path: {cfg.resolve(cfg.data.path)} gives sequence lengths without text "
+                          f"(sequence {lengths_only.id} has a 'length' but no 'text'); the real run trains on "
+                          "tokens: give rows with a 'text' column, or source = \"text_dir\"")
     return cfg
 
 

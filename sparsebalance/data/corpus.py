@@ -51,10 +51,10 @@ def list_documents(root: Path, pattern: str) -> list[Path]:
     return sorted(files, key=lambda f: f.relative_to(root).as_posix())
 
 
-def _documents(files: list[Path], cfg: DataConfig, base_dir: str | Path) -> Iterator[Sequence]:
+def _documents(files: list[Path], cfg: DataConfig, base_dir: str | Path, root: Path) -> Iterator[Sequence]:
     tokenizer = make_tokenizer(cfg.tokenizer, base_dir)
     byte_level = isinstance(tokenizer, ByteTokenizer)
-    kept = 0
+    kept = documents = 0
     for start in range(0, len(files), TEXT_BATCH):
         chunk = files[start:start + TEXT_BATCH]
         texts = []
@@ -69,6 +69,7 @@ def _documents(files: list[Path], cfg: DataConfig, base_dir: str | Path) -> Iter
         for i, ids in enumerate(encoded):
             if len(ids) == 0:  # an empty file (e.g. a bare __init__.py) is not a document
                 continue
+            documents += 1
             if cfg.max_length is not None:
                 ids = ids[: cfg.max_length]
             if len(ids) < cfg.min_length:
@@ -77,6 +78,9 @@ def _documents(files: list[Path], cfg: DataConfig, base_dir: str | Path) -> Iter
             kept += 1
             if cfg.num_sequences and kept >= cfg.num_sequences:
                 return
+    if not documents:  # said as it is, not as "nothing left after the filters"
+        raise ConfigError(f"path: every file under {root} matching {cfg.glob!r} is empty ({len(files)} "
+                          "file(s)); give documents with text")
 
 
 def load_text_dir(cfg: DataConfig, base_dir: str | Path = ".") -> list[Sequence]:
@@ -85,4 +89,4 @@ def load_text_dir(cfg: DataConfig, base_dir: str | Path = ".") -> list[Sequence]
     files = list_documents(root, cfg.glob)
     if not files:
         raise ConfigError(f"glob: no file under {root} matches {cfg.glob!r}")
-    return finish(_documents(files, cfg, base_dir), cfg, where=f"{root} ({cfg.glob})")
+    return finish(_documents(files, cfg, base_dir, root), cfg, where=f"{root} ({cfg.glob})")

@@ -60,6 +60,7 @@ def _need_file(path: Path) -> None:
 
 def _jsonl_rows(path: Path) -> Iterator[dict[str, Any]]:
     _need_file(path)
+    lineno, rows = 0, 0
     for lineno, raw in _byte_lines(path):
         line = decode(raw, f"path: {path}:{lineno}")
         if not line.strip():
@@ -68,7 +69,12 @@ def _jsonl_rows(path: Path) -> Iterator[dict[str, Any]]:
         if not isinstance(row, dict):
             raise ConfigError(f"path: {path}:{lineno} must be a JSON object, got "
                               f"{type(row).__name__}")
+        rows += 1
         yield row
+    if not rows:  # said as it is, not as "nothing left after the filters"
+        what = f"holds only blank lines ({lineno} of them)" if lineno else "is empty"
+        raise ConfigError(f"path: {path} {what}; a JSONL data file holds one JSON object per line "
+                          "(with a 'length' or 'text')")
 
 
 def _byte_lines(path: Path) -> Iterator[tuple[int, bytes]]:
@@ -206,6 +212,7 @@ def rows_to_sequences(rows: Iterable[Mapping[str, Any]], cfg: DataConfig,
                 yield seq
         pending.clear()
 
+    index = -1
     for index, row in enumerate(rows):
         if cfg.num_sequences and kept >= cfg.num_sequences:
             break
@@ -235,6 +242,8 @@ def rows_to_sequences(rows: Iterable[Mapping[str, Any]], cfg: DataConfig,
             yield seq
     if pending:
         yield from flush()
+    if index < 0:
+        raise ConfigError(f"path: {where} holds no rows (an empty table)")
 
 
 def finish(seqs: Iterable[Sequence], cfg: DataConfig, *, where: str) -> list[Sequence]:

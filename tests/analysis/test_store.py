@@ -16,7 +16,7 @@ def rec(i: int, **metrics) -> RunRecord:
 
 
 def test_append_is_idempotent_and_ordered(tmp_path):
-    with ResultStore(tmp_path) as st:
+    with ResultStore(tmp_path, create=True) as st:
         assert st.append(rec(2)) and st.append(rec(1))
         assert not st.append(rec(2, iteration_time_s=99.0))  # the first record of an id stays
         assert st.ids() == {"r1", "r2"} and len(st) == 2
@@ -27,7 +27,7 @@ def test_append_is_idempotent_and_ordered(tmp_path):
 
 
 def test_reopen_sees_every_committed_record(tmp_path):
-    st = ResultStore(tmp_path)
+    st = ResultStore(tmp_path, create=True)
     for i in range(5):
         st.append(rec(i))
     st._db.close()  # no checkpoint, as after a kill: the WAL is recovered on open
@@ -38,7 +38,7 @@ def test_reopen_sees_every_committed_record(tmp_path):
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
 def test_non_finite_metric_is_refused(tmp_path, bad):
-    with ResultStore(tmp_path) as st:
+    with ResultStore(tmp_path, create=True) as st:
         with pytest.raises(ValueError):
             st.append(rec(0, iteration_time_s=bad))
         assert len(st) == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import faultkit
@@ -14,6 +15,19 @@ def sweep_base(tmp_path) -> Path:
     p = tmp_path / "base.toml"
     p.write_text(SWEEP_BASE)
     return p
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Fail the test if the verb reaches torchrun or starts any process (``train``/``validate`` must
+    refuse before either)."""
+    import sparsebalance.realrun.launch as L
+
+    def refuse(*a, **k):
+        raise AssertionError(f"a process was started: {a[:1]}")
+
+    monkeypatch.setattr(L, "launch", refuse)
+    monkeypatch.setattr(subprocess, "Popen", refuse)
 
 
 @pytest.fixture(autouse=True)

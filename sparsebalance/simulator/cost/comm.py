@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import warnings
 
+from sparsebalance.errors import MeaningWarning
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
 from sparsebalance.simulator.cost.tables import OpTables
 from sparsebalance.simulator.layout import Layout
@@ -139,5 +140,5 @@ class Communication:
         if "optim" not in t.warned:
             t.warned.add("optim")
             warnings.warn(f"profile {t.profile.source} has neither optim rows nor memory_bandwidth; "
-                          "the optimizer step costs 0 s", RuntimeWarning, stacklevel=4)
+                          "the optimizer step costs 0 s", MeaningWarning, stacklevel=4)
         return 0.0

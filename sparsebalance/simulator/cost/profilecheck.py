@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 
-from sparsebalance.errors import ConfigError, MeaningWarning
+from sparsebalance.errors import ConfigError, MeaningWarning, NoteWarning
 from sparsebalance.simulator.config import QWEN2_ARCH, ClusterConfig, ModelConfig
 from sparsebalance.simulator.cost.catalog import load_profile
 from sparsebalance.simulator.cost.profile import Profile, monotone_violations
@@ -141,7 +141,7 @@ def _check_monotone(prof: Profile, block_size: int, allow: bool) -> None:
     if allow or note:
         why = f" (accepted: {note})" if note else " (accepted: --allow-nonmonotone)"
         warnings.warn(f"profile {prof.source}: latency falls as work grows at {len(bad)} point(s)"
-                      f"{why}: {shown}", stacklevel=4)
+                      f"{why}: {shown}", NoteWarning, stacklevel=4)
         return
     raise ConfigError(f"profile: {prof.source}: latency falls as work grows at {len(bad)} point(s): "
                       f"{shown}. Re-measure, or pass --allow-nonmonotone (allow_nonmonotone = true) "

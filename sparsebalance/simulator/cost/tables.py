@@ -40,7 +40,7 @@ from bisect import bisect_right
 import numpy as np
 
 from sparsebalance.data.sequence import blocks
-from sparsebalance.errors import ConfigError, MeaningWarning, check_choice
+from sparsebalance.errors import ConfigError, MeaningWarning, NoteWarning, check_choice
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
 from sparsebalance.simulator.cost.profile import CP_ATTENTION_OPS, Profile
 
@@ -169,7 +169,7 @@ class OpTables:
             ops = " and ".join(f"{n}_bwd" for n in self._derived_split)
             self.notes.append(f"profile {self.profile.source} (format {self.profile.meta.format_version}) "
                               f"has no split-backward rows: I = W = half of {ops} (B = I + W)")
-            warnings.warn("latency: " + self.notes[0], RuntimeWarning, stacklevel=4)
+            warnings.warn("latency: " + self.notes[0], NoteWarning, stacklevel=4)
 
     # -- range handling -------------------------------------------------------------------------
     def place(self, op: str, what: str, x: float, lo: float, hi: float) -> float:

@@ -1,0 +1,197 @@
+"""MoBA backward in Triton: dK/dV owned per key tile in registers, dQ by relaxed atomic adds.
+
+FlashAttention-2's five matmuls per (key tile, row tile) pair (S, dP, dV, dK, dQ), arranged as
+FlashAttention-3 arranges them: a program owns one key sub-tile (``block_n`` keys of one kv head)
+and loops over rows that attend it, accumulating dK and dV in registers; dQ of each row tile goes
+out once per pair with ``tl.atomic_add(..., sem="relaxed")`` (``red.global.add.f32`` on sm_90:
+no ordering, no fence -- Triton's default ``acq_rel`` wrapped every add in GPU-wide fences, which
+is what made the previous backward slow).
+
+Programs of ``_bwd_kv_kernel`` (one launch; the masked dense path's pieces in a second, ``MASKED``):
+
+* **own pieces** (host table, ``plan.py``): the key sub-tile's own-block rows -- from the row tile
+  holding its first key to the block end (sparse) or the sequence end (dense, masked) -- for the
+  query heads of its group. Long row ranges (dense sequences) are split into pieces of at most
+  ``own_tiles`` (row tile x head) pairs so that short sequences and GQA still fill the GPU;
+* **gathered pieces** (device-sized): at most ``bwd_entries`` gathered entries of one bucket (the
+  rows of every head of the group that chose the key block), one program per key sub-tile. A
+  popular block (a sink every query picks) is split across programs, so none runs much longer.
+
+dK/dV leave a program once: a plain store when it is the sub-tile's only contributor (one own
+piece, and no entry chose the block), else a relaxed atomic add into the zeroed fp32 buffer (every
+contributor of such a sub-tile adds; none stores). ``_bwd_prep_kernel`` computes delta =
+rowsum(dO * O) and zeroes the fp32 accumulators; ``_cast_kernel`` writes the input dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from sparsebalance.kernels.moba.plan import MobaPlan
+from sparsebalance.kernels.moba.triton_fwd import LOG2E, _dot, _find, _picked, dot_mode
+from sparsebalance.kernels.moba.triton_select import MobaIndex
+
+
+@triton.jit(do_not_specialize=["T"])
+def _bwd_prep_kernel(O, DO, DELTA, DQ, DK, DV, T, H, HKV, D: tl.constexpr, BR: tl.constexpr):
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    h = tl.program_id(1)
+    ok = rows < T
+    rows64 = rows.to(tl.int64)
+    dd = tl.arange(0, D)
+    off = (rows64[:, None] * H + h) * D + dd[None, :]
+    o = tl.load(O + off, mask=ok[:, None], other=0.0).to(tl.float32)
+    do = tl.load(DO + off, mask=ok[:, None], other=0.0).to(tl.float32)
+    tl.store(DELTA + h * T + rows64, tl.sum(o * do, 1), mask=ok)
+    zero = tl.zeros([BR, D], tl.float32)
+    tl.store(DQ + off, zero, mask=ok[:, None])
+    if h < HKV:
+        kv = (rows64[:, None] * HKV + h) * D + dd[None, :]
+        tl.store(DK + kv, zero, mask=ok[:, None])
+        tl.store(DV + kv, zero, mask=ok[:, None])
+
+
+@triton.jit
+def _pair(Q, DO, DQ, LSE, DELTA, k, v, cols, col_ok, rh, row_ok, dk, dv, sm_scale, sm_scale_log2, T, H,
+          BITS, W, jb, mstart, D: tl.constexpr, MASKED: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr):
+    """One (key tile, row tile) pair, transposed tiles [BLOCK_N, BLOCK_M]: dQ goes out by a relaxed
+    atomic add, dK/dV come back accumulated. ``MASKED``: only rows that chose local block ``jb``."""
+    dd = tl.arange(0, D)
+    t = rh // H
+    h = rh % H
+    q = tl.load(Q + rh[:, None] * D + dd[None, :], mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + rh[:, None] * D + dd[None, :], mask=row_ok[:, None], other=0.0)
+    lse = tl.load(LSE + h * T + t, mask=row_ok, other=0.0)
+    delta = tl.load(DELTA + h * T + t, mask=row_ok, other=0.0)
+    keep = (cols[:, None] <= t[None, :]) & row_ok[None, :] & col_ok[:, None]
+    if MASKED:
+        keep = keep & _picked(BITS, rh, row_ok, W, jb, mstart)[None, :]
+    sT = _dot(k, tl.trans(q), F32_DOT, PREC) * sm_scale_log2
+    pT = tl.where(keep, tl.math.exp2(sT - lse[None, :]), 0.0)
+    dpT = _dot(v, tl.trans(do), F32_DOT, PREC)
+    dsT = pT * (dpT - delta[None, :])
+    dv += _dot(pT.to(do.dtype), do, F32_DOT, PREC)
+    dk += _dot(dsT.to(q.dtype), q, F32_DOT, PREC)
+    dq = _dot(tl.trans(dsT.to(k.dtype)), k, F32_DOT, PREC) * sm_scale
+    tl.atomic_add(DQ + rh[:, None] * D + dd[None, :], dq, mask=row_ok[:, None], sem="relaxed")
+    return dk, dv
+
+
+@triton.jit(do_not_specialize=["n_own", "NBK", "NC", "shift", "steps", "W", "T", "bwd_rows"])
+def _bwd_kv_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, OWN, n_own, CODES, PTR, CUM, BSTART, NBK, NC, shift, steps,
+                   BITS, W, sm_scale, sm_scale_log2, T, H, HKV, bwd_rows, D: tl.constexpr, BLOCK: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, F32_DOT: tl.constexpr,
+                   PREC: tl.constexpr):
+    SUBS: tl.constexpr = BLOCK // BLOCK_N
+    G = H // HKV
+    pid = tl.program_id(0)
+    dd = tl.arange(0, D)
+    dk = tl.zeros([BLOCK_N, D], tl.float32)
+    dv = tl.zeros([BLOCK_N, D], tl.float32)
+    if pid < n_own:  # own-block rows of one key sub-tile, query heads [g0, g1) of its group
+        ks = tl.load(OWN + pid)
+        klen = tl.load(OWN + n_own + pid)
+        kvh = tl.load(OWN + 2 * n_own + pid)
+        r0 = tl.load(OWN + 3 * n_own + pid)
+        r1 = tl.load(OWN + 4 * n_own + pid)
+        g0 = tl.load(OWN + 5 * n_own + pid)
+        g1 = tl.load(OWN + 6 * n_own + pid)
+        bucket = tl.load(OWN + 7 * n_own + pid)
+        pieces = tl.load(OWN + 8 * n_own + pid)
+        mstart = tl.load(OWN + 9 * n_own + pid)
+        cols = ks + tl.arange(0, BLOCK_N)
+        col_ok = tl.arange(0, BLOCK_N) < klen
+        kv = (cols.to(tl.int64)[:, None] * HKV + kvh) * D + dd[None, :]
+        k = tl.load(K + kv, mask=col_ok[:, None], other=0.0)
+        v = tl.load(V + kv, mask=col_ok[:, None], other=0.0)
+        jb = (ks - mstart) // BLOCK  # local block of the key tile (masked path)
+        for g in range(g0, g1):
+            for r in range(r0, r1, BLOCK_M):
+                rows = r + tl.arange(0, BLOCK_M)
+                ok = rows < r1
+                rh = rows.to(tl.int64) * H + kvh * G + g
+                dk, dv = _pair(Q, DO, DQ, LSE, DELTA, k, v, cols, col_ok, rh, ok, dk, dv, sm_scale, sm_scale_log2,
+                               T, H, BITS, W, jb, mstart, D, MASKED, F32_DOT, PREC)
+        # did any row choose this block? then gathered pieces add to it too
+        has = bucket >= 0
+        chosen = tl.load(PTR + (bucket + 1) * NC, mask=has, other=0) - tl.load(PTR + bucket * NC, mask=has, other=0)
+        if (pieces == 1) & (chosen == 0):
+            tl.store(DK + kv, dk * sm_scale, mask=col_ok[:, None])
+            tl.store(DV + kv, dv, mask=col_ok[:, None])
+        else:
+            tl.atomic_add(DK + kv, dk * sm_scale, mask=col_ok[:, None], sem="relaxed")
+            tl.atomic_add(DV + kv, dv, mask=col_ok[:, None], sem="relaxed")
+    else:  # gathered rows: piece j of bucket b (<= bwd_rows entries over all chunks), key sub-tile sub
+        x = pid - n_own
+        piece = x // SUBS
+        sub = x % SUBS
+        b = _find(CUM, 1, NBK, piece, steps)
+        if b < NBK:
+            j = piece - tl.load(CUM + b - 1, mask=b > 0, other=0)
+            e0 = tl.load(PTR + b * NC) + j * bwd_rows
+            e1 = tl.minimum(e0 + bwd_rows, tl.load(PTR + (b + 1) * NC))
+            kvh = b % HKV
+            cols = tl.load(BSTART + b // HKV) + sub * BLOCK_N + tl.arange(0, BLOCK_N)
+            col_ok = cols >= 0  # a chosen past block is full
+            kv = (cols.to(tl.int64)[:, None] * HKV + kvh) * D + dd[None, :]
+            k = tl.load(K + kv)
+            v = tl.load(V + kv)
+            for e in range(e0, e1, BLOCK_M):
+                ent = e + tl.arange(0, BLOCK_M)
+                ok = ent < e1
+                rh = tl.load(CODES + ent, mask=ok, other=0).to(tl.int64) >> shift
+                dk, dv = _pair(Q, DO, DQ, LSE, DELTA, k, v, cols, col_ok, rh, ok, dk, dv, sm_scale, sm_scale_log2,
+                               T, H, BITS, W, 0, -1, D, False, F32_DOT, PREC)
+            tl.atomic_add(DK + kv, dk * sm_scale, sem="relaxed")
+            tl.atomic_add(DV + kv, dv, sem="relaxed")
+
+
+@triton.jit(do_not_specialize=["n_q", "n_kv"])
+def _cast_kernel(DQ, DK, DV, OQ, OK, OV, n_q, n_kv, BLK: tl.constexpr):
+    i = tl.program_id(0) * BLK + tl.arange(0, BLK)
+    which = tl.program_id(1)
+    if which == 0:
+        tl.store(OQ + i, tl.load(DQ + i, mask=i < n_q).to(OQ.dtype.element_ty), mask=i < n_q)
+    elif which == 1:
+        tl.store(OK + i, tl.load(DK + i, mask=i < n_kv).to(OK.dtype.element_ty), mask=i < n_kv)
+    else:
+        tl.store(OV + i, tl.load(DV + i, mask=i < n_kv).to(OV.dtype.element_ty), mask=i < n_kv)
+
+
+def moba_backward(plan: MobaPlan, idx: MobaIndex, q, k, v, o, lse, do, *, bwd_entries: int, interpreting: bool):
+    """(dq, dk, dv) in the input dtype (accumulated in fp32)."""
+    T, H, D = q.shape
+    HKV = k.shape[1]
+    dev = q.device
+    f32, prec = dot_mode(q.dtype, interpreting)
+    scale = 1.0 / math.sqrt(D)
+    delta = torch.empty((H, T), dtype=torch.float32, device=dev)
+    dq = torch.empty(q.shape, dtype=torch.float32, device=dev)
+    dk = torch.empty(k.shape, dtype=torch.float32, device=dev)
+    dv = torch.empty(v.shape, dtype=torch.float32, device=dev)
+    BR = 32
+    _bwd_prep_kernel[(triton.cdiv(T, BR), H)](o, do, delta, dq, dk, dv, T, H, HKV, D=D, BR=BR, num_warps=4)
+    cfg = plan.cfg["bwd_kv"]
+    nbk = plan.n_blocks * HKV
+    steps = max(1, nbk.bit_length())
+    bits = q if idx.bits is None else idx.bits
+    common = dict(D=D, BLOCK=plan.block, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, F32_DOT=f32, PREC=prec,
+                  num_warps=cfg.warps, num_stages=cfg.stages)
+    for own, n_own, mk, extra in ((plan.dev["own"], plan.n_own, False, plan.gathered_grid),
+                                  (plan.dev["own_masked"], plan.n_own_masked, True, 0)):
+        if n_own + extra:
+            _bwd_kv_kernel[(n_own + extra,)](q, k, v, do, dq, dk, dv, lse, delta, own, n_own, idx.codes, idx.ptr,
+                                             idx.cum_bwd, plan.dev["bstart"], nbk, plan.nc, plan.shift, steps, bits,
+                                             plan.words, scale, scale * LOG2E, T, H, HKV, bwd_entries, MASKED=mk,
+                                             **common)
+    if q.dtype == torch.float32:
+        return dq, dk, dv
+    oq, ok, ov = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    BLK = 1024
+    _cast_kernel[(triton.cdiv(max(dq.numel(), dk.numel()), BLK), 3)](dq, dk, dv, oq, ok, ov, dq.numel(), dk.numel(),
+                                                                      BLK=BLK, num_warps=4)
+    return oq, ok, ov

@@ -20,9 +20,10 @@ if torch.cuda.is_available():
 elif os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no CUDA and TRITON_INTERPRET is not 1", allow_module_level=True)
 
-from sparsebalance.kernels.moba import triton_impl, triton_select
+from sparsebalance.kernels.moba import plan as moba_plan
+from sparsebalance.kernels.moba import triton_impl
 from sparsebalance.kernels.moba.naive import moba_attention_naive, naive_selection
-from sparsebalance.kernels.moba.triton_impl import moba_attention_triton, plan_paths
+from sparsebalance.kernels.moba.triton_impl import index_for, moba_attention_triton, plan_paths
 from sparsebalance.simulator.cost import kernelcost as kc
 from sparsebalance.simulator.cost.roofline import H100
 
@@ -80,38 +81,28 @@ def test_masked_path_matches_float64_reference_fp32(case):
 
 def test_mixed_paths_in_one_varlen_call(monkeypatch):
     """Sequences on the masked path beside sparse and dense ones in one packed call: each runs its
-    own path (the dispatcher's choice reaches build_index), all equal the reference."""
+    own path (the dispatcher's choice reaches the plan), all equal the reference."""
     lens, topk = (53, 70, 37, 41), torch.tensor([2, 3, 3, 2])  # blocks 4, 5, 3 (dense), 3
-    plan = [True, False, True, False]
-    seen = {}
-    build = triton_select.build_index
-
-    def spy(*a, **kw):
-        seen["masked"] = kw["masked"]
-        seen["idx"] = build(*a, **kw)
-        return seen["idx"]
-
-    monkeypatch.setattr(triton_impl, "plan_paths", lambda *a, **kw: plan)
-    monkeypatch.setattr(triton_impl, "build_index", spy)
+    kinds = [moba_plan.MASKED, moba_plan.SPARSE, moba_plan.DENSE, moba_plan.SPARSE]
+    monkeypatch.setattr(triton_impl, "sequence_kinds", lambda *a, **kw: kinds)
     q, k, v, do, cu = _inputs(7, lens, 4, 2)
     _check(q, k, v, do, cu, topk)
-    assert seen["masked"] == plan
-    idx = seen["idx"]
-    assert idx.masked == [True, False, False, False]  # the dense sequence stays dense
-    tables = [t for c in idx.chunks for t in (c.q_tiles, c.q_tiles_masked, c.own_items, c.own_items_masked)]
-    assert all(t.is_contiguous() for t in tables)  # the kernels read them row-major
-    for c in idx.chunks:  # only the first sequence's tiles are masked, in their own tables
-        assert set(c.q_tiles_masked[4].tolist()) == {0} and set(c.q_tiles[4].tolist()) == {-1}
-        assert set(c.own_items_masked[4].tolist()) == {0} and set(c.own_items[4].tolist()) == {-1}
+    plan, idx = index_for(q, k, cu, B, topk)
+    assert plan.kinds == kinds
+    for c in plan.chunks:  # only the first sequence's tiles are masked, in their own tables
+        assert set(c.q_tiles_masked[4].tolist()) <= {0} and set(c.q_tiles[4].tolist()) <= {-1}
+    assert sum(c.q_tiles_masked.shape[1] for c in plan.chunks) == -(-53 // B) * -(-B // min(B, 64))
+    assert set(plan.dev["own_masked"][9].tolist()) == {0} and set(plan.dev["own"][9].tolist()) == {-1}
+    assert plan.entries == 4 * (70 - B) * 2 - 4 * B + 4 * (41 - B) * 1  # min(k - 1, c) per row, closed form
 
 
 def test_selection_bits_hold_the_reference_selection_and_own_block():
     """bits (36 blocks, two words) = naive_selection plus each row's own block; nothing of a masked
-    sequence is left in sel for the gather."""
+    sequence is gathered."""
     q, k, _, _, cu = _inputs(5, (570,), 2, 1)
-    idx = triton_select.build_index(q, k, cu, B, torch.tensor([9]), 16, masked=[True])
+    plan, idx = index_for(q, k, cu, B, torch.tensor([9]), path="masked")
     n = 36
-    assert idx.words == 2 and bool((idx.sel == -1).all())
+    assert plan.words == 2 and plan.entries == 0
     want = naive_selection(q.double(), k.double(), B, 9)
     rows = torch.arange(570)
     want[rows, :, rows // B] = True
@@ -138,4 +129,4 @@ def test_dispatcher_picks_the_path_the_cost_model_says():
     assert got == (want == kc.MASKED).tolist()
     assert {kc.SPARSE, kc.MASKED, kc.DENSE} <= set(want.tolist())
     assert plan_paths(cu, topk, 256, q, k, "sparse") == [False] * len(lens)
-    assert plan_paths(cu, topk, 256, q, k, "masked") == [True] * len(lens)
+    assert plan_paths(cu, topk, 256, q, k, "masked") == [k < -(-L // 256) for L, k in POINTS]  # dense stays dense

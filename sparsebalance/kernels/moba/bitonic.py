@@ -32,8 +32,7 @@ def sort_rows(x, DESC: tl.constexpr, M: tl.constexpr):
             desc = tl.reshape(tl.arange(0, 2), [1] + [1] * (M - 1 - s) + [2] + [1] * s) ^ DESC
         else:
             desc = DESC
-        for t in tl.static_range(s):
-            i: tl.constexpr = s - 1 - t
+        for i in tl.static_range(s - 1, -1, -1):
             other = tl.sum(h, axis=M - i, keep_dims=True) - h       # the partner along axis i
             right = tl.reshape(tl.arange(0, 2), [1] + [1] * (M - 1 - i) + [2] + [1] * i)
             h = tl.where((right ^ desc) != 0, tl.maximum(h, other), tl.minimum(h, other))
@@ -45,8 +44,7 @@ def merge_rows(x, DESC: tl.constexpr, M: tl.constexpr):
     """Each row of ``x`` [rows, 2^M], a bitonic sequence, sorted (descending if ``DESC``)."""
     R: tl.constexpr = x.shape[0]
     h = tl.reshape(x, [R] + [2] * M)
-    for t in tl.static_range(M):
-        i: tl.constexpr = M - 1 - t
+    for i in tl.static_range(M - 1, -1, -1):
         other = tl.sum(h, axis=M - i, keep_dims=True) - h
         right = tl.reshape(tl.arange(0, 2), [1] + [1] * (M - 1 - i) + [2] + [1] * i)
         h = tl.where((right ^ DESC) != 0, tl.maximum(h, other), tl.minimum(h, other))

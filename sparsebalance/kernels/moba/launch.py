@@ -43,7 +43,7 @@ class Config:
 
 #: The tiled kernels whose configuration is chosen (the small ones -- block means, index tables,
 #: backward prologue, casts -- are memory-bound streams with fixed 4-warp launches).
-KERNELS = ("gate", "fwd_past", "fwd_own_merge", "bwd_kv")
+KERNELS = ("gate", "fwd_past", "fwd_own_merge", "bwd_kv", "bwd_dq_own", "bwd_dq_past")
 
 #: The pruned candidate set compiled for sm_90a per kernel (BLOCK_MxBLOCK_Nxwarpsxstages). Pruned by
 #: construction: tiles of 64-128 rows/keys (wgmma's M is 64 per warpgroup), 4 or 8 warps, 2-3 stages;
@@ -52,7 +52,9 @@ CANDIDATES: dict[str, tuple[str, ...]] = {
     "gate": ("16x16x4x1", "32x16x4x1", "16x16x8x1"),
     "fwd_past": ("64x64x4x2", "64x64x8x2", "128x64x8x2", "64x128x8x2", "128x128x8x2"),
     "fwd_own_merge": ("64x64x4x2", "64x64x8x2", "128x64x8x2", "64x128x8x2"),
-    "bwd_kv": ("64x64x4x2", "64x64x8x2", "32x64x4x2", "64x128x8x2", "32x128x8x2"),
+    "bwd_kv": ("64x64x4x2", "64x64x8x2", "32x64x4x2", "32x64x8x2", "64x128x8x2", "32x128x8x2"),
+    "bwd_dq_own": ("64x64x4x2", "64x64x8x2", "128x64x8x2", "64x128x8x2"),
+    "bwd_dq_past": ("64x64x4x2", "64x64x8x2", "128x64x8x2", "64x128x8x2"),
 }
 
 #: Chosen per (kernel, head dim): from the compile report (README "Hopper compile check").
@@ -60,7 +62,9 @@ CHOSEN: dict[tuple[str, int], str] = {
     ("gate", 64): "16x16x4x1", ("gate", 128): "16x16x4x1",
     ("fwd_past", 64): "64x64x8x2", ("fwd_past", 128): "64x64x8x2",
     ("fwd_own_merge", 64): "64x64x8x2", ("fwd_own_merge", 128): "64x64x8x2",
-    ("bwd_kv", 64): "64x64x8x2", ("bwd_kv", 128): "64x64x8x2",
+    ("bwd_kv", 64): "32x64x8x2", ("bwd_kv", 128): "32x64x8x2",
+    ("bwd_dq_own", 64): "64x64x8x2", ("bwd_dq_own", 128): "64x64x8x2",
+    ("bwd_dq_past", 64): "64x64x8x2", ("bwd_dq_past", 128): "64x64x8x2",
 }
 #: Static shared memory (bytes) of each chosen configuration in the compile report (bf16, block 128).
 SMEM: dict[tuple[str, int], int] = {}

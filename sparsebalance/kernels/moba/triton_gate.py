@@ -33,6 +33,7 @@ from sparsebalance.kernels.moba.bitonic import merge_rows, sort_rows
 from sparsebalance.kernels.moba.plan import MobaPlan
 
 INT64_MIN = -(2**63)
+_KEY_NONE = tl.constexpr(INT64_MIN)  # the key of a block that is not past: below every real key
 MAXJ = 2**31 - 1
 #: Block id of an unused slot in the ascending sort (sums of two stay inside int32: see bitonic.py).
 PAD = 2**30
@@ -127,12 +128,12 @@ def _gate_kernel(Q, MEANS, SEL, KEYS, CODES, BITS, TILES, n_tiles, H, HKV, NC, s
             dd = tl.arange(0, D)
             q = tl.load(Q + (t * H + h)[:, None] * D + dd[None, :], mask=row_ok[:, None], other=0.0)
             q = q.to(tl.float32)
-            best = tl.full([BM, KW], INT64_MIN, tl.int64)
+            best = tl.full([BM, KW], _KEY_NONE, tl.int64)
             for j0 in range(0, c, KW):
                 j = j0 + p
                 mj = tl.load(MEANS + ((gbase + j).to(tl.int64)[:, None] * HKV + kvh) * D + dd[None, :],
                              mask=(j < c)[:, None], other=0.0)
-                key = tl.where((j < c)[None, :], _pack(tl.dot(q, tl.trans(mj), input_precision="ieee"), j), INT64_MIN)
+                key = tl.where((j < c)[None, :], _pack(tl.dot(q, tl.trans(mj), input_precision="ieee"), j), _KEY_NONE)
                 best = merge_rows(tl.maximum(best, sort_rows(key, 0, M)), 1, M)  # the KW best, descending
             got = (2147483647 - (best & 0xFFFFFFFF)).to(tl.int32)
             ids = sort_rows(tl.where(p[None, :] < nsel, got, 1073741824), 0, M)  # chosen ids ascending, PAD last

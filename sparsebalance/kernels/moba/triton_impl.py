@@ -129,25 +129,29 @@ def _topks(topk, n: int) -> list[int]:
 
 
 def _validate(q, k, v, cu: list[int], block_size) -> None:
-    def need(cond, field, msg):
-        if not cond:
-            raise ConfigError(f"{field}: {msg}")
-    need(q.dim() == 3, "q", f"must be [T, H, D], got shape {tuple(q.shape)}")
-    need(k.dim() == 3 and k.shape[0] == q.shape[0] and k.shape[2] == q.shape[2], "k",
-         f"must be [T, H_kv, D] matching q {tuple(q.shape)}, got {tuple(k.shape)}")
-    need(v.shape == k.shape, "v", f"must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
-    need(q.shape[1] % k.shape[1] == 0, "k", f"H={q.shape[1]} must be divisible by H_kv={k.shape[1]}")
-    need(q.dtype == k.dtype == v.dtype, "q", f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    need(q.dtype in (torch.float32, torch.float16, torch.bfloat16), "q",
-         f"dtype {q.dtype} is not allowed; choose one of float32, float16, bfloat16")
-    D = q.shape[2]
-    need(D >= 16 and D & (D - 1) == 0, "q", f"head_dim must be a power of two >= 16, got {D}")
-    need(isinstance(block_size, int) and block_size >= 16 and block_size & (block_size - 1) == 0,
-         "block_size", f"must be a power of two >= 16 for the Triton kernel, got {block_size!r}")
-    need(len(cu) >= 2, "cu_seqlens", "must be a 1-D tensor [N + 1], N >= 1")
-    need(cu[0] == 0 and all(b > a for a, b in zip(cu[:-1], cu[1:])), "cu_seqlens",
-         "must start at 0 and be strictly increasing")
-    need(cu[-1] == q.shape[0], "cu_seqlens", f"must end at T={q.shape[0]}, got {cu[-1]}")
+    """ConfigError naming the first bad argument (messages built only on failure: this runs per call)."""
+    checks = (
+        (lambda: q.dim() == 3, "q", lambda: f"must be [T, H, D], got shape {tuple(q.shape)}"),
+        (lambda: k.dim() == 3 and k.shape[0] == q.shape[0] and k.shape[2] == q.shape[2], "k",
+         lambda: f"must be [T, H_kv, D] matching q {tuple(q.shape)}, got {tuple(k.shape)}"),
+        (lambda: v.shape == k.shape, "v", lambda: f"must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}"),
+        (lambda: q.shape[1] % k.shape[1] == 0, "k", lambda: f"H={q.shape[1]} must be divisible by H_kv={k.shape[1]}"),
+        (lambda: q.dtype == k.dtype == v.dtype, "q",
+         lambda: f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}"),
+        (lambda: q.dtype in (torch.float32, torch.float16, torch.bfloat16), "q",
+         lambda: f"dtype {q.dtype} is not allowed; choose one of float32, float16, bfloat16"),
+        (lambda: q.shape[2] >= 16 and q.shape[2] & (q.shape[2] - 1) == 0, "q",
+         lambda: f"head_dim must be a power of two >= 16, got {q.shape[2]}"),
+        (lambda: isinstance(block_size, int) and block_size >= 16 and block_size & (block_size - 1) == 0,
+         "block_size", lambda: f"must be a power of two >= 16 for the Triton kernel, got {block_size!r}"),
+        (lambda: len(cu) >= 2, "cu_seqlens", lambda: "must be a 1-D tensor [N + 1], N >= 1"),
+        (lambda: cu[0] == 0 and all(b > a for a, b in zip(cu[:-1], cu[1:])), "cu_seqlens",
+         lambda: "must start at 0 and be strictly increasing"),
+        (lambda: cu[-1] == q.shape[0], "cu_seqlens", lambda: f"must end at T={q.shape[0]}, got {cu[-1]}"),
+    )
+    for ok, field, msg in checks:
+        if not ok():
+            raise ConfigError(f"{field}: {msg()}")
 
 
 def plan_for(q, k, cu: list[int], ks: list[int], block_size: int, *, path: str = "auto", block_m=None,

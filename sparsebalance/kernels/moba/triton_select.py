@@ -89,7 +89,7 @@ def build_index(plan: MobaPlan, q: torch.Tensor, k: torch.Tensor, *, bwd_entries
         empty = torch.zeros(1, dtype=torch.int64, device=dev)
         return MobaIndex(codes=codes, ptr=empty, cum_fwd=empty, cum_bwd=empty, bits=bits, sel=sel)
     keys, order = torch.sort(keys, stable=True)
-    codes = codes[order]
+    codes = codes.index_select(0, order)
     ptr = torch.searchsorted(keys, plan.dev["ptr_keys"])
     cum_fwd = torch.empty((nbk, nc), dtype=torch.int32, device=dev)
     cum_bwd = torch.empty(nbk, dtype=torch.int32, device=dev)

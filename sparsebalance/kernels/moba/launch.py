@@ -46,31 +46,44 @@ class Config:
 KERNELS = ("gate", "fwd_past", "fwd_own_merge", "bwd_kv", "bwd_dq_own", "bwd_dq_past")
 
 #: The pruned candidate set compiled for sm_90a per kernel (BLOCK_MxBLOCK_Nxwarpsxstages). Pruned by
-#: construction: tiles of 64-128 rows/keys (wgmma's M is 64 per warpgroup), 4 or 8 warps, 2-3 stages;
+#: construction: tiles of 32-128 rows/keys (wgmma's M is 64 per warpgroup), 4 or 8 warps, 2 stages;
 #: the gate scores on CUDA cores (fp32, exact), so only its row tile and warps vary.
 CANDIDATES: dict[str, tuple[str, ...]] = {
-    "gate": ("16x16x4x1", "32x16x4x1", "16x16x8x1"),
-    "fwd_past": ("64x64x4x2", "64x64x8x2", "128x64x8x2", "64x128x8x2", "128x128x8x2"),
-    "fwd_own_merge": ("64x64x4x2", "64x64x8x2", "128x64x8x2", "64x128x8x2"),
-    "bwd_kv": ("64x64x4x2", "64x64x8x2", "32x64x4x2", "32x64x8x2", "64x128x8x2", "32x128x8x2"),
-    "bwd_dq_own": ("64x64x4x2", "64x64x8x2", "128x64x8x2", "64x128x8x2"),
-    "bwd_dq_past": ("64x64x4x2", "64x64x8x2", "128x64x8x2", "64x128x8x2"),
+    "gate": ("16x16x4x1", "16x16x8x1", "32x16x4x1"),
+    "fwd_past": ("64x32x4x2", "64x32x8x2", "64x64x8x2", "128x32x8x2", "64x64x4x2"),
+    "fwd_own_merge": ("64x32x8x2", "64x32x4x2", "64x64x8x2", "64x64x4x2"),
+    "bwd_kv": ("32x64x8x2", "64x64x8x2", "32x64x4x2", "32x128x8x2"),
+    "bwd_dq_own": ("64x32x8x2", "64x64x8x2", "64x32x4x2"),
+    "bwd_dq_past": ("64x32x8x2", "64x64x8x2", "64x32x4x2"),
 }
 
-#: Chosen per (kernel, head dim): from the compile report (README "Hopper compile check").
+#: Chosen per (kernel, head dim) -- README "Hopper compile check" has the reports. The forward
+#: kernels' inner loops are the ones an H100 timed on 2026-11-26 (docs/gpu/h100-2026-11-26/
+#: tune_launch_before.csv): fwd_past at 64x32x4x2 was the fastest of ten configurations there (1.55 ms
+#: at 32K tokens, density 1/8; 8 B spill here); the rest have no GPU timing and are the compile
+#: report's picks: no spill (own + merge: 12 B), every product on wgmma. The backward's dQ kernels
+#: walk the forward's tables, so they share its row tiles (``triton_impl.configs`` enforces it).
 CHOSEN: dict[tuple[str, int], str] = {
-    ("gate", 64): "16x16x4x1", ("gate", 128): "16x16x4x1",
-    ("fwd_past", 64): "64x64x8x2", ("fwd_past", 128): "64x64x8x2",
-    ("fwd_own_merge", 64): "64x64x8x2", ("fwd_own_merge", 128): "64x64x8x2",
+    ("gate", 64): "16x16x8x1", ("gate", 128): "16x16x8x1",
+    ("fwd_past", 64): "64x32x4x2", ("fwd_past", 128): "64x32x4x2",
+    ("fwd_own_merge", 64): "64x32x8x2", ("fwd_own_merge", 128): "64x32x8x2",
     ("bwd_kv", 64): "32x64x8x2", ("bwd_kv", 128): "32x64x8x2",
-    ("bwd_dq_own", 64): "64x64x8x2", ("bwd_dq_own", 128): "64x64x8x2",
-    ("bwd_dq_past", 64): "64x64x8x2", ("bwd_dq_past", 128): "64x64x8x2",
+    ("bwd_dq_own", 64): "64x32x8x2", ("bwd_dq_own", 128): "64x32x8x2",
+    ("bwd_dq_past", 64): "64x32x8x2", ("bwd_dq_past", 128): "64x32x8x2",
 }
-#: Static shared memory (bytes) of each chosen configuration in the compile report (bf16, block 128).
-SMEM: dict[tuple[str, int], int] = {}
+#: Warps of the gate by slot width: 4 up to 32 slots (180 registers, no spill; 8 warps spill at 32),
+#: 8 above (4 warps spill from 64 slots on). Compile report, README "Hopper compile check".
+GATE_WARPS = {16: 4, 32: 4, 64: 8, 128: 8}
+#: Static shared memory (bytes) of each chosen configuration in the compile report (bf16, block 128,
+#: the largest variant of the kernel): a device with less opt-in shared memory per block falls back.
+SMEM: dict[tuple[str, int], int] = {
+    ("gate", 128): 73728, ("fwd_past", 128): 32768, ("fwd_own_merge", 128): 33024, ("bwd_kv", 128): 49536,
+    ("bwd_dq_own", 128): 49408, ("bwd_dq_past", 128): 49152,
+}
 #: What :data:`CHOSEN` was chosen on.
-CHOSEN_FOR = {"by": "sm_90a compile report (registers, spills, wgmma; no GPU timing)",
-              "target": "sm_90a (H100 / H200)", "triton": "3.9.0", "date": "2026-11-28"}
+CHOSEN_FOR = {"by": "sm_90a compile report (registers, spills, wgmma) and, for fwd_past, the H100 launch "
+                    "sweep of 2026-11-26", "target": "sm_90a (H100 / H200)", "triton": "3.9.0",
+              "date": "2026-11-28"}
 #: Configuration of a device the table was not chosen for (small tiles, few registers).
 FALLBACK = Config(block_m=32, block_n=32, warps=4, stages=1)
 

@@ -39,9 +39,10 @@ from sparsebalance.data.sequence import blocks
 DENSE, SPARSE, MASKED = 0, 1, 2
 """Sequence kinds (the codes of ``simulator.cost.kernelcost``)."""
 #: Slot width above which the gate's top-k runs in PyTorch (packed keys, ``triton_gate.select_torch``)
-#: and the kernel only writes the entries: the bitonic top-k of 2 x 256 int64 keys per row is the
-#: widest that compiles for sm_90a without spills (README, "Hopper compile check").
-GATE_MAX_KW = 256
+#: and the kernel only writes the entries: 128 int64 keys per row are the widest top-k that compiles
+#: for sm_90a without spills (16 rows, 8 warps: 180 registers; 256 spills ~1.9 KB at every candidate;
+#: README, "Hopper compile check").
+GATE_MAX_KW = 128
 #: Plans kept (a step reuses one per micro-batch shape across its layers).
 CACHE_SIZE = 64
 
@@ -119,7 +120,7 @@ class MobaPlan:
     dev: dict = field(default_factory=dict)
     """Device tables by name (see the module docstring)."""
     sel_seqs: list = field(default_factory=list)
-    """(first row, length, block 0's global id, k - 1) of every gated sequence (the PyTorch top-k)."""
+    """(first row, length, block 0's global id, k - 1, kind) of every gated sequence."""
 
 
 _cache: OrderedDict = OrderedDict()
@@ -263,7 +264,9 @@ def build_plan(cu: list[int], budgets: list[int], kinds: list[int], *, H: int, H
     dev["means_blocks"] = upload(means_blocks, device, i32)
     dev["bstart"] = upload(b["start"], device, i32)
     dev["ptr_keys"] = torch.arange(nbk * nc + 1, dtype=key_dtype, device=device)
-    plan.sel_seqs = [(int(cu_a[i]), int(cu_a[i + 1] - cu_a[i]), int(b["base"][b["seq"] == i][0]), int(ks[i] - 1))
+    dev["none"] = torch.zeros(1, dtype=torch.int64, device=device)  # the index tables of a call without entries
+    seq_base = np.cumsum(blocks(cu_a[1:] - cu_a[:-1], block)) - blocks(cu_a[1:] - cu_a[:-1], block)
+    plan.sel_seqs = [(int(cu_a[i]), int(cu_a[i + 1] - cu_a[i]), int(seq_base[i]), int(ks[i] - 1), int(kd[i]))
                      for i in np.flatnonzero(gated_seq)]
     # forward: per chunk, the own-block + merge query tiles and the past kernel's grid bound
     bm_o, bm_p = cfg["fwd_own_merge"].block_m, cfg["fwd_past"].block_m

@@ -71,6 +71,20 @@ def memory_order(ptx: str) -> dict[str, int]:
     return {"ordered": ordered, "relaxed": relaxed}
 
 
+def loop_instructions(ptx: str) -> list[int]:
+    """PTX instructions of each loop body (a block branched to from below), largest first: the
+    per-iteration work of a kernel's main loop, what the cost model prices the gate's scoring by."""
+    lines = [x.strip() for x in ptx.splitlines()]
+    labels = {m.group(1): i for i, x in enumerate(lines) if (m := re.match(r"^(\$L\w+):", x))}
+    sizes = []
+    for i, x in enumerate(lines):
+        m = re.search(r"\bbra(?:\.uni)?\s+(\$L\w+);", x)
+        if m and labels.get(m.group(1), i) < i:
+            body = lines[labels[m.group(1)]:i + 1]
+            sizes.append(sum(1 for y in body if y and y.endswith(";") and not y.startswith(("//", "."))))
+    return sorted(sizes, reverse=True)
+
+
 def _ptxas_usage(ptx: str) -> dict[str, int]:
     """Registers and spills from ``ptxas -v`` on the PTX (the bundled ptxas that accepts triton's PTX)."""
     import triton
@@ -106,7 +120,8 @@ def inspect(name: str, const: dict, warps: int, stages: int) -> dict:
     return dict(kernel=name, variant=variant, D=const.get("D"), BLOCK_M=const.get("BLOCK_M", const.get("BM")),
                 BLOCK_N=const.get("BLOCK_N", const.get("KW")), warps=warps, stages=stages, **_ptxas_usage(ptx),
                 smem=k.metadata.shared, wgmma=len(re.findall(r"wgmma\.mma_async", ptx)),
-                mma_sync=len(re.findall(r"\bmma\.sync", ptx)), **memory_order(ptx))
+                mma_sync=len(re.findall(r"\bmma\.sync", ptx)), **memory_order(ptx),
+                loop=(loop_instructions(ptx) or [0])[0])
 
 
 def variants(head_dim: int = 128, block: int = 128, configs: dict | None = None) -> list[tuple[str, dict, int, int]]:
@@ -124,7 +139,7 @@ def variants(head_dim: int = 128, block: int = 128, configs: dict | None = None)
     kw = 16
     while kw <= GATE_MAX_KW:
         out.append(("gate", {"D": D, "KW": kw, "M": kw.bit_length() - 1, "BM": g.block_m, "FROM_SEL": False},
-                    g.warps, g.stages))
+                    launch.GATE_WARPS.get(kw, g.warps), g.stages))
         kw *= 2
     out.append(("gate", {"D": D, "KW": 64, "M": 6, "BM": g.block_m, "FROM_SEL": True}, g.warps, g.stages))
     for name, flags in (("fwd_past", ({},)), ("fwd_own_merge", ({"MASKED": False}, {"MASKED": True})),

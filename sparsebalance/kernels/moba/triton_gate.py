@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from sparsebalance.kernels.moba.bitonic import merge_rows, sort_rows
+from sparsebalance.kernels.moba.launch import GATE_WARPS
 from sparsebalance.kernels.moba.plan import MobaPlan
 
 INT64_MIN = -(2**63)
@@ -165,7 +166,7 @@ def select_torch(plan: MobaPlan, q: torch.Tensor, means: torch.Tensor, sel: torc
 
     B, H, k1p = plan.block, plan.H, plan.k1p
     dev = q.device
-    for s0, L, base, kk in plan.sel_seqs:
+    for s0, L, base, kk, _ in plan.sel_seqs:
         n = -(-L // B)
         sel[s0:s0 + min(B, L)] = -1
         rows = max(B, chunk_elems // max(1, H * n))
@@ -212,6 +213,7 @@ def run_gate(plan: MobaPlan, q: torch.Tensor, k: torch.Tensor, *, write_sel: boo
                                codes if E else dummy, bits if masked else dummy, plan.dev["gate_tiles"], n_t, H,
                                HKV, plan.nc, plan.shift, plan.words, int(write_sel), D=D,
                                KW=min(64, plan.k1p) if plan.from_sel else plan.kw, M=plan.kw.bit_length() - 1,
-                               BM=cfg.block_m,
-                               FROM_SEL=plan.from_sel, num_warps=cfg.warps, num_stages=cfg.stages)
+                               BM=cfg.block_m, FROM_SEL=plan.from_sel,
+                               num_warps=GATE_WARPS.get(plan.kw, cfg.warps),
+                               num_stages=cfg.stages)
     return sel, keys, codes, bits

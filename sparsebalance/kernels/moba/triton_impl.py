@@ -61,6 +61,9 @@ def configs(block: int, head_dim: int, device: torch.device, block_m: int | None
         else:
             c = replace(c, block_m=min(block_m or c.block_m, block), block_n=min(block_n or c.block_n, block))
         out[name] = c
+    # the dQ kernels walk the forward's items and query tiles: same row tiles
+    out["bwd_dq_past"] = replace(out["bwd_dq_past"], block_m=out["fwd_past"].block_m)
+    out["bwd_dq_own"] = replace(out["bwd_dq_own"], block_m=out["fwd_own_merge"].block_m)
     return out
 
 

@@ -86,8 +86,8 @@ def build_index(plan: MobaPlan, q: torch.Tensor, k: torch.Tensor, *, bwd_entries
     dev = q.device
     nbk, nc = plan.n_blocks * plan.HKV, plan.nc
     if not plan.entries:
-        empty = torch.zeros(1, dtype=torch.int64, device=dev)
-        return MobaIndex(codes=codes, ptr=empty, cum_fwd=empty, cum_bwd=empty, bits=bits, sel=sel)
+        none = plan.dev["none"]
+        return MobaIndex(codes=codes, ptr=none, cum_fwd=none, cum_bwd=none, bits=bits, sel=sel)
     keys, order = torch.sort(keys, stable=True)
     codes = codes.index_select(0, order)
     ptr = torch.searchsorted(keys, plan.dev["ptr_keys"])

@@ -117,9 +117,8 @@ class SyncRecorder:
         elif name in ("index", "index_put", "index_put_") and dev and any(
                 isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or ())):
             self.found.append(f"{name} with a boolean mask")
-        elif name == "_to_copy" and dev and torch.device(kwargs.get("device") or self.device).type == "cpu":
-            self.found.append("copy to the host")
-        elif name == "copy_" and not self._on_device(args[0]) and self._on_device(args[1]):
+        elif (name == "_to_copy" and dev and torch.device(kwargs.get("device") or self.device).type == "cpu") or (
+                name == "copy_" and not self._on_device(args[0]) and self._on_device(args[1])):
             self.found.append("copy to the host")
 
     def __exit__(self, *exc):

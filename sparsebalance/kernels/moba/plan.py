@@ -270,7 +270,7 @@ def build_plan(cu: list[int], budgets: list[int], kinds: list[int], *, H: int, H
                      for i in np.flatnonzero(gated_seq)]
     # forward: per chunk, the own-block + merge query tiles and the past kernel's grid bound
     bm_o, bm_p = cfg["fwd_own_merge"].block_m, cfg["fwd_past"].block_m
-    run, off, rows = _tiles_of(b["len"], bm_o)
+    run, off, _ = _tiles_of(b["len"], bm_o)
     dense_loops = b["kind"][run] != SPARSE
     qt = np.stack([b["start"][run] + off, np.where(dense_loops, b["s0"][run], b["start"][run]),
                    b["start"][run] + b["len"][run], np.where(b["gathers"][run], b["nsel"][run], 0),

@@ -256,7 +256,7 @@ def moba_backward(plan: MobaPlan, idx: MobaIndex, q, k, v, o, lse, do, *, bwd_en
     steps = max(1, nbk.bit_length())
     bits = q if idx.bits is None else idx.bits
     kv, own, past = plan.cfg["bwd_kv"], plan.cfg["bwd_dq_own"], plan.cfg["bwd_dq_past"]
-    common = dict(D=D, BLOCK=plan.block, F32_DOT=f32, PREC=prec)
+    common = {"D": D, "BLOCK": plan.block, "F32_DOT": f32, "PREC": prec}
     # own pieces (unmasked, masked) and gathered pieces: three variants, each spill-free on sm_90a
     for n, tab, mk, gathered in ((plan.n_own, plan.dev["own"], False, False),
                                  (plan.n_own_masked, plan.dev["own_masked"], True, False),

@@ -14,6 +14,7 @@ copy to the host anywhere (tests/kernels/test_triton_host.py records every such 
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import torch
@@ -103,7 +104,7 @@ def sequence_kinds(lengths: list[int], topks: list[int], block: int, heads: int,
 def plan_paths(cu_seqlens, topk, block_size: int, q: torch.Tensor, k: torch.Tensor, path: str = "auto") -> list[bool]:
     """Per sequence: does it run on the masked dense path? (:func:`sequence_kinds`)."""
     cu, ks = _host_ints(cu_seqlens, "cu_seqlens"), _topks(topk, len(_host_ints(cu_seqlens, "cu_seqlens")) - 1)
-    lens = [b - a for a, b in zip(cu[:-1], cu[1:])]
+    lens = [b - a for a, b in itertools.pairwise(cu)]
     return [x == MASKED for x in sequence_kinds(lens, ks, block_size, q.shape[1], k.shape[1], q.shape[2],
                                                 q.element_size(), q.device, path)]
 
@@ -148,7 +149,7 @@ def _validate(q, k, v, cu: list[int], block_size) -> None:
         (lambda: isinstance(block_size, int) and block_size >= 16 and block_size & (block_size - 1) == 0,
          "block_size", lambda: f"must be a power of two >= 16 for the Triton kernel, got {block_size!r}"),
         (lambda: len(cu) >= 2, "cu_seqlens", lambda: "must be a 1-D tensor [N + 1], N >= 1"),
-        (lambda: cu[0] == 0 and all(b > a for a, b in zip(cu[:-1], cu[1:])), "cu_seqlens",
+        (lambda: cu[0] == 0 and all(b > a for a, b in itertools.pairwise(cu)), "cu_seqlens",
          lambda: "must start at 0 and be strictly increasing"),
         (lambda: cu[-1] == q.shape[0], "cu_seqlens", lambda: f"must end at T={q.shape[0]}, got {cu[-1]}"),
     )
@@ -174,7 +175,7 @@ def plan_for(q, k, cu: list[int], ks: list[int], block_size: int, *, path: str =
             if t is not None and t < low:
                 raise ConfigError(f"{name}: must be >= {low} on {q.device.type} (tl.dot needs 16-row tiles "
                                   f"when compiled), got {t}")
-        lens = [b - a for a, b in zip(cu[:-1], cu[1:])]
+        lens = [b - a for a, b in itertools.pairwise(cu)]
         H, HKV, D = q.shape[1], k.shape[1], q.shape[2]
         kinds = sequence_kinds(lens, ks, block_size, H, HKV, D, q.element_size(), q.device, path)
         return build_plan(cu, ks, kinds, H=H, HKV=HKV, D=D, block=block_size, elem=q.element_size(),

@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from sparsebalance.kernels.moba.plan import MobaPlan
-from sparsebalance.kernels.moba.triton_fwd import LOG2E, _dot, _find, _picked, dot_mode
+from sparsebalance.kernels.moba.triton_fwd import LOG2E, _dot, _find, _item, _picked, _query_tile, dot_mode
 from sparsebalance.kernels.moba.triton_select import MobaIndex
 
 
@@ -167,10 +167,7 @@ def _bwd_dq_own_kernel(Q, K, V, DO, DQ, LSE, DELTA, TILES, BITS, W, n_tiles, sm_
     h = tl.program_id(1)
     HKV = H // G
     kvh = h // G
-    q0 = tl.load(TILES + tile)
-    kfirst = tl.load(TILES + n_tiles + tile)
-    bend = tl.load(TILES + 2 * n_tiles + tile)
-    mstart = tl.load(TILES + 4 * n_tiles + tile)
+    q0, kfirst, bend, _, mstart = _query_tile(TILES, n_tiles, tile)
     rows = q0 + tl.arange(0, BLOCK_M)
     row_ok = rows < bend
     rows64 = rows.to(tl.int64)
@@ -198,14 +195,8 @@ def _bwd_dq_own_kernel(Q, K, V, DO, DQ, LSE, DELTA, TILES, BITS, W, n_tiles, sm_
 def _bwd_dq_past_kernel(Q, K, V, DO, DQ, LSE, DELTA, CODES, PTR, CUM, BSTART, NBK, NC, c, shift, steps, sm_scale,
                         sm_scale_log2, T, H, HKV, D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, F32_DOT: tl.constexpr, PREC: tl.constexpr):
-    i = tl.program_id(0)
-    b = _find(CUM + c, NC, NBK, i, steps)
+    b, e0, e1, kstart, kvh = _item(CUM, PTR, BSTART, NBK, NC, c, tl.program_id(0), steps, HKV, BLOCK_M)
     if b < NBK:
-        j = i - tl.load(CUM + (b - 1) * NC + c, mask=b > 0, other=0)
-        e0 = tl.load(PTR + b * NC + c) + j * BLOCK_M
-        e1 = tl.load(PTR + b * NC + c + 1)
-        kstart = tl.load(BSTART + b // HKV)
-        kvh = b % HKV
         e = e0 + tl.arange(0, BLOCK_M)
         ok = e < e1
         rh = tl.load(CODES + e, mask=ok, other=0).to(tl.int64) >> shift

@@ -54,6 +54,37 @@ def _find(CUM, stride, n, i, steps):
 
 
 @triton.jit
+def _item(CUM, PTR, BSTART, NBK, NC, c, i, steps, HKV, BLOCK_M: tl.constexpr):
+    """Forward item ``i`` of chunk ``c`` (``BLOCK_M`` entries of one bucket): (bucket -- NBK past the
+    last item --, first entry, end entry, first key row, kv head)."""
+    b = _find(CUM + c, NC, NBK, i, steps)
+    on = b < NBK
+    j = i - tl.load(CUM + (b - 1) * NC + c, mask=on & (b > 0), other=0)
+    e0 = tl.load(PTR + b * NC + c, mask=on, other=0) + j * BLOCK_M
+    e1 = tl.load(PTR + b * NC + c + 1, mask=on, other=0)
+    return b, e0, e1, tl.load(BSTART + b // HKV, mask=on, other=0), b % HKV
+
+
+@triton.jit
+def _query_tile(TILES, n_tiles, tile):
+    """A query tile's (first row, first key row, block end, slots to merge, mask start): the first key
+    is the own block's start, or the sequence start when dense or masked; the mask start is the
+    sequence start on the masked dense path, else -1; every slot below the count holds a partial."""
+    return (tl.load(TILES + tile), tl.load(TILES + n_tiles + tile), tl.load(TILES + 2 * n_tiles + tile),
+            tl.load(TILES + 3 * n_tiles + tile), tl.load(TILES + 4 * n_tiles + tile))
+
+
+@triton.jit
+def _softmax_step(s, m_i, l_i, acc, v, F32_DOT: tl.constexpr, PREC: tl.constexpr):
+    """One key tile of the online softmax: scores ``s`` (log2 units) and values ``v`` into the running
+    max, sum and accumulator."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.math.exp2(s - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32_DOT, PREC)
+
+
+@triton.jit
 def _picked(BITS, rh, row_ok, W, jb, mstart):
     """Per row (t * H + h): does it attend local block ``jb``? All True for an unmasked tile
     (``mstart`` < 0: the masked load returns -1, every bit set)."""
@@ -66,14 +97,8 @@ def _picked(BITS, rh, row_ok, W, jb, mstart):
 def _fwd_past_kernel(Q, K, V, PO, PL, CODES, PTR, CUM, BSTART, NBK, NC, c, row0, shift, steps, sm_scale_log2, H,
                      HKV, D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      F32_DOT: tl.constexpr, PREC: tl.constexpr):
-    i = tl.program_id(0)
-    b = _find(CUM + c, NC, NBK, i, steps)
+    b, e0, e1, kstart, kvh = _item(CUM, PTR, BSTART, NBK, NC, c, tl.program_id(0), steps, HKV, BLOCK_M)
     if b < NBK:
-        j = i - tl.load(CUM + (b - 1) * NC + c, mask=b > 0, other=0)
-        e0 = tl.load(PTR + b * NC + c) + j * BLOCK_M
-        e1 = tl.load(PTR + b * NC + c + 1)
-        kstart = tl.load(BSTART + b // HKV)
-        kvh = b % HKV
         e = e0 + tl.arange(0, BLOCK_M)
         ok = e < e1
         code = tl.load(CODES + e, mask=ok, other=0).to(tl.int64)
@@ -87,13 +112,8 @@ def _fwd_past_kernel(Q, K, V, PO, PL, CODES, PTR, CUM, BSTART, NBK, NC, c, row0,
             cols = (kstart + kk * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
             k = tl.load(K + (cols[:, None] * HKV + kvh) * D + dd[None, :])
             v = tl.load(V + (cols[:, None] * HKV + kvh) * D + dd[None, :])
-            s = _dot(q, tl.trans(k), F32_DOT, PREC) * sm_scale_log2
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.math.exp2(s - m_new[:, None])
-            alpha = tl.math.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32_DOT, PREC)
-            m_i = m_new
+            m_i, l_i, acc = _softmax_step(_dot(q, tl.trans(k), F32_DOT, PREC) * sm_scale_log2, m_i, l_i, acc, v,
+                                          F32_DOT, PREC)
         slot = code - ((row0 * H).to(tl.int64) << shift)
         tl.store(PO + slot[:, None] * D + dd[None, :], (acc / l_i[:, None]).to(PO.dtype.element_ty),
                  mask=ok[:, None])
@@ -108,11 +128,7 @@ def _fwd_own_merge_kernel(Q, K, V, O, LSE, PO, PL, TILES, BITS, W, n_tiles, row0
     h = tl.program_id(1)
     HKV = H // G
     kvh = h // G
-    q0 = tl.load(TILES + tile)
-    kfirst = tl.load(TILES + n_tiles + tile)  # own block start, or sequence start when dense or masked
-    bend = tl.load(TILES + 2 * n_tiles + tile)
-    n_slots = tl.load(TILES + 3 * n_tiles + tile)  # min(k - 1, c): every slot below holds a partial
-    mstart = tl.load(TILES + 4 * n_tiles + tile)  # masked dense path: sequence start, else -1
+    q0, kfirst, bend, n_slots, mstart = _query_tile(TILES, n_tiles, tile)
     rows = q0 + tl.arange(0, BLOCK_M)
     row_ok = rows < bend
     rows64 = rows.to(tl.int64)
@@ -136,13 +152,7 @@ def _fwd_own_merge_kernel(Q, K, V, O, LSE, PO, PL, TILES, BITS, W, n_tiles, row0
         keep = (cols[None, :] <= rows[:, None]) & col_ok[None, :]
         if MASKED:  # the key tile lies in one block: keep it for the rows that chose that block
             keep = keep & _picked(BITS, rows64 * H + h, row_ok, W, (kstart - mstart) // BLOCK, mstart)[:, None]
-        s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, F32_DOT, PREC)
-        m_i = m_new
+        m_i, l_i, acc = _softmax_step(tl.where(keep, s, float("-inf")), m_i, l_i, acc, v, F32_DOT, PREC)
     if not MASKED:  # merge the partials of the chosen past blocks: (o_p normalised, lse_p) -> 2^(lse_p - m)
         base = ((rows64 - row0) * H + h) << shift
         for s in range(n_slots):

@@ -6,7 +6,7 @@ around the kernels cost the host per call (``kernels/moba/hostcheck.py``).
 For each path (sparse, masked, dense) on tiny CPU tensors (the compute of the few PyTorch ops is
 negligible there): the first call of the shape (the plan is built and uploaded) and, with the plan
 cached, the min / median / 95th percentile over ``--repeats`` calls of the forward call and of its
-backward (``out.backward``: the autograd engine's own cost included). Then every path once more on
+backward (``torch.autograd.grad``: the autograd engine's own cost included). Then every path once more on
 ``meta`` tensors under ``hostcheck.SyncRecorder``: the operations that would synchronise with a CUDA
 device (must be none). The Triton launches themselves are not in these times.
 """
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 out = moba_attention_triton(q, k, v, cu, 16, topk, path=mode)
                 t1 = time.perf_counter()
-                out.backward(do)
+                torch.autograd.grad(out, (q, k, v), do)  # no accumulation into .grad (see hostcheck)
                 t2 = time.perf_counter()
                 fwd.append(t1 - t0)
                 bwd.append(t2 - t1)

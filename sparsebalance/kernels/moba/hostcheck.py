@@ -138,7 +138,9 @@ def _patched(obj, name, value):
 
 def host_times(call, backward, *, repeats: int = 200) -> tuple[float, float]:
     """(forward, backward) host seconds, each the min over ``repeats`` calls: ``call()`` returns the
-    output, ``backward(out)`` runs its backward. Run inside :func:`stubbed` for the host alone."""
+    output, ``backward(out)`` runs its backward (``torch.autograd.grad``, not ``.backward()``: leaf
+    inputs would add each call's gradient into ``.grad``, host work a layer's intermediate q, k, v
+    never has). Run inside :func:`stubbed` for the host alone."""
     fwd, bwd = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()

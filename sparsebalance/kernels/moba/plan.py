@@ -47,6 +47,13 @@ GATE_MAX_KW = 128
 CACHE_SIZE = 64
 
 
+def gate_warps(kw: int, default: int) -> int:
+    """Warps of the gate at slot width ``kw`` (``launch.GATE_WARPS``: the compile report's)."""
+    from sparsebalance.kernels.moba.launch import GATE_WARPS
+
+    return GATE_WARPS.get(kw, default)
+
+
 def next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
@@ -117,6 +124,12 @@ class MobaPlan:
     """Backward own-block pieces of masked-path sequences."""
     gated: bool = False
     """Some sequence runs the gate (sparse with k >= 2, or masked)."""
+    has_masked: bool = False
+    """Some sequence runs the masked dense path (the gate writes bit words)."""
+    code_dtype: Any = None
+    """torch dtype of the entry codes: int32 while T H k1p < 2^31, else int64."""
+    gate_launch: dict = field(default_factory=dict)
+    """The gate kernel's constexprs and launch options (precomputed: a call only passes tensors)."""
     dev: dict = field(default_factory=dict)
     """Device tables by name (see the module docstring)."""
     sel_seqs: list = field(default_factory=list)
@@ -259,7 +272,15 @@ def build_plan(cu: list[int], budgets: list[int], kinds: list[int], *, H: int, H
     plan = MobaPlan(T=int(cu_a[-1]), H=H, HKV=HKV, D=D, block=block, kinds=[int(x) for x in kd], cfg=cfg, k1p=k1p,
                     shift=k1p.bit_length() - 1, kw=max(kw_min, k1p), from_sel=from_sel, words=words, n_blocks=nb,
                     nc=nc, entries=entries, key_dtype=key_dtype, gated=bool(len(gb)))
+    plan.has_masked = bool((kd == MASKED).any())
+    plan.code_dtype = torch.int32 if plan.T * H * k1p < 2**31 else torch.int64
+    g = cfg["gate"]
+    plan.gate_launch = {"D": D, "KW": min(64, k1p) if from_sel else plan.kw, "M": plan.kw.bit_length() - 1,
+                        "BM": g.block_m, "FROM_SEL": from_sel, "num_warps": gate_warps(plan.kw, g.warps),
+                        "num_stages": g.stages}
     dev = plan.dev
+    dev["no_entries"] = torch.empty(0, dtype=key_dtype, device=device), torch.empty(0, dtype=plan.code_dtype,
+                                                                                     device=device)
     dev["gate_tiles"] = upload(gate_tiles, device, i64)
     dev["means_blocks"] = upload(means_blocks, device, i32)
     dev["bstart"] = upload(b["start"], device, i32)

@@ -242,7 +242,7 @@ def moba_backward(plan: MobaPlan, idx: MobaIndex, q, k, v, o, lse, do, *, bwd_en
     dk = torch.empty(k.shape, dtype=torch.float32, device=dev)
     dv = torch.empty(v.shape, dtype=torch.float32, device=dev)
     BR = 32
-    _bwd_prep_kernel[(triton.cdiv(T, BR), H)](o, do, delta, dk, dv, T, H, HKV, D=D, BR=BR, num_warps=4)
+    _bwd_prep_kernel[(-(-T // BR), H)](o, do, delta, dk, dv, T, H, HKV, D=D, BR=BR, num_warps=4)
     nbk = plan.n_blocks * HKV
     steps = max(1, nbk.bit_length())
     bits = q if idx.bits is None else idx.bits
@@ -274,6 +274,6 @@ def moba_backward(plan: MobaPlan, idx: MobaIndex, q, k, v, o, lse, do, *, bwd_en
         return dq, dk, dv
     oq, ok, ov = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     BLK = 1024
-    _cast_kernel[(triton.cdiv(max(dq.numel(), dk.numel()), BLK), 3)](dq, dk, dv, oq, ok, ov, dq.numel(), dk.numel(),
+    _cast_kernel[(-(-max(dq.numel(), dk.numel()) // BLK), 3)](dq, dk, dv, oq, ok, ov, dq.numel(), dk.numel(),
                                                                       BLK=BLK, num_warps=4)
     return oq, ok, ov

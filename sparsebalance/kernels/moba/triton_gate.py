@@ -30,7 +30,6 @@ import triton
 import triton.language as tl
 
 from sparsebalance.kernels.moba.bitonic import merge_rows, sort_rows
-from sparsebalance.kernels.moba.launch import GATE_WARPS
 from sparsebalance.kernels.moba.plan import MobaPlan
 
 INT64_MIN = -(2**63)
@@ -188,32 +187,28 @@ def select_torch(plan: MobaPlan, q: torch.Tensor, means: torch.Tensor, sel: torc
 
 def run_gate(plan: MobaPlan, q: torch.Tensor, k: torch.Tensor, *, write_sel: bool = False):
     """Launch the gate for ``plan``: (sel or None, keys, codes, bits or None)."""
+    if not plan.gated and not write_sel:
+        return (None, *plan.dev["no_entries"], None)
     T, H, D = q.shape
     HKV = k.shape[1]
     dev = q.device
     E = plan.entries
     means = torch.empty((plan.n_blocks, HKV, D), dtype=torch.float32, device=dev)
-    nm = plan.dev["means_blocks"].shape[1]
+    blocks_tab, tiles = plan.dev["means_blocks"], plan.dev["gate_tiles"]
+    nm, n_t = blocks_tab.shape[1], tiles.shape[1]
     if nm:
-        _block_means_kernel[(nm, HKV)](k, means, plan.dev["means_blocks"], nm, HKV, D=D, BLOCK=plan.block,
-                                       BR=min(64, plan.block), num_warps=4)
+        _block_means_kernel[(nm, HKV)](k, means, blocks_tab, nm, HKV, D=D, BLOCK=plan.block, BR=min(64, plan.block),
+                                       num_warps=4)
     need_sel = write_sel or plan.from_sel
     sel = torch.full((T, H, plan.k1p), -1, dtype=torch.int32, device=dev) if need_sel else None
-    keys = torch.empty(E, dtype=plan.key_dtype, device=dev)
-    codes = torch.empty(E, dtype=torch.int32 if T * H * plan.k1p < 2**31 else torch.int64, device=dev)
-    masked = any(x == 2 for x in plan.kinds)
-    bits = torch.empty((T, H, plan.words), dtype=torch.int32, device=dev) if masked else None
+    keys, codes = (torch.empty(E, dtype=plan.key_dtype, device=dev), torch.empty(E, dtype=plan.code_dtype, device=dev)) \
+        if E else plan.dev["no_entries"]
+    bits = torch.empty((T, H, plan.words), dtype=torch.int32, device=dev) if plan.has_masked else None
     if plan.from_sel:
         select_torch(plan, q, means, sel)
-    n_t = plan.dev["gate_tiles"].shape[1]
     if n_t:
-        cfg = plan.cfg["gate"]
-        dummy = keys if E else means
-        _gate_kernel[(n_t, HKV)](q, means, sel if need_sel else dummy, keys if E else dummy,
-                               codes if E else dummy, bits if masked else dummy, plan.dev["gate_tiles"], n_t, H,
-                               HKV, plan.nc, plan.shift, plan.words, int(write_sel), D=D,
-                               KW=min(64, plan.k1p) if plan.from_sel else plan.kw, M=plan.kw.bit_length() - 1,
-                               BM=cfg.block_m, FROM_SEL=plan.from_sel,
-                               num_warps=GATE_WARPS.get(plan.kw, cfg.warps),
-                               num_stages=cfg.stages)
+        dummy = means  # the pointer of an output the launch does not write
+        _gate_kernel[(n_t, HKV)](q, means, sel if need_sel else dummy, keys if E else dummy, codes if E else dummy,
+                                 dummy if bits is None else bits, tiles, n_t, H, HKV, plan.nc, plan.shift, plan.words,
+                                 int(write_sel), **plan.gate_launch)
     return sel, keys, codes, bits

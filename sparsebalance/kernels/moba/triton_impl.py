@@ -133,29 +133,30 @@ def _topks(topk, n: int) -> list[int]:
 
 
 def _validate(q, k, v, cu: list[int], block_size) -> None:
-    """ConfigError naming the first bad argument (messages built only on failure: this runs per call)."""
-    checks = (
-        (lambda: q.dim() == 3, "q", lambda: f"must be [T, H, D], got shape {tuple(q.shape)}"),
-        (lambda: k.dim() == 3 and k.shape[0] == q.shape[0] and k.shape[2] == q.shape[2], "k",
-         lambda: f"must be [T, H_kv, D] matching q {tuple(q.shape)}, got {tuple(k.shape)}"),
-        (lambda: v.shape == k.shape, "v", lambda: f"must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}"),
-        (lambda: q.shape[1] % k.shape[1] == 0, "k", lambda: f"H={q.shape[1]} must be divisible by H_kv={k.shape[1]}"),
-        (lambda: q.dtype == k.dtype == v.dtype, "q",
-         lambda: f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}"),
-        (lambda: q.dtype in (torch.float32, torch.float16, torch.bfloat16), "q",
-         lambda: f"dtype {q.dtype} is not allowed; choose one of float32, float16, bfloat16"),
-        (lambda: q.shape[2] >= 16 and q.shape[2] & (q.shape[2] - 1) == 0, "q",
-         lambda: f"head_dim must be a power of two >= 16, got {q.shape[2]}"),
-        (lambda: isinstance(block_size, int) and block_size >= 16 and block_size & (block_size - 1) == 0,
-         "block_size", lambda: f"must be a power of two >= 16 for the Triton kernel, got {block_size!r}"),
-        (lambda: len(cu) >= 2, "cu_seqlens", lambda: "must be a 1-D tensor [N + 1], N >= 1"),
-        (lambda: cu[0] == 0 and all(b > a for a, b in itertools.pairwise(cu)), "cu_seqlens",
-         lambda: "must start at 0 and be strictly increasing"),
-        (lambda: cu[-1] == q.shape[0], "cu_seqlens", lambda: f"must end at T={q.shape[0]}, got {cu[-1]}"),
-    )
-    for ok, field, msg in checks:
-        if not ok():
-            raise ConfigError(f"{field}: {msg()}")
+    """ConfigError naming the first bad argument (messages are built only on failure: this runs per call)."""
+    if q.dim() != 3:
+        raise ConfigError(f"q: must be [T, H, D], got shape {tuple(q.shape)}")
+    T, H, D = q.shape
+    if k.dim() != 3 or k.shape[0] != T or k.shape[2] != D:
+        raise ConfigError(f"k: must be [T, H_kv, D] matching q {tuple(q.shape)}, got {tuple(k.shape)}")
+    if v.shape != k.shape:
+        raise ConfigError(f"v: must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    if H % k.shape[1]:
+        raise ConfigError(f"k: H={H} must be divisible by H_kv={k.shape[1]}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise ConfigError(f"q: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ConfigError(f"q: dtype {q.dtype} is not allowed; choose one of float32, float16, bfloat16")
+    if D < 16 or D & (D - 1):
+        raise ConfigError(f"q: head_dim must be a power of two >= 16, got {D}")
+    if not isinstance(block_size, int) or block_size < 16 or block_size & (block_size - 1):
+        raise ConfigError(f"block_size: must be a power of two >= 16 for the Triton kernel, got {block_size!r}")
+    if len(cu) < 2:
+        raise ConfigError("cu_seqlens: must be a 1-D tensor [N + 1], N >= 1")
+    if cu[0] != 0 or any(b <= a for a, b in itertools.pairwise(cu)):
+        raise ConfigError("cu_seqlens: must start at 0 and be strictly increasing")
+    if cu[-1] != T:
+        raise ConfigError(f"cu_seqlens: must end at T={T}, got {cu[-1]}")
 
 
 def plan_for(q, k, cu: list[int], ks: list[int], block_size: int, *, path: str = "auto", block_m=None,

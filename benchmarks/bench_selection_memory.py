@@ -26,7 +26,7 @@ CHILD = r"""
 import json, sys, torch
 torch.set_num_threads(1)
 from sparsebalance.kernels.moba import hostcheck
-from sparsebalance.kernels.moba.triton_impl import BWD_ENTRIES, plan_for
+from sparsebalance.kernels.moba.triton_impl import plan_for
 from sparsebalance.kernels.moba.triton_select import build_index
 L, H, HKV, D, B, K = (int(x) for x in sys.argv[1:7])
 def status(key):  # bytes
@@ -40,7 +40,7 @@ plan = plan_for(q, k, [0, L], [K], B, path="sparse")
 with hostcheck.stubbed():
     open("/proc/self/clear_refs", "w").write("5")  # reset VmHWM to the current RSS
     base = status("VmRSS")
-    idx = build_index(plan, q, k, bwd_entries=BWD_ENTRIES)
+    idx = build_index(plan, q, k)
     peak = status("VmHWM")
 kept = sum(t.numel() * t.element_size() for t in (idx.codes, idx.ptr, idx.cum_fwd, idx.cum_bwd))
 print(json.dumps({"extra": peak - base, "kept": kept, "chunks": plan.nc, "k1p": plan.k1p}))

@@ -25,6 +25,9 @@ def test_mirrored_launch_constants_match_the_kernel():
     assert cfg["gate"].block_m == kc.GATE_ROWS and launch.GATE_WARPS == kc.GATE_WARPS
     assert plan.GATE_MAX_KW == kc.GATE_MAX_KW
     assert triton_impl.PARTIAL_BYTES == kc.PARTIAL_BYTES and triton_impl.BWD_ENTRIES == kc.BWD_ENTRIES
+    assert plan.BWD_ENTRIES_MAX == kc.BWD_ENTRIES_MAX and plan.PROGRAMS == kc.PROGRAMS
+    for e, subs in ((0, 4), (10**5, 4), (3_700_000, 4), (66_000_000, 8)):
+        assert plan.bwd_entries(e, subs, kc.BWD_ENTRIES) == int(kc.bwd_piece(e, subs)), e
 
 
 def _plan_and_counts(L, k, H, Hk, D, B, path, seed=0):

@@ -84,7 +84,7 @@ def measure(length: int, budget: int, *, heads: int = 8, kv_heads: int = 1, dim:
     import torch
 
     from sparsebalance.kernels.moba import hostcheck, triton_bwd, triton_gate, triton_select
-    from sparsebalance.kernels.moba.triton_impl import BWD_ENTRIES, plan_for
+    from sparsebalance.kernels.moba.triton_impl import plan_for
 
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(length, heads, dim, generator=g).to(torch.bfloat16)
@@ -95,7 +95,7 @@ def measure(length: int, budget: int, *, heads: int = 8, kv_heads: int = 1, dim:
         _, gate = count_ops(triton_gate.run_gate, plan, q, k)
         gate.by_op.update({f"triton:{n}": 1 for n, _ in log})
         log.clear()
-        idx, total = count_ops(triton_select.build_index, plan, q, k, bwd_entries=BWD_ENTRIES)
+        idx, total = count_ops(triton_select.build_index, plan, q, k)
         out["gate"] = gate
         out["index"] = OpCount(ops=total.ops - gate.ops, bytes=total.bytes - gate.bytes, syncs=total.syncs - gate.syncs,
                                by_op={n: total.by_op[n] - gate.by_op.get(n, 0) for n in total.by_op
@@ -104,8 +104,7 @@ def measure(length: int, budget: int, *, heads: int = 8, kv_heads: int = 1, dim:
         log.clear()
         o, do = (torch.randn(length, heads, dim, generator=g).to(torch.bfloat16) for _ in range(2))
         lse = torch.zeros(heads, length)
-        _, bwd = count_ops(triton_bwd.moba_backward, plan, idx, q, k, k, o, lse, do, bwd_entries=BWD_ENTRIES,
-                           interpreting=False)
+        _, bwd = count_ops(triton_bwd.moba_backward, plan, idx, q, k, k, o, lse, do, interpreting=False)
         bwd.by_op.update({f"triton:{n}": sum(1 for x, _ in log if x == n) for n, _ in log})
         out["backward"] = bwd
     return out

@@ -45,6 +45,17 @@ DENSE, SPARSE, MASKED = 0, 1, 2
 GATE_MAX_KW = 128
 #: Plans kept (a step reuses one per micro-batch shape across its layers).
 CACHE_SIZE = 64
+#: Programs the backward's split aims at: enough waves to balance 132 SMs, few enough that the
+#: relaxed dK/dV adds of split pieces stay a small share of the traffic.
+PROGRAMS = 4096
+#: Most gathered entries per backward piece (a bucket larger than this is split in any case).
+BWD_ENTRIES_MAX = 16384
+
+
+def bwd_entries(entries: int, subs: int, least: int) -> int:
+    """Gathered entries per backward piece: the power of two that makes about ``PROGRAMS`` programs of
+    ``subs`` key sub-tiles each, within [least, BWD_ENTRIES_MAX] (``kernelcost`` mirrors it)."""
+    return max(least, min(max(BWD_ENTRIES_MAX, least), next_pow2(-(-entries * subs // PROGRAMS))))
 
 
 def gate_warps(kw: int, default: int) -> int:
@@ -114,6 +125,8 @@ class MobaPlan:
     """torch dtype of the index's sort keys (int16 when bucket x chunk fits)."""
     chunks: list[Chunk] = field(default_factory=list)
     """Forward chunks, in row order."""
+    bwd_entries: int = 0
+    """Gathered entries per backward piece (:func:`bwd_entries`)."""
     partial_rows: int = 0
     """Rows of the largest chunk that gathers (the partial buffer holds rows x H x k1p slots)."""
     gathered_grid: int = 0
@@ -229,11 +242,12 @@ def _own_pieces(b: dict, bm: int, bn: int, G: int, HKV: int, cap_tiles: int) -> 
 
 
 def build_plan(cu: list[int], budgets: list[int], kinds: list[int], *, H: int, HKV: int, D: int, block: int,
-               elem: int, cfg: dict, device: Any, partial_bytes: int, bwd_entries: int,
+               elem: int, cfg: dict, device: Any, partial_bytes: int, bwd_entries_arg: int,
                own_tiles: int, kw_min: int = 16) -> MobaPlan:
     """The plan of one shape (see the module docstring). ``cfg``: launch configuration per kernel;
-    ``partial_bytes``: partial-output buffer cap; ``bwd_entries``: gathered entries per backward
-    program at most; ``own_tiles``: (row tile x query head) pairs per own-block program at most;
+    ``partial_bytes``: partial-output buffer cap; ``bwd_entries_arg``: least gathered entries per backward
+    piece; ``own_tiles``: least (row tile x query head) pairs an own-block piece may hold -- both grow
+    to make about ``PROGRAMS`` backward programs;
     ``kw_min``: least gate slot width (16 compiled, ``tl.dot``'s least N; any interpreted)."""
     import torch
 
@@ -309,11 +323,19 @@ def build_plan(cu: list[int], budgets: list[int], kinds: list[int], *, H: int, H
             plan.partial_rows = max(plan.partial_rows, plan.chunks[-1].row1 - plan.chunks[-1].row0)
     # backward: own-block pieces (host) and the gathered part's grid bound (device-sized buckets)
     bk = cfg["bwd_kv"]
-    own = _own_pieces(b, bk.block_m, bk.block_n, G, HKV, own_tiles)
+    subs = -(-b["len"] // bk.block_n)
+    r0 = (np.arange(int(subs.max(initial=0))) * bk.block_n // bk.block_m) * bk.block_m
+    units = 0  # (row tile x head) pairs of every own sub-tile: sized so that pieces make ~PROGRAMS programs
+    for i in range(len(r0)):
+        on = subs > i
+        rend = np.where(b["kind"] == SPARSE, b["len"], b["s1"] - b["start"])
+        units += int((G * HKV * -(-(rend[on] - r0[i]) // bk.block_m)).sum())
+    own = _own_pieces(b, bk.block_m, bk.block_n, G, HKV, max(own_tiles, -(-units // PROGRAMS)))
     mk = own[9] >= 0
     dev["own"] = upload(own[:, ~mk], device, i32)
     dev["own_masked"] = upload(own[:, mk], device, i32)
     plan.n_own, plan.n_own_masked = int((~mk).sum()), int(mk.sum())
+    plan.bwd_entries = bwd_entries(entries, block // bk.block_n, bwd_entries_arg)
     if entries:
-        plan.gathered_grid = (entries // bwd_entries + choosable) * (block // bk.block_n)
+        plan.gathered_grid = (entries // plan.bwd_entries + choosable) * (block // bk.block_n)
     return plan

@@ -12,9 +12,10 @@ query-major ones -- 7 matmuls a pair instead of 5, and no ordered atomic anywher
   it, accumulating dK and dV in registers:
   - **own pieces** (host table, ``plan.py``): the sub-tile's own-block rows -- from the row tile
     holding its first key to the block end (sparse) or the sequence end (dense, masked) -- for the
-    query heads of its group; long row ranges are split into pieces of at most ``own_tiles``
-    (row tile x head) pairs, so short sequences and GQA still fill the GPU;
-  - **gathered pieces** (device-sized): at most ``bwd_entries`` gathered entries of one bucket (the
+    query heads of its group; long row ranges are split into pieces (``plan.py``: at least
+    ``OWN_TILES`` (row tile x head) pairs each, about ``PROGRAMS`` programs in all), so short
+    sequences and GQA still fill the GPU while long dense ones add few partial dK/dV;
+  - **gathered pieces** (device-sized): at most ``plan.bwd_entries`` gathered entries of one bucket (the
     rows of every head of the group that chose the key block); a popular block (a sink every query
     picks) is split across programs, so none runs much longer than the others.
   dK/dV leave a program once: a plain store when it is the sub-tile's only contributor (one own
@@ -230,7 +231,7 @@ def _cast_kernel(DQ, DK, DV, OQ, OK, OV, n_q, n_kv, BLK: tl.constexpr):
         tl.store(OV + i, tl.load(DV + i, mask=i < n_kv).to(OV.dtype.element_ty), mask=i < n_kv)
 
 
-def moba_backward(plan: MobaPlan, idx: MobaIndex, q, k, v, o, lse, do, *, bwd_entries: int, interpreting: bool):
+def moba_backward(plan: MobaPlan, idx: MobaIndex, q, k, v, o, lse, do, *, interpreting: bool):
     """(dq, dk, dv) in the input dtype (accumulated in fp32)."""
     T, H, D = q.shape
     HKV = k.shape[1]
@@ -255,7 +256,7 @@ def moba_backward(plan: MobaPlan, idx: MobaIndex, q, k, v, o, lse, do, *, bwd_en
         if n:
             _bwd_kv_kernel[(n,)](q, k, v, do, dk, dv, lse, delta, tab, tab.shape[1], idx.codes, idx.ptr, idx.cum_bwd,
                                  plan.dev["bstart"], nbk, plan.nc, plan.shift, steps, bits, plan.words, scale,
-                                 scale * LOG2E, T, H, HKV, bwd_entries, BLOCK_M=kv.block_m, BLOCK_N=kv.block_n,
+                                 scale * LOG2E, T, H, HKV, plan.bwd_entries, BLOCK_M=kv.block_m, BLOCK_N=kv.block_n,
                                  MASKED=mk, GATHERED=gathered, num_warps=kv.warps, num_stages=kv.stages, **common)
     for ch in plan.chunks:  # own-block dQ first: it stores, the gathered parts add after it
         for tiles, mk in ((ch.q_tiles, False), (ch.q_tiles_masked, True)):

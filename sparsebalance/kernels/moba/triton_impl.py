@@ -29,9 +29,11 @@ from sparsebalance.kernels.moba.triton_select import MobaIndex, build_index
 #: Bytes of partial outputs (one D-vector per chosen block) held at once; larger calls run the forward
 #: in chunks of whole key blocks (same result, a few more launches).
 PARTIAL_BYTES = 1 << 30
-#: Gathered entries per backward program at most (splits the long row lists of popular key blocks).
+#: Least gathered entries per backward piece (long row lists of popular key blocks are split into
+#: pieces; ``plan.bwd_entries`` grows the piece to make about ``plan.PROGRAMS`` programs).
 BWD_ENTRIES = 2048
-#: (row tile x query head) pairs per own-block backward program at most (splits long dense rows).
+#: Least (row tile x query head) pairs per own-block backward piece (long dense rows are split;
+#: grown the same way).
 OWN_TILES = 32
 PATHS = ("auto", "sparse", "masked")
 
@@ -181,7 +183,7 @@ def plan_for(q, k, cu: list[int], ks: list[int], block_size: int, *, path: str =
         kinds = sequence_kinds(lens, ks, block_size, H, HKV, D, q.element_size(), q.device, path)
         return build_plan(cu, ks, kinds, H=H, HKV=HKV, D=D, block=block_size, elem=q.element_size(),
                           cfg=configs(block_size, D, q.device, block_m, block_n), device=q.device,
-                          partial_bytes=PARTIAL_BYTES, bwd_entries=BWD_ENTRIES, own_tiles=OWN_TILES,
+                          partial_bytes=PARTIAL_BYTES, bwd_entries_arg=BWD_ENTRIES, own_tiles=OWN_TILES,
                           kw_min=1 if _interpreting() else 16)
 
     return get_plan(key, build)
@@ -192,13 +194,13 @@ def index_for(q, k, cu_seqlens, block_size: int, topk, *, path: str = "auto", wr
     """(plan, index) of a call, with the selection table ``sel`` (tests and tools)."""
     cu = _host_ints(cu_seqlens, "cu_seqlens")
     plan = plan_for(q, k, cu, _topks(topk, len(cu) - 1), block_size, path=path, block_m=block_m, block_n=block_n)
-    return plan, build_index(plan, q.detach(), k.detach(), bwd_entries=BWD_ENTRIES, write_sel=write_sel)
+    return plan, build_index(plan, q.detach(), k.detach(), write_sel=write_sel)
 
 
 class _MobaTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, plan):
-        idx = build_index(plan, q.detach(), k.detach(), bwd_entries=BWD_ENTRIES)
+        idx = build_index(plan, q.detach(), k.detach())
         o, lse = moba_forward(plan, idx, q, k, v, interpreting=_interpreting())
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.plan, ctx.idx = plan, idx
@@ -207,7 +209,7 @@ class _MobaTriton(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = moba_backward(ctx.plan, ctx.idx, q, k, v, o, lse, do.contiguous(), bwd_entries=BWD_ENTRIES,
+        dq, dk, dv = moba_backward(ctx.plan, ctx.idx, q, k, v, o, lse, do.contiguous(),
                                    interpreting=_interpreting())
         return dq, dk, dv, None
 

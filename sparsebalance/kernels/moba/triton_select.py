@@ -49,7 +49,7 @@ class MobaIndex:
     cum_fwd: Any
     """int32 [buckets, chunks]: forward items (``block_m`` entries) of buckets 0..b in chunk c."""
     cum_bwd: Any
-    """int32 [buckets]: backward pieces (``bwd_entries`` entries over all chunks) of buckets 0..b."""
+    """int32 [buckets]: backward pieces (``plan.bwd_entries`` entries over all chunks) of buckets 0..b."""
     bits: Any = None
     """int32 [T, H, W]: per (token, head) of a masked-path sequence, the blocks it attends."""
     sel: Any = None
@@ -79,8 +79,7 @@ def _items_kernel(PTR, CUM_F, CUM_B, NBK, NC, fwd_rows, bwd_rows, BLK: tl.conste
         carry += tl.sum(n, 0)
 
 
-def build_index(plan: MobaPlan, q: torch.Tensor, k: torch.Tensor, *, bwd_entries: int,
-                write_sel: bool = False) -> MobaIndex:
+def build_index(plan: MobaPlan, q: torch.Tensor, k: torch.Tensor, *, write_sel: bool = False) -> MobaIndex:
     """Gate, sort and item tables of one call (module docstring); no host synchronisation."""
     sel, keys, codes, bits = run_gate(plan, q, k, write_sel=write_sel)
     dev = q.device
@@ -93,6 +92,6 @@ def build_index(plan: MobaPlan, q: torch.Tensor, k: torch.Tensor, *, bwd_entries
     ptr = torch.searchsorted(keys, plan.dev["ptr_keys"])
     cum_fwd = torch.empty((nbk, nc), dtype=torch.int32, device=dev)
     cum_bwd = torch.empty(nbk, dtype=torch.int32, device=dev)
-    _items_kernel[(nc + 1,)](ptr, cum_fwd, cum_bwd, nbk, nc, plan.cfg["fwd_past"].block_m, bwd_entries,
+    _items_kernel[(nc + 1,)](ptr, cum_fwd, cum_bwd, nbk, nc, plan.cfg["fwd_past"].block_m, plan.bwd_entries,
                              BLK=1024, num_warps=4)
     return MobaIndex(codes=codes, ptr=ptr, cum_fwd=cum_fwd, cum_bwd=cum_bwd, bits=bits, sel=sel)

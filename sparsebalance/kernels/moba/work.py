@@ -130,9 +130,7 @@ def executed(plan: Any, counts: np.ndarray) -> dict[str, int]:
 
     pieces = np.concatenate([plan.dev["own"].cpu().numpy(), plan.dev["own_masked"].cpu().numpy()], 1).astype(np.int64)
     kv_own = int(((pieces[6] - pieces[5]) * -(-(pieces[4] - pieces[3]) // kv.block_m)).sum()) * kv.block_m * kv.block_n
-    per_bucket = counts.sum(1)
-    from sparsebalance.kernels.moba.triton_impl import BWD_ENTRIES
-
-    full, rest = per_bucket // BWD_ENTRIES, per_bucket % BWD_ENTRIES
-    kv_past = int((full * -(-BWD_ENTRIES // kv.block_m) + -(-rest // kv.block_m)).sum()) * kv.block_m * B
+    per_bucket, piece = counts.sum(1), plan.bwd_entries
+    full, rest = per_bucket // piece, per_bucket % piece
+    kv_past = int((full * -(-piece // kv.block_m) + -(-rest // kv.block_m)).sum()) * kv.block_m * B
     return {"fwd": past + own(om), "kv": kv_own + kv_past, "dq": past + own(dqo)}

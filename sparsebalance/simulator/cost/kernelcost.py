@@ -51,7 +51,9 @@ KV_TILE = (32, 64)    # bwd_kv: rows per step, keys of the owned sub-tile
 GATE_ROWS = 16        # (row, head) pairs per gate program
 GATE_MAX_KW = 128     # widest top-k in the kernel; wider budgets take it in PyTorch
 PARTIAL_BYTES = 1 << 30
-BWD_ENTRIES = 2048
+BWD_ENTRIES = 2048        # least gathered entries per backward piece ...
+BWD_ENTRIES_MAX = 16384   # ... most (plan.py: bwd_entries)
+PROGRAMS = 4096           # the backward's split aims at about this many programs
 GATE_WARPS = {16: 4, 32: 4, 64: 8, 128: 8}
 
 #: PTX instructions per thread of one iteration of the gate's scoring loop (``GATE_ROWS`` pairs x kw
@@ -294,6 +296,13 @@ def measured() -> dict:
     return {"past": past, "own": own, "merge": merge / H100_BANDWIDTH}
 
 
+def bwd_piece(entries, subs: int):
+    """Gathered entries per backward piece (``plan.bwd_entries``): the power of two making about
+    ``PROGRAMS`` programs of ``subs`` key sub-tiles, within [BWD_ENTRIES, BWD_ENTRIES_MAX]."""
+    want = np.maximum(1, -(-np.asarray(entries, dtype=np.int64) * subs // PROGRAMS))
+    return np.clip(2 ** np.ceil(np.log2(want)).astype(np.int64), BWD_ENTRIES, BWD_ENTRIES_MAX)
+
+
 def kernel_counts(L, k, s: Shape, *, backward: bool, path=None) -> dict:
     """The Triton attention kernels: FLOPs per kernel family, the HBM bytes beyond a dense FlashAttention
     kernel's own traffic, launches. Forward: past (gathered q read, partials and codes written), own
@@ -308,8 +317,8 @@ def kernel_counts(L, k, s: Shape, *, backward: bool, path=None) -> dict:
         return {"flops_past": 4.0 * D * (w["fwd"] - w["own"]), "flops_own": 4.0 * D * w["own"],
                 "bytes_past": e * (2 * D * eb + 8), "bytes_merge": e * (D * eb + 4),
                 "launches": np.where(sparse, 2 * w["chunks"], 1)}
-    kv_pieces = w["buckets_all"] + e / BWD_ENTRIES
     bn = _tile(KV_TILE, B)[1]
+    kv_pieces = w["buckets_all"] + e / bwd_piece(e, B // bn)
     glue = L * H * D * 2 * eb + L * H * 4 + L * s.kv_heads * D * (8 + 2 * (4 + eb)) + L * H * D * (4 + eb)
     return {"flops_kv": 8.0 * D * w["kv"], "flops_dq": 6.0 * D * w["dq"],
             "bytes_kv": kv_pieces * (B // bn) * 8 * bn * D + e * 4 * (B // bn),

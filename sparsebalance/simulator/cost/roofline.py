@@ -406,7 +406,8 @@ def _built(hw: Hardware, model: ModelConfig, tp: int, block: int, sp: bool,
     if bad:  # the note is read from the table just built, so it joins the sidecar after building
         note = (f"{len(bad)} attention point(s) fall as budget or length grows, as the kernel does: just below "
                 "the block count the dispatcher runs the masked dense path, which pays the gate on top of the "
-                "dense tiles that the full budget (dense, no gate) runs alone; and where the path changes "
+                "dense tiles that the full budget (dense, no gate) runs alone; rows of blocks c <= k - 1 take "
+                "every past block unscored, so a larger budget scores fewer rows; and where the path changes "
                 "between neighbouring points (chosen by forward + backward) one pass can get cheaper while "
                 "the other gets dearer (docs/costmodel.md, 'Budget and the dense path')")
         meta = replace(meta, nonmonotone=note)

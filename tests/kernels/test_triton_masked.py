@@ -23,7 +23,7 @@ elif os.environ.get("TRITON_INTERPRET") != "1":
 from sparsebalance.kernels.moba import plan as moba_plan
 from sparsebalance.kernels.moba import triton_impl
 from sparsebalance.kernels.moba.naive import moba_attention_naive, naive_selection
-from sparsebalance.kernels.moba.triton_impl import index_for, moba_attention_triton, plan_paths
+from sparsebalance.kernels.moba.triton_impl import index_for, moba_attention_triton, sequence_kinds
 from sparsebalance.simulator.cost import kernelcost as kc
 from sparsebalance.simulator.cost.roofline import H100
 
@@ -116,17 +116,18 @@ POINTS = [(8448, 2), (8448, 32), (32768, 16), (32768, 100), (32768, 128), (4096,
 
 
 def test_dispatcher_picks_the_path_the_cost_model_says():
-    """plan_paths (per sequence of one packed call) = kernelcost.choose_path on the kernel's shape
-    and dtype with the H100 model (a CPU device). The points cover both sparse and masked choices."""
-    lens = [L for L, _ in POINTS]
-    topk = torch.tensor([k for _, k in POINTS])
-    cu = torch.tensor([0, *np.cumsum(lens).tolist()], dtype=torch.int32)
-    q = torch.empty(0, 8, 128, dtype=torch.bfloat16)
-    k = torch.empty(0, 1, 128, dtype=torch.bfloat16)
-    got = plan_paths(cu, topk, 256, q, k)
+    """sequence_kinds (per sequence of one packed call, what the plan fixes) = kernelcost.choose_path
+    on the kernel's shape and dtype with the H100 model (a CPU device). The points cover the three
+    kinds; a forced path keeps dense sequences dense."""
+    lens, topk = [L for L, _ in POINTS], [k for _, k in POINTS]
+    cpu = torch.device("cpu")
+    got = sequence_kinds(lens, topk, 256, 8, 1, 128, 2, cpu)
     shape = kc.Shape(heads=8, kv_heads=1, head_dim=128, block=256, dtype_bytes=2)
-    want = kc.choose_path(np.array(lens), topk.numpy(), shape, H100)
-    assert got == (want == kc.MASKED).tolist()
+    want = kc.choose_path(np.array(lens), np.array(topk), shape, H100)
+    assert got == want.tolist()
     assert {kc.SPARSE, kc.MASKED, kc.DENSE} <= set(want.tolist())
-    assert plan_paths(cu, topk, 256, q, k, "sparse") == [False] * len(lens)
-    assert plan_paths(cu, topk, 256, q, k, "masked") == [k < -(-L // 256) for L, k in POINTS]  # dense stays dense
+    dense = [k >= -(-L // 256) for L, k in POINTS]
+    assert sequence_kinds(lens, topk, 256, 8, 1, 128, 2, cpu, "sparse") == [
+        kc.DENSE if d else kc.SPARSE for d in dense]
+    assert sequence_kinds(lens, topk, 256, 8, 1, 128, 2, cpu, "masked") == [
+        kc.DENSE if d else kc.MASKED for d in dense]

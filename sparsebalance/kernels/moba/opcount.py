@@ -22,8 +22,6 @@ VIEW_OPS = {"view", "_unsafe_view", "slice", "select", "expand", "t", "transpose
             "alias", "unsqueeze", "squeeze", "permute", "reshape", "_reshape_alias", "lift_fresh",
             "split", "unbind", "unfold", "diagonal", "narrow", "view_as", "numpy_T", "empty", "empty_like",
             "empty_strided", "resize_", "set_", "_to_copy_noop", "_local_scalar_dense"}
-#: ATen ops that make the host wait for the device (a data-dependent size or a value read back).
-SYNC_OPS = {"nonzero", "repeat_interleave", "_local_scalar_dense", "item", "is_nonzero", "masked_select"}
 
 
 @dataclass(slots=True)
@@ -35,7 +33,7 @@ class OpCount:
     bytes: int = 0
     """Bytes read and written by them."""
     syncs: int = 0
-    """Ops that make the host wait for the device."""
+    """Ops that make the host wait for the device whenever they run on one (``hostcheck.SYNC_OPS``)."""
     by_op: dict[str, int] = field(default_factory=dict)
     """Launches per ATen op name."""
 
@@ -56,6 +54,8 @@ def _tensors(x: Any):
 def count_ops(fn, *args, **kwargs) -> tuple[Any, OpCount]:
     """Run ``fn(*args, **kwargs)`` and count its ATen ops (see the module docstring)."""
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    from sparsebalance.kernels.moba.hostcheck import SYNC_OPS
 
     c = OpCount()
 

@@ -5,7 +5,7 @@ CPU tensor for a call without host synchronisation; a CUDA tensor is read once, 
 topk an int or [N] budgets (own block included). Semantics: ``naive.py`` / README.
 
 Per call: the plan (``plan.py``: every table that follows from lengths, budgets and shapes, and the
-path of each sequence, ``plan_paths``) is looked up by its shape key -- built on the first call of a
+path of each sequence, :func:`sequence_kinds`) is looked up by its shape key -- built on the first call of a
 shape, reused by every layer after; the gate and index (``triton_gate.py``, ``triton_select.py``),
 the forward (``triton_fwd.py``) and the backward (``triton_bwd.py``) then run with fixed-size
 tensors and grids sized from host upper bounds: no ``.item()``, ``nonzero``, data-dependent shape or
@@ -101,14 +101,6 @@ def sequence_kinds(lengths: list[int], topks: list[int], block: int, heads: int,
 
     shape = kc.Shape(heads=heads, kv_heads=kv_heads, head_dim=head_dim, block=block, dtype_bytes=elem)
     return [int(x) for x in kc.choose_path(np.asarray(lengths), np.asarray(topks), shape, dispatch_hardware(device))]
-
-
-def plan_paths(cu_seqlens, topk, block_size: int, q: torch.Tensor, k: torch.Tensor, path: str = "auto") -> list[bool]:
-    """Per sequence: does it run on the masked dense path? (:func:`sequence_kinds`)."""
-    cu, ks = _host_ints(cu_seqlens, "cu_seqlens"), _topks(topk, len(_host_ints(cu_seqlens, "cu_seqlens")) - 1)
-    lens = [b - a for a, b in itertools.pairwise(cu)]
-    return [x == MASKED for x in sequence_kinds(lens, ks, block_size, q.shape[1], k.shape[1], q.shape[2],
-                                                q.element_size(), q.device, path)]
 
 
 def _host_ints(x, name: str) -> list[int]:

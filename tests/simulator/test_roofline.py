@@ -26,7 +26,6 @@ from sparsebalance.simulator.cost.roofline import (
     build_table,
     dense_split_time,
     dense_time,
-    gate_candidates,
     head_time,
     main,
     moba_pairs,
@@ -61,12 +60,6 @@ def test_moba_pairs_vectorised_and_dense_limit():
     assert (moba_pairs(L, 256, np.ceil(L / 256).astype(int)) == dense).all()
     # k = 1: only the own block, causally: full blocks B(B+1)/2 each + the last partial block
     assert int(moba_pairs(1000, 256, 1)) == 3 * 256 * 257 // 2 + 232 * 233 // 2
-
-
-def test_gate_candidates_brute_force():
-    for B in (2, 5):
-        for L in range(1, 30):
-            assert int(gate_candidates(L, B)) == sum(q // B for q in range(L))
 
 
 def ideal(hw: Hardware) -> Hardware:

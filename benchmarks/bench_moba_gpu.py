@@ -30,13 +30,14 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("bench_moba_gpu: CUDA is not available; this benchmark needs an NVIDIA GPU", file=sys.stderr)
         return 2
-    from sparsebalance.kernels.moba.speed import SpeedShape, speed_table
+    from sparsebalance.kernels.moba.speed import SpeedShape, speed_table, target_table
 
     shape = SpeedShape(heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, block=args.block)
-    df = speed_table(args.lengths, args.densities, shape, progress=lambda rows: print(rows[-1], file=sys.stderr,
-                                                                                flush=True))
+    points = [(L, d) for L in args.lengths for d in args.densities]
+    df = speed_table(points, shape, progress=lambda rows: print(rows[-1], file=sys.stderr, flush=True))
     print(f"device: {torch.cuda.get_device_name()}  {shape}  bf16")
     print(df.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    print(target_table(df).to_string(index=False))
     if args.csv:
         df.to_csv(args.csv, index=False)
     return 0

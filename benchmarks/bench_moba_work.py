@@ -5,7 +5,8 @@ Counts, from the index tables a kernel call builds (no kernel runs), the pairs t
 
 * ``union``  -- the query-tile-major kernel of commit 301d238 (each 64-row query tile loops over the
   union of the blocks its rows chose), and
-* ``gather`` -- the shipped key-block-major kernel (per key block, the rows that chose it),
+* ``gather`` -- the shipped key-block-major kernels (per key block, the rows that chose it; the
+  backward ratio is the mean of its dK/dV and dQ kernels'),
 
 on gate scores from two sources at densities 1/4 .. 1/32 (budget k = round(density x n_blocks)):
 
@@ -62,31 +63,29 @@ def random_qk(length: int, heads: int, kv_heads: int, dim: int, seed: int = 0) -
 
 
 def count(q, k, block: int, density: float, block_m: int, block_n: int) -> dict:
-    """One row: attended and executed pairs (union and gather) for one sequence."""
-    import torch
-
+    """One row: attended and executed pairs (union and the shipped key-block-major kernels) for one
+    sequence; the selection by ``gate.py`` in PyTorch, the shipped kernels' work from their plan."""
     from sparsebalance.kernels.moba import work
-    from sparsebalance.kernels.moba.triton_select import build_index
+    from sparsebalance.kernels.moba.triton_impl import plan_for
 
     L, H, _ = q.shape
     nb = -(-L // block)
     topk = max(1, round(density * nb))
-    cu = torch.tensor([0, L], dtype=torch.int32)
-    idx = build_index(q, k, cu, block, torch.tensor([topk]), block_m)
+    plan = plan_for(q, k, [0, L], [topk], block, path="sparse")
+    sel = work.selection(q, k, [0, L], block, [topk], plan.k1p)
     attended = work.attended_pairs([L], block, [topk], H)
-    union = work.union_work(idx.sel, [L], block, block_m, block_n)
+    union = work.union_work(sel, [L], block, block_m, block_n)
     row = {"blocks": nb, "topk": topk, "density": density, "attended": attended, "union": union,
            "union_ratio": union / attended}
     hkv = k.shape[1]
-    g = work.gather_work(idx, block, block_m, block_n, H, hkv)
-    gb = work.gather_work(idx, block, block_m, block_n, H, hkv, backward=True)
+    counts = work.bucket_counts(plan, sel=sel)
+    g = work.executed(plan, counts)
     # gate statistic behind the model's padding term: share of (chunk, past block, kv head) buckets
     # that some row chose (the model assumes all of them)
-    used = sum(len({(int(a), int(b)) for a, b in zip(c.fwd_items[2].tolist(), c.fwd_items[3].tolist())})
-               for c in idx.chunks)
-    avail = sum(hkv * max(0, min(nb - 1, (c.row1 - 1) // block)) for c in idx.chunks)
-    return row | {"gather": g, "gather_ratio": g / attended, "gather_bwd_ratio": gb / attended,
-                  "buckets_used": used / avail if avail else float("nan")}
+    avail = sum(hkv * max(0, min(nb - 1, (c.row1 - 1) // block)) for c in plan.chunks)
+    return row | {"gather": g["fwd"], "gather_ratio": g["fwd"] / attended,
+                  "gather_bwd_ratio": (g["kv"] + g["dq"]) / 2 / attended,
+                  "buckets_used": int((counts > 0).sum()) / avail if avail else float("nan")}
 
 
 def main(argv: list[str] | None = None) -> int:

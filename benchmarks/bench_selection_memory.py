@@ -1,13 +1,14 @@
-"""Peak extra memory of MoBA block selection + index building on the CPU (the chunked path).
+"""Peak extra memory of MoBA gate + index building, the kernels' allocations alone (no kernel runs).
 
-For each length, a fresh subprocess allocates q [T, H, D] and k [T, H_kv, D] (bf16), resets the
-kernel's peak-RSS mark (``/proc/self/clear_refs``), reads its resident set, runs
-``triton_select.build_index`` (selection in row chunks of ~2^24 gate scores, then the per-chunk
-gathered index) and reads the peak RSS (VmHWM in ``/proc/self/status``: the high-water mark, so
-short-lived temporaries count). Linux only. Prints, in MiB: the peak extra memory, the
-index it returns (``sel`` + gathered codes + tables: what the kernels keep), and for comparison
-the two biggest O(T x n_blocks) int64 temporaries the previous index builder allocated (the
-per-tile selection copy [T, H, K1P] and the per-tile block bitmap's cumulative sum).
+For each length, a fresh subprocess allocates q [T, H, D] and k [T, H_kv, D] (bf16) on the CPU,
+builds the call's plan, resets the kernel's peak-RSS mark (``/proc/self/clear_refs``), reads its
+resident set, runs ``triton_select.build_index`` with the Triton kernels stubbed out
+(``hostcheck.stubbed``: every allocation and PyTorch op of the device path happens -- the block
+means, the entry keys and codes, the sort and its outputs, the tables -- but no kernel) and reads
+the peak RSS (VmHWM in ``/proc/self/status``: the high-water mark, so short-lived temporaries
+count). Linux only. Prints, in MiB: the peak extra memory, the index it returns (sorted codes and
+tables: what the kernels keep for the backward), and for comparison the two biggest
+O(T x n_blocks) int64 temporaries of the index builder before the key-block-major kernel.
 
     .venv/bin/python benchmarks/bench_selection_memory.py [--lengths 32768 131072] [--budget 32]
 
@@ -24,6 +25,8 @@ import sys
 CHILD = r"""
 import json, sys, torch
 torch.set_num_threads(1)
+from sparsebalance.kernels.moba import hostcheck
+from sparsebalance.kernels.moba.triton_impl import plan_for
 from sparsebalance.kernels.moba.triton_select import build_index
 L, H, HKV, D, B, K = (int(x) for x in sys.argv[1:7])
 def status(key):  # bytes
@@ -33,15 +36,14 @@ def status(key):  # bytes
 g = torch.Generator().manual_seed(0)
 q = torch.randn(L, H, D, generator=g).to(torch.bfloat16)
 k = torch.randn(L, HKV, D, generator=g).to(torch.bfloat16)
-cu = torch.tensor([0, L], dtype=torch.int32)
-build_index(q[:4096], k[:4096], torch.tensor([0, 4096], dtype=torch.int32), B, torch.tensor([K]), 64)  # warm-up
-open("/proc/self/clear_refs", "w").write("5")  # reset VmHWM to the current RSS
-base = status("VmRSS")
-idx = build_index(q, k, cu, B, torch.tensor([K]), 64)
-peak = status("VmHWM")
-kept = idx.sel.numel() * 4 + sum(c.codes.numel() * 4 + c.fwd_items.numel() * 4 + c.bwd_items.numel() * 4
-                                 + c.own_items.numel() * 4 + c.q_tiles.numel() * 4 for c in idx.chunks)
-print(json.dumps({"extra": peak - base, "kept": kept, "chunks": len(idx.chunks), "k1p": idx.k1p}))
+plan = plan_for(q, k, [0, L], [K], B, path="sparse")
+with hostcheck.stubbed():
+    open("/proc/self/clear_refs", "w").write("5")  # reset VmHWM to the current RSS
+    base = status("VmRSS")
+    idx = build_index(plan, q, k)
+    peak = status("VmHWM")
+kept = sum(t.numel() * t.element_size() for t in (idx.codes, idx.ptr, idx.cum_fwd, idx.cum_bwd))
+print(json.dumps({"extra": peak - base, "kept": kept, "chunks": plan.nc, "k1p": plan.k1p}))
 """
 
 

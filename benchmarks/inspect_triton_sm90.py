@@ -1,11 +1,13 @@
 """Compile the MoBA Triton kernels for Hopper (sm_90a) without a GPU and report what ptxas made of them.
 
-For bf16 inputs, head_dim 128 (``--head-dim``), block 128 (``--block``) and each candidate launch config
-(and, for the own-block kernels, without and with the masked dense path's ``MASKED`` variant), prints
-registers per thread, spill stores/loads (bytes), static shared memory (bytes), and the number of wgmma
-instructions in the PTX (0 means tl.dot fell back to mma.sync). Used to pick ``launch_config``.
+For bf16 inputs, head_dim 128 (``--head-dim``), block 128 (``--block``): every production variant at
+the chosen launch configurations (``launch.CHOSEN``; ``sm90.variants``), or with ``--candidates``
+every candidate of ``launch.CANDIDATES`` for the tiled kernels (each flag variant: MASKED,
+GATHERED, the gate's slot widths). Prints registers per thread, spill stores/loads (bytes), static
+shared memory (bytes), wgmma and mma.sync counts, ordered memory instructions (acquire / release /
+acq_rel / sc, GPU-scope fences: must be 0), relaxed atomics, and the instructions of the main loop.
 
-    .venv/bin/python benchmarks/inspect_triton_sm90.py [--configs 64x64x4x2 128x64x8x2 ...]
+    .venv/bin/python benchmarks/inspect_triton_sm90.py [--head-dim 64] [--candidates] [--kernels bwd_kv]
 
 A config is BLOCK_MxBLOCK_Nxnum_warpsxnum_stages. Must run without TRITON_INTERPRET.
 """
@@ -16,46 +18,38 @@ import argparse
 import os
 import sys
 
-from sparsebalance.kernels.moba.sm90 import inspect
-
 
 def main(argv: list[str] | None = None) -> int:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("inspect_triton_sm90: unset TRITON_INTERPRET (it replaces the compiler)", file=sys.stderr)
         return 2
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--configs", nargs="*", default=["64x64x4x2", "64x64x8x2", "128x64x8x2", "64x128x8x2"])
-    ap.add_argument("--kernels", nargs="*", default=["fwd_past", "fwd_own_merge", "bwd_past", "bwd_own"])
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--block", type=int, default=128)
-    ap.add_argument("--masked", choices=("no", "yes", "both"), default="both",
-                    help="MASKED variant of the own-block kernels (the masked dense path)")
+    ap.add_argument("--candidates", action="store_true", help="every launch candidate of the tiled kernels")
+    ap.add_argument("--kernels", nargs="*", default=None, help="only these kernels")
     args = ap.parse_args(argv)
     import pandas as pd
 
-    from sparsebalance.kernels.moba import triton_impl as ti
+    from sparsebalance.kernels.moba import launch
+    from sparsebalance.kernels.moba.sm90 import inspect, variants
 
+    todo = variants(args.head_dim, args.block)
+    if args.candidates:
+        todo = [v for name in launch.KERNELS for c in launch.CANDIDATES[name]
+                for v in variants(args.head_dim, args.block, {name: launch.Config.parse(c)}) if v[0] == name]
     rows = []
-    for name in args.kernels:
-        fn = getattr(ti, f"_{name}_kernel")
-        variants = {"no": [False], "yes": [True], "both": [False, True]}[args.masked] \
-            if "MASKED" in fn.arg_names else [False]
-        for c in args.configs:
-            bm, bn, w, s = map(int, c.split("x"))
-            for m in variants:
-                rows.append(inspect(fn, bm, bn, w, s, d=args.head_dim, block=args.block, masked=m))
-                print(rows[-1], file=sys.stderr, flush=True)
-    df = pd.DataFrame(rows)
-    print(df.to_markdown(index=False) if _has_tabulate() else df.to_string(index=False))
-    return 0
-
-
-def _has_tabulate() -> bool:
+    for name, const, warps, stages in todo:
+        if args.kernels and name not in args.kernels:
+            continue
+        rows.append(inspect(name, const, warps, stages))
+        print(rows[-1], file=sys.stderr, flush=True)
+    df = pd.DataFrame(rows).drop_duplicates()
     try:
-        import tabulate  # noqa: F401
-        return True
+        print(df.to_markdown(index=False))
     except ImportError:
-        return False
+        print(df.to_string(index=False))
+    return 0
 
 
 if __name__ == "__main__":

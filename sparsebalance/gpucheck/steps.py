@@ -77,30 +77,67 @@ def accuracy(ctx: Step) -> tuple[str, str, str]:
     return status, figures, "accuracy.csv"
 
 
-#: The speed grid: lengths (tokens) and densities (budget / blocks), 32K first (the headline point).
+#: The speed grid: lengths (tokens) and densities (budget / blocks).
 SPEED_LENGTHS = (32768, 8192, 16384, 65536, 131072)
 SPEED_DENSITIES = (1 / 8, 1 / 4, 1 / 16, 1 / 32)
+#: The grid in the order it is measured: the issue's target points first (32K, 8K, 128K at 1/8).
+SPEED_POINTS = [(32768, 1 / 8), (8192, 1 / 8), (131072, 1 / 8)] + [
+    (L, d) for L in SPEED_LENGTHS for d in SPEED_DENSITIES if (L, d) not in ((32768, 1 / 8), (8192, 1 / 8), (131072, 1 / 8))]
+#: Seconds of the speed step kept for timing the launch candidates (after the grid, if left).
+TUNE_S = 60.0
 
 
 def speed(ctx: Step) -> tuple[str, str, str]:
-    """MoBA vs dense (flash) attention, forward and forward + backward, median of do_bench."""
+    """MoBA vs dense (flash) attention, forward and forward + backward, median of do_bench, every MoBA
+    call checked under ``torch.cuda.set_sync_debug_mode("error")``; the issue's target table (printed
+    and in ``speed_targets.md``); then, with the time left, the launch candidates timed at 32K tokens
+    and 1/8 (``tune.csv``, the picks in ``launch_picks.json`` with the device and triton version)."""
+    import json
+
     import pandas as pd
 
     from sparsebalance.fsutil import atomic_to_csv
-    from sparsebalance.kernels.moba.speed import STATISTIC, SpeedShape, speed_table
+    from sparsebalance.kernels.moba.speed import STATISTIC, SpeedShape, speed_table, target_table, tune
 
+    shape = SpeedShape()
     # the table so far after every point: a step killed at its deadline keeps what it measured
-    df = speed_table(SPEED_LENGTHS, SPEED_DENSITIES, SpeedShape(), budget_s=max(ctx.left() - 25, 0.0),
+    df = speed_table(SPEED_POINTS, shape, budget_s=max(ctx.left() - 25 - TUNE_S, 0.0),
                      progress=lambda rows: atomic_to_csv(pd.DataFrame(rows), ctx.out / "speed.csv", index=False))
-    points, total = len(df) // 2, len(SPEED_LENGTHS) * len(SPEED_DENSITIES)  # two rows (fwd, fwd+bwd) a point
+    points, total = len(df) // 2, len(SPEED_POINTS)  # two rows (fwd, fwd+bwd) a point
     fig = f"{points}/{total} points, {STATISTIC}"
-    head = df[(df["mode"] == "fwd+bwd") & (df.tokens == 32768) & (df.density == 1 / 8)]
+    head = df[(df["mode"] == "fwd+bwd") & (df.tokens == 32768) & (df.density == 1 / 8)] if len(df) else df
     if len(head):
         r = head.iloc[0]
         fig += f"; 32K at 1/8 fwd+bwd: MoBA {r.moba_ms:.2f} ms, {r.dense} {r.dense_ms:.2f} ms ({r.speedup:.2f}x)"
         if r.predicted_ms == r.predicted_ms and r.predicted_ms:
             fig += f", model {r.predicted_ms:.2f} ms"
+    syncs = sorted(set(df.host_syncs)) if len(df) and "host_syncs" in df else []
+    fig += "; host syncs: " + ("none" if syncs == ["none"] else ", ".join(map(str, syncs)) or "not checked")
+    targets = target_table(df)
+    text = targets.to_markdown(index=False) if _has_tabulate() else targets.to_string(index=False)
+    print("speed targets (issue 33):\n" + text, flush=True)
+    (ctx.work / "speed_targets.md").write_text(text + "\n")
+    met = targets.met.dropna()
+    fig += f"; targets met {int(met.sum())}/{len(met)}"
+    if ctx.left() > 30:
+        rows, picks = tune(shape, budget_s=max(ctx.left() - 20, 0.0),
+                           progress=lambda rows: atomic_to_csv(pd.DataFrame(rows), ctx.work / "tune.csv", index=False))
+        import torch
+        import triton
+
+        (ctx.work / "launch_picks.json").write_text(json.dumps(
+            {"device": _device_name(ctx), "triton": triton.__version__, "torch": torch.__version__,
+             "point": "32768 tokens, density 1/8, qwen2.5-3b TP-2 rank shape", "picks": picks}, indent=1))
+        fig += f"; tuned {len(rows)} candidates, picks " + ", ".join(f"{k} {v}" for k, v in sorted(picks.items()))
     return ("ok" if points == total else "partial"), fig, "speed.csv"
+
+
+def _has_tabulate() -> bool:
+    try:
+        import tabulate  # noqa: F401
+        return True
+    except ImportError:
+        return False
 
 
 def _stage_config(ctx: Step):

@@ -48,16 +48,24 @@ def test_speed_step_table_headline_and_early_stop(tmp_path, monkeypatch):
     def fake_point(L, density, shape, *, dense_ms=None):  # the CUDA timing, replaced
         calls.append((L, density))
         return [{"tokens": L, "density": density, "topk": 1, "mode": m, "moba_ms": 1.0, "dense_ms": 2.0,
-                 "moba_tflops": 1.0, "dense_tflops": 1.0, "speedup": 2.0, "dense": "sdpa-flash",
-                 "predicted_ms": None, "statistic": speed.STATISTIC} for m in ("fwd", "fwd+bwd")]
+                 "moba_tflops": 1.0, "dense_tflops": 1.5, "speedup": 2.0, "dense": "sdpa-flash",
+                 "predicted_ms": None, "host_syncs": "none", "statistic": speed.STATISTIC}
+                for m in ("fwd", "fwd+bwd")]
 
+    tuned = []
     monkeypatch.setattr(speed, "measure_point", fake_point)
+    monkeypatch.setattr(speed, "tune", lambda shape, **kw: (tuned.append(kw) or [{"x": 1}], {"bwd_kv": "32x64x8x2"}))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(steps, "TUNE_S", 0.0)
     status, fig, file = steps.speed(_ctx(tmp_path))
     df = pd.read_csv(tmp_path / "out" / file)
     assert status == "ok" and len(df) == 2 * len(steps.SPEED_LENGTHS) * len(steps.SPEED_DENSITIES)
     assert "32K at 1/8 fwd+bwd: MoBA 1.00 ms, sdpa-flash 2.00 ms (2.00x)" in fig and "median" in fig
-    assert calls[0] == (32768, 1 / 8)  # the headline point first
+    assert "host syncs: none" in fig and "targets met 2/4" in fig and "picks bwd_kv 32x64x8x2" in fig
+    assert calls[:3] == [(32768, 1 / 8), (8192, 1 / 8), (131072, 1 / 8)]  # the target points first
+    targets = (tmp_path / "work" / "speed_targets.md").read_text()
+    assert "fwd+bwd 128K tokens, 1/8" in targets and ">= 2.5x" in targets
+    assert '"bwd_kv": "32x64x8x2"' in (tmp_path / "work" / "launch_picks.json").read_text()
     calls.clear()
     status, fig, _ = steps.speed(_ctx(tmp_path, seconds=10))  # under the step's margin: one point, then stop
     assert status == "partial" and len(calls) == 1 and fig.startswith("1/20 points")

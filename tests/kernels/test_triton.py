@@ -24,8 +24,7 @@ elif os.environ.get("TRITON_INTERPRET") != "1":
 from sparsebalance.errors import ConfigError
 from sparsebalance.kernels.moba import triton_impl
 from sparsebalance.kernels.moba.naive import moba_attention_naive, naive_selection
-from sparsebalance.kernels.moba.triton_impl import moba_attention_triton
-from sparsebalance.kernels.moba.triton_select import build_index
+from sparsebalance.kernels.moba.triton_impl import index_for, moba_attention_triton
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # tiles of 8 rows (several per block) run under the interpreter; compiled, tl.dot needs 16
@@ -89,45 +88,58 @@ def test_matches_float64_reference_fp32(case):
         assert _rel(a, r) <= 1e-4, f"{name}: rel err {_rel(a, r):.2e}"
 
 
-def test_forward_chunks_and_split_backward_items(monkeypatch):
-    """Chunked forward (partial buffer cap of ~2 blocks) and short backward programs: same result."""
-    partial_bytes, bwd_rows = 4000, 3
-    monkeypatch.setattr(triton_impl, "PARTIAL_BYTES", partial_bytes)
-    monkeypatch.setattr(triton_impl, "BWD_ROWS", bwd_rows)
+def test_forward_chunks_and_split_backward_pieces(monkeypatch):
+    """Chunked forward (partial buffer cap of ~2 blocks), gathered buckets split into pieces of 3
+    entries and own-block rows split into one (row tile, head) pair a program -- the relaxed-atomic
+    accumulation of dK/dV -- give the reference's result."""
+    monkeypatch.setattr(triton_impl, "PARTIAL_BYTES", 4000)
+    monkeypatch.setattr(triton_impl, "BWD_ENTRIES", 3)
+    monkeypatch.setattr(triton_impl, "OWN_TILES", 1)
     q, k, v, do, cu = _inputs(21, 2, 1, lens=[70, 9, 53])
     topk = torch.tensor([3, 1, 2])
-    idx = build_index(q, k, cu, B, topk, max(8, LOW), bwd_rows=bwd_rows, partial_bytes=partial_bytes)
-    assert len(idx.chunks) >= 3 and max(int((c.bwd_items[1] - c.bwd_items[0]).max()) for c in idx.chunks
-                                       if c.bwd_items.numel()) <= bwd_rows
-    got = _run(lambda a, b, c: moba_attention_triton(a, b, c, cu.to(DEV), B, topk, block_m=max(8, LOW),
-                                                     block_n=max(8, LOW),
+    bm = max(8, LOW)
+    plan, _ = index_for(q, k, cu, B, topk, path="sparse", block_m=bm, block_n=bm)
+    assert plan.nc >= 3 and plan.gathered_grid > plan.n_blocks
+    own = plan.dev["own"].cpu()
+    assert int(own[8].max()) > 1  # own rows split: several programs add to one key tile
+    got = _run(lambda a, b, c: moba_attention_triton(a, b, c, cu.to(DEV), B, topk, block_m=bm, block_n=bm,
                                                      path="sparse"), q, k, v, do, torch.float32)
     ref = _reference(q, k, v, do, cu, topk)
     for name, a, r in zip(("out", "dq", "dk", "dv"), got, ref):
         assert _rel(a, r) <= 1e-4, f"{name}: rel err {_rel(a, r):.2e}"
 
 
-def test_index_gathers_every_selection_once_by_key_block():
-    """codes hold each valid (row, head, slot) once, grouped by (global key block, kv head); the items
-    tile each group exactly."""
+def test_index_gathers_every_selection_once_by_key_block(monkeypatch):
+    """The sorted codes hold each chosen (row, head, slot) once; every (bucket, chunk) run of ``ptr``
+    holds exactly the rows of that chunk that chose the bucket's key block, codes ascending; the
+    running item counts are those of the runs."""
+    monkeypatch.setattr(triton_impl, "PARTIAL_BYTES", 6000)
+    monkeypatch.setattr(triton_impl, "BWD_ENTRIES", 5)
     q, k, _, _, cu = _inputs(22, 4, 2)
     topk = torch.tensor([3, 2, 1, 2, 4])
-    idx = build_index(q, k, cu, B, topk, 8, bwd_rows=5)  # the index alone: no kernel, any tile
-    (ch,) = idx.chunks
-    H, K1P = 4, idx.k1p
-    codes = ch.codes.long()
-    assert torch.equal(codes.sort().values, torch.nonzero(idx.sel.reshape(-1) >= 0).squeeze(1))
+    plan, idx = index_for(q, k, cu, B, topk, path="sparse", block_m=8)
+    H, K1P, HKV, NC = 4, plan.k1p, 2, plan.nc
+    assert NC >= 2
+    sel = idx.sel.long()
+    codes = idx.codes.long()
+    assert codes.numel() == plan.entries
+    assert torch.equal(codes.sort().values, torch.nonzero(sel.reshape(-1) >= 0).squeeze(1))
     t, h, s = codes // (H * K1P), (codes // K1P) % H, codes % K1P
-    starts = [a for a, b in itertools.pairwise(cu.tolist())]
-    seq = torch.bucketize(t, torch.tensor(starts), right=True) - 1
-    key_row = torch.tensor(starts)[seq] + idx.sel[t, h, s].long() * B  # first row of the chosen block
-    bucket = key_row * 2 + h // 2
-    assert bool((bucket[1:] >= bucket[:-1]).all())
-    for items, per in ((ch.fwd_items, 8), (ch.bwd_items, 5)):
-        e0, e1, ks, kvh = items.long()
-        assert bool(((e1 - e0) <= per).all()) and int((e1 - e0).sum()) == codes.numel()
-        for a, b, key, g in zip(e0.tolist(), e1.tolist(), ks.tolist(), kvh.tolist()):
-            assert bool((bucket[a:b] == key * 2 + g).all())
+    starts = torch.tensor(cu[:-1].tolist())
+    seq = torch.bucketize(t, starts, right=True) - 1
+    nbs = [-(-int(L) // B) for L in (cu[1:] - cu[:-1]).tolist()]
+    base = torch.tensor([sum(nbs[:i]) for i in range(len(nbs))])
+    bucket = (base[seq] + sel[t, h, s]) * HKV + h // 2
+    ptr = idx.ptr.long()
+    rows0 = [c.row0 for c in plan.chunks]
+    for c, ch in enumerate(plan.chunks):
+        for b in range(plan.n_blocks * HKV):
+            run = slice(int(ptr[b * NC + c]), int(ptr[b * NC + c + 1]))
+            assert bool((bucket[run] == b).all()) and bool((codes[run].diff() > 0).all())
+            assert bool(((t[run] >= ch.row0) & (t[run] < ch.row1)).all()), (b, c, rows0)
+    cnt = (ptr[1:] - ptr[:-1]).view(-1, NC)
+    assert torch.equal(idx.cum_fwd.long(), ((cnt + 7) // 8).cumsum(0))
+    assert torch.equal(idx.cum_bwd.long(), ((cnt.sum(1) + 4) // 5).cumsum(0))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -187,7 +199,7 @@ def test_selection_matches_naive_selection():
     select nothing: they run dense causal attention."""
     q, k, _, _, cu = _inputs(13, 4, 2)
     topk = torch.tensor([2, 3, 1, 1, 3])  # blocks: 3, 5, 1, 1, 4
-    idx = build_index(q, k, cu, B, topk, 8)
+    _, idx = index_for(q, k, cu, B, topk, path="sparse")
     bounds = cu.tolist()
     for s, (a, b) in enumerate(itertools.pairwise(bounds)):
         want = naive_selection(q[a:b].double(), k[a:b].double(), B, int(topk[s]))  # [L, H, nb]

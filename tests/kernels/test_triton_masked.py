@@ -20,9 +20,10 @@ if torch.cuda.is_available():
 elif os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no CUDA and TRITON_INTERPRET is not 1", allow_module_level=True)
 
-from sparsebalance.kernels.moba import triton_impl, triton_select
+from sparsebalance.kernels.moba import plan as moba_plan
+from sparsebalance.kernels.moba import triton_impl
 from sparsebalance.kernels.moba.naive import moba_attention_naive, naive_selection
-from sparsebalance.kernels.moba.triton_impl import moba_attention_triton, plan_paths
+from sparsebalance.kernels.moba.triton_impl import index_for, moba_attention_triton, sequence_kinds
 from sparsebalance.simulator.cost import kernelcost as kc
 from sparsebalance.simulator.cost.roofline import H100
 
@@ -80,38 +81,28 @@ def test_masked_path_matches_float64_reference_fp32(case):
 
 def test_mixed_paths_in_one_varlen_call(monkeypatch):
     """Sequences on the masked path beside sparse and dense ones in one packed call: each runs its
-    own path (the dispatcher's choice reaches build_index), all equal the reference."""
+    own path (the dispatcher's choice reaches the plan), all equal the reference."""
     lens, topk = (53, 70, 37, 41), torch.tensor([2, 3, 3, 2])  # blocks 4, 5, 3 (dense), 3
-    plan = [True, False, True, False]
-    seen = {}
-    build = triton_select.build_index
-
-    def spy(*a, **kw):
-        seen["masked"] = kw["masked"]
-        seen["idx"] = build(*a, **kw)
-        return seen["idx"]
-
-    monkeypatch.setattr(triton_impl, "plan_paths", lambda *a, **kw: plan)
-    monkeypatch.setattr(triton_impl, "build_index", spy)
+    kinds = [moba_plan.MASKED, moba_plan.SPARSE, moba_plan.DENSE, moba_plan.SPARSE]
+    monkeypatch.setattr(triton_impl, "sequence_kinds", lambda *a, **kw: kinds)
     q, k, v, do, cu = _inputs(7, lens, 4, 2)
     _check(q, k, v, do, cu, topk)
-    assert seen["masked"] == plan
-    idx = seen["idx"]
-    assert idx.masked == [True, False, False, False]  # the dense sequence stays dense
-    tables = [t for c in idx.chunks for t in (c.q_tiles, c.q_tiles_masked, c.own_items, c.own_items_masked)]
-    assert all(t.is_contiguous() for t in tables)  # the kernels read them row-major
-    for c in idx.chunks:  # only the first sequence's tiles are masked, in their own tables
-        assert set(c.q_tiles_masked[4].tolist()) == {0} and set(c.q_tiles[4].tolist()) == {-1}
-        assert set(c.own_items_masked[4].tolist()) == {0} and set(c.own_items[4].tolist()) == {-1}
+    plan, _ = index_for(q, k, cu, B, topk)
+    assert plan.kinds == kinds
+    for c in plan.chunks:  # only the first sequence's tiles are masked, in their own tables
+        assert set(c.q_tiles_masked[4].tolist()) <= {0} and set(c.q_tiles[4].tolist()) <= {-1}
+    assert sum(c.q_tiles_masked.shape[1] for c in plan.chunks) == -(-53 // B) * -(-B // min(B, 64))
+    assert set(plan.dev["own_masked"][9].tolist()) == {0} and set(plan.dev["own"][9].tolist()) == {-1}
+    assert plan.entries == 4 * (70 - B) * 2 - 4 * B + 4 * (41 - B) * 1  # min(k - 1, c) per row, closed form
 
 
 def test_selection_bits_hold_the_reference_selection_and_own_block():
     """bits (36 blocks, two words) = naive_selection plus each row's own block; nothing of a masked
-    sequence is left in sel for the gather."""
+    sequence is gathered."""
     q, k, _, _, cu = _inputs(5, (570,), 2, 1)
-    idx = triton_select.build_index(q, k, cu, B, torch.tensor([9]), 16, masked=[True])
+    plan, idx = index_for(q, k, cu, B, torch.tensor([9]), path="masked")
     n = 36
-    assert idx.words == 2 and bool((idx.sel == -1).all())
+    assert plan.words == 2 and plan.entries == 0
     want = naive_selection(q.double(), k.double(), B, 9)
     rows = torch.arange(570)
     want[rows, :, rows // B] = True
@@ -121,21 +112,22 @@ def test_selection_bits_hold_the_reference_selection_and_own_block():
 
 
 # (L, k): long sequences at budgets where the model's choice changes, plus a dense one
-POINTS = [(8448, 2), (8448, 32), (32768, 16), (32768, 100), (32768, 128), (4096, 3)]
+POINTS = [(8448, 2), (8448, 32), (32768, 16), (32768, 100), (32768, 128), (4096, 14)]
 
 
 def test_dispatcher_picks_the_path_the_cost_model_says():
-    """plan_paths (per sequence of one packed call) = kernelcost.choose_path on the kernel's shape
-    and dtype with the H100 model (a CPU device). The points cover both sparse and masked choices."""
-    lens = [L for L, _ in POINTS]
-    topk = torch.tensor([k for _, k in POINTS])
-    cu = torch.tensor([0, *np.cumsum(lens).tolist()], dtype=torch.int32)
-    q = torch.empty(0, 8, 128, dtype=torch.bfloat16)
-    k = torch.empty(0, 1, 128, dtype=torch.bfloat16)
-    got = plan_paths(cu, topk, 256, q, k)
+    """sequence_kinds (per sequence of one packed call, what the plan fixes) = kernelcost.choose_path
+    on the kernel's shape and dtype with the H100 model (a CPU device). The points cover the three
+    kinds; a forced path keeps dense sequences dense."""
+    lens, topk = [L for L, _ in POINTS], [k for _, k in POINTS]
+    cpu = torch.device("cpu")
+    got = sequence_kinds(lens, topk, 256, 8, 1, 128, 2, cpu)
     shape = kc.Shape(heads=8, kv_heads=1, head_dim=128, block=256, dtype_bytes=2)
-    want = kc.choose_path(np.array(lens), topk.numpy(), shape, H100)
-    assert got == (want == kc.MASKED).tolist()
+    want = kc.choose_path(np.array(lens), np.array(topk), shape, H100)
+    assert got == want.tolist()
     assert {kc.SPARSE, kc.MASKED, kc.DENSE} <= set(want.tolist())
-    assert plan_paths(cu, topk, 256, q, k, "sparse") == [False] * len(lens)
-    assert plan_paths(cu, topk, 256, q, k, "masked") == [True] * len(lens)
+    dense = [k >= -(-L // 256) for L, k in POINTS]
+    assert sequence_kinds(lens, topk, 256, 8, 1, 128, 2, cpu, "sparse") == [
+        kc.DENSE if d else kc.SPARSE for d in dense]
+    assert sequence_kinds(lens, topk, 256, 8, 1, 128, 2, cpu, "masked") == [
+        kc.DENSE if d else kc.MASKED for d in dense]

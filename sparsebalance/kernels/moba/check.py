@@ -8,10 +8,11 @@ to the test dtype; PyTorch implementation = ``naive.py`` in the test dtype; kern
 and each gradient. Used by the kernel tests (interpreter on CPU, compiled on CUDA) and by
 ``sparsebalance gpu-check``.
 
-Every path of the kernel is checked: the automatic dispatch sends most sparse cases to the masked
-dense path (the cost model prices it cheaper at these sizes), so the sparse key-block-major kernels
-(``_fwd_past_kernel``, ``_bwd_past_kernel``) would never run if only ``"auto"`` were checked;
-:data:`ACCURACY_PLAN` forces ``"sparse"`` and ``"masked"`` on every case beside ``"auto"``.
+Every path of the kernel is checked: the automatic dispatch sends some sparse cases to the masked
+dense path and others to the sparse one (the cost model decides per sequence), so a plan that
+checked only ``"auto"`` could leave kernels uncompiled (``_fwd_past_kernel``, the gathered
+``_bwd_kv_kernel``, ``_bwd_dq_past_kernel``, the MASKED variants); :data:`ACCURACY_PLAN` forces
+``"sparse"`` and ``"masked"`` on every case beside ``"auto"``.
 """
 
 from __future__ import annotations

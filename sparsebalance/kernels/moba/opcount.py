@@ -1,10 +1,12 @@
-"""Count the PyTorch ops and bytes of the MoBA kernel's host-side phases (selection, index, backward
-glue) by intercepting every ATen call -- the measurement behind the cost model's per-element
-constants (``sparsebalance/simulator/cost/kernelcost.py``) and its launch counts.
+"""Count the PyTorch ops and bytes, and the Triton launches, of the MoBA kernel's phases (gate, index,
+backward) by intercepting every ATen call with the Triton kernels stubbed out (``hostcheck.stubbed``)
+-- the measurement behind the cost model's launch counts and index bytes
+(``sparsebalance/simulator/cost/kernelcost.py``).
 
 Bytes of an op = sum of ``nbytes`` of its tensor inputs and outputs (each read or written once);
-ops that only create views (no kernel on a GPU) are not counted. Internal passes of an op are not
-seen (e.g. a radix sort reads and writes its keys once per digit pass): the cost model adds them.
+ops that only create views or allocate (no kernel on a GPU) are not counted. Internal passes of an
+op are not seen (a radix sort reads and writes its keys once per digit pass): the cost model adds
+them.
 
     .venv/bin/python -m sparsebalance.kernels.moba.opcount [--length 16384] [--budgets 8 32]
 """
@@ -20,8 +22,6 @@ VIEW_OPS = {"view", "_unsafe_view", "slice", "select", "expand", "t", "transpose
             "alias", "unsqueeze", "squeeze", "permute", "reshape", "_reshape_alias", "lift_fresh",
             "split", "unbind", "unfold", "diagonal", "narrow", "view_as", "numpy_T", "empty", "empty_like",
             "empty_strided", "resize_", "set_", "_to_copy_noop", "_local_scalar_dense"}
-#: ATen ops that make the host wait for the device (a data-dependent size or a value read back).
-SYNC_OPS = {"nonzero", "repeat_interleave", "_local_scalar_dense", "item", "is_nonzero", "masked_select"}
 
 
 @dataclass(slots=True)
@@ -33,7 +33,7 @@ class OpCount:
     bytes: int = 0
     """Bytes read and written by them."""
     syncs: int = 0
-    """Ops that make the host wait for the device."""
+    """Ops that make the host wait for the device whenever they run on one (``hostcheck.SYNC_OPS``)."""
     by_op: dict[str, int] = field(default_factory=dict)
     """Launches per ATen op name."""
 
@@ -55,6 +55,8 @@ def count_ops(fn, *args, **kwargs) -> tuple[Any, OpCount]:
     """Run ``fn(*args, **kwargs)`` and count its ATen ops (see the module docstring)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    from sparsebalance.kernels.moba.hostcheck import SYNC_OPS
+
     c = OpCount()
 
     class _Mode(TorchDispatchMode):
@@ -75,34 +77,37 @@ def count_ops(fn, *args, **kwargs) -> tuple[Any, OpCount]:
 
 
 def measure(length: int, budget: int, *, heads: int = 8, kv_heads: int = 1, dim: int = 128, block: int = 256,
-            block_m: int = 64, seed: int = 0, masked: bool = False) -> dict[str, OpCount]:
-    """Counts of selection, index building (the rest of ``build_index``; on the masked dense path
-    when ``masked``: the selection bits instead of the gathered index) and the backward glue (delta,
-    zeroed fp32 accumulators, casts) for one bf16 sequence."""
+            seed: int = 0, masked: bool = False) -> dict[str, OpCount]:
+    """ATen counts of the gate (``run_gate``), the rest of the index (``build_index``) and the backward
+    (``moba_backward``) of one bf16 sequence, the Triton kernels stubbed (their launches in
+    ``OpCount.by_op`` under ``triton:<kernel>``)."""
     import torch
 
-    from sparsebalance.kernels.moba import triton_select as ts
+    from sparsebalance.kernels.moba import hostcheck, triton_bwd, triton_gate, triton_select
+    from sparsebalance.kernels.moba.triton_impl import plan_for
 
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(length, heads, dim, generator=g).to(torch.bfloat16)
     k = torch.randn(length, kv_heads, dim, generator=g).to(torch.bfloat16)
-    cu = torch.tensor([0, length], dtype=torch.int32)
-    topk = torch.tensor([budget])
-    k1p = max(2, ts._next_pow2(budget - 1))
-    _, sel = count_ops(ts.select_blocks, q, k, [0, length], block, [budget], k1p)
-    _, total = count_ops(ts.build_index, q, k, cu, block, topk, block_m, masked=[masked])
-    index = OpCount(ops=total.ops - sel.ops, bytes=total.bytes - sel.bytes, syncs=total.syncs - sel.syncs,
-                    by_op={n: total.by_op[n] - sel.by_op.get(n, 0) for n in total.by_op})
-
-    def glue(o, do):  # what moba_backward does around its two kernels
-        with torch.no_grad():
-            delta = (do.float() * o.float()).sum(-1).transpose(0, 1).contiguous()
-            acc = [torch.zeros(length, n, dim) for n in (heads, kv_heads, kv_heads)]
-            return delta, [a.to(torch.bfloat16) for a in acc]
-
-    o, do = (torch.randn(length, heads, dim, generator=g).to(torch.bfloat16) for _ in range(2))
-    _, bwd = count_ops(glue, o, do)
-    return {"select": sel, "index": index, "bwd_glue": bwd}
+    plan = plan_for(q, k, [0, length], [budget], block, path="masked" if masked else "sparse")
+    out = {}
+    with hostcheck.stubbed() as log:
+        _, gate = count_ops(triton_gate.run_gate, plan, q, k)
+        gate.by_op.update({f"triton:{n}": 1 for n, _ in log})
+        log.clear()
+        idx, total = count_ops(triton_select.build_index, plan, q, k)
+        out["gate"] = gate
+        out["index"] = OpCount(ops=total.ops - gate.ops, bytes=total.bytes - gate.bytes, syncs=total.syncs - gate.syncs,
+                               by_op={n: total.by_op[n] - gate.by_op.get(n, 0) for n in total.by_op
+                                      if total.by_op[n] - gate.by_op.get(n, 0)})
+        out["index"].by_op.update({f"triton:{n}": 1 for n, _ in log[2:]})
+        log.clear()
+        o, do = (torch.randn(length, heads, dim, generator=g).to(torch.bfloat16) for _ in range(2))
+        lse = torch.zeros(heads, length)
+        _, bwd = count_ops(triton_bwd.moba_backward, plan, idx, q, k, k, o, lse, do, interpreting=False)
+        bwd.by_op.update({f"triton:{n}": sum(1 for x, _ in log if x == n) for n, _ in log})
+        out["backward"] = bwd
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     for b in args.budgets:
         for phase, c in measure(args.length, b).items():
-            print(f"L={args.length} k={b} {phase}: {c.ops} ops, {c.bytes / 1e6:.1f} MB, {c.syncs} syncs")
+            print(f"L={args.length} k={b} {phase}: {c.ops} ATen ops, {c.bytes / 1e6:.1f} MB, {c.syncs} syncs; "
+                  f"{c.by_op}")
     return 0
 
 

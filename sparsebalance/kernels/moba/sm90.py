@@ -1,9 +1,12 @@
 """Compile the MoBA Triton kernels for Hopper (sm_90a) without a GPU and read what ptxas made of them.
 
-Registers per thread, spill stores/loads (bytes), static shared memory (bytes) and the count of
-wgmma instructions in the PTX (0 means ``tl.dot`` fell back to mma.sync). Used to pick
-``triton_impl.launch_config`` (``benchmarks/inspect_triton_sm90.py``) and by the test that the
-production variants compile for sm_90 before any GPU time is spent (tests/kernels/test_sm90_compile.py).
+Per kernel variant: registers per thread, spill stores/loads (bytes), static shared memory (bytes),
+the count of wgmma instructions in the PTX (0 for a tensor-core kernel means ``tl.dot`` fell back to
+mma.sync), and the memory-ordering of its atomics: ``ordered`` counts every instruction with an
+acquire / release / acq_rel / sc qualifier or a GPU-scope fence (``fence.acq_rel.gpu``,
+``fence.sc.gpu``, ``membar.gl``) -- what serialised the previous backward -- and ``relaxed`` the
+relaxed atomic reductions. Used to pick ``launch.CHOSEN`` (``benchmarks/inspect_triton_sm90.py``)
+and by the test that every production variant compiles clean (tests/kernels/test_sm90_compile.py).
 Needs the compiler, so never under ``TRITON_INTERPRET``; the bundled ptxas reads the PTX.
 """
 
@@ -14,28 +17,72 @@ import re
 import subprocess
 import tempfile
 
-CONSTEXPRS = ("D", "BLOCK", "BLOCK_M", "BLOCK_N", "MASKED", "F32_DOT", "PREC")
-BF16_PTRS = {"Q", "K", "V", "O", "DO", "PO"}
-FP32_PTRS = {"LSE", "DELTA", "PL", "DQ", "DK", "DV"}  # gradients accumulate in fp32 buffers (atomics)
-INT_SCALARS = {"T", "H", "G", "HKV", "W"}
+#: Pointer arguments by name -> Triton type (bf16 inputs; accumulators and statistics in fp32).
+POINTERS = {
+    **dict.fromkeys(("Q", "K", "V", "O", "DO", "PO", "OQ", "OK", "OV"), "*bf16"),
+    **dict.fromkeys(("LSE", "DELTA", "PL", "DQ", "DK", "DV", "MEANS"), "*fp32"),
+    **dict.fromkeys(("CODES", "CUM", "CUM_F", "CUM_B", "BSTART", "OWN", "SEL", "BITS", "BLOCKS"), "*i32"),
+    "PTR": "*i64", "KEYS": "*i16",
+}
+#: Tables whose element type differs per kernel.
+TABLES = {"gate": "*i64", "fwd_own_merge": "*i32", "bwd_dq_own": "*i32"}
+#: The kernels of ``triton_*.py``: (module, kernel, its variants' constexpr sets besides the tiles).
+KERNELS = {
+    "block_means": "triton_gate", "gate": "triton_gate", "items": "triton_select", "fwd_past": "triton_fwd",
+    "fwd_own_merge": "triton_fwd", "bwd_prep": "triton_bwd", "bwd_kv": "triton_bwd", "bwd_dq_own": "triton_bwd",
+    "bwd_dq_past": "triton_bwd", "cast": "triton_bwd",
+}
+#: Kernels whose matrix products run on tensor cores (wgmma expected).
+TENSOR_CORE = {"fwd_past", "fwd_own_merge", "bwd_kv", "bwd_dq_own", "bwd_dq_past"}
+_ORDER = {"acq_rel", "acquire", "release", "sc"}
 
 
-def _signature(fn) -> dict[str, str]:
+def kernel_fn(name: str):
+    import importlib
+
+    return getattr(importlib.import_module(f"sparsebalance.kernels.moba.{KERNELS[name]}"), f"_{name}_kernel")
+
+
+def _signature(name: str, fn, const: dict) -> dict[str, str]:
     sig = {}
     for a in fn.arg_names:
-        if a in CONSTEXPRS:
+        if a in const:
             sig[a] = "constexpr"
-        elif a in BF16_PTRS:
-            sig[a] = "*bf16"
-        elif a in FP32_PTRS:
-            sig[a] = "*fp32"
-        elif a.isupper() and a not in INT_SCALARS:  # CODES, ITEMS, TILES, SEL, BITS
-            sig[a] = "*i32"  # index tables
+        elif a == "TILES":
+            sig[a] = TABLES[name]
+        elif a in POINTERS:
+            sig[a] = POINTERS[a]
         elif "scale" in a:
             sig[a] = "fp32"
         else:
             sig[a] = "i32"
     return sig
+
+
+def memory_order(ptx: str) -> dict[str, int]:
+    """Ordered memory instructions and GPU-scope fences (``ordered``), relaxed atomics (``relaxed``)."""
+    ordered = relaxed = 0
+    for ins in re.findall(r"(?<![\w.])((?:atom|red|fence|membar|ld|st)\.[\w.:]+)", ptx):
+        parts = set(ins.split("."))
+        if parts & _ORDER or ins.startswith("membar.gl"):
+            ordered += 1
+        elif ins.startswith(("atom.", "red.")):
+            relaxed += 1
+    return {"ordered": ordered, "relaxed": relaxed}
+
+
+def loop_instructions(ptx: str) -> list[int]:
+    """PTX instructions of each loop body (a block branched to from below), largest first: the
+    per-iteration work of a kernel's main loop, what the cost model prices the gate's scoring by."""
+    lines = [x.strip() for x in ptx.splitlines()]
+    labels = {m.group(1): i for i, x in enumerate(lines) if (m := re.match(r"^(\$L\w+):", x))}
+    sizes = []
+    for i, x in enumerate(lines):
+        m = re.search(r"\bbra(?:\.uni)?\s+(\$L\w+);", x)
+        if m and labels.get(m.group(1), i) < i:
+            body = lines[labels[m.group(1)]:i + 1]
+            sizes.append(sum(1 for y in body if y and y.endswith(";") and not y.startswith(("//", "."))))
+    return sorted(sizes, reverse=True)
 
 
 def _ptxas_usage(ptx: str) -> dict[str, int]:
@@ -58,40 +105,54 @@ def _ptxas_usage(ptx: str) -> dict[str, int]:
     raise RuntimeError("no bundled ptxas accepted the PTX")
 
 
-def inspect(fn, bm: int, bn: int, warps: int, stages: int, *, d: int = 128, block: int = 128,
-            masked: bool = False) -> dict:
+def inspect(name: str, const: dict, warps: int, stages: int) -> dict:
+    """Compile kernel ``name`` with constexprs ``const`` for sm_90a; the report row."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    const = {"D": d, "BLOCK": block, "BLOCK_M": bm, "BLOCK_N": bn, "MASKED": masked,
-             "F32_DOT": False, "PREC": "tf32"}
+    fn = kernel_fn(name)
     const = {a: c for a, c in const.items() if a in fn.arg_names}
-    src = ASTSource(fn, _signature(fn), const)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    k = triton.compile(ASTSource(fn, _signature(name, fn, const), const), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": warps, "num_stages": stages})
     ptx = k.asm["ptx"]
-    usage = _ptxas_usage(ptx)
-    return dict(kernel=fn.__name__.strip("_").removesuffix("_kernel"), masked="MASKED" in const and masked,
-                D=d, BLOCK_M=bm, BLOCK_N=bn, warps=warps, stages=stages, **usage,
+    variant = ",".join(f"{a}={c}" for a, c in const.items() if a in ("MASKED", "GATHERED", "FROM_SEL", "KW") and c is not False)
+    return dict(kernel=name, variant=variant, D=const.get("D"), BLOCK_M=const.get("BLOCK_M", const.get("BM")),
+                BLOCK_N=const.get("BLOCK_N", const.get("KW")), warps=warps, stages=stages, **_ptxas_usage(ptx),
                 smem=k.metadata.shared, wgmma=len(re.findall(r"wgmma\.mma_async", ptx)),
-                mma_sync=len(re.findall(r"\bmma\.sync", ptx)))
+                mma_sync=len(re.findall(r"\bmma\.sync", ptx)), **memory_order(ptx),
+                loop=(loop_instructions(ptx) or [0])[0])
 
 
-#: The Triton kernels of ``triton_impl`` and whether each has a ``MASKED`` variant.
-KERNELS = {"fwd_past": False, "fwd_own_merge": True, "bwd_past": False, "bwd_own": True}
+def variants(head_dim: int = 128, block: int = 128, configs: dict | None = None) -> list[tuple[str, dict, int, int]]:
+    """Every (kernel, constexprs, warps, stages) a bf16 call compiles at ``head_dim`` and ``block``
+    with ``configs`` (per kernel; default: ``launch.chosen``): the gate at every slot width up to
+    ``plan.GATE_MAX_KW`` and its PyTorch-top-k variant, own-block kernels without and with MASKED."""
+    from sparsebalance.kernels.moba import launch
+    from sparsebalance.kernels.moba.plan import GATE_MAX_KW
+
+    cfg = {k: launch.chosen(k, head_dim) for k in launch.KERNELS} | (configs or {})
+    D, att = head_dim, {"D": head_dim, "BLOCK": block, "F32_DOT": False, "PREC": "tf32"}
+    out = [("block_means", {"D": D, "BLOCK": block, "BR": min(64, block)}, 4, 1),
+           ("items", {"BLK": 1024}, 4, 1), ("bwd_prep", {"D": D, "BR": 32}, 4, 1), ("cast", {"BLK": 1024}, 4, 1)]
+    g = cfg["gate"]
+    kw = 16
+    while kw <= GATE_MAX_KW:
+        out.append(("gate", {"D": D, "KW": kw, "M": kw.bit_length() - 1, "BM": g.block_m, "FROM_SEL": False},
+                    launch.GATE_WARPS.get(kw, g.warps), g.stages))
+        kw *= 2
+    out.append(("gate", {"D": D, "KW": 64, "M": 6, "BM": g.block_m, "FROM_SEL": True}, g.warps, g.stages))
+    for name, flags in (("fwd_past", ({},)), ("fwd_own_merge", ({"MASKED": False}, {"MASKED": True})),
+                        ("bwd_kv", ({"MASKED": False, "GATHERED": False}, {"MASKED": True, "GATHERED": False},
+                                    {"MASKED": False, "GATHERED": True})),
+                        ("bwd_dq_own", ({"MASKED": False}, {"MASKED": True})), ("bwd_dq_past", ({},))):
+        c = cfg[name]
+        for f in flags:
+            out.append((name, att | f | {"BLOCK_M": min(c.block_m, block), "BLOCK_N": min(c.block_n, block)},
+                        c.warps, c.stages))
+    return out
 
 
 def production_variants(head_dim: int = 128, block: int = 128) -> list[dict]:
-    """Every kernel variant a bf16 call compiles at ``launch_config`` (own-block kernels without and
-    with ``MASKED``), inspected."""
-    import torch
-
-    from sparsebalance.kernels.moba import triton_impl as ti
-
-    cfg = ti.launch_config(block, head_dim, torch.bfloat16)
-    rows = []
-    for name, has_masked in KERNELS.items():
-        for masked in ((False, True) if has_masked else (False,)):
-            rows.append(inspect(getattr(ti, f"_{name}_kernel"), cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_warps"],
-                                cfg["num_stages"], d=head_dim, block=block, masked=masked))
-    return rows
+    """Every variant of :func:`variants`, inspected."""
+    return [inspect(name, const, w, s) for name, const, w, s in variants(head_dim, block)]

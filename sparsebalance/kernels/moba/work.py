@@ -1,4 +1,4 @@
-"""Work the MoBA Triton kernels execute, counted from a call's index tables (no kernel run).
+"""Work the MoBA Triton kernels execute, counted from a call's plan tables (no kernel run).
 
 Executed work = (query row, key) pairs that pass through a ``tl.dot`` -- tile rows x tile keys per
 tile visited, masked or not -- summed over query heads. Attended work = the (query, key) pairs MoBA
@@ -10,10 +10,12 @@ Two decompositions are counted:
 * ``union`` -- the query-tile-major kernel of commit 301d238 (replaced): a tile of ``block_m`` rows
   looped over the *union* of the past blocks its rows selected, each a full key block, plus its own
   block causally in ``block_n`` key tiles. Kept here only to report the before/after ratio; it is
-  recomputed from the selection table ``sel`` exactly as that kernel's index builder did.
-* ``gather`` -- the shipped key-block-major kernel (``triton_impl.py``): per (key block, kv head)
-  the (query, head) rows that chose the block, in tiles of ``block_m`` gathered rows against the
-  whole block; the own block per query tile, causally, in ``block_n`` key tiles.
+  recomputed from a selection table ``sel`` exactly as that kernel's index builder did.
+* the shipped key-block-major kernels (:func:`executed`): per (key block, kv head) bucket the
+  (query, head) rows that chose the block, in tiles against the whole block; the own blocks per
+  query tile (forward, dQ) and per key sub-tile (dK/dV), causally -- from the plan's tables and the
+  entries per (bucket, chunk), which :func:`bucket_counts` takes from a selection (``gate.py`` in
+  PyTorch: no Triton needed) or an index's ``ptr``.
 """
 
 from __future__ import annotations
@@ -76,31 +78,59 @@ def union_work(sel: Any, lengths: list[int], block_size: int, block_m: int, bloc
     return block_m * block_size * past + own_tile_pairs(lengths, block_size, block_m, block_n, H)
 
 
-def gather_work(index: Any, block_size: int, block_m: int, block_n: int, heads: int, kv_heads: int, *,
-                backward: bool = False) -> int:
-    """Executed pairs of the shipped key-block-major kernel, from the tables of ``index``.
+def selection(q: Any, k: Any, bounds: list[int], block_size: int, topks: list[int], k1p: int) -> Any:
+    """The gate's choice as the kernels' ``sel`` table (int32 [T, H, k1p], ascending, -1 padded), by
+    ``gate.select_blocks`` in PyTorch (sequences with k >= n blocks: none)."""
+    import torch
 
-    Forward: every forward item runs ``block_m`` gathered rows against its whole past block; every
-    own+merge query tile runs ``block_n`` key tiles from its first key row (own block start, or
-    sequence start when dense or masked) to its last row. Backward: every backward item runs its entries in
-    tiles of ``block_m`` against each of the block's key sub-tiles; every own item runs, per query
-    head of its group and per key sub-tile, the row tiles from the one holding the sub-tile's first
-    key to its row end (block end, or sequence end when dense or masked).
-    """
-    total = 0
-    group = heads // kv_heads
-    for ch in index.chunks:
-        if backward:
-            n = (ch.bwd_items[1] - ch.bwd_items[0]).long()
-            total += int(((n + block_m - 1) // block_m).sum()) * block_m * block_size
-            own = np.concatenate([ch.own_items.cpu().numpy(), ch.own_items_masked.cpu().numpy()], 1)
-            for start, blen, rend in zip(*own[:3].tolist()):
-                for sub in range(0, blen, block_n):
-                    first = (sub // block_m) * block_m
-                    total += group * -(-(rend - start - first) // block_m) * block_m * block_n
-        else:
-            total += ch.fwd_items.shape[1] * block_m * block_size
-            t = np.concatenate([ch.q_tiles.cpu().numpy(), ch.q_tiles_masked.cpu().numpy()], 1).astype(np.int64)
-            keys = -(-(t[0] + block_m - t[1]) // block_n) * block_n  # from the first key row
-            total += int(keys.sum()) * block_m * heads
-    return total
+    from sparsebalance.kernels.moba import gate
+
+    sel = torch.full((q.shape[0], q.shape[1], k1p), -1, dtype=torch.int32)
+    for s0, s1, kk in zip(bounds[:-1], bounds[1:], topks):
+        if 1 < kk < blocks(s1 - s0, block_size):
+            idx, valid = gate.select_blocks(q[s0:s1], k[s0:s1], block_size, kk)
+            sel[s0:s1, :, :kk - 1] = torch.where(valid, idx, -1).int()
+    return sel
+
+
+def bucket_counts(plan: Any, sel: Any = None, index: Any = None) -> np.ndarray:
+    """Entries per (bucket, forward chunk) [n_blocks x H_kv, chunks] of a call: from its selection
+    table ``sel`` (the rows of its sparse sequences) or from an ``index`` (its ``ptr``)."""
+    from sparsebalance.kernels.moba.plan import SPARSE
+
+    nbk = plan.n_blocks * plan.HKV
+    out = np.zeros((nbk, plan.nc), dtype=np.int64)
+    if index is not None:
+        return np.diff(index.ptr.cpu().numpy()).reshape(nbk, plan.nc) if plan.entries else out
+    s = sel.cpu().numpy().astype(np.int64)
+    starts = np.array([c.row0 for c in plan.chunks])
+    G = plan.H // plan.HKV
+    for s0, L, base, _, kind in plan.sel_seqs:
+        if kind == SPARSE:
+            part = s[s0:s0 + L]
+            t, h, slot = np.nonzero(part >= 0)
+            b = (base + part[t, h, slot]) * plan.HKV + h // G
+            np.add.at(out, (b, np.searchsorted(starts, s0 + t, side="right") - 1), 1)
+    return out
+
+
+def executed(plan: Any, counts: np.ndarray) -> dict[str, int]:
+    """Executed pairs of the forward (``fwd``: past items + own query tiles), of the dK/dV kernel
+    (``kv``: own pieces + gathered pieces) and of the dQ kernels (``dq``: own query tiles + the
+    forward's items), from the plan's tables and the entries per (bucket, chunk)."""
+    B, H = plan.block, plan.H
+    fp, om, kv, dqo = (plan.cfg[n] for n in ("fwd_past", "fwd_own_merge", "bwd_kv", "bwd_dq_own"))
+    items = int((-(-counts // fp.block_m)).sum())
+    past = items * fp.block_m * B
+    tiles = np.concatenate([np.concatenate([c.q_tiles.cpu().numpy(), c.q_tiles_masked.cpu().numpy()], 1)
+                            for c in plan.chunks], 1).astype(np.int64)
+
+    def own(cfg):
+        return int((-(-(tiles[0] + cfg.block_m - tiles[1]) // cfg.block_n) * cfg.block_n).sum()) * cfg.block_m * H
+
+    pieces = np.concatenate([plan.dev["own"].cpu().numpy(), plan.dev["own_masked"].cpu().numpy()], 1).astype(np.int64)
+    kv_own = int(((pieces[6] - pieces[5]) * -(-(pieces[4] - pieces[3]) // kv.block_m)).sum()) * kv.block_m * kv.block_n
+    per_bucket, piece = counts.sum(1), plan.bwd_entries
+    full, rest = per_bucket // piece, per_bucket % piece
+    kv_past = int((full * -(-piece // kv.block_m) + -(-rest // kv.block_m)).sum()) * kv.block_m * B
+    return {"fwd": past + own(om), "kv": kv_own + kv_past, "dq": past + own(dqo)}

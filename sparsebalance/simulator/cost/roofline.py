@@ -1,10 +1,10 @@
 """ANALYTICAL profiles (no measurement): H100 SXM, H200 SXM, H20, A100; our MoBA kernel + dense layers.
 
 Attention ops price what ``kernels/moba/triton_impl.py`` executes (``simulator/cost/kernelcost.py``):
-executed tile pairs, the PyTorch gate and index building of a sparse sequence, the LSE-merge traffic
-of partial outputs, FlashAttention-2's five backward matmuls, and every launch. Each kernel's time is
-``max(FLOPs / (peak x efficiency), bytes / (HBM bandwidth x memory efficiency))``, PyTorch phases
-add ``(ops + syncs) x launch_overhead``. Dense layer parts: the GEMMs at ``max(FLOPs / (peak x
+executed tile pairs, the fused gate's scoring loop and the sync-free index of a sparse sequence, the
+LSE-merge traffic of partial outputs, the backward's seven matmuls a pair, and every launch. Each
+tensor-core kernel's time is ``max(FLOPs / (peak x efficiency), bytes / (HBM bandwidth x memory
+efficiency))`` at this kernel's measured efficiencies. Dense layer parts: the GEMMs at ``max(FLOPs / (peak x
 gemm_efficiency), bytes / (bandwidth x memory_efficiency))`` (with a measured ``gemm_curve``: each
 projection at the share of its call's size), then the elementwise kernels (norms, residual adds, the
 MLP's activation) at the streaming bandwidth, + launches (+ the TP collectives of a Megatron layer,
@@ -17,8 +17,9 @@ section 7). The sidecar says ``analytical: true``.
 
 FLOP counts (per GPU, one TP rank, heads split over ``tp``; kv heads replicated when fewer than tp):
 
-* MoBA forward: 4 x head_dim per executed (query, key) pair (QK^T and PV); backward: 10 x head_dim
-  (S, dP, dV, dK, dQ); plus the gate's score GEMM (2 x head_dim per row, head and past block).
+* MoBA forward: 4 x head_dim per executed (query, key) pair (QK^T and PV); backward: 8 x head_dim
+  per pair of the dK/dV kernel (S, dP, dV, dK) and 6 x head_dim per pair of the dQ kernels (S, dP,
+  dQ); the gate is priced by its loop's instructions, not by FLOPs (``kernelcost.gate_counts``).
 * Dense part of a layer: 2 x tokens x params_per_layer / tp forward, twice that backward.
 * LM head: 2 x tokens x hidden x vocab / tp forward, twice that backward; plus fp32 logits traffic.
 * Split backward (``layer_bwd_input`` / ``layer_bwd_weight``, ``head_bwd_input`` /
@@ -105,15 +106,6 @@ def moba_pairs(seq_len, block_size: int, budget):
     full = m * (B * (B + 1) // 2) + B * B * (t * (t + 1) // 2 + t * (m - 1 - t))
     last = r * (r + 1) // 2 + B * r * np.minimum(a, m)
     return full + last
-
-
-def gate_candidates(seq_len, block_size: int):
-    """Sum over queries of the earlier blocks each query scores: sum_c s_c x c."""
-    L = np.asarray(seq_len, dtype=np.int64)
-    B = int(block_size)
-    n = blocks(L, B)
-    r = L - (n - 1) * B
-    return B * (n - 1) * (n - 2) // 2 + r * (n - 1)
 
 
 def _roof(flops, bytes_, eff: float, hw: Hardware, kernels: int):
@@ -406,7 +398,8 @@ def _built(hw: Hardware, model: ModelConfig, tp: int, block: int, sp: bool,
     if bad:  # the note is read from the table just built, so it joins the sidecar after building
         note = (f"{len(bad)} attention point(s) fall as budget or length grows, as the kernel does: just below "
                 "the block count the dispatcher runs the masked dense path, which pays the gate on top of the "
-                "dense tiles that the full budget (dense, no gate) runs alone; and where the path changes "
+                "dense tiles that the full budget (dense, no gate) runs alone; rows of blocks c <= k - 1 take "
+                "every past block unscored, so a larger budget scores fewer rows; and where the path changes "
                 "between neighbouring points (chosen by forward + backward) one pass can get cheaper while "
                 "the other gets dearer (docs/costmodel.md, 'Budget and the dense path')")
         meta = replace(meta, nonmonotone=note)
@@ -425,12 +418,12 @@ def sidecar(hw: Hardware, model: ModelConfig, tp: int, block_size: int) -> Profi
               | {"dtype_bytes": model.dtype_bytes} | model.arch,
         block_size=block_size, tp=tp,
         how=("analytical roofline of our MoBA kernel (simulator/cost/kernelcost.py): executed tile pairs "
-             "(key-block-major gather, own block, dense path at full budget), gate and index "
-             "building, LSE-merge traffic, 5-matmul backward, launches; each sequence on the path "
+             "(key-block-major gather, own block, dense path at full budget), the fused gate's scoring loop, "
+             "the sync-free index, LSE-merge traffic, 7-matmul backward, launches; each sequence on the path "
              "the kernel's dispatcher picks (kernelcost.choose_path: sparse, or the masked dense "
              "path below the block count; dense at it); per kernel max(FLOPs / "
-             "(peak x efficiency), bytes / (HBM bandwidth x efficiency)); dense layers likewise; "
-             "constants and sources in docs/costmodel.md; not measured"),
+             "(peak x efficiency), bytes / (HBM bandwidth x efficiency)) at the kernel's measured "
+             "efficiencies; dense layers likewise; constants and sources in docs/costmodel.md; not measured"),
         command=COMMAND,
         versions={"sparsebalance": __version__, "numpy": numpy.__version__, "pandas": pandas.__version__},
         memory_bandwidth=hw.memory_bandwidth * hw.memory_efficiency,

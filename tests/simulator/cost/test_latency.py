@@ -503,7 +503,7 @@ def test_gradients_reduced_in_fp32_double_the_ring_bytes():
 
 
 def test_an_attention_call_is_paid_once_per_packed_microbatch():
-    """An analytical profile's rows leave out the call's fixed seconds (launch, index and glue ops:
+    """An analytical profile's rows leave out the call's fixed seconds (the launches every call makes:
     kernelcost.call_fixed) and the model adds them once per layer and micro-batch, however many
     sequences it packs: stage times, the fused micro-batch latency and the arrays agree."""
     from sparsebalance.simulator.cost.kernelcost import call_fixed
@@ -511,7 +511,7 @@ def test_an_attention_call_is_paid_once_per_packed_microbatch():
 
     model = load_latency_model("analytical-h200", MODEL, cluster(tp=1, device="h200"))
     assert model.call == {False: call_fixed(H200), True: call_fixed(H200, backward=True)}
-    assert model.call[False] == 6 * H200.launch_overhead and model.call[True] == 12 * H200.launch_overhead
+    assert model.call[False] == 1 * H200.launch_overhead and model.call[True] == 4 * H200.launch_overhead
     lengths = [128] * 8  # eight short sequences in one micro-batch: one call, not eight
     for bw in (False, True):
         attn = sum(model.attention(L, 2, backward=bw) for L in lengths) + model.call[bw]

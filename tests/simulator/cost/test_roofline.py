@@ -27,7 +27,6 @@ from sparsebalance.simulator.cost.roofline import (
     build_table,
     dense_split_time,
     dense_time,
-    gate_candidates,
     head_time,
     main,
     moba_pairs,
@@ -62,12 +61,6 @@ def test_moba_pairs_vectorised_and_dense_limit():
     assert (moba_pairs(L, 256, np.ceil(L / 256).astype(int)) == dense).all()
     # k = 1: only the own block, causally: full blocks B(B+1)/2 each + the last partial block
     assert int(moba_pairs(1000, 256, 1)) == 3 * 256 * 257 // 2 + 232 * 233 // 2
-
-
-def test_gate_candidates_brute_force():
-    for B in (2, 5):
-        for L in range(1, 30):
-            assert int(gate_candidates(L, B)) == sum(q // B for q in range(L))
 
 
 def ideal(hw: Hardware) -> Hardware:
@@ -149,15 +142,17 @@ def test_build_table_is_rectilinear_and_complete():
 def test_shipped_tables_follow_the_dispatcher(name):
     """The tables price the path the kernel runs, so forward + backward (what the dispatcher
     minimises) is non-decreasing in length and, below the block count, in the budget (a minimum of
-    two increasing costs); budgets at or beyond the block count are one dense cost. The step onto the
-    full budget may fall (the masked path pays the gate, dense does not): the sidecar says so."""
+    two increasing costs) up to the gate, whose rows of blocks c <= k - 1 need no scores (a larger
+    budget scores fewer rows: under 1 % a step); budgets at or beyond the block count are one dense
+    cost. The step onto the full budget may fall (the masked path pays the gate, dense does not): the
+    sidecar says so."""
     prof = load_profile(name)
     fb = sum(prof.rows(op).pivot(index="seq_len", columns="budget", values="latency_s") for op in ("attn_fwd", "attn_bwd"))
     grid = fb.to_numpy()
     assert (np.diff(grid, axis=0) >= -1e-15).all()
     for L, row in zip(fb.index, grid):
         below = fb.columns < -(-int(L) // 256)
-        assert (np.diff(row[below]) >= 0).all(), L
+        assert (np.diff(row[below]) >= -0.01 * row[below][1:]).all(), L
         assert (row[~below] == row[~below].max(initial=0)).all(), L
     assert bool(prof.meta.nonmonotone) == bool(monotone_violations(prof, 256))
     for op in ("layer_fwd", "layer_bwd", "embed_fwd", "embed_bwd", "head_fwd", "head_bwd"):
@@ -168,7 +163,7 @@ def test_build_table_prices_the_path_the_rule_picks():
     """Each attention row is the cost of the one path ``kernelcost.choose_path`` picks for it (not a
     minimum over paths): at a masked point that is more than the full budget's dense cost."""
     m = qwen25_3b()
-    seq, ks = np.array([768, 4096, 8448, 32768]), np.array([1, 2, 4, 16, 31, 32, 40, 127, 128])
+    seq, ks = np.array([768, 4096, 8448, 32768]), np.array([1, 2, 4, 14, 15, 16, 31, 32, 40, 127, 128])
     t = build_table(H200, m, 2, 256, seq_lens=seq, budgets=ks, tokens=np.array([1024, 2048]))
     shape = attention_shape(m, 2, 256)
     seen = set()
@@ -184,7 +179,7 @@ def test_build_table_prices_the_path_the_rule_picks():
                 assert fb(kc.PATHS[path]) <= fb(other)
     assert seen == set(kc.PATHS)  # the grid exercises every path
     fb = t[t.op.isin(["attn_fwd", "attn_bwd"])].groupby(["seq_len", "budget"])["latency_s"].sum()
-    assert int(kc.choose_path(8448, 32, shape, H200)) == kc.MASKED and fb[(8448, 32)] > fb[(8448, 40)]
+    assert int(kc.choose_path(4096, 15, shape, H200)) == kc.MASKED and fb[(4096, 15)] > fb[(4096, 16)]
 
 
 def test_dense_layer_is_gemms_then_elementwise_by_hand():

@@ -232,6 +232,16 @@ def test_profiler_and_layer_bench_time_the_compiled_layer(tmp_path):
     y_compiled, y_split = layer[0][1](), layer[2][2]()  # the timed forward, the split rows' forward
     assert type(y_compiled.grad_fn).__name__ == "CompiledFunctionBackward"
     assert type(y_split.grad_fn).__name__ == "AddBackward0"  # the eager layer's last residual add
+    from sparsebalance.kernels.measure import measure_profile
+
+    grid = ProfileGrid(layer_impl="compiled", device=DEVICE, seq_lens=(64, 96), budgets=(1, 2), tokens=(64, 96),
+                       params=(100, 1000), repeats=1, warmup=0)
+    prof = measure_profile(tiny(), grid, command="test")
+    path = prof.save(tmp_path / "compiled-profile")
+    from sparsebalance.simulator.cost.profile import load_profile
+
+    loaded = load_profile(str(path))  # format 2: the split rows are there (the eager layer's)
+    assert {"layer_bwd_input", "head_bwd_weight"} <= set(loaded.ops) and "layer_impl compiled" in loaded.meta.how
     df = layer_table(tiny(), (64, 96), device=DEVICE, repeats=2, warmup=1)
     assert len(df) == 2 * 2 * 2 and (df.fwd_s > 0).all() and (df.bwd_s > 0).all()
     launches = df.set_index(["impl", "op", "tokens"]).launches

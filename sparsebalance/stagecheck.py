@@ -34,6 +34,8 @@ class StageCheck:
     """One row per (stage, microbatch, op in F/B): tokens, budget, measured_s, and pred_<profile>_s."""
     iteration: pd.DataFrame
     """One row per source (measured, each profile): iteration_time_s through the schedule."""
+    layer_impl: str = "eager"
+    """How the layers and head ran (``kernels/fastlayer.py``): eager or compiled."""
 
 
 def plan_one_batch(cfg: RunConfig, prepared: Any) -> tuple[Any, Any]:
@@ -76,7 +78,7 @@ def _tokens(seq, vocab: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def measure_stage(net, s: int, n_stages: int, n_layers: int, batch, moba, timer: _Timer,
-                  gen: Any) -> tuple[float, float]:
+                  gen: Any, impl: str = "eager") -> tuple[float, float]:
     """F and B seconds of stage ``s`` alone for one packed micro-batch, then its graph freed.
 
     The stage runs the first ``n_layers`` layers built (every stage has the dims of every other).
@@ -84,11 +86,11 @@ def measure_stage(net, s: int, n_stages: int, n_layers: int, batch, moba, timer:
     [1, T, hidden] that needs a gradient, as a received activation does; the last stage ends in the
     LM head and summed loss, an earlier one in its output, whose backward gets a seeded random
     upstream gradient. Only one stage's activations exist at a time, so a plan whose whole pipeline
-    would not fit one device still validates stage by stage.
+    would not fit one device still validates stage by stage. ``impl``: eager or compiled layers and head.
     """
     import torch
 
-    from sparsebalance.kernels.qwen2 import lm_loss_sum, run_layers
+    from sparsebalance.kernels.qwen2 import head_loss, run_layers
 
     inner = net.model
     T = int(batch.input_ids.shape[-1])
@@ -99,8 +101,8 @@ def measure_stage(net, s: int, n_stages: int, n_layers: int, batch, moba, timer:
 
     def fwd():
         h = inner.embed_tokens(batch.input_ids) if s == 0 else h_in
-        h = run_layers(net, h, batch, moba, layers=layers)
-        return lm_loss_sum(net.lm_head(inner.norm(h)), batch.labels) if s == n_stages - 1 else h
+        h = run_layers(net, h, batch, moba, layers=layers, impl=impl)
+        return head_loss(inner.norm, net.lm_head, h, batch.labels, impl) if s == n_stages - 1 else h
 
     out, t_f = timer(fwd)
     grad = None if s == n_stages - 1 else torch.randn(out.shape, generator=gen, device=out.device, dtype=out.dtype)
@@ -110,14 +112,19 @@ def measure_stage(net, s: int, n_stages: int, n_layers: int, batch, moba, timer:
 
 
 def run_stage_check(cfg: RunConfig, profiles: dict[str, str], *, device: str = "cpu", dtype: str = "float32",
-                    backend: str = "auto", rounds: int = 3, seed: int = 0) -> StageCheck:
+                    backend: str = "auto", rounds: int = 3, seed: int = 0, layer_impl: str = "auto") -> StageCheck:
     """Measure and predict one global batch of ``cfg`` (DP rank 0) stage by stage on ``device``.
 
     ``profiles``: label -> profile name or path; each is loaded for ``cfg.model`` and ``cfg.cluster``
     (analytical ones are re-derived for the model). The first one (``cfg.profile`` if none) drives the
-    policies.
+    policies. ``layer_impl``: eager, compiled or auto (``kernels/fastlayer.py``; compiled on CUDA);
+    the first micro-batch's untimed warm-up run compiles.
     """
     import torch
+
+    from sparsebalance.kernels.fastlayer import resolve_layer_impl
+
+    impl = resolve_layer_impl(layer_impl, device)
 
     from sparsebalance.kernels.qwen2 import MobaArgs, build_qwen2_pieces, pack
     from sparsebalance.kernels.qwen2_init import pieces
@@ -144,13 +151,15 @@ def run_stage_check(cfg: RunConfig, profiles: dict[str, str], *, device: str = "
             moba = MobaArgs(cu_seqlens=batch.cu_seqlens, budget=budget.restrict(stages[s]),
                             block_size=cfg.model.block_size, backend=backend)
             if j == 0:  # warm-up: kernel compilation and allocator
-                measure_stage(net, s, pp, len(stages[s]), batch, moba, timer, gen)
-            runs = [measure_stage(net, s, pp, len(stages[s]), batch, moba, timer, gen) for _ in range(rounds)]
+                measure_stage(net, s, pp, len(stages[s]), batch, moba, timer, gen, impl)
+            runs = [measure_stage(net, s, pp, len(stages[s]), batch, moba, timer, gen, impl) for _ in range(rounds)]
             for op, k in (("F", 0), ("B", 1)):
                 rows.append({"stage": s, "microbatch": j, "op": op, "tokens": int(sum(mb.lengths)),
                              "sequences": len(mb.lengths), "budget": budget.mean(),
                              "measured_s": statistics.median(r[k] for r in runs)})
-    return predict_stages(cfg, pd.DataFrame(rows), profiles, prepared=prepared, planned=(plan, budgets))
+    res = predict_stages(cfg, pd.DataFrame(rows), profiles, prepared=prepared, planned=(plan, budgets))
+    res.layer_impl = impl
+    return res
 
 
 def predict_stages(cfg: RunConfig, ops: pd.DataFrame, profiles: dict[str, str], *,

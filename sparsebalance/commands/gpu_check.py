@@ -1,7 +1,9 @@
 """``sparsebalance gpu-check [--out DIR] [--budget-s S] [--steps ...]``: what can only be checked on a GPU.
 
 Steps, most valuable first (``gpucheck/steps.py``): ``accuracy`` (compiled kernels vs float64 on
-every path), ``speed`` (MoBA vs flash attention, 8K-128K), ``stages`` (single-GPU stage validation),
+every path), ``speed`` (MoBA vs flash attention, 8K-128K), ``layer`` (eager against compiled decoder
+layer and head: time, launches, measured / analytical, agreement with float64; its compilation fills
+the caches the next steps reuse), ``stages`` (single-GPU stage validation),
 ``profile`` (CUDA profiles, 3B first, beside the analytical model), ``gpu-tests`` (the compiled
 kernel tests), ``validate`` (NCCL, two or more GPUs). Each runs in a process of its own under its own
 deadline: the time left is shared among the steps still to run (:data:`SHARE`), so an early step
@@ -25,14 +27,16 @@ from pathlib import Path
 
 from sparsebalance.errors import ConfigError
 
-#: Relative share of the time left that each step gets when its turn comes.
-SHARE = {"accuracy": 1.0, "speed": 1.2, "stages": 1.0, "profile": 1.0, "gpu-tests": 1.0, "validate": 0.6}
+#: Relative share of the time left that each step gets when its turn comes (``layer`` compiles cold,
+#: a minute or so on a GPU machine, which ``stages`` and ``profile`` then find in Inductor's cache).
+SHARE = {"accuracy": 1.0, "speed": 1.2, "layer": 1.2, "stages": 1.0, "profile": 1.0, "gpu-tests": 1.0,
+         "validate": 0.6}
 #: A step with less than this many seconds is not started.
 MIN_STEP_S = 15.0
 #: Seconds past its deadline before a step's process group is killed (the step itself stops early).
 GRACE_S = 10.0
 #: Steps that need CUDA (``--device cpu`` skips them: it exists to test the plumbing).
-CUDA_ONLY = {"accuracy", "speed", "gpu-tests", "validate"}
+CUDA_ONLY = {"accuracy", "speed", "layer", "gpu-tests", "validate"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

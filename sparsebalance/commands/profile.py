@@ -32,6 +32,7 @@ def text_of(vals: tuple[int, ...]) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from sparsebalance.commands._args import add_config, add_output_flags, nonneg_int, positive_int
+    from sparsebalance.kernels.fastlayer import LAYER_IMPLS
     from sparsebalance.simulator.cost.profilemeta import CP_LAYOUTS
 
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where to measure")
@@ -61,6 +62,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "path computes it, collectives excluded (default 1: none)")
     p.add_argument("--cp-layout", default="zigzag", choices=CP_LAYOUTS,
                    help="layout of the --cp group (default zigzag)")
+    p.add_argument("--layer-impl", default="auto", choices=LAYER_IMPLS,
+                   help="how the layer and head ops run (kernels/fastlayer.py): eager (the Hugging Face "
+                        "modules), compiled (torch.compile'd dense parts, chunked loss), auto (compiled "
+                        "on CUDA without --tp, else eager; default)")
     p.add_argument("--concurrency", type=positive_int, default=1,
                    help="CPU: run this many copies of the measurement at once (the real run's "
                         "processes per host, pp x dp) and record the median over copies")
@@ -106,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     grid = ProfileGrid(repeats=args.repeats, warmup=args.warmup, threads=args.threads,
                        statistic=args.statistic, tp_plan=args.tp > 1, cp=args.cp, cp_layout=args.cp_layout,
-                       device=args.device, dtype=dtype, **kw)
+                       device=args.device, dtype=dtype, layer_impl=args.layer_impl, **kw)
     from sparsebalance.commands._profile_memory import check_memory
 
     check_memory(tp_shard(model, args.tp), grid, args.concurrency)  # before a tensor is allocated

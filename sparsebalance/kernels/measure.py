@@ -14,6 +14,17 @@ from sparsebalance.simulator.config import ModelConfig
 from sparsebalance.simulator.cost.profile import Profile
 from sparsebalance.simulator.cost.profilemeta import FORMAT_VERSION, MODEL_DIMS, ProfileMeta
 
+LAYER_HOW = {
+    "eager": "layer_* = one HF Qwen2DecoderLayer (eager) with a zero-cost attention core; head_* = final "
+             "norm + LM head + cross entropy of the whole logits",
+    "compiled": "layer_impl compiled (kernels/fastlayer.py): layer_* = one Qwen2 decoder layer as two "
+                "torch.compile regions (norm + QKV + RoPE; O + norm + SwiGLU MLP) around a zero-cost "
+                "attention core; head_* = compiled final norm + linear cross-entropy chunked over the "
+                "vocabulary (kernels/lmhead.py); the *_bwd_input / *_bwd_weight rows of the eager layer "
+                "and head (a compiled region's backward does not split; realrun runs zb-h1 eager)",
+}
+"""What the sidecar's ``how`` says of the layer and head rows, per layer implementation."""
+
 
 def measure_profile(model: ModelConfig, grid: ProfileGrid, *, command: str, tp: int = 1, concurrency: int = 1,
                     progress: bool = False) -> Profile:
@@ -50,8 +61,7 @@ def measure_profile(model: ModelConfig, grid: ProfileGrid, *, command: str, tp: 
              f"{concurrency} concurrent cop{'y' if concurrency == 1 else 'ies'} "
              f"({grid.statistic} over copies, one core each, glibc allocator kept steady and "
              "Python's collector run between rounds, as in realrun); "
-             "layer_* = one HF "
-             "Qwen2DecoderLayer with a zero-cost attention core; attn_* = moba_attention (auto backend)"
+             + LAYER_HOW[grid.resolved_layer_impl()] + "; attn_* = moba_attention (auto backend)"
              + (f"; tp {tp}: one rank's shard (heads, kv heads, MLP width / {tp}; embedding "
                 "and head whole, as realrun replicates them), the layer under realrun's DTensor plan "
                 "on a one-rank mesh (tp_plan), TP all-reduces not included"

@@ -10,7 +10,12 @@ Every op is timed on the module code the real run executes (``sparsebalance.kern
   layer time is everything except the attention core (norms, QKV/O projections, RoPE, MLP);
 * ``layer_bwd_input`` / ``layer_bwd_weight``, ``head_bwd_input`` / ``head_bwd_weight``: the two parts
   of the split backward (:mod:`sparsebalance.kernels.split_backward`, what realrun's zero-bubble
-  schedule runs); the weight part's untimed setup runs the forward and the input part;
+  schedule runs); the weight part's untimed setup runs the forward and the input part. Always of the
+  eager layer and head: a compiled region cannot split its backward (``kernels/fastlayer.py``), and
+  realrun runs a split-backward schedule (ZB-H1) eager;
+* ``layer_impl`` (``kernels/fastlayer.py``): the layer and head run eager (the HF modules) or compiled
+  (two compiled regions around the attention; the head's norm compiled and its loss chunked over the
+  vocabulary, ``kernels/lmhead.py``), compiled before the first timed call;
 * ``embed_*``: the embedding lookup; ``head_*``: final norm + LM head + summed cross entropy;
 * ``optim``: one ``torch.optim.AdamW`` step over ``seq_len`` parameters;
 * ``attn_fwd_cp`` / ``attn_bwd_cp`` (``cp`` > 1): the same sequence dealt to ``cp`` ranks by
@@ -77,6 +82,9 @@ class ProfileGrid:
     """What a point records over its repeats: mean (default) or median. The simulator adds
     durations, and expected values add; on a shared CPU a few calls in ten take 2-3x longer
     (page faults, kernel threads), which the median hides but every real run pays."""
+    layer_impl: str = "auto"
+    """How the layer and head run (``kernels/fastlayer.py``): eager, compiled, or auto (compiled on
+    CUDA without ``tp_plan``, else eager)."""
 
     def __post_init__(self) -> None:
         for f in ("seq_lens", "budgets", "tokens", "params"):
@@ -92,6 +100,13 @@ class ProfileGrid:
         from sparsebalance.simulator.cost.profilemeta import CP_LAYOUTS
 
         check_choice(self.cp_layout, "cp_layout", CP_LAYOUTS)
+        self.resolved_layer_impl()
+
+    def resolved_layer_impl(self) -> str:
+        """eager or compiled (ConfigError for compiled with ``tp_plan``)."""
+        from sparsebalance.kernels.fastlayer import resolve_layer_impl
+
+        return resolve_layer_impl(self.layer_impl, self.device, tp=2 if self.tp_plan else 1)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -174,9 +189,20 @@ class Bench:
         self.net.config._attn_implementation = NULL_CORE
         self.layer = self.net.model.layers[0]
         self.own_group = _tp_plan_on_one_rank(self.layer, grid.device) if grid.tp_plan else False
+        self.use(grid.resolved_layer_impl())
         self.timer = Timer(device=grid.device, repeats=grid.repeats, warmup=grid.warmup,
                            statistic=grid.statistic)
         self.gen = torch.Generator(device=self.dev).manual_seed(grid.seed)
+
+    def use(self, impl: str) -> None:
+        """Run the layer and head ``impl`` (eager or compiled) in the closures :meth:`items` makes
+        from now on; compiled, its graphs are compiled here, before any timed call (later token
+        counts reuse them)."""
+        self.impl = impl
+        if impl == "compiled":
+            from sparsebalance.kernels.qwen2 import warm_up
+
+            warm_up([self.layer], (self.net.model.norm, self.net.lm_head))
 
     def _randn(self, *shape: int, grad: bool = False) -> Any:
         x = self.torch.randn(*shape, generator=self.gen, device=self.dev, dtype=self.dtype)
@@ -251,13 +277,21 @@ class Bench:
             pe = self.net.model.rotary_emb(x, pos)
         dy = self._randn(1, tokens, self.model.hidden)
 
-        def fwd(_: Any = None) -> Any:
-            # with autograd recording, as in training (the graph is built and then dropped)
-            out = self.layer(x, attention_mask=None, position_ids=pos, position_embeddings=pe)
-            return out[0] if isinstance(out, tuple) else out
+        def fwd_of(impl: str) -> Callable:
+            def fwd(_: Any = None) -> Any:
+                # with autograd recording, as in training (the graph is built and then dropped)
+                if impl == "compiled":
+                    from sparsebalance.kernels.fastlayer import layer_forward
 
+                    return layer_forward(self.layer, x, pe)
+                out = self.layer(x, attention_mask=None, position_ids=pos, position_embeddings=pe)
+                return out[0] if isinstance(out, tuple) else out
+
+            return fwd
+
+        fwd = fwd_of(self.impl)
         return [(fwd, None), (lambda y: y.backward(dy), fwd),
-                *self._split(fwd, [dy], [x], list(self.layer.parameters()))]
+                *self._split(fwd_of("eager"), [dy], [x], list(self.layer.parameters()))]
 
     def _embed(self, tokens: int, _: int) -> list:
         ids = self.torch.randint(0, self.model.vocab, (1, tokens), generator=self.gen, device=self.dev)
@@ -266,16 +300,17 @@ class Bench:
         return [(lambda _=None: emb(ids), None), (lambda y: y.backward(dy), lambda: emb(ids))]
 
     def _head(self, tokens: int, _: int) -> list:
-        from sparsebalance.kernels.qwen2 import lm_loss_sum
+        from sparsebalance.kernels.qwen2 import head_loss
 
         labels = self.torch.randint(0, self.model.vocab, (1, tokens), generator=self.gen, device=self.dev)
         h = self._randn(1, tokens, self.model.hidden, grad=True)
 
-        def fwd(_: Any = None) -> Any:
-            return lm_loss_sum(self.net.lm_head(self.net.model.norm(h)), labels)
+        def fwd_of(impl: str) -> Callable:
+            return lambda _=None: head_loss(self.net.model.norm, self.net.lm_head, h, labels, impl)
 
+        fwd = fwd_of(self.impl)
         params = [*self.net.model.norm.parameters(), *self.net.lm_head.parameters()]
-        return [(fwd, None), (lambda loss: loss.backward(), fwd), *self._split(fwd, None, [h], params)]
+        return [(fwd, None), (lambda loss: loss.backward(), fwd), *self._split(fwd_of("eager"), None, [h], params)]
 
     def _optim(self, params: int, _: int) -> list:
         p = self.torch.nn.Parameter(self._randn(params).float())

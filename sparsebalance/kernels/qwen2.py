@@ -231,19 +231,66 @@ def lm_loss_sum(logits, labels):
     return F.cross_entropy(x, labels[0], ignore_index=IGNORE_INDEX, reduction="sum")
 
 
-def run_layers(net, hidden, batch: PackedBatch, moba: MobaArgs, layers=None):
+def run_layers(net, hidden, batch: PackedBatch, moba: MobaArgs, layers=None, impl: str = "eager"):
     """Run decoder ``layers`` (default: all) of ``net`` (a Qwen2ForCausalLM or a stage holding
-    ``model.layers`` and ``model.rotary_emb``) on hidden [1, T, hidden]."""
+    ``model.layers`` and ``model.rotary_emb``) on hidden [1, T, hidden]; ``impl`` eager (the HF
+    modules) or compiled (``kernels/fastlayer.py``, the same weights)."""
     inner = net.model
     pe = inner.rotary_emb(hidden, batch.position_ids)
+    if impl == "compiled":
+        from sparsebalance.kernels.fastlayer import layer_forward
+
+        for layer in (inner.layers if layers is None else layers):
+            hidden = layer_forward(layer, hidden, pe, moba=moba)
+        return hidden
     for layer in (inner.layers if layers is None else layers):
         hidden = layer(hidden, attention_mask=None, position_ids=batch.position_ids,
                        position_embeddings=pe, moba=moba)
     return hidden
 
 
-def full_forward_loss(net, batch: PackedBatch, moba: MobaArgs):
+def head_loss(norm, lm_head, hidden, labels, impl: str = "eager"):
+    """Final norm + LM head + summed loss of hidden [1, T, hidden] (float32 at least, shape []):
+    eager, the whole logits (:func:`lm_loss_sum`); compiled, the norm compiled and the chunked
+    linear cross-entropy of ``kernels/lmhead.py`` (the same value and gradients, no [T, vocab] fp32)."""
+    if impl != "compiled":
+        return lm_loss_sum(lm_head(norm(hidden)), labels)
+    from sparsebalance.kernels.fastlayer import compiled, mark_tokens_dynamic, rms_norm
+    from sparsebalance.kernels.lmhead import linear_cross_entropy
+
+    mark_tokens_dynamic(hidden)
+    h = compiled(rms_norm)(hidden, norm.weight, norm.variance_epsilon)
+    return linear_cross_entropy(h[0], lm_head.weight, labels[0], compile_=True)
+
+
+def warm_up(layers, head=None, tokens: int = 64) -> None:
+    """Compile what ``impl = "compiled"`` runs before anything is timed: the regions of the first of
+    ``layers`` (the others have its shapes and reuse its graphs) and, with ``head`` = (final norm, LM
+    head), the head's norm and chunk kernels; one forward + backward on seeded random input each, the
+    gradients cleared after. Any later token count reuses these graphs (dynamic token dimension)."""
+    import torch
+
+    from sparsebalance.kernels.fastlayer import warm_up as warm_layer
+
+    layers = list(layers)
+    if layers:
+        warm_layer(layers[0], tokens)
+    if head is None:
+        return
+    norm, lm_head = head
+    w = lm_head.weight
+    gen = torch.Generator(device=w.device).manual_seed(0)
+    h = torch.randn(1, tokens, w.shape[1], generator=gen, device=w.device, dtype=w.dtype, requires_grad=True)
+    labels = torch.randint(0, w.shape[0], (1, tokens), generator=gen, device=w.device)
+    labels[0, -1] = IGNORE_INDEX
+    with torch.enable_grad():
+        head_loss(norm, lm_head, h, labels, "compiled").backward()
+    for p in [*norm.parameters(), *lm_head.parameters()]:
+        p.grad = None
+
+
+def full_forward_loss(net, batch: PackedBatch, moba: MobaArgs, impl: str = "eager"):
     """Summed LM loss of ``batch`` through the whole model (the single-process reference path)."""
     h = net.model.embed_tokens(batch.input_ids)
-    h = run_layers(net, h, batch, moba)
-    return lm_loss_sum(net.lm_head(net.model.norm(h)), batch.labels)
+    h = run_layers(net, h, batch, moba, impl=impl)
+    return head_loss(net.model.norm, net.lm_head, h, batch.labels, impl)

@@ -60,6 +60,11 @@ class RealrunConfig:
     """moba_attention backend: auto, torch (chunked PyTorch, CPU), naive (reference), triton (GPU)."""
     dtype: str = "float32"
     """Parameter and activation dtype: float32, bfloat16 or float64."""
+    layer_impl: str = "auto"
+    """How the decoder layers and the head run (``kernels/fastlayer.py``): eager (the Hugging Face
+    modules), compiled (torch.compile'd norms, projections, RoPE and MLP around the eager attention;
+    the loss chunked over the vocabulary), or auto: compiled on CUDA unless tp > 1 or the schedule
+    splits the backward (zb-h1), else eager (the CPU default)."""
     coverage_layer: int = 0
     """Layer whose real gate scores give each sequence's coverage curve (-1 = do not measure)."""
     checkpoint: str | None = None
@@ -74,6 +79,9 @@ class RealrunConfig:
         check_choice(self.device, "device", DEVICES)
         check_choice(self.attention_backend, "attention_backend", ATTENTION_BACKENDS)
         check_choice(self.dtype, "dtype", DTYPES)
+        from sparsebalance.kernels.fastlayer import LAYER_IMPLS
+
+        check_choice(self.layer_impl, "layer_impl", LAYER_IMPLS)
         check(1 <= self.threads <= MAX_THREADS, "threads",
               f"must lie in [1, {MAX_THREADS}] (torch threads per process), got {self.threads}")
         lo, hi = TIMEOUT_RANGE_S
@@ -103,6 +111,7 @@ def realrun_config(cfg) -> RealrunConfig:
         check_choice(c.schedule, "cluster.schedule", ("gpipe", "1f1b", "interleaved"))
         check_choice(c.cp_split, "cluster.cp_split", ("whole",))  # a degree per sequence: simulated only
     check_mesh(m, c)
+    layer_impl(cfg, rr)  # compiled where it cannot run: refused here, before launch
     if rr.fail_rank is not None:
         check(0 <= rr.fail_rank < world_size(cfg), "realrun.fail_rank",
               f"must lie in [0, {world_size(cfg) - 1}], got {rr.fail_rank}")
@@ -124,6 +133,17 @@ def realrun_config(cfg) -> RealrunConfig:
             raise ConfigError("realrun.device: cuda needs torch installed") from None
         check(torch.cuda.is_available(), "realrun.device", "cuda requested but no CUDA device is visible")
     return rr
+
+
+def layer_impl(cfg, rr: RealrunConfig) -> str:
+    """eager or compiled: ``rr.layer_impl`` resolved for the run's device, tp and schedule
+    (ConfigError naming ``realrun.layer_impl`` for compiled where it cannot run)."""
+    from sparsebalance.kernels.fastlayer import resolve_layer_impl
+    from sparsebalance.simulator.schedule.schedules import splits_backward
+
+    c = cfg.cluster
+    return resolve_layer_impl(rr.layer_impl, rr.device, tp=c.tp, split_backward=splits_backward(c.schedule),
+                              field="realrun.layer_impl")
 
 
 def check_mesh(m, c) -> None:

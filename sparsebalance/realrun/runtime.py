@@ -142,6 +142,7 @@ def build_chunk(cfg: Any, rr: RealrunConfig, vs: int, device: Any, tp_mesh: Any)
         if kv_copies(m.kv_heads, tp) > 1:
             replicate_kv(module.model.layers, m.kv_heads, m.head_dim, tp)
         parallelize_layers(module.model.layers, tp_mesh)
+    module.warm_up()  # a compiled stage compiles here, before the shared origin and the timed iterations
     return module
 
 

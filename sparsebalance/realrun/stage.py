@@ -16,7 +16,8 @@ from typing import Any
 
 def build_stage_module(cfg: Any, rr: Any, stage: int, pp: int, device: Any):
     """This rank's :class:`StageModule`, without building the rest of the model: ``cfg`` a RunConfig,
-    ``rr`` its RealrunConfig (checkpoint, dtype). Peak memory is the stage's weights plus one piece."""
+    ``rr`` its RealrunConfig (checkpoint, dtype, layer_impl). Peak memory is the stage's weights plus
+    one piece."""
     import torch
 
     from sparsebalance.kernels import qwen2_init as Q
@@ -36,13 +37,15 @@ def build_stage_module(cfg: Any, rr: Any, stage: int, pp: int, device: Any):
         net.train()
     else:
         net = build_qwen2_pieces(cfg.model, names, seed=cfg.seed, dtype=rr.dtype, device=device)
-    return StageModule(net, stage, pp, layers)
+    from sparsebalance.realrun.config import layer_impl
+
+    return StageModule(net, stage, pp, layers, layer_impl(cfg, rr))
 
 
-def build_stage(net: Any, stage: int, pp: int, layer_range: range):
+def build_stage(net: Any, stage: int, pp: int, layer_range: range, layer_impl: str = "eager"):
     """Cut ``net`` (a Qwen2ForCausalLM, whole or with at least this stage's pieces materialised) to
     the modules of ``stage``; returns a :class:`StageModule`."""
-    return StageModule(net, stage, pp, layer_range)
+    return StageModule(net, stage, pp, layer_range, layer_impl)
 
 
 def _module_base():
@@ -55,13 +58,15 @@ class StageModule(_module_base()):  # type: ignore[misc]
     """The modules of one stage; ``forward`` returns hidden states [1, T, hidden] or, on the last
     stage, the summed LM loss (a scalar) of the micro-batch. With virtual stages (interleaved 1F1B)
     a device holds one StageModule per model chunk: ``stage`` / ``pp`` are then the virtual stage
-    and their count, and ``simulator.layout.split_layers`` with them gives the chunk's layers."""
+    and their count, and ``simulator.layout.split_layers`` with them gives the chunk's layers.
+    ``layer_impl``: eager or compiled (``kernels/fastlayer.py``), how its layers and head run."""
 
-    def __init__(self, net: Any, stage: int, pp: int, layer_range: range) -> None:
+    def __init__(self, net: Any, stage: int, pp: int, layer_range: range, layer_impl: str = "eager") -> None:
         import torch
 
         super().__init__()
         self.stage, self.pp = stage, pp
+        self.layer_impl = layer_impl
         self.first, self.last = stage == 0, stage == pp - 1
         self.layer_range = layer_range
         inner = torch.nn.Module()
@@ -77,14 +82,21 @@ class StageModule(_module_base()):  # type: ignore[misc]
         self.config = net.config
 
     def forward(self, hidden: Any, batch: Any, moba: Any) -> Any:
-        from sparsebalance.kernels.qwen2 import lm_loss_sum, run_layers
+        from sparsebalance.kernels.qwen2 import head_loss, run_layers
 
         if self.first and hidden is None:  # a given hidden: the embedding ran apart (split backward)
             hidden = self.model.embed_tokens(batch.input_ids)
-        hidden = run_layers(self, hidden, batch, moba)
+        hidden = run_layers(self, hidden, batch, moba, impl=self.layer_impl)
         if self.last:
-            return lm_loss_sum(self.lm_head(self.model.norm(hidden)), batch.labels)
+            return head_loss(self.model.norm, self.lm_head, hidden, batch.labels, self.layer_impl)
         return hidden
+
+    def warm_up(self) -> None:
+        """Compile a compiled stage's regions before the first timed action (no-op when eager)."""
+        if self.layer_impl == "compiled":
+            from sparsebalance.kernels.qwen2 import warm_up
+
+            warm_up(self.model.layers, (self.model.norm, self.lm_head) if self.last else None)
 
     def global_state_dict(self) -> dict[str, Any]:
         """This stage's weights under the full model's (Hugging Face) names: layer i is

@@ -69,10 +69,16 @@ def test_command_writes_a_loadable_profile(tmp_path):
 
 
 @pytest.mark.parametrize("field,value", [("repeats", 0), ("warmup", -1), ("device", "tpu"),
-                                         ("budgets", ()), ("dtype", "int8")])
+                                         ("budgets", ()), ("dtype", "int8"), ("layer_impl", "fused")])
 def test_bad_grid_names_the_field(field, value):
     with pytest.raises(ConfigError, match=rf"^{field}:"):
         ProfileGrid(**{field: value})
+
+
+def test_compiled_layer_with_the_tp_plan_is_refused():
+    with pytest.raises(ConfigError, match=r"^layer_impl: compiled runs with tp = 1 only"):
+        ProfileGrid(tp_plan=True, layer_impl="compiled")
+    assert ProfileGrid(tp_plan=True, device="cpu").resolved_layer_impl() == "eager"
 
 
 def test_tp_profile_measures_one_shard(tmp_path):

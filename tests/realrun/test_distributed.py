@@ -116,3 +116,13 @@ def test_failing_rank_ends_all_with_a_clear_message(tmp_path):
     assert res.returncode != 0
     assert "realrun: rank 1 (dp_rank 0, stage 1) failed: RuntimeError: injected fault" in res.stderr
     assert elapsed < 120
+
+
+@pytest.mark.slow
+def test_pp2_with_compiled_layers_matches_the_eager_reference(tmp_path):
+    """``layer_impl = "compiled"`` under torchrun (each rank compiles at start-up): the losses of the
+    eager single-process reference (rtol 2e-5), the post-step weights within what AdamW allows, a
+    trace row per action and the coverage curves, as for the eager run above."""
+    res = _launch(tmp_path, pp=2, dp=1, extra='layer_impl = "compiled"', timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    _check_against_reference(tmp_path, pp=2, dp=1)

@@ -102,6 +102,7 @@ def _cfg(**realrun):
     ({"backend": "mpi"}, "realrun.backend"),
     ({"backend": "nccl"}, "realrun.backend"),
     ({"attention_backend": "flash"}, "realrun.attention_backend"),
+    ({"layer_impl": "fused"}, "realrun.layer_impl"),
     ({"coverage_layer": 4}, "realrun.coverage_layer"),
     ({"threads": 0}, "realrun.threads"),
     ({"fail_rank": 2}, "realrun.fail_rank"),

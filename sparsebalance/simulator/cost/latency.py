@@ -69,6 +69,7 @@ from sparsebalance.simulator.cost.profilemeta import ProfileMeta
 from sparsebalance.simulator.cost.query import ScalarStageLatency
 from sparsebalance.simulator.cost.stagecost import StageCost
 from sparsebalance.simulator.layout import layout_of
+from sparsebalance.simulator.plan import split_pad
 
 EXTRAPOLATE = ("warn", "error", "clamp")
 PARTS = ("input", "weight")
@@ -336,7 +337,7 @@ class LatencyModel(ScalarStageLatency):
         """Tokens the busiest CP rank holds x cp (P2P and memory divide by cp): the micro-batch's
         tokens unless each sequence has its own CP degree."""
         if self.per_sequence is None:
-            return int(sum(lengths))
+            return split_pad(lengths)[1]
         return self.per_sequence.busiest_tokens(lengths, int(uniform_budgets([budget])[0]))
 
     def attention_at_degree(self, seq_len: int, budget: int, degree: int, *, backward: bool = False) -> float:
@@ -615,12 +616,13 @@ class LatencyModel(ScalarStageLatency):
             return float(self.per_sequence.times([tuple(lengths)], uniform_budgets([budget]), (mode,))[mode][
                 chunk * self.cluster.pp + stage, 0])
         layers = self.stage_layers(stage, chunk)
+        docs, tokens = split_pad(lengths)
         attention = 0.0
         if part != "weight":
-            call = self.call[backward] if lengths else 0.0
+            call = self.call[backward] if docs else 0.0
             for k, n in self._budget_counts(self._plain(budget), layers):
-                attention += n * (sum(self.attention(L, k, backward=backward) for L in lengths) + call)
-        return self.cost.stage(attention, sum(lengths), chunk * self.cluster.pp + stage, backward=backward,
+                attention += n * (sum(self.attention(L, k, backward=backward) for L in docs) + call)
+        return self.cost.stage(attention, tokens, chunk * self.cluster.pp + stage, backward=backward,
                                part=part)
 
     def stage_times(self, microbatches, budgets, modes=("F", "B")) -> dict[str, np.ndarray]:
@@ -675,7 +677,7 @@ class LatencyModel(ScalarStageLatency):
             got = self.per_sequence.times([key[0]], uniform_budgets([budget]))
             hit = self._mb[key] = float(got["F"].sum() + got["B"].sum())
             return hit
-        lengths = key[0]
+        lengths, tokens = split_pad(key[0])
         call = self.call[False] + self.call[True] if lengths else 0.0
         if type(budget) is int:
             if budget < 1:
@@ -685,7 +687,7 @@ class LatencyModel(ScalarStageLatency):
             total = 0.0
             for k, n in self._budget_counts(budget):
                 total += n * (sum(self._attention_fb(L, k) for L in lengths) + call)
-        total += self._dense_fb(sum(lengths))
+        total += self._dense_fb(tokens)
         if len(self._mb) > 1_000_000:  # bound memory in very long runs
             self._mb.clear()
         self._mb[key] = total
@@ -715,13 +717,18 @@ class LatencyModel(ScalarStageLatency):
             raise ConfigError(f"budget: must be >= 1 (MoBA top-k), got {int(k_mb.min())}")
         lengths = np.fromiter((L for mb in microbatches for L in mb), dtype=np.int64, count=int(counts.sum()))
         k = np.repeat(k_mb, counts)
-        per_seq = self.model.layers * self._attention_fb_array(lengths, k)
+        doc = lengths > 0  # a negative entry is a slot's padding: tokens, no attention (plan.split_pad)
+        per_seq = np.zeros(lengths.shape)
+        per_seq[doc] = self.model.layers * self._attention_fb_array(lengths[doc], k[doc])
         starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
         nonempty = counts > 0
         attn = np.zeros(len(counts))
         attn[nonempty] = np.add.reduceat(per_seq, starts[nonempty]) if per_seq.size else 0.0
         tokens = np.zeros(len(counts), dtype=np.int64)
-        tokens[nonempty] = np.add.reduceat(lengths, starts[nonempty]) if lengths.size else 0
+        tokens[nonempty] = np.add.reduceat(np.abs(lengths), starts[nonempty]) if lengths.size else 0
+        if not doc.all():  # the fixed call costs come with documents only
+            nonempty = np.zeros(len(counts), dtype=bool)
+            nonempty[np.unique(np.repeat(np.arange(len(counts)), counts)[doc])] = True
         call = self.call[False] + self.call[True]
         if call:
             attn = attn + np.where(nonempty, self.model.layers * call, 0.0)

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from sparsebalance.simulator.plan import split_pad
+
 if TYPE_CHECKING:
     from sparsebalance.simulator.cost.latency import LatencyModel
 
@@ -115,9 +117,10 @@ class StageCost:
     def times(self, microbatches, k: np.ndarray, modes=("F", "B")) -> dict[str, np.ndarray]:
         """Seconds [V, M] per mode of micro-batch i (a tuple of lengths) at the int budget ``k[i]``
         on every virtual stage: the attention in one vectorised call per direction."""
-        counts = np.array([len(mb) for mb in microbatches], dtype=np.int64)
-        lengths = np.fromiter((L for mb in microbatches for L in mb), dtype=np.int64, count=int(counts.sum()))
-        tokens = np.array([sum(mb) for mb in microbatches], dtype=np.int64)
+        split = [split_pad(mb) for mb in microbatches]  # a slot's padding: tokens, no attention
+        counts = np.array([len(docs) for docs, _ in split], dtype=np.int64)
+        lengths = np.fromiter((L for docs, _ in split for L in docs), dtype=np.int64, count=int(counts.sum()))
+        tokens = np.array([t for _, t in split], dtype=np.int64)
         ks = np.repeat(np.asarray(k, dtype=np.int64), counts)
         out, attn_of = {}, {}
         for mode in modes:

@@ -1,0 +1,113 @@
+"""Everything torchtitan 0.3.0 needs that the pinned torch 2.13.0 (CPU build) lacks, in one module.
+
+torchtitan 0.3.0 was written against a newer torch and for accelerators. On torch 2.13.0 and this
+CPU three things stand in its way, and this module is the only place that reaches past a public API
+to remove them (``tests/titan/test_compat.py`` fails when any of them changes, in torch or in
+torchtitan):
+
+1. **The device.** ``torchtitan.tools.utils`` picks its device type once, at import, from torch's
+   private ``torch._utils._get_available_device_type`` and falls back to ``"cuda"`` when it finds no
+   accelerator; several torchtitan modules copy the value at their own import. :func:`import_torchtitan`
+   imports torchtitan with that look-up answering ``"cpu"`` where no accelerator exists (and leaves it
+   alone where one does), so every copy says ``"cpu"`` and the process group is gloo.
+2. **``torch.distributed.set_timeout``** (torch >= 2.14), which the trainer calls after its first
+   step to shorten the collectives' timeout: :func:`set_timeout` is installed in its place on 2.13
+   and keeps the timeout the groups were created with.
+3. **``schedule.step(arg_mbs=..., kwarg_mbs=...)``** (micro-batches handed over already split, torch
+   >= 2.14; 2.13's ``step`` only splits a whole batch itself): :func:`step_microbatches` does what
+   2.14's ``step`` does with them on 2.13: the per-iteration stage set-up, then
+   ``_step_microbatches``, the private method both versions' ``step`` ends in.
+
+The fourth failure reported on 2.13, ``fully_shard`` with ``dp_mesh_dims``, is not patched: it
+comes from torchtitan's default SPMD back-end (``spmd_types``), and the presets choose
+``parallelism.spmd_backend = "partial_dtensor"``, torchtitan's plain-DTensor path, which calls
+``fully_shard`` on a one-dimensional data-parallel mesh without ``dp_mesh_dims``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from datetime import timedelta
+from typing import Any
+
+TORCHTITAN_VERSION = "0.3.0"
+"""The torchtitan release this module is written for (pyproject's ``[titan]`` extra pins it)."""
+
+
+def accelerator_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def import_torchtitan() -> Any:
+    """Import torchtitan with its device type right for this machine (point 1); returns the
+    ``torchtitan.tools.utils`` module. Idempotent; an import that happened before (with ``cuda`` on a
+    CPU-only machine) is refused with one line rather than failing later inside a CUDA call."""
+    import sys
+
+    import torch
+    import torch._utils as tu
+
+    loaded = sys.modules.get("torchtitan.tools.utils")
+    if loaded is not None:
+        want = "cuda" if accelerator_available() else "cpu"
+        if loaded.device_type != want:
+            from sparsebalance.errors import ConfigError
+
+            raise ConfigError(f"torchtitan was imported before sparsebalance.titan (device "
+                              f"{loaded.device_type!r}, this machine has {want!r}): start the job with "
+                              "`python -m sparsebalance.titan.train` (or import sparsebalance.titan first)")
+        _install_set_timeout()
+        return loaded
+    original = tu._get_available_device_type
+    if not accelerator_available():
+        tu._get_available_device_type = lambda: "cpu"
+    try:
+        from torchtitan.tools import utils
+    finally:
+        tu._get_available_device_type = original
+    _install_set_timeout()
+    assert utils.device_type in ("cpu", "cuda"), utils.device_type
+    del torch
+    return utils
+
+
+def set_timeout(timeout: timedelta, group: Any = None) -> None:
+    """Stands in for torch 2.14's ``torch.distributed.set_timeout`` on 2.13 (point 2). torch 2.13 has
+    no public way to change a live group's timeout, so the groups keep the one they were created
+    with (``comm.init_timeout_seconds``): the trainer's shorter ``comm.train_timeout_seconds`` would
+    only have bounded a hang sooner; no result depends on it."""
+    del timeout, group
+
+
+def _install_set_timeout() -> None:
+    import torch.distributed as dist
+
+    if not hasattr(dist, "set_timeout"):
+        dist.set_timeout = set_timeout
+
+
+def step_accepts_microbatches(schedule: Any) -> bool:
+    """Whether this torch's ``schedule.step`` takes ``arg_mbs`` / ``kwarg_mbs`` itself."""
+    return "kwarg_mbs" in inspect.signature(schedule.step).parameters
+
+
+def step_microbatches(schedule: Any, *, arg_mbs: list | None, kwarg_mbs: list[dict],
+                      target_mbs: list | None, losses: list | None, loss_kwargs: dict | None) -> None:
+    """``schedule.step(arg_mbs=..., kwarg_mbs=..., ...)`` on any torch (point 3): micro-batches that
+    were split by the data loader (a plan's micro-batches, each its own shape and budgets) run in the
+    schedule's order as given, never re-split."""
+    if step_accepts_microbatches(schedule):
+        schedule.step(arg_mbs=arg_mbs, kwarg_mbs=kwarg_mbs, target_mbs=target_mbs, losses=losses,
+                      loss_kwargs=loss_kwargs, return_outputs=False)
+        return
+    import torch
+
+    if schedule._has_backward and not torch.is_grad_enabled():
+        raise RuntimeError("step_microbatches needs gradients enabled (the schedule runs a backward)")
+    stages = getattr(schedule, "_stages", None) or [schedule._stage]
+    for stage in stages:  # what 2.13's step() does before splitting, then the shared runner
+        stage.has_backward = schedule._has_backward
+        stage.clear_runtime_states()
+    schedule._step_microbatches(arg_mbs, kwarg_mbs, target_mbs, losses, False, loss_kwargs=loss_kwargs)

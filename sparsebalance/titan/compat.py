@@ -9,7 +9,9 @@ torchtitan):
    private ``torch._utils._get_available_device_type`` and falls back to ``"cuda"`` when it finds no
    accelerator; several torchtitan modules copy the value at their own import. :func:`import_torchtitan`
    imports torchtitan with that look-up answering ``"cpu"`` where no accelerator exists (and leaves it
-   alone where one does), so every copy says ``"cpu"`` and the process group is gloo.
+   alone where one does), so every copy says ``"cpu"`` and the process group is gloo; its device
+   module (``torch._utils._get_device_module``, also private) is then :class:`CpuDeviceModule`,
+   ``torch.cpu`` with the few ``torch.cuda`` calls torchtitan makes of it.
 2. **``torch.distributed.set_timeout``** (torch >= 2.14), which the trainer calls after its first
    step to shorten the collectives' timeout: :func:`set_timeout` is installed in its place on 2.13
    and keeps the timeout the groups were created with.
@@ -17,6 +19,8 @@ torchtitan):
    >= 2.14; 2.13's ``step`` only splits a whole batch itself): :func:`step_microbatches` does what
    2.14's ``step`` does with them on 2.13: the per-iteration stage set-up, then
    ``_step_microbatches``, the private method both versions' ``step`` ends in.
+4. **The stages of a schedule** (to time each stage's forward and backward): :func:`schedule_stages`
+   reads the schedules' private ``_stage`` / ``_stages``.
 
 The fourth failure reported on 2.13, ``fully_shard`` with ``dp_mesh_dims``, is not patched: it
 comes from torchtitan's default SPMD back-end (``spmd_types``), and the presets choose
@@ -46,7 +50,6 @@ def import_torchtitan() -> Any:
     CPU-only machine) is refused with one line rather than failing later inside a CUDA call."""
     import sys
 
-    import torch
     import torch._utils as tu
 
     loaded = sys.modules.get("torchtitan.tools.utils")
@@ -60,17 +63,60 @@ def import_torchtitan() -> Any:
                               "`python -m sparsebalance.titan.train` (or import sparsebalance.titan first)")
         _install_set_timeout()
         return loaded
-    original = tu._get_available_device_type
+    original = tu._get_available_device_type, tu._get_device_module
     if not accelerator_available():
         tu._get_available_device_type = lambda: "cpu"
+        tu._get_device_module = lambda name: CpuDeviceModule() if name == "cpu" else original[1](name)
     try:
         from torchtitan.tools import utils
     finally:
-        tu._get_available_device_type = original
+        tu._get_available_device_type, tu._get_device_module = original
     _install_set_timeout()
-    assert utils.device_type in ("cpu", "cuda"), utils.device_type
-    del torch
     return utils
+
+
+class CpuDeviceModule:
+    """``torch.cpu`` with the ``torch.cuda`` calls torchtitan's device monitor and set-up make
+    (device name and capacity, memory statistics): what a CPU can answer, or nothing to report."""
+
+    def __getattr__(self, name: str) -> Any:
+        import torch
+
+        return getattr(torch.cpu, name)
+
+    @staticmethod
+    def get_device_name(device: Any = None) -> str:
+        import platform
+
+        return platform.processor() or platform.machine() or "cpu"
+
+    @staticmethod
+    def get_device_properties(device: Any = None) -> Any:
+        import os
+        from types import SimpleNamespace
+
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return SimpleNamespace(name=CpuDeviceModule.get_device_name(), total_memory=total)
+
+    @staticmethod
+    def memory_stats(device: Any = None) -> dict:
+        return {}  # no allocator statistics on the CPU: torchtitan then reports -1
+
+    @staticmethod
+    def reset_peak_memory_stats(device: Any = None) -> None:
+        return None
+
+    @staticmethod
+    def empty_cache() -> None:
+        return None
+
+    @staticmethod
+    def device_count() -> int:
+        return 1
+
+    @staticmethod
+    def current_device() -> int:
+        return 0  # an index, as torch.cuda's (torch.cpu's is the string "cpu")
 
 
 def set_timeout(timeout: timedelta, group: Any = None) -> None:
@@ -106,8 +152,14 @@ def step_microbatches(schedule: Any, *, arg_mbs: list | None, kwarg_mbs: list[di
 
     if schedule._has_backward and not torch.is_grad_enabled():
         raise RuntimeError("step_microbatches needs gradients enabled (the schedule runs a backward)")
-    stages = getattr(schedule, "_stages", None) or [schedule._stage]
-    for stage in stages:  # what 2.13's step() does before splitting, then the shared runner
+    for stage in schedule_stages(schedule):  # what 2.13's step() does before splitting, then the shared runner
         stage.has_backward = schedule._has_backward
         stage.clear_runtime_states()
     schedule._step_microbatches(arg_mbs, kwarg_mbs, target_mbs, losses, False, loss_kwargs=loss_kwargs)
+
+
+def schedule_stages(schedule: Any) -> list:
+    """The pipeline stages a schedule runs on this rank (``_stage`` of a single-stage schedule,
+    ``_stages`` of a multi-stage one: private attributes of torch's schedules, read here only)."""
+    stages = getattr(schedule, "_stages", None)
+    return list(stages) if stages is not None else [schedule._stage]

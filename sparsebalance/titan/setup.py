@@ -99,6 +99,10 @@ def resolve(job: Any, world_size: int | None = None, *, check_data: bool = True)
             raise ConfigError("parallelism.pipeline_parallel_microbatch_size: must be 1 (a micro-batch "
                               f"is one packed row), got {par.pipeline_parallel_microbatch_size}")
         m = tr.local_batch_size * steps
+        want = stage_modules(model.layers, pp)
+        if par.module_fqns_per_model_part != want:
+            raise ConfigError(f"parallelism.module_fqns_per_model_part: must be {want} (the stages the "
+                              "latency model prices: sparsebalance.titan.setup.stage_modules)")
     else:
         sched = "1f1b"
         if tr.local_batch_size != 1:
@@ -124,6 +128,22 @@ def resolve(job: Any, world_size: int | None = None, *, check_data: bool = True)
     if check_data:
         check_documents(setup)
     return setup
+
+
+def stage_modules(layers: int, pp: int) -> list[list[str]]:
+    """torchtitan's ``module_fqns_per_model_part`` for our split (``simulator.layout.split_layers``:
+    layers contiguous, the first ``layers % pp`` stages one longer), the embedding on the first stage,
+    final norm and LM head on the last: the stages the latency model prices."""
+    from sparsebalance.simulator.layout import split_layers
+
+    out = []
+    for s, layer_range in enumerate(split_layers(layers, pp)):
+        mods = ["tok_embeddings"] if s == 0 else []
+        mods += [f"layers.{i}" for i in layer_range]
+        if s == pp - 1:
+            mods += ["norm", "lm_head"]
+        out.append(mods)
+    return out
 
 
 def _accumulation(tr: Any, dp: int) -> int:

@@ -1,0 +1,186 @@
+"""A short subclass of torchtitan's ``Trainer`` that routes the plan's budgets into the attention.
+
+What it changes, and nothing else:
+
+* ``Config.__post_init__`` resolves the SparseBalance side of the job (:func:`setup.resolve`: model,
+  mesh, slots, policies) and hands it to the loader.
+* ``post_dataloading_process`` turns the loader's ``moba_cu_seqlens`` / ``moba_topk`` into the
+  micro-batch's :class:`~sparsebalance.titan.attention.MobaMetadata` (its ``attention_masks``), which
+  torchtitan forwards with the micro-batch's other keyword arguments, to every pipeline stage.
+* ``pp_forward_backward_step`` runs the already split micro-batches through the schedule with
+  :func:`compat.step_microbatches` (torch 2.13's ``step`` cannot take them as they are).
+* With ``sparsebalance.measure``, a measured trace in the simulator's schema: each step starts after
+  a barrier; every F and B of a (stage, micro-batch) is timed by wrapping the stage's
+  ``forward_one_chunk`` / ``backward_one_chunk`` (without PP: the model's forward and the loss's
+  backward), and the optimizer step is an OPTIM row. Each rank writes ``trace_rank<R>.csv`` to the
+  dump folder; rank 0 writes ``losses.json`` (the global token-mean loss of every step).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparsebalance.titan.compat import import_torchtitan, schedule_stages, step_microbatches
+
+import_torchtitan()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torchtitan.trainer import Trainer  # noqa: E402
+
+from sparsebalance.titan.attention import moba_metadata  # noqa: E402
+
+TRACE_COLUMNS = ("iteration", "dp_rank", "stage", "microbatch", "op", "start_s", "end_s", "tokens", "budget")
+
+
+@dataclass(kw_only=True, slots=True)
+class SparseBalanceOptions:
+    measure: bool = False
+    """Write a measured trace (``trace_rank<R>.csv``) and the per-step losses (``losses.json``) to the
+    dump folder."""
+
+
+class SparseBalanceTrainer(Trainer):
+    """torchtitan's trainer with SparseBalance's plan and budgets (see the module docstring)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Trainer.Config):
+        sparsebalance: SparseBalanceOptions = field(default_factory=SparseBalanceOptions)
+
+        def __post_init__(self) -> None:
+            Trainer.Config.__post_init__(self)
+            if self.model_spec is not None and hasattr(self.dataloader, "setup"):
+                from sparsebalance.titan.setup import resolve
+
+                self.dataloader.setup = resolve(self, check_data=False)
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self.sb_losses: list[float] = []
+        self.sb_rows: list[dict] = []
+        self._step_losses: list[torch.Tensor] = []
+        self._t0 = 0.0
+        self._rank = dist.get_rank() if dist.is_initialized() else 0
+        self._measure = config.sparsebalance.measure
+        self._dp_rank = self.dataloader.dp_rank
+        self._pp_rank = self.parallel_dims.get_mesh("pp").get_local_rank() if self.parallel_dims.pp_enabled else 0
+        self._mb_info: list[tuple[int, float]] = []
+        if self._measure and self.parallel_dims.pp_enabled:
+            for stage in schedule_stages(self.pp_schedule):
+                self._time_stage(stage)
+        if self._measure:
+            step = self.optimizers.step
+
+            def timed_step(*a, **k):
+                t = time.perf_counter()
+                out = step(*a, **k)
+                self._row(-1, "OPTIM", t, stage=self._pp_rank)
+                return out
+
+            self.optimizers.step = timed_step
+
+    # -- budgets into the attention ---------------------------------------------------------------
+    def post_dataloading_process(self, input_dict: dict[str, torch.Tensor], labels: torch.Tensor):
+        cu = input_dict.pop("moba_cu_seqlens")
+        topk = input_dict.pop("moba_topk")
+        positions = input_dict.pop("positions")  # torchtitan would build varlen metadata from them
+        inputs, labels, extra = super().post_dataloading_process(input_dict, labels)
+        extra["positions"] = positions
+        extra["attention_masks"] = moba_metadata(cu, topk)
+        self._mb_info.append((int(labels.shape[-1]), float(topk.float().mean())))
+        return inputs, labels, extra
+
+    def pp_forward_backward_step(self, *, input_dict_mbs, label_mbs, global_valid_tokens):
+        arg_mbs, kwarg_mbs = [], []
+        target_mbs: list | None = [] if self.pp_has_last_stage else None
+        for input_dict, labels in zip(input_dict_mbs, label_mbs, strict=True):
+            inputs, labels, extra = self.post_dataloading_process(input_dict, labels)
+            if self.pp_has_first_stage:
+                arg_mbs.append((inputs,))
+            kwarg_mbs.append(extra)
+            if target_mbs is not None:
+                target_mbs.append(labels)
+        losses: list | None = [] if self.pp_has_last_stage else None
+        with self.train_context():
+            step_microbatches(self.pp_schedule, arg_mbs=arg_mbs if self.pp_has_first_stage else None,
+                              kwarg_mbs=kwarg_mbs, target_mbs=target_mbs, losses=losses,
+                              loss_kwargs={"global_valid_tokens": global_valid_tokens})
+        if losses is not None:
+            loss = torch.sum(torch.stack(losses)).to(self.device)
+            self._step_losses.append(loss.detach())
+            return loss
+        return torch.tensor([-1.0], device=self.device)
+
+    def _forward_backward_body(self, inputs, labels, global_valid_tokens, extra_kwargs):
+        if not self._measure:
+            loss = super()._forward_backward_body(inputs, labels, global_valid_tokens, extra_kwargs)
+        else:  # the same steps as torchtitan's body, F and B timed apart
+            j = len(self._mb_info) - 1
+            with self.train_context():
+                t = time.perf_counter()
+                pred = self.model_parts[0](inputs, **extra_kwargs)
+                loss, _ = self.loss_fn(pred, labels, global_valid_tokens, positions=extra_kwargs["positions"])
+                self._row(j, "F", t)
+                del pred
+                t = time.perf_counter()
+                loss.backward()
+                self._row(j, "B", t)
+        self._step_losses.append(loss.detach())
+        return loss
+
+    # -- one step, measured -----------------------------------------------------------------------
+    def train_step(self, data_iterator) -> None:
+        self._step_losses, self._mb_info = [], []
+        if self._measure:
+            dist.barrier()
+            self._t0 = time.perf_counter()
+        super().train_step(data_iterator)
+        local = torch.stack(self._step_losses).sum() if self._step_losses else torch.zeros(())
+        total = local.detach().to(torch.float64).cpu()
+        if dist.is_initialized():  # non-last stages add 0; DP ranks add their shares
+            dist.all_reduce(total)
+        self.sb_losses.append(float(total))
+
+    def _time_stage(self, stage: Any) -> None:
+        fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
+
+        def forward_one_chunk(fwd_chunk_id, *a, **k):
+            t = time.perf_counter()
+            out = fwd(fwd_chunk_id, *a, **k)
+            self._row(fwd_chunk_id, "F", t, stage=stage.stage_index)
+            return out
+
+        def backward_one_chunk(bwd_chunk_id, *a, **k):
+            t = time.perf_counter()
+            out = bwd(bwd_chunk_id, *a, **k)
+            self._row(bwd_chunk_id, "B", t, stage=stage.stage_index)
+            return out
+
+        stage.forward_one_chunk = forward_one_chunk
+        stage.backward_one_chunk = backward_one_chunk
+
+    def _row(self, mb: int, op: str, start: float, *, stage: int = 0) -> None:
+        end = time.perf_counter()
+        tokens, budget = self._mb_info[mb] if 0 <= mb < len(self._mb_info) else (0, float("nan"))
+        self.sb_rows.append({"iteration": self.step - 1, "dp_rank": self._dp_rank, "stage": stage,
+                             "microbatch": mb, "op": op, "start_s": start - self._t0,
+                             "end_s": end - self._t0, "tokens": tokens, "budget": budget})
+
+    def close(self) -> None:
+        if self._measure and self.sb_rows:
+            import pandas as pd
+
+            out = Path(self.config.dump_folder)
+            out.mkdir(parents=True, exist_ok=True)
+            pd.DataFrame(self.sb_rows, columns=list(TRACE_COLUMNS)).to_csv(
+                out / f"trace_rank{self._rank}.csv", index=False)
+        if self._rank == 0 and self.sb_losses:
+            out = Path(self.config.dump_folder)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "losses.json").write_text(json.dumps(
+                {"first_step": self.step - len(self.sb_losses) + 1, "losses": self.sb_losses}))
+        super().close()

@@ -19,10 +19,11 @@ torchtitan):
    >= 2.14; 2.13's ``step`` only splits a whole batch itself): :func:`step_microbatches` does what
    2.14's ``step`` does with them on 2.13: the per-iteration stage set-up, then
    ``_step_microbatches``, the private method both versions' ``step`` ends in.
-4. **The stages of a schedule** (to time each stage's forward and backward): :func:`schedule_stages`
+4. **FSDP on gloo** (the CPU's process group): :func:`gloo_fsdp`, public FSDP API only.
+5. **The stages of a schedule** (to time each stage's forward and backward): :func:`schedule_stages`
    reads the schedules' private ``_stage`` / ``_stages``.
 
-The fourth failure reported on 2.13, ``fully_shard`` with ``dp_mesh_dims``, is not patched: it
+The failure reported on 2.13 as ``fully_shard`` with ``dp_mesh_dims`` is not patched: it
 comes from torchtitan's default SPMD back-end (``spmd_types``), and the presets choose
 ``parallelism.spmd_backend = "partial_dtensor"``, torchtitan's plain-DTensor path, which calls
 ``fully_shard`` on a one-dimensional data-parallel mesh without ``dp_mesh_dims``.
@@ -163,3 +164,23 @@ def schedule_stages(schedule: Any) -> list:
     ``_stages`` of a multi-stage one: private attributes of torch's schedules, read here only)."""
     stages = getattr(schedule, "_stages", None)
     return list(stages) if stages is not None else [schedule._stage]
+
+
+def gloo_fsdp(model_parts: list) -> int:
+    """FSDP on gloo: torchtitan turns FSDP's gradient division off (``set_gradient_divide_factor(1)``,
+    the loss is already divided by the global token count), which makes FSDP reduce-scatter with
+    ``ReduceOp.PREMUL_SUM``; gloo has no such op. Plain SUM with a post-division by 1 is the same
+    arithmetic: ``set_force_sum_reduction_for_comms(True)`` (public FSDP API) on every FSDP module
+    when the default group is gloo. Returns how many modules were set."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+
+    if not dist.is_initialized() or dist.get_backend() != "gloo":
+        return 0
+    n = 0
+    for part in model_parts:
+        for module in part.modules():
+            if isinstance(module, FSDPModule):
+                module.set_force_sum_reduction_for_comms(True)
+                n += 1
+    return n

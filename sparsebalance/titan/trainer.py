@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparsebalance.titan.compat import import_torchtitan, schedule_stages, step_microbatches
+from sparsebalance.titan.compat import gloo_fsdp, import_torchtitan, schedule_stages, step_microbatches
 
 import_torchtitan()
 
@@ -60,6 +60,7 @@ class SparseBalanceTrainer(Trainer):
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
+        gloo_fsdp(self.model_parts)
         self.sb_losses: list[float] = []
         self.sb_rows: list[dict] = []
         self._step_losses: list[torch.Tensor] = []

@@ -61,6 +61,19 @@ def moba_metadata(cu_seqlens: torch.Tensor, topk: torch.Tensor) -> MobaMetadata:
                         topk=tk, tokens=host[-1])
 
 
+class BudgetLog:
+    """What every MoBA layer ran at, when the trainer asks (``sparsebalance.record_budgets``): one
+    row per layer call, tagged with the trainer's current (step, stage, micro-batch)."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict] | None = None
+        """None: not recording."""
+        self.context: dict = {}
+
+
+BUDGET_LOG = BudgetLog()
+
+
 class MobaAttention(VarlenAttention):
     """MoBA block-sparse attention (``sparsebalance.kernels.moba_attention``) in torchtitan."""
 
@@ -110,6 +123,9 @@ class MobaAttention(VarlenAttention):
         q, k, v = q_BLNH[0, :n], k_BLNH[0, :n], v_BLNH[0, :n]
         out = moba_attention(q, k, v, attention_masks.cu_seq_q, block_size=self.block_size,
                              topk=attention_masks.topk[self.layer], backend=self.backend)
+        if BUDGET_LOG.rows is not None:
+            BUDGET_LOG.rows.append({**BUDGET_LOG.context, "layer": self.layer, "tokens": n,
+                                    "topk": attention_masks.topk[self.layer].tolist()})
         if n < L:  # the pad document: no attention, zero output
             out = torch.cat([out, out.new_zeros((L - n,) + tuple(out.shape[1:]))])
         return out.unsqueeze(0)

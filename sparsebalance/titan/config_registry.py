@@ -20,18 +20,18 @@ from sparsebalance.titan.compat import import_torchtitan
 
 import_torchtitan()
 
-from torchtitan.components.checkpoint import CheckpointManager  # noqa: E402
-from torchtitan.components.loss import CrossEntropyLoss  # noqa: E402
-from torchtitan.components.metrics import MetricsProcessor  # noqa: E402
-from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw  # noqa: E402
-from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig  # noqa: E402
+from torchtitan.components.checkpoint import CheckpointManager
+from torchtitan.components.loss import CrossEntropyLoss
+from torchtitan.components.metrics import MetricsProcessor
+from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
+from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
 
-from sparsebalance.simulator.config import tiny  # noqa: E402
-from sparsebalance.titan.loader import SparseBalanceLoader  # noqa: E402
-from sparsebalance.titan.model import qwen3_spec  # noqa: E402
-from sparsebalance.titan.setup import stage_modules  # noqa: E402
-from sparsebalance.titan.tokenizer import ByteTokenizer  # noqa: E402
-from sparsebalance.titan.trainer import SparseBalanceTrainer  # noqa: E402
+from sparsebalance.simulator.config import tiny
+from sparsebalance.titan.loader import SparseBalanceLoader
+from sparsebalance.titan.model import qwen3_spec
+from sparsebalance.titan.setup import stage_modules
+from sparsebalance.titan.tokenizer import ByteTokenizer
+from sparsebalance.titan.trainer import SparseBalanceTrainer
 
 SLOT = 2048
 SLOTS = 4

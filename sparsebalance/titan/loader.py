@@ -32,13 +32,13 @@ from sparsebalance.titan.compat import import_torchtitan
 
 import_torchtitan()
 
-import torch  # noqa: E402
-import tyro  # noqa: E402
-from torchtitan.components.dataloader import BaseDataLoader  # noqa: E402
+import torch
+import tyro
+from torchtitan.components.dataloader import BaseDataLoader
 
-from sparsebalance.kernels.qwen2 import IGNORE_INDEX, pack  # noqa: E402
-from sparsebalance.simulator.plan import Budgets, MicroBatch, Plan  # noqa: E402
-from sparsebalance.titan.setup import TitanSetup  # noqa: E402
+from sparsebalance.kernels.qwen2 import IGNORE_INDEX, pack
+from sparsebalance.simulator.plan import Budgets, MicroBatch, Plan
+from sparsebalance.titan.setup import TitanSetup
 
 
 class StepPlanner:

@@ -17,7 +17,8 @@ Two modes, chosen by the pipeline degree:
   ``local_batch_size`` (x gradient-accumulation steps) per DP rank.
 * **FSDP** (no PP): each gradient-accumulation step is one micro-batch of any length
   (``local_batch_size = 1``, one packed row), so micro-batches stay variable; the plan holds
-  ``global_batch / (dp x steps)`` documents in each.
+  ``global_batch / (dp x steps)`` documents in each. A run config that sets ``policy.slot_tokens``
+  (= ``training.seq_len``) gets fixed slots here too (a single process replaying PP's plan).
 """
 
 from __future__ import annotations
@@ -45,7 +46,10 @@ class TitanSetup:
     microbatches: int
     """Micro-batches per DP rank per step (what the trainer consumes, in order)."""
     pipeline: bool
-    """Pipeline parallel (fixed slots) or not (variable micro-batches)."""
+    """Pipeline parallel (then always fixed slots)."""
+    slots: bool
+    """Fixed slots of ``training.seq_len`` tokens (under PP; without PP where the run config sets
+    ``policy.slot_tokens``), else micro-batches of any length."""
     dp_rank: int = 0
 
 
@@ -90,6 +94,8 @@ def resolve(job: Any, world_size: int | None = None, *, check_data: bool = True)
     dp = world // pp
     steps = _accumulation(tr, dp)
     pipeline = pp > 1
+    policy = base.policy
+    slots = pipeline or policy.slot_tokens is not None
     if pipeline:
         sched = SCHEDULES.get(par.pipeline_parallel_schedule)
         if sched is None:
@@ -98,33 +104,38 @@ def resolve(job: Any, world_size: int | None = None, *, check_data: bool = True)
         if par.pipeline_parallel_microbatch_size != 1:
             raise ConfigError("parallelism.pipeline_parallel_microbatch_size: must be 1 (a micro-batch "
                               f"is one packed row), got {par.pipeline_parallel_microbatch_size}")
-        m = tr.local_batch_size * steps
         want = stage_modules(model.layers, pp)
         if par.module_fqns_per_model_part != want:
             raise ConfigError(f"parallelism.module_fqns_per_model_part: must be {want} (the stages the "
                               "latency model prices: sparsebalance.titan.setup.stage_modules)")
+        m = tr.local_batch_size * steps
     else:
         sched = "1f1b"
         if tr.local_batch_size != 1:
             raise ConfigError("training.local_batch_size: must be 1 without pipeline parallelism (a "
-                              f"micro-batch is one packed row of any length), got {tr.local_batch_size}")
+                              f"micro-batch is one packed row), got {tr.local_batch_size}")
         m = steps
     docs = base.cluster.global_batch
-    if docs % (dp * m) and not pipeline:
-        raise ConfigError(f"cluster.global_batch: {docs} documents do not split into dp x micro-batches "
-                          f"= {dp} x {m} (FSDP: every micro-batch holds the same number of documents)")
-    if pipeline and docs < dp * m:
-        raise ConfigError(f"cluster.global_batch: {docs} documents cannot fill the {dp} x {m} slots of a step")
-    cluster = replace(base.cluster, pp=pp, dp=dp, schedule=sched,
-                      micro_batch_size=1 if pipeline else docs // (dp * m))
-    policy = base.policy
-    if pipeline:  # PolicyConfig checks that the policies can pack and tune fixed slots
+    if slots:
+        if policy.slot_tokens not in (None, tr.seq_len):
+            raise ConfigError(f"policy.slot_tokens: the slot is training.seq_len ({tr.seq_len}); leave it "
+                              f"unset or equal, got {policy.slot_tokens}")
+        if docs < dp * m:
+            raise ConfigError(f"cluster.global_batch: {docs} documents cannot fill the {dp} x {m} slots of a step")
+        # PolicyConfig checks that the policies can pack and tune fixed slots
         policy = replace(policy, slot_tokens=tr.seq_len, min_microbatches=m, token_cap=None)
-    elif policy.slot_tokens is not None or policy.token_cap is not None:
-        raise ConfigError("policy.slot_tokens / token_cap: without pipeline parallelism the micro-batches "
-                          "are the plan's, of any length; leave both unset")
+        mbs = 1
+    else:
+        if policy.token_cap is not None:
+            raise ConfigError("policy.token_cap: without pipeline parallelism each micro-batch holds "
+                              "global_batch / (dp x micro-batches) documents; leave it unset")
+        if docs % (dp * m):
+            raise ConfigError(f"cluster.global_batch: {docs} documents do not split into dp x micro-batches "
+                              f"= {dp} x {m} (every micro-batch holds the same number of documents)")
+        mbs = docs // (dp * m)
+    cluster = replace(base.cluster, pp=pp, dp=dp, schedule=sched, micro_batch_size=mbs)
     run = replace(base, model=model, cluster=cluster, policy=policy)
-    setup = TitanSetup(run=run, microbatches=m, pipeline=pipeline)
+    setup = TitanSetup(run=run, microbatches=m, pipeline=pipeline, slots=slots)
     if check_data:
         check_documents(setup)
     return setup

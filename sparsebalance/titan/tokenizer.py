@@ -10,7 +10,7 @@ from sparsebalance.titan.compat import import_torchtitan
 
 import_torchtitan()
 
-from torchtitan.components.tokenizer import BaseTokenizer  # noqa: E402
+from torchtitan.components.tokenizer import BaseTokenizer
 
 
 class ByteTokenizer(BaseTokenizer):

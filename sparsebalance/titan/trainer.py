@@ -28,11 +28,11 @@ from sparsebalance.titan.compat import gloo_fsdp, import_torchtitan, schedule_st
 
 import_torchtitan()
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torchtitan.trainer import Trainer  # noqa: E402
+import torch
+import torch.distributed as dist
+from torchtitan.trainer import Trainer
 
-from sparsebalance.titan.attention import moba_metadata  # noqa: E402
+from sparsebalance.titan.attention import BUDGET_LOG, moba_metadata
 
 TRACE_COLUMNS = ("iteration", "dp_rank", "stage", "microbatch", "op", "start_s", "end_s", "tokens", "budget")
 
@@ -40,8 +40,9 @@ TRACE_COLUMNS = ("iteration", "dp_rank", "stage", "microbatch", "op", "start_s",
 @dataclass(kw_only=True, slots=True)
 class SparseBalanceOptions:
     measure: bool = False
-    """Write a measured trace (``trace_rank<R>.csv``) and the per-step losses (``losses.json``) to the
-    dump folder."""
+    """Write a measured trace (``trace_rank<R>.csv``) to the dump folder."""
+    record_budgets: bool = False
+    """Write what every MoBA layer ran at, per (step, stage, micro-batch) (``budgets_rank<R>.json``)."""
 
 
 class SparseBalanceTrainer(Trainer):
@@ -70,7 +71,10 @@ class SparseBalanceTrainer(Trainer):
         self._dp_rank = self.dataloader.dp_rank
         self._pp_rank = self.parallel_dims.get_mesh("pp").get_local_rank() if self.parallel_dims.pp_enabled else 0
         self._mb_info: list[tuple[int, float]] = []
-        if self._measure and self.parallel_dims.pp_enabled:
+        self._record = config.sparsebalance.record_budgets
+        if self._record:
+            BUDGET_LOG.rows = []
+        if (self._measure or self._record) and self.parallel_dims.pp_enabled:
             for stage in schedule_stages(self.pp_schedule):
                 self._time_stage(stage)
         if self._measure:
@@ -117,6 +121,7 @@ class SparseBalanceTrainer(Trainer):
         return torch.tensor([-1.0], device=self.device)
 
     def _forward_backward_body(self, inputs, labels, global_valid_tokens, extra_kwargs):
+        BUDGET_LOG.context = {"step": self.step, "stage": 0, "microbatch": len(self._mb_info) - 1}
         if not self._measure:
             loss = super()._forward_backward_body(inputs, labels, global_valid_tokens, extra_kwargs)
         else:  # the same steps as torchtitan's body, F and B timed apart
@@ -150,6 +155,7 @@ class SparseBalanceTrainer(Trainer):
         fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
 
         def forward_one_chunk(fwd_chunk_id, *a, **k):
+            BUDGET_LOG.context = {"step": self.step, "stage": stage.stage_index, "microbatch": fwd_chunk_id}
             t = time.perf_counter()
             out = fwd(fwd_chunk_id, *a, **k)
             self._row(fwd_chunk_id, "F", t, stage=stage.stage_index)
@@ -166,6 +172,8 @@ class SparseBalanceTrainer(Trainer):
 
     def _row(self, mb: int, op: str, start: float, *, stage: int = 0) -> None:
         end = time.perf_counter()
+        if not self._measure:
+            return
         tokens, budget = self._mb_info[mb] if 0 <= mb < len(self._mb_info) else (0, float("nan"))
         self.sb_rows.append({"iteration": self.step - 1, "dp_rank": self._dp_rank, "stage": stage,
                              "microbatch": mb, "op": op, "start_s": start - self._t0,
@@ -179,6 +187,10 @@ class SparseBalanceTrainer(Trainer):
             out.mkdir(parents=True, exist_ok=True)
             pd.DataFrame(self.sb_rows, columns=list(TRACE_COLUMNS)).to_csv(
                 out / f"trace_rank{self._rank}.csv", index=False)
+        if self._record and BUDGET_LOG.rows:
+            out = Path(self.config.dump_folder)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"budgets_rank{self._rank}.json").write_text(json.dumps(BUDGET_LOG.rows))
         if self._rank == 0 and self.sb_losses:
             out = Path(self.config.dump_folder)
             out.mkdir(parents=True, exist_ok=True)

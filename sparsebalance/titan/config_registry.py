@@ -47,7 +47,7 @@ def _base(*, pp: int, dp_shard: int, local_batch: int, global_batch: int, seq_le
         metrics=MetricsProcessor.Config(log_freq=1),
         dataloader=SparseBalanceLoader.Config(run_config="titan-cpu"),
         optimizer=default_adamw(lr=1e-3),
-        lr_scheduler=LRSchedulersContainer.Config(warmup_steps=1, decay_ratio=None),
+        lr_scheduler=LRSchedulersContainer.Config(warmup_steps=1, total_steps=100),  # steps-independent
         training=TrainingConfig(local_batch_size=local_batch, global_batch_size=global_batch,
                                 seq_len=seq_len, steps=steps, dtype="float32",
                                 mixed_precision_param="float32", disable_cuda_graphs=True, gc_freq=1000),
@@ -56,7 +56,7 @@ def _base(*, pp: int, dp_shard: int, local_batch: int, global_batch: int, seq_le
             pipeline_parallel_microbatch_size=1, data_parallel_shard_degree=dp_shard,
             module_fqns_per_model_part=stage_modules(model.layers, pp) if pp > 1 else None,
             spmd_backend="partial_dtensor"),
-        checkpoint=CheckpointManager.Config(enable=False, interval=1, last_save_model_only=False),
+        checkpoint=CheckpointManager.Config(enable=False, interval=500, last_save_model_only=False),
         activation_checkpoint=None,
         compile=CompileConfig(enable=False),
     )

@@ -2,8 +2,8 @@
 
 What it changes, and nothing else:
 
-* ``Config.__post_init__`` resolves the SparseBalance side of the job (:func:`setup.resolve`: model,
-  mesh, slots, policies) and hands it to the loader.
+* ``__init__`` resolves the SparseBalance side of the job (:func:`setup.resolve`: model, mesh,
+  slots, policies) and hands it to the loader before torchtitan builds it.
 * ``post_dataloading_process`` turns the loader's ``moba_cu_seqlens`` / ``moba_topk`` into the
   micro-batch's :class:`~sparsebalance.titan.attention.MobaMetadata` (its ``attention_masks``), which
   torchtitan forwards with the micro-batch's other keyword arguments, to every pipeline stage.
@@ -52,14 +52,11 @@ class SparseBalanceTrainer(Trainer):
     class Config(Trainer.Config):
         sparsebalance: SparseBalanceOptions = field(default_factory=SparseBalanceOptions)
 
-        def __post_init__(self) -> None:
-            Trainer.Config.__post_init__(self)
-            if self.model_spec is not None and hasattr(self.dataloader, "setup"):
-                from sparsebalance.titan.setup import resolve
-
-                self.dataloader.setup = resolve(self, check_data=False)
-
     def __init__(self, config: Config) -> None:
+        from sparsebalance.titan.setup import resolve
+
+        # the job as parsed (command-line overrides included), on this world: what the loader plans
+        config.dataloader.setup = resolve(config, check_data=False)
         super().__init__(config)
         gloo_fsdp(self.model_parts)
         self.sb_losses: list[float] = []

@@ -1,0 +1,94 @@
+"""Start a torchtitan job of ours (``torchrun --standalone ... -m sparsebalance.titan.train``) and read
+what it wrote: the per-step losses, the measured trace and the budgets each MoBA layer ran at.
+
+The job is checked first in this process (:func:`check_job`: the torchtitan config parsed as
+torchrun's workers will parse it, then :func:`setup.resolve` with the documents), so a bad input is
+one line and exit code 2 before any process starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparsebalance.errors import ConfigError, HostError
+
+
+@dataclass(slots=True)
+class JobResult:
+    dump: Path
+    """The job's dump folder."""
+    losses: list[float]
+    """Global token-mean loss of each step run (rank 0's ``losses.json``)."""
+    first_step: int
+    """The step of ``losses[0]`` (after a resume: the restored step + 1)."""
+
+    def trace(self):
+        """The measured trace of every rank (``trace_rank<R>.csv``), concatenated."""
+        import pandas as pd
+
+        files = sorted(self.dump.glob("trace_rank*.csv"))
+        if not files:
+            raise HostError(f"titan: no measured trace in {self.dump} (run with --sparsebalance.measure)")
+        return pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
+
+    def budgets(self) -> list[dict]:
+        """What every MoBA layer ran at, all ranks (``budgets_rank<R>.json``), tagged rows only."""
+        rows = []
+        for f in sorted(self.dump.glob("budgets_rank*.json")):
+            rows += [r for r in json.loads(f.read_text()) if "step" in r]
+        return rows
+
+
+def parse_job(config: str, overrides: list[str], module: str = "sparsebalance.titan") -> Any:
+    """The torchtitan job config as its workers will see it (``--module``/``--config`` + overrides)."""
+    from sparsebalance.titan.compat import import_torchtitan
+
+    import_torchtitan()
+    from torchtitan.config import ConfigManager
+
+    try:
+        return ConfigManager().parse_args(["--module", module, "--config", config, *overrides])
+    except SystemExit as e:  # tyro's own usage error, already printed
+        raise ConfigError(f"titan: the torchtitan config {config!r} with {overrides} does not parse") from e
+    except (ValueError, ImportError, AttributeError) as e:
+        raise ConfigError(f"titan: {e}") from None
+
+
+def check_job(config: str, nproc: int, overrides: list[str]):
+    """Every check the job's workers would make, here: returns the resolved :class:`TitanSetup`."""
+    from sparsebalance.titan.setup import resolve
+
+    job = parse_job(config, overrides)
+    return resolve(job, world_size=nproc)
+
+
+def run_job(config: str, nproc: int, dump: Path, overrides: list[str] = (), *, timeout_s: float = 900,
+            check: bool = True, log: Path | None = None) -> JobResult:
+    """Run the job on ``nproc`` processes (gloo on a CPU, one thread each), writing to ``dump``."""
+    dump = Path(dump).resolve()
+    overrides = [*overrides, "--dump_folder", str(dump)]
+    if check:
+        check_job(config, nproc, overrides)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "sparsebalance.titan.train", "--module", "sparsebalance.titan", "--config", config,
+           *overrides]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    dump.mkdir(parents=True, exist_ok=True)
+    log = log or dump / "job.log"
+    with open(log, "w") as f:
+        try:
+            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise HostError(f"titan: the job did not finish in {timeout_s:.0f} s (log: {log})") from None
+    if proc.returncode != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()
+        last = next((ln for ln in reversed(tail) if "Error" in ln), tail[-1] if tail else "")
+        raise HostError(f"titan: the job exited {proc.returncode}: {last.strip()} (log: {log})")
+    got = json.loads((dump / "losses.json").read_text())
+    return JobResult(dump=dump, losses=list(got["losses"]), first_step=int(got["first_step"]))

@@ -90,5 +90,6 @@ def run_job(config: str, nproc: int, dump: Path, overrides: list[str] = (), *, t
         tail = log.read_text(errors="replace").strip().splitlines()
         last = next((ln for ln in reversed(tail) if "Error" in ln), tail[-1] if tail else "")
         raise HostError(f"titan: the job exited {proc.returncode}: {last.strip()} (log: {log})")
-    got = json.loads((dump / "losses.json").read_text())
+    path = dump / "losses.json"  # none where no step ran (a seed checkpoint)
+    got = json.loads(path.read_text()) if path.is_file() else {"losses": [], "first_step": 0}
     return JobResult(dump=dump, losses=list(got["losses"]), first_step=int(got["first_step"]))

@@ -61,6 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "path computes it, collectives excluded (default 1: none)")
     p.add_argument("--cp-layout", default="zigzag", choices=CP_LAYOUTS,
                    help="layout of the --cp group (default zigzag)")
+    p.add_argument("--trainer", default="realrun", choices=("realrun", "torchtitan"),
+                   help="whose model pieces to time: realrun's HF Qwen2 (default) or torchtitan's Qwen3 "
+                        "(sparsebalance.titan, extra [titan]: no QKV bias, QK norm)")
     p.add_argument("--concurrency", type=positive_int, default=1,
                    help="CPU: run this many copies of the measurement at once (the real run's "
                         "processes per host, pp x dp) and record the median over copies")
@@ -83,6 +86,14 @@ def run(args: argparse.Namespace) -> int:
         model = load_run_config(args.config).model
     if args.block_size is not None:
         model = replace(model, block_size=args.block_size)
+    bench = ""
+    if args.trainer == "torchtitan":
+        from sparsebalance.errors import check
+
+        check(args.tp == 1 and args.cp == 1, "--trainer", "torchtitan profiles are measured at tp 1, cp 1")
+        from sparsebalance.titan.profile import BENCH
+
+        model, bench = replace(model, qkv_bias=False), BENCH  # Qwen3's projections have no bias
     from sparsebalance.kernels.measure import tp_shard
 
     tp_shard(model, args.tp)  # a --tp that does not divide the model is refused before any work
@@ -101,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     grid = ProfileGrid(repeats=args.repeats, warmup=args.warmup, threads=args.threads,
                        statistic=args.statistic, tp_plan=args.tp > 1, cp=args.cp, cp_layout=args.cp_layout,
-                       device=args.device, dtype=dtype, **kw)
+                       device=args.device, dtype=dtype, bench=bench, **kw)
     # before measuring: a bad --out must not cost the measurement
     out_dir = resolve_out(args.out, args.out, force=args.force, verb="profile",
                           ours=lambda p: {c.name for c in p.iterdir()} <= {"profile.csv", "profile.json"})

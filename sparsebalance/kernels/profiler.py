@@ -73,6 +73,11 @@ class ProfileGrid:
     """Context-parallel degree of the ``attn_*_cp`` rows (1: none measured)."""
     cp_layout: str = "zigzag"
     """Layout of the CP group the ``attn_*_cp`` rows are measured on."""
+    bench: str = ""
+    """``"module:Class"`` of a :class:`Bench` subclass that builds the timed pieces instead of HF
+    Qwen2's (``sparsebalance.titan.profile:TitanBench``: torchtitan's Qwen3 block, for
+    ``profile --trainer torchtitan``); "" = :class:`Bench`. A name, not a class: the profile's copies
+    run in spawned processes, and kernels/ imports no trainer of its own."""
     statistic: str = "mean"
     """What a point records over its repeats: mean (default) or median. The simulator adds
     durations, and expected values add; on a shared CPU a few calls in ten take 2-3x longer
@@ -150,8 +155,26 @@ def _null_core_fn() -> Any:
     return core
 
 
+def bench_class(grid: ProfileGrid) -> type:
+    """The :class:`Bench` (sub)class ``grid.bench`` names."""
+    if not grid.bench:
+        return Bench
+    import importlib
+
+    module, _, name = grid.bench.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"bench: cannot load {grid.bench!r} ({e})") from None
+    check(isinstance(cls, type) and issubclass(cls, Bench), "bench", f"{grid.bench!r} is not a Bench")
+    return cls
+
+
 class Bench:
     """Builders of each op's timed closures for one model preset on one device."""
+
+    LAYER = "one HF Qwen2DecoderLayer with a zero-cost attention core"
+    """What ``layer_*`` rows time (the profile sidecar's ``how``)."""
 
     def __init__(self, model: ModelConfig, grid: ProfileGrid):
         import torch
@@ -327,7 +350,7 @@ def _measure(model: ModelConfig, grid: ProfileGrid, progress: bool, barrier: Any
 
     if grid.device == "cpu":
         steady_allocator()  # the allocator state realrun's CPU workers run in
-    bench = Bench(model, grid)
+    bench = bench_class(grid)(model, grid)
     items = [it for job in _jobs(grid, model.block_size) for it in bench.items(*job)]
     for _, fn, setup in items:
         for _ in range(grid.warmup):

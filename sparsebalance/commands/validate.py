@@ -47,7 +47,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         positive_int,
     )
 
-    add_config(p, help="run config (TOML or JSON) with a [realrun] table", positional=True)
+    add_config(p, help="run config (TOML or JSON) with a [realrun] table; with --trainer torchtitan a "
+                       "preset of sparsebalance.titan.config_registry", positional=True)
+    p.add_argument("--trainer", default="realrun", choices=("realrun", "torchtitan"),
+                   help="who executes the runs: realrun (default) or torchtitan's own trainer "
+                        "(sparsebalance.titan, extra [titan]; baseline lbb + fixed in the same slots)")
+    p.add_argument("--nproc", type=positive_int, default=2,
+                   help="--trainer torchtitan: processes of the job (default 2)")
     p.add_argument("--json", action="store_true", help="print one JSON object (stdout) only")
     p.add_argument("--iterations", type=positive_int, default=None,
                    help="iterations per run (default: the config's)")
@@ -59,7 +65,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "was disturbed, at most this many more times (default 2; 0 = never)")
     add_out(p, "<output_dir>/validate-<name>")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, e.g. --set data.max_length=1024 (repeatable)")
+                   help="override a config value, e.g. --set data.max_length=1024 (repeatable); with "
+                        "--trainer torchtitan a torchtitan field, e.g. --set training.steps=8")
     p.add_argument("--allow-nonmonotone", action="store_true",
                    help="use a profile whose latency falls as work grows (a warning lists the points)")
     p.add_argument("--master-port", type=port, default=None,
@@ -128,6 +135,10 @@ def replay_side(cfg, policy: str, round_: int, run_dir: Path):
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.trainer == "torchtitan":
+        from sparsebalance.commands import validate_titan
+
+        return validate_titan.run(args)
     import dataclasses
 
     import pandas as pd

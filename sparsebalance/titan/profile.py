@@ -23,7 +23,7 @@ class TitanBench(Bench):
     LAYER = ("one torchtitan Qwen3TransformerBlock (fused QKV, QK norm, SwiGLU) with a zero-cost "
              "attention core")
 
-    def __init__(self, model: ModelConfig, grid: ProfileGrid) -> None:  # noqa: D107 (Bench's)
+    def __init__(self, model: ModelConfig, grid: ProfileGrid) -> None:
         import_torchtitan()
         import torch
 

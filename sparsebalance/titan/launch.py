@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sparsebalance.errors import ConfigError, HostError
+from sparsebalance.procutil import descendants, end_processes
 
 
 @dataclass(slots=True)
@@ -82,10 +83,16 @@ def run_job(config: str, nproc: int, dump: Path, overrides: list[str] = (), *, t
     dump.mkdir(parents=True, exist_ok=True)
     log = log or dump / "job.log"
     with open(log, "w") as f:
+        # its own process group: torchrun and its workers end together, whatever ends this call
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
-            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=timeout_s)
+            proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             raise HostError(f"titan: the job did not finish in {timeout_s:.0f} s (log: {log})") from None
+        finally:
+            if proc.poll() is None:
+                end_processes([proc.pid, *descendants(proc.pid)], groups=[proc.pid])
+                proc.wait()
     if proc.returncode != 0:
         tail = log.read_text(errors="replace").strip().splitlines()
         last = next((ln for ln in reversed(tail) if "Error" in ln), tail[-1] if tail else "")

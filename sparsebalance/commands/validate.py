@@ -141,16 +141,13 @@ def run(args: argparse.Namespace) -> int:
         return validate_titan.run(args)
     import dataclasses
 
-    import pandas as pd
-
     from sparsebalance.analysis import validate as V
-    from sparsebalance.analysis.compare import speedup_table
     from sparsebalance.analysis.disturbance import run_cores
     from sparsebalance.calibrate import Prober
     from sparsebalance.commands._args import finish_outputs, resolve_out, take_positional_config
     from sparsebalance.commands._calibrate import save_calibrated
     from sparsebalance.commands._hostload import host_cores
-    from sparsebalance.commands._rounds import LaunchFailed, run_rounds, tries_record
+    from sparsebalance.commands._rounds import LaunchFailed, run_rounds
     from sparsebalance.commands.train import validate_for_launch
     from sparsebalance.errors import ConfigError
     from sparsebalance.realrun.config import world_size
@@ -195,23 +192,24 @@ def run(args: argparse.Namespace) -> int:
     sides = [replay_side(dataclasses.replace(c, profile=calibrated.profile), name, r, run_dir)
              for name, r, c, run_dir in done]
     sides.sort(key=lambda sd: (sd.policy != base_label, sd.round))
-    kw = {"warmup_excluded": warmup_excluded}
-    tables = {
-        "iterations": pd.concat([V.iteration_table(s, **kw) for s in sides], ignore_index=True),
-        "stages": pd.concat([V.stage_table(s, **kw) for s in sides], ignore_index=True),
-        "ops": pd.concat([V.op_table(s, **kw) for s in sides], ignore_index=True),
-        "actions": pd.concat([V.action_table(s, **kw) for s in sides], ignore_index=True),
-        "runs": V.run_table(sides, loads, **kw),
-    }
-    tables["op_summary"] = V.op_summary(tables["ops"])
-    its = tables["iterations"]
-    tables["speedup"] = speedup_table(its[~its["warmup"]], base_label)
-    summary = V.headline(its, base_label, label, **kw)
+    tables, summary = V.tables_and_headline(sides, loads, base_label, label, warmup_excluded=warmup_excluded)
     dirs = {name: [d for n, _, _, d in done if n == name] for name in (base_label, label)}
     summary.update(_uncertainty(calibrated, out, summary, calibration, dirs, base_label, label,
                                 warmup_excluded))
     summary["calibration"] = calibration
-    summary["host"] = {**V.host_summary(tables["runs"]), "run_cores": cores, "host_cores": hc}
+    return finish(args, out, tables, summary, chosen=chosen, tries=tries, prober=prober, cores=cores,
+                  host_cores=hc, title=f"{cfg.name}: {label} vs {base_label} (profile {cfg.profile}"
+                                      f"{', calibrated here' if calibration.get('applied') else ''})")
+
+
+def finish(args, out: Path, tables: dict, summary: dict, *, chosen, tries, prober, cores: int,
+           host_cores: int, title: str) -> int:
+    """The end every validate call shares (realrun's and torchtitan's): the rounds' verdict and host
+    in the summary, the tables, ``summary.json``, the figure, the report (or one JSON object)."""
+    from sparsebalance.analysis import validate as V
+    from sparsebalance.commands._rounds import tries_record
+
+    summary["host"] = {**V.host_summary(tables["runs"]), "run_cores": cores, "host_cores": host_cores}
     summary.update(chosen.verdict.to_dict())
     summary["rounds_dropped"] = chosen.dropped
     summary["retries"] = args.retries
@@ -221,9 +219,7 @@ def run(args: argparse.Namespace) -> int:
     for name, t in tables.items():
         t.to_csv(out / f"{name}.csv", index=False)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    V.plot_validation(its, tables["speedup"], out / "validate.png",
-                      title=f"{cfg.name}: {label} vs {base_label} (profile {cfg.profile}"
-                            f"{', calibrated here' if calibration.get('applied') else ''})")
+    V.plot_validation(tables["iterations"], tables["speedup"], out / "validate.png", title=title)
     if args.json:
         print(json.dumps(summary, default=str))
     else:

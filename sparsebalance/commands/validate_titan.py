@@ -17,8 +17,6 @@ before any process starts: a bad input is one line, exit code 2. The profile is 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -55,15 +53,13 @@ def _variant(setup, policy: dict, out: Path, label: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import pandas as pd
-
     from sparsebalance.analysis import validate as V
-    from sparsebalance.analysis.compare import speedup_table
     from sparsebalance.analysis.disturbance import run_cores
     from sparsebalance.calibrate import Prober
     from sparsebalance.commands._args import finish_outputs, resolve_out, take_positional_config
     from sparsebalance.commands._hostload import HostLoad, host_cores
-    from sparsebalance.commands._rounds import LaunchFailed, run_rounds, tries_record
+    from sparsebalance.commands._rounds import LaunchFailed, run_rounds
+    from sparsebalance.commands.validate import finish
     from sparsebalance.errors import ConfigError, HostError
     from sparsebalance.titan.launch import check_job, run_job
     from sparsebalance.titan.measure import measured, replay
@@ -119,41 +115,15 @@ def run(args: argparse.Namespace) -> int:
             sides.append(V.Side(policy=name, round=t.round, predicted_metrics=pm, measured_metrics=mm,
                                 predicted_trace=pt, measured_trace=mt))
     sides.sort(key=lambda sd: (sd.policy != base_label, sd.round))
-    kw = {"warmup_excluded": steps > 1}
     loads = [ld for t in chosen.kept for ld in t.payload.loads]
-    tables = {
-        "iterations": pd.concat([V.iteration_table(s, **kw) for s in sides], ignore_index=True),
-        "stages": pd.concat([V.stage_table(s, **kw) for s in sides], ignore_index=True),
-        "ops": pd.concat([V.op_table(s, **kw) for s in sides], ignore_index=True),
-        "actions": pd.concat([V.action_table(s, **kw) for s in sides], ignore_index=True),
-        "runs": V.run_table(sides, loads, **kw),
-    }
-    tables["op_summary"] = V.op_summary(tables["ops"])
-    its = tables["iterations"]
-    tables["speedup"] = speedup_table(its[~its["warmup"]], base_label)
-    summary = V.headline(its, base_label, label, **kw)
+    tables, summary = V.tables_and_headline(sides, loads, base_label, label, warmup_excluded=steps > 1)
     summary["trainer"] = "torchtitan"
     summary["preset"] = preset
     summary["nproc"] = nproc
     summary["profile"] = setup.run.profile
-    summary["host"] = {**V.host_summary(tables["runs"]), "run_cores": cores, "host_cores": hc}
-    summary.update(chosen.verdict.to_dict())
-    summary["rounds_dropped"] = chosen.dropped
-    summary["round_tries"] = tries_record(tries, chosen, prober.scales())
-    summary["load_average"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    summary["out"] = str(out)
-    for name, t in tables.items():
-        t.to_csv(out / f"{name}.csv", index=False)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    V.plot_validation(its, tables["speedup"], out / "validate.png",
-                      title=f"torchtitan {preset}: {label} vs {base_label} (profile {setup.run.profile})")
-    if args.json:
-        print(json.dumps(summary, default=str))
-    else:
-        from sparsebalance.commands._validate_report import print_report
-
-        print_report(out, tables, summary)
-    return 0
+    return finish(args, out, tables, summary, chosen=chosen, tries=tries, prober=prober, cores=cores,
+                  host_cores=hc, title=f"torchtitan {preset}: {label} vs {base_label} "
+                                      f"(profile {setup.run.profile})")
 
 
 def parse_steps(preset: str, overrides: list[str]) -> int:

@@ -177,18 +177,12 @@ class Bench:
     """What ``layer_*`` rows time (the profile sidecar's ``how``)."""
 
     def __init__(self, model: ModelConfig, grid: ProfileGrid):
-        import torch
         from transformers import AttentionInterface
 
         from sparsebalance.kernels.qwen2 import build_qwen2_pieces
         from sparsebalance.kernels.qwen2_init import pieces
 
-        self.torch = torch
-        self.model, self.grid = model, grid
-        self.dev = torch.device(grid.device)
-        self.dtype = getattr(torch, grid.dtype)
-        if grid.device == "cpu":
-            torch.set_num_threads(grid.threads)
+        self._common(model, grid)
         AttentionInterface.register(NULL_CORE, _null_core_fn())
         # only what is timed: layer 0, the embedding, final norm and LM head, made on the device (the
         # other layers stay on the meta device: a 3B model's 36 layers would cost ~20 s of CPU init)
@@ -197,6 +191,18 @@ class Bench:
         self.net.config._attn_implementation = NULL_CORE
         self.layer = self.net.model.layers[0]
         self.own_group = _tp_plan_on_one_rank(self.layer, grid.device) if grid.tp_plan else False
+
+    def _common(self, model: ModelConfig, grid: ProfileGrid) -> None:
+        """What every bench sets up: device, dtype, threads, timer and the seeded generator."""
+        import torch
+
+        self.torch = torch
+        self.model, self.grid = model, grid
+        self.dev = torch.device(grid.device)
+        self.dtype = getattr(torch, grid.dtype)
+        if grid.device == "cpu":
+            torch.set_num_threads(grid.threads)
+        self.own_group = False
         self.timer = Timer(device=grid.device, repeats=grid.repeats, warmup=grid.warmup,
                            statistic=grid.statistic)
         self.gen = torch.Generator(device=self.dev).manual_seed(grid.seed)
@@ -282,9 +288,13 @@ class Bench:
         return [(fwd, None), (lambda y: y.backward(dy), fwd),
                 *self._split(fwd, [dy], [x], list(self.layer.parameters()))]
 
+    def pieces(self) -> tuple[Any, Any, Any]:
+        """(embedding, final norm, LM head) modules of the timed model."""
+        return self.net.model.embed_tokens, self.net.model.norm, self.net.lm_head
+
     def _embed(self, tokens: int, _: int) -> list:
         ids = self.torch.randint(0, self.model.vocab, (1, tokens), generator=self.gen, device=self.dev)
-        emb = self.net.model.embed_tokens
+        emb = self.pieces()[0]
         dy = self._randn(1, tokens, self.model.hidden)
         return [(lambda _=None: emb(ids), None), (lambda y: y.backward(dy), lambda: emb(ids))]
 
@@ -293,11 +303,12 @@ class Bench:
 
         labels = self.torch.randint(0, self.model.vocab, (1, tokens), generator=self.gen, device=self.dev)
         h = self._randn(1, tokens, self.model.hidden, grad=True)
+        _, norm, head = self.pieces()
 
         def fwd(_: Any = None) -> Any:
-            return lm_loss_sum(self.net.lm_head(self.net.model.norm(h)), labels)
+            return lm_loss_sum(head(norm(h)), labels)
 
-        params = [*self.net.model.norm.parameters(), *self.net.lm_head.parameters()]
+        params = [*norm.parameters(), *head.parameters()]
         return [(fwd, None), (lambda loss: loss.backward(), fwd), *self._split(fwd, None, [h], params)]
 
     def _optim(self, params: int, _: int) -> list:

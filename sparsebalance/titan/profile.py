@@ -27,15 +27,9 @@ class TitanBench(Bench):
         import_torchtitan()
         import torch
 
-        from sparsebalance.kernels.profiler import Timer
         from sparsebalance.titan.model import qwen3_spec
 
-        self.torch = torch
-        self.model, self.grid = model, grid
-        self.dev = torch.device(grid.device)
-        self.dtype = getattr(torch, grid.dtype)
-        if grid.device == "cpu":
-            torch.set_num_threads(grid.threads)
+        self._common(model, grid)
         torch.manual_seed(grid.seed)
         with torch.device("meta"):
             net = qwen3_spec(replace(model, layers=1), rope_max_seq_len=max(max(grid.tokens), 4096)).model.build()
@@ -44,12 +38,7 @@ class TitanBench(Bench):
             net.init_weights(buffer_device=None)
         self.net = net.to(self.dtype)
         self.layer = net.layers["0"]
-        null = _NullInner()
-        self.layer.attention.inner_attention = null
-        self.own_group = False
-        self.timer = Timer(device=grid.device, repeats=grid.repeats, warmup=grid.warmup,
-                           statistic=grid.statistic)
-        self.gen = torch.Generator(device=self.dev).manual_seed(grid.seed)
+        self.layer.attention.inner_attention = _NullInner()
 
     def _layer(self, tokens: int, _: int) -> list:
         torch = self.torch
@@ -63,23 +52,8 @@ class TitanBench(Bench):
         return [(fwd, None), (lambda y: y.backward(dy), fwd),
                 *self._split(fwd, [dy], [x], list(self.layer.parameters()))]
 
-    def _embed(self, tokens: int, _: int) -> list:
-        ids = self.torch.randint(0, self.model.vocab, (1, tokens), generator=self.gen, device=self.dev)
-        emb = self.net.tok_embeddings
-        dy = self._randn(1, tokens, self.model.hidden)
-        return [(lambda _=None: emb(ids), None), (lambda y: y.backward(dy), lambda: emb(ids))]
-
-    def _head(self, tokens: int, _: int) -> list:
-        from sparsebalance.kernels.qwen2 import lm_loss_sum
-
-        labels = self.torch.randint(0, self.model.vocab, (1, tokens), generator=self.gen, device=self.dev)
-        h = self._randn(1, tokens, self.model.hidden, grad=True)
-
-        def fwd(_: Any = None) -> Any:
-            return lm_loss_sum(self.net.lm_head(self.net.norm(h)), labels)
-
-        params = [*self.net.norm.parameters(), *self.net.lm_head.parameters()]
-        return [(fwd, None), (lambda loss: loss.backward(), fwd), *self._split(fwd, None, [h], params)]
+    def pieces(self) -> tuple[Any, Any, Any]:
+        return self.net.tok_embeddings, self.net.norm, self.net.lm_head
 
 
 class _NullInner:

@@ -6,9 +6,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sparsebalance.errors import ConfigError  # noqa: E402
-from sparsebalance.kernels import moba_attention, moba_coverage  # noqa: E402
-from sparsebalance.kernels.moba.naive import moba_attention_naive  # noqa: E402
+from sparsebalance.errors import ConfigError
+from sparsebalance.kernels import moba_attention, moba_coverage
+from sparsebalance.kernels.moba.naive import moba_attention_naive
 
 
 def test_backends_agree_on_cpu(packed, rel_err):

@@ -6,10 +6,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sparsebalance.kernels.moba import chunked  # noqa: E402
-from sparsebalance.kernels.moba.chunked import moba_attention_chunked  # noqa: E402
-from sparsebalance.kernels.moba.gate import select_topk  # noqa: E402
-from sparsebalance.kernels.moba.naive import moba_attention_naive, naive_selection  # noqa: E402
+from sparsebalance.kernels.moba import chunked
+from sparsebalance.kernels.moba.chunked import moba_attention_chunked
+from sparsebalance.kernels.moba.gate import select_topk
+from sparsebalance.kernels.moba.naive import moba_attention_naive, naive_selection
 
 B = 16
 CASES = [  # (id, heads, kv_heads, topk)

@@ -6,9 +6,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sparsebalance.kernels import moba_coverage  # noqa: E402
-from sparsebalance.kernels.moba import coverage as coverage_mod  # noqa: E402
-from sparsebalance.kernels.moba.naive import moba_coverage_naive  # noqa: E402
+from sparsebalance.kernels import moba_coverage
+from sparsebalance.kernels.moba import coverage as coverage_mod
+from sparsebalance.kernels.moba.naive import moba_coverage_naive
 
 B = 16
 TOPKS = [1, 2, 3, 4, 6, 9]

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sparsebalance.kernels.moba.naive import moba_attention_naive, naive_selection  # noqa: E402
+from sparsebalance.kernels.moba.naive import moba_attention_naive, naive_selection
 
 B = 16
 

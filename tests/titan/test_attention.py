@@ -12,7 +12,7 @@ def _qkv(T: int, H: int = 4, Hkv: int = 2, D: int = 16, seed: int = 0):
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    mk = lambda h: torch.randn(1, T, h, D, generator=g, dtype=torch.float64, requires_grad=True)  # noqa: E731
+    mk = lambda h: torch.randn(1, T, h, D, generator=g, dtype=torch.float64, requires_grad=True)
     return mk(H), mk(Hkv), mk(Hkv)
 
 

@@ -21,10 +21,10 @@ def test_the_pinned_versions():
 
 
 def test_torchtitan_picks_its_device_through_torchs_private_lookups():
-    import torch._utils as tu
-
     import importlib.util
     from pathlib import Path
+
+    import torch._utils as tu
 
     src = Path(importlib.util.find_spec("torchtitan.tools.utils").origin).read_text()
     assert "from torch._utils import _get_available_device_type, _get_device_module" in src
@@ -40,8 +40,8 @@ def test_on_this_cpu_torchtitan_sees_a_cpu_and_our_device_module():
     utils = import_torchtitan()
     if torch.cuda.is_available():
         pytest.skip("an accelerator: compat leaves torchtitan's device alone")
-    import torchtitan.components.metrics as metrics
     import torchtitan.distributed.utils as dist_utils
+    from torchtitan.components import metrics
 
     assert utils.device_type == "cpu" and dist_utils.device_type == "cpu"
     assert isinstance(metrics.device_module, CpuDeviceModule)

@@ -72,7 +72,7 @@ def test_every_stage_runs_each_microbatch_at_the_plans_budget(runs):
     setup, plans = _plan_budgets("sparsebalance_tiny_pp2", 2, runs["load"])
     rows = runs["pp2"].budgets()
     layers = setup.run.model.layers
-    stage_of = {0: range(0, 2), 1: range(2, 4)}
+    stage_of = {0: range(2), 1: range(2, 4)}
     seen = set()
     for r in rows:
         plan, budgets = plans[r["step"] - 1]

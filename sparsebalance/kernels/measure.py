@@ -39,7 +39,7 @@ def measure_profile(model: ModelConfig, grid: ProfileGrid, *, command: str, tp: 
     meta = ProfileMeta(
         machine=machine_fingerprint(grid.device, threads=grid.threads),
         format_version=FORMAT_VERSION, device=dev_name, dtype=grid.dtype, analytical=False,
-        model={d: getattr(model, d) for d in MODEL_DIMS},
+        model={**{d: getattr(model, d) for d in MODEL_DIMS}, **model.arch},  # arch: where not Qwen2
         block_size=model.block_size, tp=tp, concurrency=concurrency,
         tp_comm_included=False,
         cp=grid.cp if grid.cp > 1 else None, cp_layout=grid.cp_layout if grid.cp > 1 else None,

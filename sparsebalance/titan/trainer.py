@@ -9,6 +9,8 @@ What it changes, and nothing else:
   torchtitan forwards with the micro-batch's other keyword arguments, to every pipeline stage.
 * ``pp_forward_backward_step`` runs the already split micro-batches through the schedule with
   :func:`compat.step_microbatches` (torch 2.13's ``step`` cannot take them as they are).
+* On a CPU, each worker is pinned to its own core with glibc's freed memory kept (realrun's and the
+  profiler's hygiene, ``kernels/cpuclock.py``).
 * With ``sparsebalance.measure``, a measured trace in the simulator's schema: each step starts after
   a barrier; every F and B of a (stage, micro-batch) is timed by wrapping the stage's
   ``forward_one_chunk`` / ``backward_one_chunk`` (without PP: the model's forward and the loss's
@@ -53,7 +55,16 @@ class SparseBalanceTrainer(Trainer):
         sparsebalance: SparseBalanceOptions = field(default_factory=SparseBalanceOptions)
 
     def __init__(self, config: Config) -> None:
+        from sparsebalance.titan.compat import accelerator_available
         from sparsebalance.titan.setup import resolve
+
+        if not accelerator_available():  # CPU measurement hygiene, as realrun's workers and the profiler
+            import os
+
+            from sparsebalance.kernels.cpuclock import pin_to_core, steady_allocator
+
+            pin_to_core(int(os.environ.get("LOCAL_RANK", "0")))
+            steady_allocator()
 
         # the job as parsed (command-line overrides included), on this world: what the loader plans
         config.dataloader.setup = resolve(config, check_data=False)
@@ -142,6 +153,10 @@ class SparseBalanceTrainer(Trainer):
             dist.barrier()
             self._t0 = time.perf_counter()
         super().train_step(data_iterator)
+        if self._measure:  # collections between steps only (torchtitan's gc_freq collects at a step's start)
+            import gc
+
+            gc.collect()
         local = torch.stack(self._step_losses).sum() if self._step_losses else torch.zeros(())
         total = local.detach().to(torch.float64).cpu()
         if dist.is_initialized():  # non-last stages add 0; DP ranks add their shares

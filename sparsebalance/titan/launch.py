@@ -53,12 +53,19 @@ def parse_job(config: str, overrides: list[str], module: str = "sparsebalance.ti
     import_torchtitan()
     from torchtitan.config import ConfigManager
 
+    import logging
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # torchtitan's config warnings belong to the job's log, not here
     try:
         return ConfigManager().parse_args(["--module", module, "--config", config, *overrides])
     except SystemExit as e:  # tyro's own usage error, already printed
         raise ConfigError(f"titan: the torchtitan config {config!r} with {overrides} does not parse") from e
     except (ValueError, ImportError, AttributeError) as e:
         raise ConfigError(f"titan: {e}") from None
+    finally:
+        root.setLevel(level)
 
 
 def check_job(config: str, nproc: int, overrides: list[str]):

@@ -50,10 +50,10 @@ def parse_job(config: str, overrides: list[str], module: str = "sparsebalance.ti
     """The torchtitan job config as its workers will see it (``--module``/``--config`` + overrides)."""
     from sparsebalance.titan.compat import import_torchtitan
 
+    import logging
+
     import_torchtitan()
     from torchtitan.config import ConfigManager
-
-    import logging
 
     root = logging.getLogger()
     level = root.level

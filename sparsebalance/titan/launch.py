@@ -48,9 +48,9 @@ class JobResult:
 
 def parse_job(config: str, overrides: list[str], module: str = "sparsebalance.titan") -> Any:
     """The torchtitan job config as its workers will see it (``--module``/``--config`` + overrides)."""
-    from sparsebalance.titan.compat import import_torchtitan
-
     import logging
+
+    from sparsebalance.titan.compat import import_torchtitan
 
     import_torchtitan()
     from torchtitan.config import ConfigManager

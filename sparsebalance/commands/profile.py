@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     if args.block_size is not None:
         model = replace(model, block_size=args.block_size)
     bench = ""
-    if args.trainer == "torchtitan":
+    if getattr(args, "trainer", "realrun") == "torchtitan":  # library callers may omit it
         from sparsebalance.errors import check
 
         check(args.tp == 1 and args.cp == 1, "--trainer", "torchtitan profiles are measured at tp 1, cp 1")

@@ -48,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
     add_config(p, help="run config (TOML or JSON) with a [realrun] table; with --trainer torchtitan a "
-                       "preset of sparsebalance.titan.config_registry", positional=True)
+                       "preset of sparsebalance.titan.config_registry, or MODULE:PRESET of one's own", positional=True)
     p.add_argument("--trainer", default="realrun", choices=("realrun", "torchtitan"),
                    help="who executes the runs: realrun (default) or torchtitan's own trainer "
                         "(sparsebalance.titan, extra [titan]; baseline lbb + fixed in the same slots)")

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from sparsebalance.commands._rounds import LaunchFailed, run_rounds
     from sparsebalance.commands.validate import finish
     from sparsebalance.errors import ConfigError, HostError
-    from sparsebalance.titan.launch import check_job, run_job
+    from sparsebalance.titan.launch import check_job, module_and_preset, run_job
     from sparsebalance.titan.measure import measured, replay
 
     take_positional_config(args)
@@ -71,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
     if (setup.run.policy.batching, setup.run.policy.tuning) == tuple(BASELINE.values()):
         raise ConfigError("policy: validate compares the run config's policy with the baseline lbb + fixed; "
                           "set another pair (e.g. sab + dst)")
-    out = resolve_out(args.out, Path(setup.run.output_dir) / f"validate-titan-{preset}", force=args.force,
+    name = module_and_preset(preset)[1]
+    out = resolve_out(args.out, Path(setup.run.output_dir) / f"validate-titan-{name}", force=args.force,
                       verb="validate")
     label, base_label = f"{setup.run.policy.batching}+{setup.run.policy.tuning}", "baseline"
     # the run configs pinned in files: the data path resolved against the original run config

@@ -136,19 +136,25 @@ def use_moba(model_config: Any, *, block_size: int, backend: str = "auto") -> in
     ``inner_attention`` becomes a :class:`MobaAttention.Config` that knows its global layer index.
     Returns the number of MoBA layers. A config whose layers do not use varlen attention is refused:
     MoBA takes packed documents, which only the varlen path carries."""
-    from torchtitan.models.common.attention import FlexAttention
-
     found = 0
     for fqn, cfg, parent, attr in list(model_config.traverse(VarlenAttention.Config)):
         layer = _layer_of(fqn)
         setattr(parent, attr, MobaAttention.Config(block_size=block_size, layer=layer, backend=backend))
         found += 1
     if not found:
-        flex = any(True for _ in model_config.traverse(FlexAttention.Config))
-        raise ConfigError("model: the torchtitan model config has no varlen attention "
-                          f"({'it uses flex attention; ' if flex else ''}build it with "
-                          "attn_backend='varlen'): MoBA replaces the varlen inner attention")
+        raise no_varlen(model_config)
     return found
+
+
+def no_varlen(model_config: Any) -> ConfigError:
+    """The error for a torchtitan model config without varlen attention (MoBA cannot replace it)."""
+    from torchtitan.models.common.attention import FlexAttention
+
+    flex = any(True for _ in model_config.traverse(FlexAttention.Config))
+    return ConfigError("model: the torchtitan model config has no varlen attention "
+                       f"({'it uses flex attention; ' if flex else ''}build it with attn_backend='varlen' "
+                       "and sparsebalance.titan.use_moba): MoBA replaces the varlen inner attention, the "
+                       "only one that takes packed documents")
 
 
 def _layer_of(fqn: str) -> int:

@@ -46,8 +46,25 @@ class JobResult:
         return rows
 
 
-def parse_job(config: str, overrides: list[str], module: str = "sparsebalance.titan") -> Any:
-    """The torchtitan job config as its workers will see it (``--module``/``--config`` + overrides)."""
+MODULE = "sparsebalance.titan"
+"""torchtitan ``--module`` of the shipped presets (``sparsebalance.titan.config_registry``)."""
+
+
+def module_and_preset(config: str) -> tuple[str, str]:
+    """(torchtitan ``--module``, ``--config``) of ``config``: a preset of this package
+    (``sparsebalance_tiny_pp2``) or ``MODULE:PRESET`` for a config registry of one's own (a module
+    importable in the job's processes too, whose ``config_registry`` holds the preset function)."""
+    module, sep, preset = config.rpartition(":")
+    if not sep:
+        return MODULE, config
+    if not module.strip() or not preset.strip():
+        raise ConfigError(f"--config: expected PRESET or MODULE:PRESET (a torchtitan config registry), got {config!r}")
+    return module.strip(), preset.strip()
+
+
+def parse_job(config: str, overrides: list[str]) -> Any:
+    """The torchtitan job config as its workers will see it (``--module``/``--config`` of
+    :func:`module_and_preset` + overrides)."""
     import logging
 
     from sparsebalance.titan.compat import import_torchtitan
@@ -58,8 +75,11 @@ def parse_job(config: str, overrides: list[str], module: str = "sparsebalance.ti
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # torchtitan's config warnings belong to the job's log, not here
+    module, preset = module_and_preset(config)
     try:
-        return ConfigManager().parse_args(["--module", module, "--config", config, *overrides])
+        return ConfigManager().parse_args(["--module", module, "--config", preset, *overrides])
+    except ConfigError:  # a config function's own check (use_moba, ...): its line as it is
+        raise
     except SystemExit as e:  # tyro's own usage error, already printed
         raise ConfigError(f"titan: the torchtitan config {config!r} with {overrides} does not parse") from e
     except (ValueError, ImportError, AttributeError) as e:
@@ -83,9 +103,9 @@ def run_job(config: str, nproc: int, dump: Path, overrides: list[str] = (), *, t
     overrides = [*overrides, "--dump_folder", str(dump)]
     if check:
         check_job(config, nproc, overrides)
+    module, preset = module_and_preset(config)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "sparsebalance.titan.train", "--module", "sparsebalance.titan", "--config", config,
-           *overrides]
+           "-m", "sparsebalance.titan.train", "--module", module, "--config", preset, *overrides]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     dump.mkdir(parents=True, exist_ok=True)
     log = log or dump / "job.log"

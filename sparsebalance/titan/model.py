@@ -14,7 +14,7 @@ from typing import Any
 
 from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.config import ModelConfig
-from sparsebalance.titan.attention import MobaAttention
+from sparsebalance.titan.attention import MobaAttention, VarlenAttention, no_varlen
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
@@ -70,6 +70,8 @@ def model_config_of(titan_model: Any, *, dtype: str, name: str = "titan") -> Mod
     layers = list(titan_model.layers)
     moba = [cfg for _, cfg, _, _ in titan_model.traverse(MobaAttention.Config)]
     if not moba:
+        if not any(True for _ in titan_model.traverse(VarlenAttention.Config)):
+            raise no_varlen(titan_model)
         raise ConfigError("model: the torchtitan model has no MoBA layers (inner attention "
                           "MobaAttention); a budget needs them: build the model with "
                           "sparsebalance.titan.use_moba or a sparsebalance.titan preset")

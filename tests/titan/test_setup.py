@@ -67,3 +67,38 @@ def test_validate_refuses_a_bad_job_with_exit_2_and_starts_nothing(run_cli, tmp_
     assert "slot (512 tokens) is smaller than the longest document" in r.err
     assert len(r.err.strip().splitlines()) == 1
     assert not (tmp_path / "v").exists()
+
+
+_REGISTRY = '''
+from torchtitan.models.qwen3 import model_registry
+from sparsebalance.titan.config_registry import sparsebalance_tiny_pp2
+
+
+def flex_job():
+    """A torchtitan job whose model uses flex attention (no varlen attention for MoBA to replace)."""
+    job = sparsebalance_tiny_pp2()
+    job.model_spec = model_registry("debugmodel", attn_backend="flex")
+    return job
+
+
+def no_moba_job():
+    """Varlen attention, but not MoBA: the loader's budgets would reach no MoBA layer."""
+    job = sparsebalance_tiny_pp2()
+    job.model_spec = model_registry("debugmodel", attn_backend="varlen")
+    return job
+'''
+
+
+@pytest.mark.parametrize("preset, says", [
+    ("flex_job", "no varlen attention (it uses flex attention"),
+    ("no_moba_job", "no MoBA layers"),
+])
+def test_a_config_of_ones_own_without_moba_is_one_line_and_exit_2(run_cli, tmp_path, monkeypatch, preset, says):
+    (tmp_path / "sb_own_registry.py").write_text(_REGISTRY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    r = run_cli("validate", "--trainer", "torchtitan", "--config", f"sb_own_registry:{preset}",
+                "--out", tmp_path / "v")
+    assert r.code == 2
+    assert says in r.err
+    assert len(r.err.strip().splitlines()) == 1
+    assert not (tmp_path / "v").exists()

@@ -1,7 +1,7 @@
 """Everything torchtitan 0.3.0 needs that the pinned torch 2.13.0 (CPU build) lacks, in one module.
 
 torchtitan 0.3.0 was written against a newer torch and for accelerators. On torch 2.13.0 and this
-CPU three things stand in its way, and this module is the only place that reaches past a public API
+CPU five things stand in its way, and this module is the only place that reaches past a public API
 to remove them (``tests/titan/test_compat.py`` fails when any of them changes, in torch or in
 torchtitan):
 

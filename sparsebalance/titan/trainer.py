@@ -13,9 +13,14 @@ What it changes, and nothing else:
   profiler's hygiene, ``kernels/cpuclock.py``).
 * With ``sparsebalance.measure``, a measured trace in the simulator's schema: each step starts after
   a barrier; every F and B of a (stage, micro-batch) is timed by wrapping the stage's
-  ``forward_one_chunk`` / ``backward_one_chunk`` (without PP: the model's forward and the loss's
-  backward), and the optimizer step is an OPTIM row. Each rank writes ``trace_rank<R>.csv`` to the
-  dump folder; rank 0 writes ``losses.json`` (the global token-mean loss of every step).
+  ``forward_one_chunk`` / ``backward_one_chunk`` (without PP: the model's forward, then the loss
+  and its backward, around torchtitan's ``fwd_bwd_fn``), and the optimizer step is an OPTIM row.
+  Each rank writes ``trace_rank<R>.csv`` to the dump folder; rank 0 writes ``losses.json`` (the
+  global token-mean loss of every step).
+
+torchtitan's public methods and attributes only (``post_dataloading_process``,
+``pp_forward_backward_step``, ``fwd_bwd_fn``, a PipelineStage's ``forward_one_chunk``); what is private
+lives in :mod:`sparsebalance.titan.compat`.
 """
 
 from __future__ import annotations
@@ -82,9 +87,12 @@ class SparseBalanceTrainer(Trainer):
         self._record = config.sparsebalance.record_budgets
         if self._record:
             BUDGET_LOG.rows = []
-        if (self._measure or self._record) and self.parallel_dims.pp_enabled:
-            for stage in schedule_stages(self.pp_schedule):
-                self._time_stage(stage)
+        if self.parallel_dims.pp_enabled:
+            if self._measure or self._record:
+                for stage in schedule_stages(self.pp_schedule):
+                    self._time_stage(stage)
+        else:
+            self._time_body()
         if self._measure:
             step = self.optimizers.step
 
@@ -128,24 +136,6 @@ class SparseBalanceTrainer(Trainer):
             return loss
         return torch.tensor([-1.0], device=self.device)
 
-    def _forward_backward_body(self, inputs, labels, global_valid_tokens, extra_kwargs):
-        BUDGET_LOG.context = {"step": self.step, "stage": 0, "microbatch": len(self._mb_info) - 1}
-        if not self._measure:
-            loss = super()._forward_backward_body(inputs, labels, global_valid_tokens, extra_kwargs)
-        else:  # the same steps as torchtitan's body, F and B timed apart
-            j = len(self._mb_info) - 1
-            with self.train_context():
-                t = time.perf_counter()
-                pred = self.model_parts[0](inputs, **extra_kwargs)
-                loss, _ = self.loss_fn(pred, labels, global_valid_tokens, positions=extra_kwargs["positions"])
-                self._row(j, "F", t)
-                del pred
-                t = time.perf_counter()
-                loss.backward()
-                self._row(j, "B", t)
-        self._step_losses.append(loss.detach())
-        return loss
-
     # -- one step, measured -----------------------------------------------------------------------
     def train_step(self, data_iterator) -> None:
         self._step_losses, self._mb_info = [], []
@@ -162,6 +152,30 @@ class SparseBalanceTrainer(Trainer):
         if dist.is_initialized():  # non-last stages add 0; DP ranks add their shares
             dist.all_reduce(total)
         self.sb_losses.append(float(total))
+
+    def _time_body(self) -> None:
+        """Without PP: wrap torchtitan's forward-backward of one micro-batch (``fwd_bwd_fn``) to tag
+        the budget log, keep the loss and, when measuring, time F (the model's forward, ended by a
+        forward hook) and B (the loss and its backward)."""
+        body, marks = self.fwd_bwd_fn, {}
+
+        def forward_done(*_: Any) -> None:
+            marks["F"] = time.perf_counter()
+
+        self.model_parts[0].register_forward_hook(forward_done)
+
+        def fwd_bwd(inputs, labels, global_valid_tokens, extra_kwargs):
+            j = len(self._mb_info) - 1
+            BUDGET_LOG.context = {"step": self.step, "stage": 0, "microbatch": j}
+            t = time.perf_counter()
+            loss = body(inputs, labels, global_valid_tokens, extra_kwargs)
+            if self._measure:
+                self._row(j, "F", t, end=marks["F"])
+                self._row(j, "B", marks["F"])
+            self._step_losses.append(loss.detach())
+            return loss
+
+        self.fwd_bwd_fn = fwd_bwd
 
     def _time_stage(self, stage: Any) -> None:
         fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
@@ -182,8 +196,8 @@ class SparseBalanceTrainer(Trainer):
         stage.forward_one_chunk = forward_one_chunk
         stage.backward_one_chunk = backward_one_chunk
 
-    def _row(self, mb: int, op: str, start: float, *, stage: int = 0) -> None:
-        end = time.perf_counter()
+    def _row(self, mb: int, op: str, start: float, *, stage: int = 0, end: float | None = None) -> None:
+        end = time.perf_counter() if end is None else end
         if not self._measure:
             return
         tokens, budget = self._mb_info[mb] if 0 <= mb < len(self._mb_info) else (0, float("nan"))

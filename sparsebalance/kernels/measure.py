@@ -43,6 +43,7 @@ def measure_profile(model: ModelConfig, grid: ProfileGrid, *, command: str, tp: 
         block_size=model.block_size, tp=tp, concurrency=concurrency,
         tp_comm_included=False,
         cp=grid.cp if grid.cp > 1 else None, cp_layout=grid.cp_layout if grid.cp > 1 else None,
+        bench=grid.bench or None,
         how=(f"sparsebalance.kernels.profiler: {grid.statistic} of {grid.repeats} after {grid.warmup} "
              "warm-up "
              f"calls ({'CUDA events' if grid.device == 'cuda' else 'perf_counter'}) in {grid.repeats} "

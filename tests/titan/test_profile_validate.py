@@ -41,3 +41,26 @@ def test_validate_runs_the_torchtitan_job_and_compares(run_cli, tmp_path):
     assert set(stages.stage) == {0, 1}
     for pol in ("sab_dst", "baseline"):
         assert (out / "runs" / pol / "round0" / "trace_rank1.csv").is_file()
+
+
+def test_the_calibration_probe_times_a_titan_profile_with_its_own_bench():
+    """A profile measured on torchtitan's Qwen3 names its bench; the probe re-times the same model
+    (its arch, not Qwen2's defaults) with the same bench, and the points agree with the table's
+    order of magnitude (a probe of the wrong model would be off by far more)."""
+    from sparsebalance.simulator.cost.profile import load_profile
+    from sparsebalance.kernels.calibrate import probe, profile_model
+    from sparsebalance.simulator.config import ARCH_FIELDS
+    from sparsebalance.simulator.cost.calibration import ProbeGrid
+
+    prof = load_profile("cpu-titan-tiny")
+    assert prof.meta.bench == "sparsebalance.titan.profile:TitanBench"
+    model = profile_model(prof)
+    for k in ARCH_FIELDS:
+        if k in prof.meta.model:
+            assert getattr(model, k) == prof.meta.model[k], k
+    got = probe(prof, ProbeGrid(seq_lens=(128,), budgets=(2,), tokens=(256,)), repeats=1, warmup=1)
+    assert {"attn_fwd", "layer_fwd"} <= set(got["op"])
+    table = prof.rows("layer_fwd")
+    want = float(table.loc[table["seq_len"] == 256, "latency_s"].iloc[0])
+    have = float(got.loc[got["op"] == "layer_fwd", "latency_s"].iloc[0])
+    assert want / 10 < have < want * 10, (have, want)

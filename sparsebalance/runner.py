@@ -48,7 +48,7 @@ def prepare(cfg: RunConfig, *, profile: Profile | None = None, sequences: list |
     batching = make_batching(cfg.policy)
     tuning = make_tuning(cfg.policy)
     check_fits(cfg.model, cfg.cluster)  # needs no run: refused before any results directory exists
-    if cfg.policy.token_cap is None:  # micro-batches per rank are fixed: check the schedule runs them
+    if cfg.policy.token_cap is None and cfg.policy.slot_tokens is None:  # micro-batches per rank fixed
         from sparsebalance.simulator.schedule.schedules import validate_schedule
 
         c = cfg.cluster

@@ -27,6 +27,11 @@ def test_json_rows(main, tmp_path, capsys):
         assert r["imbalance"] >= 1.0 and r["overhead_ms"] >= 0
     t = pd.read_csv(tmp_path / "ablation.csv")
     assert t.loc[t.config == "+SAB+DST", "paper_speedup"].item() == 1.35
+    # beyond the paper, last: SAB + DST in fixed slots of the token cap, slower than variable
+    # micro-batches (each slot pays the dense layers on its padding)
+    assert t.config.iloc[-1] == "+SAB+DST-slots" and pd.isna(t.paper_speedup.iloc[-1])
+    slots, free = (t.loc[t.config == c, "iteration_time_s"].item() for c in ("+SAB+DST-slots", "+SAB+DST"))
+    assert slots > free
     assert (tmp_path / "ablation.png").is_file() and (tmp_path / "ablation.svg").is_file()
 
 

@@ -27,6 +27,7 @@ ALLOWED = {
     "realrun": {"kernels", "policies", "simulator", "data", "loop", "runconfig", "runner", "analysis"},
     "accuracy": {"kernels", "policies", "simulator", "data", "loop"},
     "gpucheck": {"kernels", "simulator", "data", "runconfig", "stagecheck"},
+    "titan": {"kernels", "policies", "simulator", "data", "loop", "runconfig", "runner"},
 }
 THIRD_PARTY_FORBIDDEN = {
     "data": {"torch", "triton"},
@@ -83,6 +84,18 @@ def test_library_never_imports_the_cli():
         bad += [f"{rel} imports sparsebalance.{a.name}" for node in ast.walk(ast.parse(f.read_text()))
                 if isinstance(node, ast.ImportFrom) and node.module == "sparsebalance"
                 for a in node.names if a.name in CLI]
+    assert not bad, "\n".join(bad)
+
+
+def test_only_the_verbs_import_titan():
+    """titan/ (the torchtitan plugin, extra [titan]) is a leaf of the house: only the CLI's verbs
+    (commands/) import it, so no part needs torchtitan installed."""
+    bad = []
+    for f in sorted(PKG.rglob("*.py")):
+        rel = f.relative_to(PKG)
+        if rel.parts[0] in ("titan", "commands") or (len(rel.parts) == 1 and f.stem == "cli"):
+            continue
+        bad += [f"{rel} imports {m}" for m in _imports(f) if m == "sparsebalance.titan"]
     assert not bad, "\n".join(bad)
 
 

@@ -36,6 +36,11 @@ BEYOND_POLICIES = {
 """Rows beyond the paper (printed and saved after Table I; not in ``--json``, which stays Table I):
 critical-path DST (``sparsebalance.policies.critical``) in place of DST."""
 
+SLOTS_ROW = "+SAB+DST-slots"
+"""A row beyond the paper: SAB + DST in fixed slots (``policy.slot_tokens`` = the setting's token cap,
+``pp`` slots per rank), as torch's pipelining runs them (torchtitan): every micro-batch padded to
+the slot, the pad priced as dense work. What the one-shape constraint costs beside ``+SAB+DST``."""
+
 NAN = float("nan")
 PAPER = pd.DataFrame({
     "config": list(CONFIGS),
@@ -83,8 +88,8 @@ def json_safe(rows: list[dict]) -> list[dict]:
 
 def side_by_side(ours: pd.DataFrame) -> pd.DataFrame:
     """Our rows (summaries over seeds) joined with the paper's, in Table I order, then any
-    BEYOND_POLICIES rows present (paper cells NaN)."""
-    order = list(CONFIGS) + [c for c in BEYOND_POLICIES if c in set(ours["config"])]
+    BEYOND_POLICIES rows and the fixed-slots row present (paper cells NaN)."""
+    order = list(CONFIGS) + [c for c in (*BEYOND_POLICIES, SLOTS_ROW) if c in set(ours["config"])]
     return ours.merge(PAPER, on="config", how="left").set_index("config").loc[order].reset_index()
 
 

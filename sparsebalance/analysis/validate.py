@@ -177,6 +177,24 @@ def _error_by_round(counted: pd.DataFrame) -> dict[int, float]:
     return {int(r): mean_abs_error(g) for r, g in counted.groupby("round", sort=True)}
 
 
+def tables_and_headline(sides: list[Side], loads: list[dict], baseline: str, policy: str, *,
+                        warmup_excluded: bool) -> tuple[dict[str, pd.DataFrame], dict]:
+    """Every table of a validate call (iterations, stages, ops, actions, runs, op_summary, speedup)
+    and its :func:`headline`, from its sides (baseline first) and the runs' host-load records."""
+    kw = {"warmup_excluded": warmup_excluded}
+    tables = {
+        "iterations": pd.concat([iteration_table(s, **kw) for s in sides], ignore_index=True),
+        "stages": pd.concat([stage_table(s, **kw) for s in sides], ignore_index=True),
+        "ops": pd.concat([op_table(s, **kw) for s in sides], ignore_index=True),
+        "actions": pd.concat([action_table(s, **kw) for s in sides], ignore_index=True),
+        "runs": run_table(sides, loads, **kw),
+    }
+    tables["op_summary"] = op_summary(tables["ops"])
+    its = tables["iterations"]
+    tables["speedup"] = speedup_table(its[~its["warmup"]], baseline)
+    return tables, headline(its, baseline, policy, **kw)
+
+
 def run_table(sides: list[Side], loads: list[dict], *, warmup_excluded: bool) -> pd.DataFrame:
     """One row per real run: mean counted iteration time measured and predicted, the host's load
     during it (``foreign_cores``: other processes' CPU, ``steal_cores``), and from the measured

@@ -5,6 +5,8 @@ the host's load during the runs. The same figures are in ``summary.json`` and th
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 
@@ -78,3 +80,27 @@ def _range(iv, what: str) -> str:
 
 def _word(flag, yes: str, no: str, none: str) -> str:
     return none if flag is None else (yes if flag else no)
+
+def finish(args, out: Path, tables: dict, summary: dict, *, chosen, tries, prober, cores: int,
+           host_cores: int, title: str) -> int:
+    """The end every validate call shares (realrun's and torchtitan's): the rounds' verdict and host
+    in the summary, the tables, ``summary.json``, the figure, the report (or one JSON object)."""
+    from sparsebalance.analysis import validate as V
+    from sparsebalance.commands._rounds import tries_record
+
+    summary["host"] = {**V.host_summary(tables["runs"]), "run_cores": cores, "host_cores": host_cores}
+    summary.update(chosen.verdict.to_dict())
+    summary["rounds_dropped"] = chosen.dropped
+    summary["retries"] = args.retries
+    summary["round_tries"] = tries_record(tries, chosen, prober.scales())
+    summary["load_average"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    summary["out"] = str(out)
+    for name, t in tables.items():
+        t.to_csv(out / f"{name}.csv", index=False)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    V.plot_validation(tables["iterations"], tables["speedup"], out / "validate.png", title=title)
+    if args.json:
+        print(json.dumps(summary, default=str))
+    else:
+        print_report(out, tables, summary)
+    return 0

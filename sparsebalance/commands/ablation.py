@@ -10,7 +10,8 @@ H200), global batch 16, the analytical-h200 profile, 1F1B; micro-batches packed 
 speedup vs the same baseline against mean coverage, with a Pareto plot.
 
 Beyond the paper: Table I mode adds ``+DST-CP`` and ``+SAB+DST-CP`` (critical-path DST, see
-``sparsebalance.policies.critical``) after the paper's rows, with mean coverage in the printed table
+``sparsebalance.policies.critical``) and ``+SAB+DST-slots`` (SAB + DST in fixed slots of the token
+cap, ``pp`` per rank: what torch's one-shape pipelining, as in torchtitan, costs) after the paper's rows, with mean coverage in the printed table
 (``--json`` stays the paper's six rows); the anchor study adds SAB + dst-cp at each p to
 ``anchors_cp.csv`` and to the Pareto plot (``anchors.csv`` keeps its ten rows).
 Every number is the mean over seeds of per-seed values (speedup paired by seed: the baseline's
@@ -189,6 +190,10 @@ def run(args) -> int:
     else:
         jobs = [(name, {"batching": b, "tuning": t}) for name, (b, t) in A.ROW_POLICIES.items()]
         jobs += [(name, {"batching": b, "tuning": t}) for name, (b, t) in A.BEYOND_POLICIES.items()]
+    if not args.anchors:  # fixed slots of the setting's token cap (none without one)
+        cap = _configs(args, {"batching": "sequential", "tuning": "fixed"}, seeds[:1])[0].policy.token_cap
+        if cap is not None:
+            jobs.append((A.SLOTS_ROW, {"batching": "sab", "tuning": "dst", "token_cap": None, "slot_tokens": cap}))
     cfgs = {name: _configs(args, pol, seeds) for name, pol in jobs}  # validates before running
     check_inputs(c for cs in cfgs.values() for c in cs)  # profile and data too, before any output
     out = resolve_out(args.out, "results/ablation", force=args.force, verb="ablation")

@@ -66,6 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how the layer and head ops run (kernels/fastlayer.py): eager (the Hugging Face "
                         "modules), compiled (torch.compile'd dense parts, chunked loss), auto (compiled "
                         "on CUDA without --tp, else eager; default)")
+    p.add_argument("--trainer", default="realrun", choices=("realrun", "torchtitan"),
+                   help="whose model pieces to time: realrun's HF Qwen2 (default) or torchtitan's Qwen3 "
+                        "(sparsebalance.titan, extra [titan]: no QKV bias, QK norm)")
     p.add_argument("--concurrency", type=positive_int, default=1,
                    help="CPU: run this many copies of the measurement at once (the real run's "
                         "processes per host, pp x dp) and record the median over copies")
@@ -93,6 +96,17 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--block-size: {args.block_size:,} tokens is above the longest sequence "
                               f"the simulator models ({MAX_LENGTH:,} tokens, data.MAX_LENGTH)")
         model = replace(model, block_size=args.block_size)
+    bench, layer_impl = "", getattr(args, "layer_impl", "auto")
+    if getattr(args, "trainer", "realrun") == "torchtitan":  # library callers may omit it
+        from sparsebalance.errors import check
+
+        check(args.tp == 1 and args.cp == 1, "--trainer", "torchtitan profiles are measured at tp 1, cp 1")
+        check(layer_impl != "compiled", "--layer-impl", "torchtitan's block is timed eager (auto or eager; "
+              "compile it through torchtitan's own compile option)")
+        layer_impl = "eager"
+        from sparsebalance.titan.profile import BENCH
+
+        model, bench = replace(model, qkv_bias=False), BENCH  # Qwen3's projections have no bias
     from sparsebalance.kernels.measure import tp_shard
 
     tp_shard(model, args.tp)  # a --tp that does not divide the model is refused before any work
@@ -111,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     grid = ProfileGrid(repeats=args.repeats, warmup=args.warmup, threads=args.threads,
                        statistic=args.statistic, tp_plan=args.tp > 1, cp=args.cp, cp_layout=args.cp_layout,
-                       device=args.device, dtype=dtype, layer_impl=args.layer_impl, **kw)
+                       device=args.device, dtype=dtype, layer_impl=layer_impl, bench=bench, **kw)
     from sparsebalance.commands._profile_memory import check_memory
 
     check_memory(tp_shard(model, args.tp), grid, args.concurrency)  # before a tensor is allocated

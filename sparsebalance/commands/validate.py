@@ -28,8 +28,6 @@ config's policy), ``iterations.csv``, ``stages.csv``, ``ops.csv``, ``op_summary.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from pathlib import Path
 
@@ -47,7 +45,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         positive_int,
     )
 
-    add_config(p, help="run config (TOML or JSON) with a [realrun] table", positional=True)
+    add_config(p, help="run config (TOML or JSON) with a [realrun] table; with --trainer torchtitan a "
+                       "preset of sparsebalance.titan.config_registry, or MODULE:PRESET of one's own", positional=True)
+    p.add_argument("--trainer", default="realrun", choices=("realrun", "torchtitan"),
+                   help="who executes the runs: realrun (default) or torchtitan's own trainer "
+                        "(sparsebalance.titan, extra [titan]; baseline lbb + fixed in the same slots)")
+    p.add_argument("--nproc", type=positive_int, default=2,
+                   help="--trainer torchtitan: processes of the job (default 2)")
     p.add_argument("--json", action="store_true", help="print one JSON object (stdout) only")
     p.add_argument("--iterations", type=positive_int, default=None,
                    help="iterations per run (default: the config's)")
@@ -58,7 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run a round again when other processes' load or a probe's disagreement says it "
                         "was disturbed, at most this many more times (default 2; 0 = never)")
     add_out(p, "<output_dir>/validate-<name>")
-    add_launch_flags(p, example="data.max_length=1024")
+    add_launch_flags(p, example="data.max_length=1024; with --trainer torchtitan a torchtitan field, "
+                     "e.g. --set training.steps=8")
     p.add_argument("--profile-as-is", action="store_true",
                    help="trust the profile as measured: no calibration probe on this machine (by default "
                         "a measured profile is probed at a few points here and rescaled per op)")
@@ -123,18 +128,19 @@ def replay_side(cfg, policy: str, round_: int, run_dir: Path):
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.trainer == "torchtitan":
+        from sparsebalance.commands import validate_titan
+
+        return validate_titan.run(args)
     import dataclasses
 
-    import pandas as pd
-
     from sparsebalance.analysis import validate as V
-    from sparsebalance.analysis.compare import speedup_table
     from sparsebalance.analysis.disturbance import run_cores
     from sparsebalance.calibrate import Prober
     from sparsebalance.commands._args import finish_outputs, resolve_out, take_positional_config
     from sparsebalance.commands._calibrate import save_calibrated
     from sparsebalance.commands._hostload import host_cores
-    from sparsebalance.commands._rounds import LaunchFailed, run_rounds, tries_record
+    from sparsebalance.commands._rounds import LaunchFailed, run_rounds
     from sparsebalance.commands.train import validate_for_launch
     from sparsebalance.errors import ConfigError
     from sparsebalance.realrun.config import world_size
@@ -179,42 +185,17 @@ def run(args: argparse.Namespace) -> int:
     sides = [replay_side(dataclasses.replace(c, profile=calibrated.profile), name, r, run_dir)
              for name, r, c, run_dir in done]
     sides.sort(key=lambda sd: (sd.policy != base_label, sd.round))
-    kw = {"warmup_excluded": warmup_excluded}
-    tables = {
-        "iterations": pd.concat([V.iteration_table(s, **kw) for s in sides], ignore_index=True),
-        "stages": pd.concat([V.stage_table(s, **kw) for s in sides], ignore_index=True),
-        "ops": pd.concat([V.op_table(s, **kw) for s in sides], ignore_index=True),
-        "actions": pd.concat([V.action_table(s, **kw) for s in sides], ignore_index=True),
-        "runs": V.run_table(sides, loads, **kw),
-    }
-    tables["op_summary"] = V.op_summary(tables["ops"])
-    its = tables["iterations"]
-    tables["speedup"] = speedup_table(its[~its["warmup"]], base_label)
-    summary = V.headline(its, base_label, label, **kw)
+    tables, summary = V.tables_and_headline(sides, loads, base_label, label, warmup_excluded=warmup_excluded)
     dirs = {name: [d for n, _, _, d in done if n == name] for name in (base_label, label)}
     summary.update(_uncertainty(calibrated, out, summary, calibration, dirs, base_label, label,
                                 warmup_excluded))
     summary["calibration"] = calibration
-    summary["host"] = {**V.host_summary(tables["runs"]), "run_cores": cores, "host_cores": hc}
-    summary.update(chosen.verdict.to_dict())
-    summary["rounds_dropped"] = chosen.dropped
-    summary["retries"] = args.retries
-    summary["round_tries"] = tries_record(tries, chosen, prober.scales())
-    summary["load_average"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    summary["out"] = str(out)
-    for name, t in tables.items():
-        t.to_csv(out / f"{name}.csv", index=False)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    V.plot_validation(its, tables["speedup"], out / "validate.png",
-                      title=f"{cfg.name}: {label} vs {base_label} (profile {cfg.profile}"
-                            f"{', calibrated here' if calibration.get('applied') else ''})")
-    if args.json:
-        print(json.dumps(summary, default=str))
-    else:
-        from sparsebalance.commands._validate_report import print_report
+    from sparsebalance.commands._validate_report import finish
 
-        print_report(out, tables, summary)
-    return 0
+    return finish(args, out, tables, summary, chosen=chosen, tries=tries, prober=prober, cores=cores,
+                  host_cores=hc, title=f"{cfg.name}: {label} vs {base_label} (profile {cfg.profile}"
+                                      f"{', calibrated here' if calibration.get('applied') else ''})")
+
 
 
 def _uncertainty(cfg, out: Path, summary: dict, calibration: dict, dirs: dict[str, list[Path]],

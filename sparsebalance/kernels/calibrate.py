@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from sparsebalance.simulator.config import ModelConfig
+from sparsebalance.simulator.config import ARCH_FIELDS, ModelConfig
 from sparsebalance.simulator.cost.calibration import ProbeGrid
 from sparsebalance.simulator.cost.profile import Profile
 from sparsebalance.simulator.cost.profilemeta import MODEL_DIMS
@@ -83,7 +83,8 @@ def machine_fingerprint(device: str = "cpu", threads: int | None = None) -> dict
 def profile_model(profile: Profile) -> ModelConfig:
     """The model dims a measured profile was taken with (its sidecar), as a ModelConfig."""
     dims = {k: int(profile.meta.model[k]) for k in MODEL_DIMS}
-    return ModelConfig(name="profiled", block_size=profile.meta.block_size, **dims)
+    arch = {k: v for k, v in profile.meta.model.items() if k in ARCH_FIELDS}  # where not Qwen2's
+    return ModelConfig(name="profiled", block_size=profile.meta.block_size, **dims, **arch)
 
 
 def profile_threads(profile: Profile) -> int:
@@ -113,7 +114,10 @@ def probe(profile: Profile, grid: ProbeGrid, *, repeats: int = 3, warmup: int = 
     pg = ProfileGrid(seq_lens=grid.seq_lens, budgets=grid.budgets, tokens=grid.tokens,
                      params=(optim[0],), repeats=repeats, warmup=warmup, threads=profile_threads(profile),
                      device=device, dtype=meta.dtype, statistic=stat,
-                     tp_plan="(tp_plan)" in meta.how, cp=meta.cp or 1, cp_layout=meta.cp_layout or "zigzag")
+                     tp_plan="(tp_plan)" in meta.how, cp=meta.cp or 1, cp_layout=meta.cp_layout or "zigzag",
+                     bench=meta.bench or "",
+                     # as the profile ran its layers (its how says so), not as auto would pick here
+                     layer_impl="compiled" if "layer_impl compiled" in meta.how else "eager")
     conc = (meta.concurrency or 1) if device == "cpu" else 1
     return run_profile(profile_model(profile), pg, progress=False, concurrency=conc)
 

@@ -50,10 +50,11 @@ def measure_profile(model: ModelConfig, grid: ProfileGrid, *, command: str, tp: 
     meta = ProfileMeta(
         machine=machine_fingerprint(grid.device, threads=grid.threads),
         format_version=FORMAT_VERSION, device=dev_name, dtype=grid.dtype, analytical=False,
-        model={d: getattr(model, d) for d in MODEL_DIMS},
+        model={**{d: getattr(model, d) for d in MODEL_DIMS}, **model.arch},  # arch: where not Qwen2
         block_size=model.block_size, tp=tp, concurrency=concurrency,
         tp_comm_included=False,
         cp=grid.cp if grid.cp > 1 else None, cp_layout=grid.cp_layout if grid.cp > 1 else None,
+        bench=grid.bench or None,
         how=(f"sparsebalance.kernels.profiler: {grid.statistic} of {grid.repeats} after {grid.warmup} "
              "warm-up "
              f"calls ({'CUDA events' if grid.device == 'cuda' else 'perf_counter'}) in {grid.repeats} "
@@ -61,7 +62,8 @@ def measure_profile(model: ModelConfig, grid: ProfileGrid, *, command: str, tp: 
              f"{concurrency} concurrent cop{'y' if concurrency == 1 else 'ies'} "
              f"({grid.statistic} over copies, one core each, glibc allocator kept steady and "
              "Python's collector run between rounds, as in realrun); "
-             + LAYER_HOW[grid.resolved_layer_impl()] + "; attn_* = moba_attention (auto backend)"
+             + (f"layer_* = {profiler.bench_class(grid).LAYER}" if grid.bench  # another trainer's model
+                else LAYER_HOW[grid.resolved_layer_impl()]) + "; attn_* = moba_attention (auto backend)"
              + (f"; tp {tp}: one rank's shard (heads, kv heads, MLP width / {tp}; embedding "
                 "and head whole, as realrun replicates them), the layer under realrun's DTensor plan "
                 "on a one-rank mesh (tp_plan), TP all-reduces not included"

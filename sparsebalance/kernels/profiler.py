@@ -78,6 +78,11 @@ class ProfileGrid:
     """Context-parallel degree of the ``attn_*_cp`` rows (1: none measured)."""
     cp_layout: str = "zigzag"
     """Layout of the CP group the ``attn_*_cp`` rows are measured on."""
+    bench: str = ""
+    """``"module:Class"`` of a :class:`Bench` subclass that builds the timed pieces instead of HF
+    Qwen2's (``sparsebalance.titan.profile:TitanBench``: torchtitan's Qwen3 block, for
+    ``profile --trainer torchtitan``); "" = :class:`Bench`. A name, not a class: the profile's copies
+    run in spawned processes, and kernels/ imports no trainer of its own."""
     statistic: str = "mean"
     """What a point records over its repeats: mean (default) or median. The simulator adds
     durations, and expected values add; on a shared CPU a few calls in ten take 2-3x longer
@@ -165,22 +170,34 @@ def _null_core_fn() -> Any:
     return core
 
 
+def bench_class(grid: ProfileGrid) -> type:
+    """The :class:`Bench` (sub)class ``grid.bench`` names."""
+    if not grid.bench:
+        return Bench
+    import importlib
+
+    module, _, name = grid.bench.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"bench: cannot load {grid.bench!r} ({e})") from None
+    check(isinstance(cls, type) and issubclass(cls, Bench), "bench", f"{grid.bench!r} is not a Bench")
+    return cls
+
+
 class Bench:
     """Builders of each op's timed closures for one model preset on one device."""
 
+    LAYER = "one HF Qwen2DecoderLayer with a zero-cost attention core"
+    """What ``layer_*`` rows time (the profile sidecar's ``how``)."""
+
     def __init__(self, model: ModelConfig, grid: ProfileGrid):
-        import torch
         from transformers import AttentionInterface
 
         from sparsebalance.kernels.qwen2 import build_qwen2_pieces
         from sparsebalance.kernels.qwen2_init import pieces
 
-        self.torch = torch
-        self.model, self.grid = model, grid
-        self.dev = torch.device(grid.device)
-        self.dtype = getattr(torch, grid.dtype)
-        if grid.device == "cpu":
-            torch.set_num_threads(grid.threads)
+        self._common(model, grid)
         AttentionInterface.register(NULL_CORE, _null_core_fn())
         # only what is timed: layer 0, the embedding, final norm and LM head, made on the device (the
         # other layers stay on the meta device: a 3B model's 36 layers would cost ~20 s of CPU init)
@@ -190,6 +207,20 @@ class Bench:
         self.layer = self.net.model.layers[0]
         self.own_group = _tp_plan_on_one_rank(self.layer, grid.device) if grid.tp_plan else False
         self.use(grid.resolved_layer_impl())
+
+    def _common(self, model: ModelConfig, grid: ProfileGrid) -> None:
+        """What every bench sets up: device, dtype, threads, timer and the seeded generator."""
+        import torch
+
+        self.torch = torch
+        self.model, self.grid = model, grid
+        self.dev = torch.device(grid.device)
+        self.dtype = getattr(torch, grid.dtype)
+        if grid.device == "cpu":
+            torch.set_num_threads(grid.threads)
+        self.own_group = False
+        self.impl = "eager"
+        """How the layer and head run (``use``); another trainer's bench times its own eager modules."""
         self.timer = Timer(device=grid.device, repeats=grid.repeats, warmup=grid.warmup,
                            statistic=grid.statistic)
         self.gen = torch.Generator(device=self.dev).manual_seed(grid.seed)
@@ -202,7 +233,7 @@ class Bench:
         if impl == "compiled":
             from sparsebalance.kernels.qwen2 import warm_up
 
-            warm_up([self.layer], (self.net.model.norm, self.net.lm_head))
+            warm_up([self.layer], self.pieces()[1:])
 
     def _randn(self, *shape: int, grad: bool = False) -> Any:
         x = self.torch.randn(*shape, generator=self.gen, device=self.dev, dtype=self.dtype)
@@ -293,9 +324,13 @@ class Bench:
         return [(fwd, None), (lambda y: y.backward(dy), fwd),
                 *self._split(fwd_of("eager"), [dy], [x], list(self.layer.parameters()))]
 
+    def pieces(self) -> tuple[Any, Any, Any]:
+        """(embedding, final norm, LM head) modules of the timed model."""
+        return self.net.model.embed_tokens, self.net.model.norm, self.net.lm_head
+
     def _embed(self, tokens: int, _: int) -> list:
         ids = self.torch.randint(0, self.model.vocab, (1, tokens), generator=self.gen, device=self.dev)
-        emb = self.net.model.embed_tokens
+        emb = self.pieces()[0]
         dy = self._randn(1, tokens, self.model.hidden)
         return [(lambda _=None: emb(ids), None), (lambda y: y.backward(dy), lambda: emb(ids))]
 
@@ -304,12 +339,13 @@ class Bench:
 
         labels = self.torch.randint(0, self.model.vocab, (1, tokens), generator=self.gen, device=self.dev)
         h = self._randn(1, tokens, self.model.hidden, grad=True)
+        _, norm, head = self.pieces()
 
         def fwd_of(impl: str) -> Callable:
-            return lambda _=None: head_loss(self.net.model.norm, self.net.lm_head, h, labels, impl)
+            return lambda _=None: head_loss(norm, head, h, labels, impl)
 
         fwd = fwd_of(self.impl)
-        params = [*self.net.model.norm.parameters(), *self.net.lm_head.parameters()]
+        params = [*norm.parameters(), *head.parameters()]
         return [(fwd, None), (lambda loss: loss.backward(), fwd), *self._split(fwd_of("eager"), None, [h], params)]
 
     def _optim(self, params: int, _: int) -> list:
@@ -362,7 +398,7 @@ def _measure(model: ModelConfig, grid: ProfileGrid, progress: bool, barrier: Any
 
     if grid.device == "cpu":
         steady_allocator()  # the allocator state realrun's CPU workers run in
-    bench = Bench(model, grid)
+    bench = bench_class(grid)(model, grid)
     items = [it for job in _jobs(grid, model.block_size) for it in bench.items(*job)]
     for _, fn, setup in items:
         for _ in range(grid.warmup):

@@ -32,7 +32,7 @@ from sparsebalance.data.sequence import Sequence
 from sparsebalance.errors import ConfigError
 from sparsebalance.policies import packing
 from sparsebalance.policies.base import PolicyContext
-from sparsebalance.simulator.plan import Budgets, Plan
+from sparsebalance.simulator.plan import Budgets, MicroBatch, Plan
 
 
 def _check_batch(batch: list[Sequence], ctx: PolicyContext) -> tuple[int, int | None]:
@@ -49,6 +49,8 @@ def two_stage(batch: list[Sequence], costs: np.ndarray, ctx: PolicyContext, *,
               swaps: int = 0) -> Plan:
     """LPT across DP ranks, then LPT into micro-batches, optionally followed by ``swaps`` rounds of
     :func:`packing.improve` at each stage. ``costs``: shape [len(batch)], any additive unit."""
+    if ctx.policy.slot_tokens is not None:
+        return fixed_slots(batch, costs, ctx, swaps=swaps)
     dp, cap = _check_batch(batch, ctx)
     costs = np.asarray(costs, dtype=np.float64)
     tokens = np.array([s.length for s in batch], dtype=np.float64)
@@ -108,6 +110,35 @@ def two_stage(batch: list[Sequence], costs: np.ndarray, ctx: PolicyContext, *,
                                 token_cap=cap) for idx, mbs in zip(ranks, plan)]
     return _to_plan(batch, [[[int(idx[i]) for i in mb] for mb in mbs]
                             for idx, mbs in zip(ranks, plan)], costs)
+
+
+def fixed_slots(batch: list[Sequence], costs: np.ndarray, ctx: PolicyContext, *, swaps: int = 0) -> Plan:
+    """Two-stage LPT into exactly ``min_microbatches`` slots of ``policy.slot_tokens`` tokens per DP
+    rank, each slot holding at least one document, then each padded to the slot (``MicroBatch.pad``).
+    Stage 1 balances cost across ranks preferring ranks whose slots still have room; stage 2 packs a
+    rank's documents into its slots under the cap (strictly); swaps keep the cap. A batch that does not
+    fit is refused: fixed slots cannot take more micro-batches."""
+    dp, slot, m = ctx.cluster.dp, ctx.policy.slot_tokens, min_microbatches(ctx)
+    if slot is None:  # the policy sends only slotted runs here; a library caller may not
+        raise ConfigError("slot_tokens: fixed slots need policy.slot_tokens (tokens per slot), got none")
+    if len(batch) < dp * m:
+        raise ConfigError(f"global_batch: {len(batch)} documents cannot give each of the dp x slots = "
+                          f"{dp} x {m} slots a document")
+    costs = np.asarray(costs, dtype=np.float64)
+    tokens = np.array([s.length for s in batch], dtype=np.float64)
+    if tokens.max() > slot:
+        raise ConfigError(f"slot_tokens: a {int(tokens.max())}-token document does not fit a slot of {slot}")
+    ranks = packing.lpt(costs, dp, min_count=m, tokens=tokens, token_cap=m * slot)
+    plan = _pack_ranks(ranks, costs, tokens, m, slot)
+    if plan is None:
+        raise ConfigError(f"slot_tokens: {int(tokens.sum())} tokens in {len(batch)} documents do not pack "
+                          f"into dp x slots = {dp} x {m} slots of {slot} tokens; fewer documents per step "
+                          "(global_batch) or longer slots")
+    if swaps:
+        plan = [packing.improve(mbs, costs[idx], rounds=swaps, moves=True, tokens=tokens[idx],
+                                token_cap=slot) for idx, mbs in zip(ranks, plan)]
+    out = _to_plan(batch, [[[int(idx[i]) for i in mb] for mb in mbs] for idx, mbs in zip(ranks, plan)], costs)
+    return Plan(tuple(tuple(MicroBatch(mb.sequences, pad=slot - mb.tokens) for mb in r) for r in out.ranks))
 
 
 def _pack_ranks(ranks, costs, tokens, m: int, cap: int, force: bool = False):

@@ -11,6 +11,8 @@ ANCHOR_SCOPES = ("global", "pipeline")
 PACKERS = ("lpt", "lpt-swap")
 COVERAGE_SHAPES = ("power", "geometric")
 COVERAGE_AGGS = ("tokens", "min")
+SLOT_BATCHING = ("lbb", "quadratic", "sab")
+"""Batching policies that pack into fixed slots (two-stage LPT under the slot's token cap)."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -55,6 +57,13 @@ class PolicyConfig:
     """Coverage model: power (mass ~ rank^-rate) or geometric (mass ~ exp(-rate (rank - 1)))."""
     coverage_agg: str = "tokens"
     """Micro-batch coverage of packed sequences: tokens (token-weighted mean) or min."""
+    slot_tokens: int | None = None
+    """Fixed slots, for pipelines whose receive buffers have one shape (torch's pipelining, as in
+    torchtitan): every micro-batch is exactly this many tokens, its documents followed by a pad
+    document (dense work, no attention, no label), and each DP rank gets exactly
+    ``min_microbatches`` (None: the schedule's fewest) of them, each with at least one document.
+    Packing (lbb, quadratic, sab) is two-stage LPT under this cap; a global batch that does not fit
+    is refused. Excludes ``token_cap`` (the slot is the cap) and ``memory_aware``."""
     memory_aware: bool = False
     """SAB / sab-order: cap micro-batch tokens so the plan fits ``cluster.device_memory`` under the
     memory model (sparsebalance.simulator.cost.memory), on top of ``token_cap``."""
@@ -85,6 +94,14 @@ class PolicyConfig:
         check_choice(self.coverage_agg, "coverage_agg", COVERAGE_AGGS)
         check(isinstance(self.memory_aware, bool), "memory_aware",
               f"must be true or false, got {self.memory_aware!r}")
+        if self.slot_tokens is not None:
+            check_positive(self.slot_tokens, "slot_tokens")
+            check(self.token_cap is None, "token_cap", "must be unset with slot_tokens (the slot is the cap)")
+            check(not self.memory_aware, "memory_aware", "must be false with slot_tokens (the slot is fixed)")
+            check(self.batching in SLOT_BATCHING, "batching",
+                  f"fixed slots (slot_tokens) pack with one of {', '.join(SLOT_BATCHING)}, got {self.batching!r}")
+            check(self.tuning in ("fixed", "dst"), "tuning",
+                  f"fixed slots (slot_tokens) are tuned by fixed or dst, got {self.tuning!r}")
         check_positive(self.cp_rounds, "cp_rounds", allow_zero=True)
         check(0.0 <= self.cp_raise_tol < 1.0, "cp_raise_tol",
               f"must lie in [0, 1), got {self.cp_raise_tol}")

@@ -11,17 +11,33 @@ from sparsebalance.simulator.budget import Budget
 
 @dataclass(frozen=True, slots=True)
 class MicroBatch:
-    """One micro-batch: one or more sequences packed side by side (varlen, no cross attention)."""
+    """One micro-batch: one or more sequences packed side by side (varlen, no cross attention),
+    optionally followed by ``pad`` tokens of padding (a fixed slot's pad document)."""
 
     sequences: tuple[Sequence, ...]
+    pad: int = 0
+    """Tokens of padding after the documents, filling a fixed slot (``policy.slot_tokens``): the pad
+    document runs through the dense layers, is sent stage to stage, attends nothing and is attended by
+    nothing, and carries no label."""
 
     @property
     def lengths(self) -> tuple[int, ...]:
-        return tuple(s.length for s in self.sequences)
+        """The documents' lengths, then ``-pad`` where there is padding: the form the latency model
+        prices (see :func:`split_pad`)."""
+        docs = tuple(s.length for s in self.sequences)
+        return docs + (-self.pad,) if self.pad else docs
 
     @property
     def tokens(self) -> int:
-        return sum(s.length for s in self.sequences)
+        return sum(s.length for s in self.sequences) + self.pad
+
+
+def split_pad(lengths) -> tuple[tuple[int, ...], int]:
+    """(the documents' lengths, all tokens) of a micro-batch's ``lengths``, in which a negative entry
+    ``-n`` is ``n`` tokens of padding: what a padded micro-batch costs is attention over the documents
+    and dense work over all its tokens."""
+    docs = tuple(L for L in lengths if L > 0)
+    return docs, sum(docs) - sum(L for L in lengths if L < 0)
 
 
 @dataclass(frozen=True, slots=True)

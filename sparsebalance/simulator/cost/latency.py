@@ -33,6 +33,7 @@ from sparsebalance.simulator.cost.query import ScalarStageLatency
 from sparsebalance.simulator.cost.stagecost import StageCost
 from sparsebalance.simulator.cost.tables import EXTRAPOLATE, PARTS, OpTables
 from sparsebalance.simulator.layout import layout_of
+from sparsebalance.simulator.plan import split_pad
 
 __all__ = ["EXTRAPOLATE", "PARTS", "LatencyModel", "load_latency_model"]
 
@@ -167,7 +168,7 @@ class LatencyModel(ScalarStageLatency):
         """Tokens the busiest CP rank holds x cp (P2P and memory divide by cp): the micro-batch's
         tokens unless each sequence has its own CP degree."""
         if self.per_sequence is None:
-            return int(sum(lengths))
+            return split_pad(lengths)[1]
         return self.per_sequence.busiest_tokens(lengths, int(uniform_budgets([budget])[0]))
 
     # -- communication and optimizer (comm.py) ---------------------------------------------------

@@ -29,6 +29,7 @@ from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.budget import Budget
 from sparsebalance.simulator.cost.modes import plain, uniform_budgets
 from sparsebalance.simulator.cost.tables import Curve, OpTables, Surface
+from sparsebalance.simulator.plan import split_pad
 
 
 class Sums(Protocol):
@@ -120,7 +121,7 @@ class Presummed:
             got = cost.per_sequence.times([key[0]], uniform_budgets([budget]))
             hit = self._mb[key] = float(got["F"].sum() + got["B"].sum())
             return hit
-        lengths = key[0]
+        lengths, tokens = split_pad(key[0])  # a slot's padding: tokens, no attention
         call = cost.tables.call[False] + cost.tables.call[True] if lengths else 0.0
         if type(budget) is int:
             if budget < 1:
@@ -130,7 +131,7 @@ class Presummed:
             total = 0.0
             for k, n in cost.budget_counts(budget):
                 total += n * (sum(self.attention_fb(L, k) for L in lengths) + call)
-        total += self.dense_fb(sum(lengths))
+        total += self.dense_fb(tokens)
         if len(self._mb) > 1_000_000:  # bound memory in very long runs
             self._mb.clear()
         self._mb[key] = total
@@ -156,13 +157,18 @@ class Presummed:
             raise ConfigError(f"budget: must be >= 1 (MoBA top-k), got {int(k_mb.min())}")
         lengths = np.fromiter((L for mb in microbatches for L in mb), dtype=np.int64, count=int(counts.sum()))
         k = np.repeat(k_mb, counts)
-        per_seq = cost.model_layers * self._attention_fb_array(lengths, k)
+        doc = lengths > 0  # a negative entry is a slot's padding: tokens, no attention (plan.split_pad)
+        per_seq = np.zeros(lengths.shape)
+        per_seq[doc] = cost.model_layers * self._attention_fb_array(lengths[doc], k[doc])
         starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
         nonempty = counts > 0
         attn = np.zeros(len(counts))
         attn[nonempty] = np.add.reduceat(per_seq, starts[nonempty]) if per_seq.size else 0.0
         tokens = np.zeros(len(counts), dtype=np.int64)
-        tokens[nonempty] = np.add.reduceat(lengths, starts[nonempty]) if lengths.size else 0
+        tokens[nonempty] = np.add.reduceat(np.abs(lengths), starts[nonempty]) if lengths.size else 0
+        if not doc.all():  # the fixed call costs come with documents only
+            nonempty = np.zeros(len(counts), dtype=bool)
+            nonempty[np.unique(np.repeat(np.arange(len(counts)), counts)[doc])] = True
         call = cost.tables.call[False] + cost.tables.call[True]
         if call:
             attn = attn + np.where(nonempty, cost.model_layers * call, 0.0)

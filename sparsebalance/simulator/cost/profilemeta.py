@@ -76,6 +76,10 @@ class ProfileMeta:
     """Context-parallel degree of the ``attn_*_cp`` rows (``profile --cp``); absent = no such rows."""
     cp_layout: str | None = None
     """Layout of the ``attn_*_cp`` rows' group (``contiguous``, ``zigzag``, ``stripe``)."""
+    bench: str | None = None
+    """``module:Class`` of the bench that built the timed pieces (``ProfileGrid.bench``:
+    ``sparsebalance.titan.profile:TitanBench`` for torchtitan's Qwen3); absent = realrun's HF Qwen2.
+    The calibration probe times its points with the same bench."""
     machine: dict[str, Any] | None = None
     """Fingerprint of the machine measured on (``kernels/calibrate.machine_fingerprint``)."""
     calibration: dict[str, Any] | None = None

@@ -122,7 +122,9 @@ class ScalarStageLatency:
         return None
 
     def cp_tokens(self, lengths, budget) -> int:
-        return int(sum(lengths))
+        from sparsebalance.simulator.plan import split_pad
+
+        return split_pad(lengths)[1]
 
     _MEMO_LIMIT = 200_000
 

@@ -35,6 +35,7 @@ from sparsebalance.simulator.cost.comm import Communication
 from sparsebalance.simulator.cost.modes import MODES, plain, uniform_budgets
 from sparsebalance.simulator.cost.tables import PARTS, OpTables
 from sparsebalance.simulator.layout import Layout
+from sparsebalance.simulator.plan import split_pad
 
 TERMS: tuple[tuple[str, str], ...] = (("layer", "layers"), ("embed", "first"), ("head", "last"))
 """The per-token terms of a stage's time, in the order they are added after its attention: (name,
@@ -199,12 +200,13 @@ class StageCost:
             return float(self.per_sequence.times([tuple(lengths)], uniform_budgets([budget]), (mode,))[mode][
                 vstage, 0])
         layers = self.layout.vstage_ranges[vstage]
+        docs, tokens = split_pad(lengths)  # a slot's padding: tokens, no attention
         attention = 0.0
         if part != "weight":
-            call = self.tables.call[backward] if lengths else 0.0
+            call = self.tables.call[backward] if docs else 0.0
             for k, n in self.budget_counts(plain(budget), layers):
-                attention += n * (sum(self.lm.attention(L, k, backward=backward) for L in lengths) + call)
-        return self.stage(attention, sum(lengths), vstage, backward=backward, part=part)
+                attention += n * (sum(self.lm.attention(L, k, backward=backward) for L in docs) + call)
+        return self.stage(attention, tokens, vstage, backward=backward, part=part)
 
     # -- one layer on one CP rank (the per-sequence split, cp/placement.py) --------------------------
     def layer_fb(self, attention_f: float, attention_b: float, tokens: int) -> float:
@@ -255,9 +257,10 @@ class StageCost:
         on every virtual stage: the attention in one vectorised call per direction."""
         if self.per_sequence is not None:
             return self.per_sequence.times(microbatches, uniform_budgets(k), modes)
-        counts = np.array([len(mb) for mb in microbatches], dtype=np.int64)
-        lengths = np.fromiter((L for mb in microbatches for L in mb), dtype=np.int64, count=int(counts.sum()))
-        tokens = np.array([sum(mb) for mb in microbatches], dtype=np.int64)
+        split = [split_pad(mb) for mb in microbatches]  # a slot's padding: tokens, no attention
+        counts = np.array([len(docs) for docs, _ in split], dtype=np.int64)
+        lengths = np.fromiter((L for docs, _ in split for L in docs), dtype=np.int64, count=int(counts.sum()))
+        tokens = np.array([t for _, t in split], dtype=np.int64)
         ks = np.repeat(np.asarray(k, dtype=np.int64), counts)
         out, attn_of = {}, {}
         for mode in modes:

@@ -1,0 +1,133 @@
+"""``sparsebalance validate --trainer torchtitan --config PRESET``: the torchtitan job (a preset of
+``sparsebalance.titan.config_registry``, or ``MODULE:PRESET``) run with its run config's policy and
+with the baseline LBB + fixed (torchtitan's own token-count balancing, in the same fixed slots), each
+``--rounds`` times in ABBA order (``commands/_rounds.py``: host load judged, disturbed rounds run
+again), every step measured inside torchtitan's trainer (``--sparsebalance.measure``); the simulator
+replays the same plans and budgets (``titan/measure.py``); the tables, headline error, speed-ups
+with their CIs and ranking are ``validate``'s (``analysis/validate.py``).
+
+Both jobs are checked (torchtitan config parsed, SparseBalance side resolved, documents loaded)
+before any process starts: a bad input is one line, exit code 2. The profile is used as measured
+(the calibration probe times realrun's model, not torchtitan's). Outputs under ``--out`` (default
+``results/validate-titan-<preset>``): ``iterations.csv``, ``stages.csv``, ``ops.csv``,
+``op_summary.csv``, ``actions.csv``, ``speedup.csv``, ``runs.csv``, ``summary.json``,
+``validate.png``, ``runs/<policy>/round<r>/`` (each job's dump folder: trace, losses, log).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+BASELINE = {"batching": "lbb", "tuning": "fixed"}
+"""torchtitan's own balancing (token counts), in the same slots: the baseline of the torchtitan jobs."""
+
+
+def _overrides(sets: list[str]) -> list[str]:
+    from sparsebalance.errors import ConfigError
+
+    out = []
+    for s in sets:
+        key, eq, value = s.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"--set: expected KEY=VALUE (a torchtitan config field), got {s!r}")
+        out += [f"--{key.strip()}", value.strip()]
+    return out
+
+
+def _variant(setup, policy: dict, out: Path, label: str) -> str:
+    """A run config TOML like the job's, with ``policy`` fields replaced (the baseline's)."""
+    from sparsebalance.runconfig import dump_toml
+
+    run = setup.run
+    data = run.data
+    if data.path and data.path != "stdlib":  # the copy lives elsewhere: its data stays where it was
+        data = replace(data, path=str(run.resolve(data.path).resolve()))
+    cfg = replace(run, policy=replace(run.policy, **policy), data=data)
+    path = out / f"run-{label.replace('+', '_')}.toml"
+    text = dump_toml(replace(cfg, base_dir=run.base_dir))
+    path.write_text(text)
+    return str(path)
+
+
+def run(args: argparse.Namespace) -> int:
+    from sparsebalance.analysis import validate as V
+    from sparsebalance.analysis.disturbance import run_cores
+    from sparsebalance.calibrate import Prober
+    from sparsebalance.commands._args import finish_outputs, resolve_out, take_positional_config
+    from sparsebalance.commands._hostload import HostLoad, host_cores
+    from sparsebalance.commands._rounds import LaunchFailed, run_rounds
+    from sparsebalance.commands._validate_report import finish
+    from sparsebalance.errors import ConfigError, HostError
+    from sparsebalance.titan.launch import check_job, module_and_preset, run_job
+    from sparsebalance.titan.measure import measured, replay
+
+    take_positional_config(args)
+    preset, nproc = args.config, args.nproc
+    base = _overrides(args.set) + (["--training.steps", str(args.iterations)] if args.iterations else [])
+    setup = check_job(preset, nproc, base)
+    if (setup.run.policy.batching, setup.run.policy.tuning) == tuple(BASELINE.values()):
+        raise ConfigError("policy: validate compares the run config's policy with the baseline lbb + fixed; "
+                          "set another pair (e.g. sab + dst)")
+    name = module_and_preset(preset)[1]
+    out = resolve_out(args.out, Path(setup.run.output_dir) / f"validate-titan-{name}", force=args.force,
+                      verb="validate")
+    label, base_label = f"{setup.run.policy.batching}+{setup.run.policy.tuning}", "baseline"
+    # the run configs pinned in files: the data path resolved against the original run config
+    sets = base + ["--dataloader.run_config", _variant(setup, {}, out, label)]
+    base_sets = base + ["--dataloader.run_config", _variant(setup, BASELINE, out, base_label)]
+    base_setup = check_job(preset, nproc, base_sets)
+    steps = parse_steps(preset, base)
+    pair = ((base_label, base_setup, base_sets), (label, setup, sets))
+    emit = (lambda line: print(line, file=sys.stderr)) if args.json else print
+
+    def launch(s: list[str], _setup, d: Path) -> tuple[int, dict]:
+        load = HostLoad().start()
+        try:
+            run_job(preset, nproc, d, [*s, "--sparsebalance.measure"], check=False)
+        except HostError as e:
+            load.stop()
+            print(f"sparsebalance validate: {e}", file=sys.stderr)
+            return 1, load.record()
+        load.stop()
+        return 0, load.record()
+
+    hc = host_cores()
+    cores = run_cores(nproc, 1, hc)
+    prober = Prober(setup.run, as_is=True, emit=emit)
+    try:
+        chosen, tries = run_rounds(pair, out, rounds=args.rounds, retries=args.retries, prober=prober,
+                                   cores=cores, host_cores=hc, emit=emit, launch=launch)
+    except LaunchFailed as e:
+        finish_outputs(False)
+        return e.code
+    sides = []
+    predicted = {}
+    for t in chosen.kept:
+        for name, st, d in t.payload.runs:
+            if name not in predicted:
+                predicted[name] = replay(st, steps)
+            pm, pt, plans = predicted[name]
+            from sparsebalance.titan.launch import JobResult
+
+            mm, mt = measured(JobResult(dump=d, losses=[], first_step=1).trace(), plans)
+            sides.append(V.Side(policy=name, round=t.round, predicted_metrics=pm, measured_metrics=mm,
+                                predicted_trace=pt, measured_trace=mt))
+    sides.sort(key=lambda sd: (sd.policy != base_label, sd.round))
+    loads = [ld for t in chosen.kept for ld in t.payload.loads]
+    tables, summary = V.tables_and_headline(sides, loads, base_label, label, warmup_excluded=steps > 1)
+    summary["trainer"] = "torchtitan"
+    summary["preset"] = preset
+    summary["nproc"] = nproc
+    summary["profile"] = setup.run.profile
+    return finish(args, out, tables, summary, chosen=chosen, tries=tries, prober=prober, cores=cores,
+                  host_cores=hc, title=f"torchtitan {preset}: {label} vs {base_label} "
+                                      f"(profile {setup.run.profile})")
+
+
+def parse_steps(preset: str, overrides: list[str]) -> int:
+    from sparsebalance.titan.launch import parse_job
+
+    return int(parse_job(preset, overrides).training.steps)

@@ -1,0 +1,104 @@
+"""Bad input: one line naming the field, exit code 2, before any process starts."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torchtitan")
+
+
+def test_a_config_without_varlen_attention_is_refused():
+    from sparsebalance.errors import ConfigError
+    from sparsebalance.simulator.config import tiny
+    from sparsebalance.titan.attention import use_moba
+    from sparsebalance.titan.compat import import_torchtitan
+
+    import_torchtitan()
+    from torchtitan.models.qwen3 import model_registry
+
+    spec = model_registry("debugmodel", attn_backend="flex")
+    with pytest.raises(ConfigError, match="no varlen attention .*flex"):
+        use_moba(spec.model, block_size=tiny().block_size)
+    varlen = model_registry("debugmodel", attn_backend="varlen")
+    assert use_moba(varlen.model, block_size=32) == 8
+
+
+def test_a_model_without_moba_layers_is_refused():
+    from sparsebalance.errors import ConfigError
+    from sparsebalance.titan.compat import import_torchtitan
+    from sparsebalance.titan.model import model_config_of
+
+    import_torchtitan()
+    from torchtitan.models.qwen3 import model_registry
+
+    with pytest.raises(ConfigError, match="no MoBA layers"):
+        model_config_of(model_registry("debugmodel", attn_backend="varlen").model, dtype="float32")
+
+
+def test_model_config_of_reads_the_titan_dims():
+    from sparsebalance.simulator.config import tiny
+    from sparsebalance.titan.model import model_config_of, qwen3_spec
+
+    m = tiny()
+    got = model_config_of(qwen3_spec(m).model, dtype="float32")
+    for f in ("hidden", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab", "block_size", "dtype_bytes"):
+        assert getattr(got, f) == getattr(m, f), f
+    assert got.qkv_bias is False
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (["--training.seq_len", "512"], "training.seq_len: the slot"),
+    (["--parallelism.pipeline_parallel_schedule", "ZBVZeroBubble"], "pipeline_parallel_schedule"),
+    (["--parallelism.module_fqns_per_model_part", "None"], "module_fqns_per_model_part"),
+    (["--training.local_batch_size", "9"], "slot_tokens: .* do not pack|global_batch"),
+])
+def test_bad_pp_jobs_are_one_line_before_launch(overrides, field):
+    from sparsebalance.errors import ConfigError
+    from sparsebalance.titan.launch import check_job
+
+    with pytest.raises(ConfigError, match=field):
+        check_job("sparsebalance_tiny_pp2", 2, overrides)
+
+
+def test_validate_refuses_a_bad_job_with_exit_2_and_starts_nothing(run_cli, tmp_path):
+    r = run_cli("validate", "--trainer", "torchtitan", "--config", "sparsebalance_tiny_pp2",
+                "--set", "training.seq_len=512", "--out", tmp_path / "v")
+    assert r.code == 2
+    assert "slot (512 tokens) is smaller than the longest document" in r.err
+    assert len(r.err.strip().splitlines()) == 1
+    assert not (tmp_path / "v").exists()
+
+
+_REGISTRY = '''
+from torchtitan.models.qwen3 import model_registry
+from sparsebalance.titan.config_registry import sparsebalance_tiny_pp2
+
+
+def flex_job():
+    """A torchtitan job whose model uses flex attention (no varlen attention for MoBA to replace)."""
+    job = sparsebalance_tiny_pp2()
+    job.model_spec = model_registry("debugmodel", attn_backend="flex")
+    return job
+
+
+def no_moba_job():
+    """Varlen attention, but not MoBA: the loader's budgets would reach no MoBA layer."""
+    job = sparsebalance_tiny_pp2()
+    job.model_spec = model_registry("debugmodel", attn_backend="varlen")
+    return job
+'''
+
+
+@pytest.mark.parametrize("preset, says", [
+    ("flex_job", "no varlen attention (it uses flex attention"),
+    ("no_moba_job", "no MoBA layers"),
+])
+def test_a_config_of_ones_own_without_moba_is_one_line_and_exit_2(run_cli, tmp_path, monkeypatch, preset, says):
+    (tmp_path / "sb_own_registry.py").write_text(_REGISTRY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    r = run_cli("validate", "--trainer", "torchtitan", "--config", f"sb_own_registry:{preset}",
+                "--out", tmp_path / "v")
+    assert r.code == 2
+    assert says in r.err
+    assert len(r.err.strip().splitlines()) == 1
+    assert not (tmp_path / "v").exists()

@@ -18,6 +18,8 @@ import contextlib
 import warnings
 from dataclasses import dataclass
 
+from sparsebalance.errors import NoteWarning
+
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Config:
@@ -125,7 +127,7 @@ def config(kernel: str, head_dim: int, device) -> Config:
         _warned.add((kernel, why))
         warnings.warn(f"MoBA kernel {kernel}: the chosen launch configuration "
                       f"{chosen(kernel, head_dim).label()} does not fit this device ({why}); "
-                      f"falling back to {FALLBACK.label()}", RuntimeWarning, stacklevel=3)
+                      f"falling back to {FALLBACK.label()}", NoteWarning, stacklevel=3)
     return FALLBACK
 
 

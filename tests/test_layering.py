@@ -20,7 +20,7 @@ ALLOWED = {
     "kernels": {"simulator", "data"},
     "analysis": {"simulator", "data"},
     "realrun": {"kernels", "policies", "simulator", "data", "loop", "runconfig", "runner", "analysis"},
-    "accuracy": {"kernels", "policies", "simulator", "data", "loop"},
+    "accuracy": {"kernels", "policies", "simulator", "data", "loop", "realrun", "runconfig"},
     "gpucheck": {"kernels", "simulator", "data", "runconfig", "stagecheck"},
 }
 THIRD_PARTY_FORBIDDEN = {

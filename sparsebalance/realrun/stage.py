@@ -75,6 +75,10 @@ class StageModule(_module_base()):  # type: ignore[misc]
             self.lm_head = net.lm_head
         self.model = inner
         self.config = net.config
+        self.score = False
+        """Last stage: also count the labels its forward predicts exactly (``realrun.score_labels``)."""
+        self.hits = (0, 0)
+        """(labels predicted exactly (argmax), labels) of the last forward, when ``score``."""
 
     def forward(self, hidden: Any, batch: Any, moba: Any) -> Any:
         from sparsebalance.kernels.qwen2 import lm_loss_sum, run_layers
@@ -83,7 +87,16 @@ class StageModule(_module_base()):  # type: ignore[misc]
             hidden = self.model.embed_tokens(batch.input_ids)
         hidden = run_layers(self, hidden, batch, moba)
         if self.last:
-            return lm_loss_sum(self.lm_head(self.model.norm(hidden)), batch.labels)
+            logits = self.lm_head(self.model.norm(hidden))
+            if self.score:
+                import torch
+
+                from sparsebalance.kernels.qwen2 import IGNORE_INDEX
+
+                with torch.no_grad():
+                    m = batch.labels[0] != IGNORE_INDEX
+                    self.hits = (int((logits[0][m].argmax(-1) == batch.labels[0][m]).sum()), int(m.sum()))
+            return lm_loss_sum(logits, batch.labels)
         return hidden
 
     def global_state_dict(self) -> dict[str, Any]:

@@ -105,7 +105,8 @@ def lead(rt: Any, spec: dict, cfg: Any, ckpt: Any, handler: Any, out: Path, *, p
         ex = ArmExecutor(i, control, RealrunExecutor(rt, ctx.coverage), SimulatorExecutor(latency, model, cluster), lr_at)
         runs.append({"arm": arm, "ctx": ctx, "batching": make_batching(policy), "tuning": make_tuning(policy),
                      "executor": ex, "batches": global_batches(seqs, cfg.global_batch, shuffle=True,
-                                                               rng=np.random.default_rng(seed))})
+                                                               rng=np.random.default_rng(seed)),
+                     "plans": [], "budgets": []})
     order_rng = np.random.default_rng([seed, 38])
     t0 = time.time()
     with (out / "iterations.jsonl").open("w") as f:
@@ -114,6 +115,8 @@ def lead(rt: Any, spec: dict, cfg: Any, ckpt: Any, handler: Any, out: Path, *, p
                 r = runs[i]
                 res = run_loop(batches=r["batches"], batching=r["batching"], tuning=r["tuning"],
                                executor=r["executor"], ctx=r["ctx"], iterations=1, progress=False)
+                r["plans"] += res.plans
+                r["budgets"] += res.budgets
                 row = {k: _plain(v) for k, v in res.metrics.iloc[0].to_dict().items()}
                 row |= {"arm": r["arm"].name, "seed": seed, "iteration": it, "order": pos}
                 f.write(json.dumps(row) + "\n")
@@ -121,6 +124,11 @@ def lead(rt: Any, spec: dict, cfg: Any, ckpt: Any, handler: Any, out: Path, *, p
             if progress:
                 print(f"accuracy seed {seed}: iteration {it + 1}/{cfg.iterations} of {len(runs)} arms "
                       f"({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
+    from sparsebalance.realrun.results import plans_to_json
+
+    (out / "plans").mkdir(exist_ok=True)
+    for r in runs:  # every arm's plans and budgets, for replays (realrun's plans.json format)
+        (out / "plans" / f"{r['arm'].name}.json").write_text(json.dumps(plans_to_json(r["plans"], r["budgets"])))
     with (out / "heldout.jsonl").open("w") as f:
         for i, r in enumerate(runs):
             control(("eval", i))

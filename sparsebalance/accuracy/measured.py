@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from sparsebalance.errors import check, check_choice, check_positive
 from sparsebalance.policies.config import ANCHORS, COVERAGE_AGGS
 
-BATCHINGS = ("lbb", "sab")
+BATCHINGS = ("sab", "lbb")
 BASES = ("fixed", "SAB-fixed", "FREE")
 POOL_OFFSET = 10_000_000
 """Training ids of the continuation start here (pretraining used 0..): disjoint streams."""

@@ -18,8 +18,9 @@ checkpoint (exported as a Hugging Face directory) with realrun's ``init_runtime`
   gathered into a whole model on every rank, each rank scores its share of the held-out examples
   per bucket with MoBA at ``k0`` and rank 0 sums the counts.
 
-Rank 0 writes ``iterations.jsonl`` (one row per arm x iteration, as it finishes) and
-``heldout.jsonl`` (one row per arm x bucket) under the output directory.
+Rank 0 writes ``iterations.jsonl`` (one row per arm x iteration, as it finishes),
+``plans/<arm>.json`` (its plans and budgets, realrun's ``plans.json`` format) and ``heldout.jsonl``
+(one row per arm x bucket) under the output directory.
 """
 
 from __future__ import annotations

@@ -53,22 +53,26 @@ class MeasuredConfig:
     """Batching of the DST arms: sab (SAB + DST) and lbb (DST without SAB)."""
     base: tuple[str, ...] = BASES
     """Arms run besides DST: fixed (always: the reference), SAB-fixed, FREE."""
-    k0: int = 16
-    """Default MoBA budget (blocks of 32 tokens)."""
+    k0: int = 32
+    """Default MoBA budget (blocks of 32 tokens): MoBA's default top-k 32, and at 1K-8K tokens the
+    paper's block counts (32-256 blocks of 256 tokens at 8K-64K), so budgets and coverage curves carry
+    over."""
     k_max: int = 64
     """Largest budget DST may raise to."""
     lr: float = 5e-4
     """AdamW learning rate of the continuation (after a linear warm-up of ``warmup`` iterations)."""
     warmup: int = 2
     """Iterations of linear learning-rate warm-up (a fresh AdamW moves every weight by ~lr at once)."""
-    pool: int = 256
-    """Training examples per seed; epochs reshuffle them."""
+    pool: int = 32
+    """Training examples per seed; epochs reshuffle them, so from the second epoch on DST's floors
+    use the gate coverage measured when a sequence last came round (before, the fitted rate)."""
     buckets: tuple[int, ...] = (1024, 4096, 8192)
     """Held-out lengths (tokens); accuracy is reported per bucket."""
-    heldout: int = 16
-    """Held-out examples per bucket."""
-    global_batch: int = 16
-    """Examples per iteration (the paper's global batch)."""
+    heldout: int = 8
+    """Held-out examples per bucket (4 answers each)."""
+    global_batch: int = 8
+    """Examples per iteration: one micro-batch each on one pipeline (the paper's 16 over DP 4 x PP 4
+    is 4 per pipeline)."""
     token_cap: int | None = None
     """Packing cap of a micro-batch (tokens); None = one example per micro-batch (the paper's
     micro-batch size 1)."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -122,8 +121,9 @@ def lead(rt: Any, spec: dict, cfg: Any, ckpt: Any, handler: Any, out: Path, *, p
                 f.write(json.dumps(row) + "\n")
                 f.flush()
             if progress:
+                # stdout: the launcher copies it to the console (the workers' stderr goes to launch.log)
                 print(f"accuracy seed {seed}: iteration {it + 1}/{cfg.iterations} of {len(runs)} arms "
-                      f"({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
+                      f"({time.time() - t0:.0f} s)", flush=True)
     from sparsebalance.realrun.results import plans_to_json
 
     (out / "plans").mkdir(exist_ok=True)
@@ -140,7 +140,7 @@ def lead(rt: Any, spec: dict, cfg: Any, ckpt: Any, handler: Any, out: Path, *, p
             f.flush()
         if progress:
             print(f"accuracy seed {seed}: held-out accuracy of {len(runs)} arms ({time.time() - t0:.0f} s)",
-                  file=sys.stderr, flush=True)
+                  flush=True)
     runs[0]["executor"].real.close()
 
 

@@ -125,7 +125,10 @@ def save(path: Path, model: Any, net: NetConfig, task: RecallConfig, meta: dict[
 def export_hf(ckpt: Checkpoint, directory: Path) -> Path:
     """The checkpoint as a Hugging Face directory (``config.json`` with its RoPE base and positions,
     ``model.safetensors``): what the real run's stages load (``realrun.checkpoint``)."""
+    from transformers.utils import logging as hf_logging
+
     directory = Path(directory)
+    hf_logging.disable_progress_bar()  # a bar for one 0.7 MB shard is noise on the console
     ckpt.load_model().save_pretrained(str(directory), safe_serialization=True)
     return directory
 

@@ -130,6 +130,11 @@ def test_outputs_and_resume(run, ckpt, capsys):
     assert cli.main(["accuracy", "--quick", "--checkpoint", str(ckpt), "--config", str(exp), "--iterations", "3",
                      "--out", str(run), "--resume", "--json", "--no-progress"]) == 0
     assert "already in" in capsys.readouterr().err
+    # ... but not one run with another setting
+    assert cli.main(["accuracy", "--quick", "--checkpoint", str(ckpt), "--config", str(exp), "--iterations", "3",
+                     "--k0", "5", "--out", str(run), "--resume", "--json", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--resume" in err[0] and "k0" in err[0]
 
 
 def test_arms_of_the_grid():

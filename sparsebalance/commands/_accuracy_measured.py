@@ -44,6 +44,20 @@ def check_checkpoint(ckpt, cfg) -> None:
               f"must hold the task's longest example ({ckpt.task.max_length} tokens), got {cfg.token_cap}")
 
 
+def check_same_setting(d: Path, cfg, grid: list, checkpoint: str) -> None:
+    """A kept seed must come from the same setting, arms and checkpoint as this call (seeds aside)."""
+    from sparsebalance.errors import check
+
+    spec = json.loads((d / "spec.json").read_text())
+    then = {k: v for k, v in spec["experiment"].items() if k != "seeds"}
+    now = {k: v for k, v in json.loads(json.dumps(asdict(cfg))).items() if k != "seeds"}
+    diff = sorted(k for k in set(then) | set(now) if then.get(k) != now.get(k))
+    diff += ["arms"] if spec["arms"] != grid else []
+    diff += ["checkpoint"] if spec["checkpoint"] != checkpoint else []
+    check(not diff, "--resume",
+          f"{d} was run with another setting ({', '.join(diff)} differ); use another --out")
+
+
 def seed_done(d: Path) -> bool:
     return (d / "heldout.jsonl").is_file() and (d / "host.json").is_file()
 
@@ -59,10 +73,14 @@ def run_measured(args, cfg) -> int:
     ckpt = load(args.checkpoint, default=SHIPPED_LONG)
     check_checkpoint(ckpt, cfg)
     ckpt.load_model()  # weights that do not fit fail here, once, not in every worker
+    grid = [asdict(a) for a in arms(cfg)]
+    if args.resume and args.out:  # before the directory is opened: a refused call leaves it as it was
+        for seed in cfg.seeds:
+            if seed_done(Path(args.out) / "seeds" / f"seed{seed}"):
+                check_same_setting(Path(args.out) / "seeds" / f"seed{seed}", cfg, grid, str(ckpt.path))
     out = resolve_out(args.out, "results/accuracy", force=args.force, verb="accuracy",
                       reuse=(lambda p: bool(args.resume) and (p / "seeds").is_dir()))
     hf = export_hf(ckpt, out / "hf")
-    grid = [asdict(a) for a in arms(cfg)]
     t0 = time.time()
     for seed in cfg.seeds:
         d = out / "seeds" / f"seed{seed}"

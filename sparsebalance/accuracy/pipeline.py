@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +136,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sparsebalance.realrun.launch import worker_done, worker_failed, worker_started
+    from sparsebalance.realrun.launch import worker_done, worker_started
 
     args = _parser().parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
@@ -163,16 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:
         if isinstance(e, SystemExit) and not e.code:
             raise
-        from sparsebalance.errors import ConfigError
+        from sparsebalance.realrun.launch import worker_exit
 
-        first = (str(e).strip().splitlines() or [""])[0]
-        bad_input = isinstance(e, ConfigError)
-        worker_failed(f"{type(e).__name__}: {first}", traceback.format_exc(), code=2 if bad_input else 1)
-        print(f"accuracy pipeline: rank {rank} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        if os.environ.get("SPARSEBALANCE_TRACEBACK"):
-            traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(2 if bad_input else 1)
+        worker_exit(e, f"rank {rank}", what="accuracy pipeline")
 
 
 if __name__ == "__main__":

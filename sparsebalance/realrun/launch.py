@@ -294,3 +294,25 @@ def worker_failed(error: str, traceback_text: str = "", code: int = 1) -> None:
 
 def worker_done() -> None:
     _write_status(state="done", time=time.time())
+
+
+def worker_exit(e: BaseException, where: str, what: str = "realrun"):
+    """End a worker on an exception (never returns): record the failure; a bad input (ConfigError:
+    before any collective, or a diverged loss) is one line and exit 2, anything else names the rank
+    (``where``) and exits 1 (a traceback with ``SPARSEBALANCE_TRACEBACK``). ``os._exit``: a process
+    group with pending sends/receives can block a normal interpreter exit."""
+    import traceback
+
+    from sparsebalance.errors import ConfigError
+
+    first = (str(e).strip().splitlines() or [""])[0]
+    bad_input = isinstance(e, ConfigError)
+    worker_failed(f"{type(e).__name__}: {first}", traceback.format_exc(), code=2 if bad_input else 1)
+    if bad_input:
+        print(f"{what}: error: {e}", file=sys.stderr, flush=True)
+        os._exit(2)
+    print(f"{what}: {where} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    if os.environ.get("SPARSEBALANCE_TRACEBACK"):
+        traceback.print_exc()
+    sys.stderr.flush()
+    os._exit(1)

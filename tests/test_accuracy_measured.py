@@ -141,7 +141,9 @@ def test_arms_of_the_grid():
     names = [a.name for a in arms(MeasuredConfig())]
     assert names[0] == "fixed" and "SAB-fixed" in names and names[-1] == "FREE"
     assert [n for n in names if n.endswith("MAX")] == ["MAX", "LBB-MAX"]  # MAX once: p never binds it
-    assert {"MEAN0.1", "MIN0.3", "LBB-MEAN0.2", "LBB-MIN0.1"} <= set(names) and len(names) == 17
+    assert {"MEAN0.1", "MIN0.3", "LBB-MEAN0.2", "LBB-MIN0.1", "fixed-dense"} <= set(names) and len(names) == 18
+    dense = next(a for a in arms(MeasuredConfig()) if a.name == "fixed-dense")
+    assert (dense.batching, dense.tuning) == ("lbb", "fixed-dense")
     free = next(a for a in arms(MeasuredConfig()) if a.name == "FREE")
     kw = free.policy_fields(MeasuredConfig(), 1.0)
     assert (kw["tuning"], kw["cp_rounds"], kw["cp_raise_tol"]) == ("dst-cp", 0, 0.0)

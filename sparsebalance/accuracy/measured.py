@@ -11,6 +11,10 @@ Arms (names as in the tables):
 
 * ``fixed``: LBB + MoBA at ``k0`` everywhere: the paper's baseline and the speedup reference;
 * ``SAB-fixed``: SAB + ``k0`` (the paper's +SAB row);
+* ``fixed-dense``: LBB + ``k0``, or full attention where the latency table predicts it no slower
+  (``policies.tuning.FixedDense``): a baseline that takes the kernel's dense shortcut, which plain
+  ``fixed`` leaves (on this CPU, at 1-2K tokens and k0 = 32, the sparse path costs more than dense);
+  the second speed reference;
 * ``MEAN0.1`` ... ``MIN0.3``: SAB + DST (anchor, p); ``LBB-MEAN0.1`` ...: the same without SAB;
 * ``MAX`` / ``LBB-MAX``: DST with the MAX anchor, run once: MAX only raises budgets (the anchor is
   the slowest micro-batch, so every k* >= k0), and p bounds lowering only, so MAX's budgets are the
@@ -29,7 +33,7 @@ from sparsebalance.errors import check, check_choice, check_positive
 from sparsebalance.policies.config import ANCHORS, COVERAGE_AGGS
 
 BATCHINGS = ("sab", "lbb")
-BASES = ("fixed", "SAB-fixed", "FREE")
+BASES = ("fixed", "SAB-fixed", "fixed-dense", "FREE")
 POOL_OFFSET = 10_000_000
 """Training ids of the continuation start here (pretraining used 0..): disjoint streams."""
 POOL_STRIDE = 1_000_000
@@ -52,7 +56,7 @@ class MeasuredConfig:
     batchings: tuple[str, ...] = BATCHINGS
     """Batching of the DST arms: sab (SAB + DST) and lbb (DST without SAB)."""
     base: tuple[str, ...] = BASES
-    """Arms run besides DST: fixed (always: the reference), SAB-fixed, FREE."""
+    """Arms run besides DST: fixed (always: the reference), SAB-fixed, fixed-dense, FREE."""
     k0: int = 32
     """Default MoBA budget (blocks of 32 tokens): MoBA's default top-k 32, and at 1K-8K tokens the
     paper's block counts (32-256 blocks of 256 tokens at 8K-64K), so budgets and coverage curves carry
@@ -138,6 +142,8 @@ def arms(cfg: MeasuredConfig) -> list[Arm]:
     out = [Arm(name="fixed", batching="lbb", tuning="fixed")]
     if "SAB-fixed" in cfg.base:
         out.append(Arm(name="SAB-fixed", batching="sab", tuning="fixed"))
+    if "fixed-dense" in cfg.base:
+        out.append(Arm(name="fixed-dense", batching="lbb", tuning="fixed-dense"))
     for b in cfg.batchings:
         prefix = "" if b == "sab" else "LBB-"
         for a in cfg.anchors:

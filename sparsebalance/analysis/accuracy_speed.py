@@ -15,6 +15,10 @@ speedup is the same ratio of the replays. ``accuracy_vs_fixed``, ``train_accurac
 ``loss_vs_fixed`` are differences to the reference of the same seed (and bucket): the training
 answers of an iteration are the same examples for every arm.
 
+:func:`speed_table` gives the same speedups against ``fixed-dense`` too (k0, or dense attention
+where the kernel's dense path is no slower): a baseline that does not leave the kernel's dense
+shortcut on the table.
+
 **Intervals** (:func:`summary`): 95 % Student t over seeds (``analysis.stats.summarize``: a seed is
 the unit of replication), so every difference and speedup interval is a paired one.
 """
@@ -29,6 +33,8 @@ import pandas as pd
 from sparsebalance.analysis.stats import fmt_ci, summarize
 
 REFERENCE = "fixed"
+DENSE_REFERENCE = "fixed-dense"
+"""The second speed reference: k0, or full attention where predicted no slower (``measured.py``)."""
 SPEED = ("measured_speedup", "sim_speedup", "iteration_time_s", "predicted_s", "mean_budget", "coverage",
          "loss", "loss_vs_fixed", "train_accuracy", "train_accuracy_vs_fixed")
 ACCURACY = ("accuracy", "accuracy_vs_fixed")
@@ -87,6 +93,50 @@ def summary(iterations: pd.DataFrame, heldout: pd.DataFrame, reference: str = RE
     acc = summarize(heldout_accuracy(heldout, reference), ["arm", "bucket"], ACCURACY)
     speed = speed.drop(columns="n_seeds")
     return acc.merge(speed, on="arm", how="left")
+
+
+def speed_table(iterations: pd.DataFrame, references: tuple[str, ...] = (REFERENCE, DENSE_REFERENCE)) -> pd.DataFrame:
+    """Measured and simulated speedups of every arm against each reference that ran, paired by seed
+    (:func:`per_seed`), mean and 95 % t interval over seeds: one row per (reference, arm)."""
+    parts = []
+    for ref in references:
+        if ref in set(iterations.arm):
+            t = summarize(per_seed(iterations, ref), "arm", ("measured_speedup", "sim_speedup"))
+            t.insert(0, "reference", ref)
+            parts.append(t)
+    return pd.concat(parts, ignore_index=True)
+
+
+def target_check(speed: pd.DataFrame, arm: str = "MEAN0.1", reference: str = REFERENCE, goal: float = 1.2,
+                 bound: float = 1.15) -> str:
+    """One line: does ``arm`` run at least ``goal`` x faster than ``reference``, measured, with a 95 %
+    interval above ``bound`` (the issue's target for SAB + DST, MEAN, p = 0.1)?"""
+    hit = speed[(speed.reference == reference) & (speed.arm == arm)]
+    if hit.empty:
+        return f"target: {arm} vs {reference} not run"
+    r = hit.iloc[0]
+    ok = r["measured_speedup"] >= goal and r["measured_speedup_ci_lo"] > bound
+    return (f"target: {arm} vs {reference}, measured {fmt_ci(r['measured_speedup'], r['measured_speedup_ci_lo'], r['measured_speedup_ci_hi'], 3)}"
+            f" over {int(r['n_seeds'])} seed(s) (>= {goal}x with the interval above {bound}): "
+            f"{'holds' if ok else 'does not hold'}")
+
+
+def speed_markdown(speed: pd.DataFrame) -> str:
+    """One line per arm: measured and simulated speedups against each reference, mean [95 % CI]."""
+    refs = list(dict.fromkeys(speed.reference))
+    head = ["arm"] + [f"{kind} vs {ref}" for ref in refs for kind in ("measured", "simulated")]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    by = speed.set_index(["reference", "arm"])
+    for arm in dict.fromkeys(speed.arm):
+        cells = [arm]
+        for ref in refs:
+            if (ref, arm) not in by.index:
+                cells += ["", ""]
+                continue
+            r = by.loc[(ref, arm)]
+            cells += [fmt_ci(r[c], r[f"{c}_ci_lo"], r[f"{c}_ci_hi"], 3) for c in ("measured_speedup", "sim_speedup")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def markdown_table(s: pd.DataFrame) -> str:

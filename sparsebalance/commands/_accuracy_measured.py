@@ -4,7 +4,8 @@ launch of ``accuracy/pipeline.py`` per seed on the real run's PP 2 workers, then
 Under ``--out``: ``hf/`` (the checkpoint exported for the stages), ``seeds/seed<s>/`` (``spec.json``,
 ``iterations.jsonl``, ``heldout.jsonl``, ``host.json``: wall time and other processes' load during
 the launch, ``launch.log``, ``ranks/``), then ``iterations.csv``, ``per_seed.csv`` (the speed join),
-``heldout.csv``, ``summary.csv``, ``summary.md``, ``accuracy_at_speed.png``/``.svg`` and
+``heldout.csv``, ``summary.csv``, ``speedups.csv`` (against ``fixed`` and ``fixed-dense``),
+``summary.md`` (with the target check), ``accuracy_at_speed.png``/``.svg`` and
 ``config.json``. ``--resume`` keeps the seeds a previous call finished in ``--out`` and runs the
 others, so a long study can be run in parts (each under the CPU lock).
 """
@@ -119,7 +120,11 @@ def summarize(out: Path, cfg, ckpt, args, wall_s: float) -> int:
     A.heldout_accuracy(held).to_csv(out / "heldout.csv", index=False)
     s = A.summary(its, held)
     s.to_csv(out / "summary.csv", index=False)
-    (out / "summary.md").write_text(A.markdown_table(s) + "\n")
+    speed = A.speed_table(its)
+    speed.to_csv(out / "speedups.csv", index=False)
+    target = A.target_check(speed)
+    (out / "summary.md").write_text(A.markdown_table(s) + "\n\nSpeedups against each reference (95 % CI over "
+                                    "seeds):\n\n" + A.speed_markdown(speed) + "\n\n" + target + "\n")
     A.plot(s, out / "accuracy_at_speed")
     (out / "config.json").write_text(json.dumps(
         {"experiment": asdict(cfg), "checkpoint": str(ckpt.path), "checkpoint_steps": ckpt.meta.get("steps"),
@@ -134,6 +139,7 @@ def summarize(out: Path, cfg, ckpt, args, wall_s: float) -> int:
         print(json.dumps(rows))
         return 0
     print(A.markdown_table(s))
+    print(target)
     print(f"summary: {out / 'summary.csv'}  figure: {out / 'accuracy_at_speed.png'}  "
           f"({sum(v.get('wall_s', 0.0) for v in hosts.values()):.0f} s of launches)")
     return 0

@@ -64,14 +64,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--anchors", default=None, help="DST anchors (default mean,min,max)")
     g.add_argument("--ps", default=None, help="DST thresholds p (default 0.1,0.2,0.3)")
     g.add_argument("--k0", type=positive_int, default=None,
-                   help="default budget in blocks (realrun default 16, single 8)")
+                   help="default budget in blocks (realrun default 32, single 8)")
     g.add_argument("--buckets", default=None,
                    help="held-out lengths (realrun default 1024,4096,8192; single 64,256,1024)")
     g.add_argument("--heldout", type=int, default=None,
-                   help="held-out examples per bucket (realrun default 16, single 64)")
+                   help="held-out examples per bucket (realrun default 8, single 64)")
     g.add_argument("--coverage-agg", default=None, help="micro-batch coverage: tokens (default) or min")
     g.add_argument("--base", default=None,
-                   help="reference arms besides DST (realrun: fixed,SAB-fixed,FREE; single: dense,fixed; "
+                   help="reference arms besides DST (realrun: fixed,SAB-fixed,fixed-dense,FREE; single: dense,fixed; "
                         "fixed is the speedup reference)")
     g = p.add_argument_group("pretrain")
     g.add_argument("--seed", type=int, default=0, help="seed of the weights and the data (default 0)")

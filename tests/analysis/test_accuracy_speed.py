@@ -97,3 +97,32 @@ def test_table_and_figure(tmp_path, monkeypatch):
     A.plot(s, tmp_path / "fig")
     assert (tmp_path / "fig.png").stat().st_size > 0 and (tmp_path / "fig.svg").is_file()
     assert len(kept) == 1 and overlapping_texts(kept[0]) == []
+
+
+def test_speed_table_against_both_references_and_the_target_line():
+    # fixed-dense is 1.25x fixed on every seed; MEAN0.1 is 1.25x, 1.5x, 2x fixed
+    fixed = [[9.0, 2.0, 2.0, 2.0], [9.0, 3.0, 3.0, 3.0], [9.0, 4.0, 4.0, 4.0]]
+    dense = [[9.0, 1.6, 1.6, 1.6], [9.0, 2.4, 2.4, 2.4], [9.0, 3.2, 3.2, 3.2]]
+    dst = [[1.0, 1.6, 1.6, 1.6], [1.0, 2.0, 2.0, 2.0], [1.0, 2.0, 2.0, 2.0]]
+    sp = A.speed_table(_iterations({"fixed": fixed, "fixed-dense": dense, "MEAN0.1": dst})).set_index(["reference", "arm"])
+    x = np.array([1.25, 1.5, 2.0]) / 1.25  # against fixed-dense, seed by seed
+    half = T_975_2 * x.std(ddof=1) / math.sqrt(3)
+    r = sp.loc[("fixed-dense", "MEAN0.1")]
+    assert r["measured_speedup"] == pytest.approx(x.mean())
+    assert (r["measured_speedup_ci_lo"], r["measured_speedup_ci_hi"]) == pytest.approx((x.mean() - half, x.mean() + half))
+    assert sp.loc[("fixed", "fixed-dense"), "measured_speedup"] == pytest.approx(1.25)
+    assert sp.loc[("fixed", "fixed-dense"), "measured_speedup_ci_lo"] == pytest.approx(1.25)  # no spread
+    line = A.target_check(sp.reset_index())
+    y = np.array([1.25, 1.5, 2.0])
+    lo = y.mean() - T_975_2 * y.std(ddof=1) / math.sqrt(3)
+    assert line.startswith("target: MEAN0.1 vs fixed") and lo < 1.15 and line.endswith("does not hold")
+    assert A.target_check(sp.reset_index(), arm="fixed-dense", goal=1.2, bound=1.15).endswith(": holds")
+    md = A.speed_markdown(sp.reset_index()).splitlines()
+    assert md[0] == ("| arm | measured vs fixed | simulated vs fixed | measured vs fixed-dense | "
+                     "simulated vs fixed-dense |") and len(md) == 5
+
+
+def test_speed_table_without_the_dense_reference():
+    sp = A.speed_table(_iterations({"fixed": [[9.0, 2.0, 2.0]], "MEAN0.1": [[1.0, 1.0, 1.0]]}))
+    assert set(sp.reference) == {"fixed"}
+    assert A.target_check(sp, arm="MIN0.1") == "target: MIN0.1 vs fixed not run"

@@ -1,5 +1,7 @@
-"""`sparsebalance accuracy`: rows of --quick --json, the trainer's step, and every bad input -> one
-line, exit 2. A random-initialised checkpoint stands in for the shipped one (seconds, not minutes)."""
+"""`sparsebalance accuracy --executor single` (the single-process trainer): rows of --quick --json, the
+trainer's step, and every bad input (of either executor) -> one line, exit 2. A random-initialised
+checkpoint stands in for the shipped one (seconds, not minutes). The measured grid:
+tests/test_accuracy_measured.py."""
 
 import json
 
@@ -27,8 +29,8 @@ def ckpt(tmp_path_factory):
 
 
 def test_quick_json_rows(ckpt, tmp_path, capsys):
-    assert cli.main(["accuracy", "--quick", "--json", "--checkpoint", str(ckpt), "--out", str(tmp_path),
-                     *FAST]) == 0
+    assert cli.main(["accuracy", "--executor", "single", "--quick", "--json", "--checkpoint", str(ckpt),
+                     "--out", str(tmp_path), *FAST]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert {(r["config"], r["bucket"]) for r in rows} == {(c, b) for c in ("fixed", "MEAN0.1")
                                                            for b in (64, 256)}
@@ -61,8 +63,11 @@ def _bad(argv, capsys, field):
     (["--jobs", "0"], "--jobs"),
     (["--base", "sparse"], "base"),
 ])
-def test_bad_arguments(argv, field, ckpt, tmp_path, capsys):
-    _bad(["--checkpoint", str(ckpt), "--out", str(tmp_path), *argv], capsys, field)
+@pytest.mark.parametrize("executor", ["single", "realrun"])
+def test_bad_arguments(argv, field, executor, ckpt, tmp_path, capsys):
+    if executor == "realrun" and argv[0] == "--jobs":
+        argv = ["--jobs", "0"]  # a parse error before the executor is known: the same line
+    _bad(["--executor", executor, "--checkpoint", str(ckpt), "--out", str(tmp_path), *argv], capsys, field)
 
 
 def test_missing_and_mismatched_checkpoints(ckpt, tmp_path, capsys):
@@ -84,7 +89,7 @@ def test_missing_and_mismatched_checkpoints(ckpt, tmp_path, capsys):
     wrong.mkdir()
     (wrong / "checkpoint.json").write_text(json.dumps(doc))
     torch.save({"model.embed_tokens.weight": torch.zeros(3, 3)}, wrong / "model.pt")
-    _bad(["--checkpoint", str(wrong), "--out", str(tmp_path / "o")], capsys, "checkpoint")
+    _bad(["--checkpoint", str(wrong), "--out", str(tmp_path / "o"), "--buckets", "64"], capsys, "checkpoint")
 
 
 def test_gradient_accumulation_over_microbatches_equals_one_packed_step(ckpt):
@@ -129,7 +134,8 @@ def test_gradient_accumulation_over_microbatches_equals_one_packed_step(ckpt):
 def test_bad_config_file(text, field, ckpt, tmp_path, capsys):
     cfg = tmp_path / "exp.toml"
     cfg.write_text(text)
-    _bad(["--checkpoint", str(ckpt), "--config", str(cfg), "--out", str(tmp_path / "o")], capsys, field)
+    _bad(["--executor", "single", "--checkpoint", str(ckpt), "--config", str(cfg), "--out", str(tmp_path / "o")],
+         capsys, field)
 
 
 def test_config_file_then_flags_override():
@@ -141,7 +147,8 @@ def test_config_file_then_flags_override():
     with tempfile.TemporaryDirectory() as d:
         cfg = Path(d) / "exp.toml"
         cfg.write_text("steps = 4\nseeds = [3, 4]\nps = [0.2]\nlr = 2e-3\n")
-        args = cli.build_parser("accuracy").parse_args(["accuracy", "--config", str(cfg), "--ps", "0.3"])
+        args = cli.build_parser("accuracy").parse_args(["accuracy", "--executor", "single", "--config", str(cfg),
+                                                         "--ps", "0.3"])
         exp = _experiment(args)
     assert (exp.steps, exp.seeds, exp.ps, exp.lr) == (4, (3, 4), (0.3,), 2e-3)
 

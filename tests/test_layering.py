@@ -25,7 +25,7 @@ ALLOWED = {
     "kernels": {"simulator", "data"},
     "analysis": {"simulator", "data"},
     "realrun": {"kernels", "policies", "simulator", "data", "loop", "runconfig", "runner", "analysis"},
-    "accuracy": {"kernels", "policies", "simulator", "data", "loop"},
+    "accuracy": {"kernels", "policies", "simulator", "data", "loop", "realrun", "runconfig"},
     "gpucheck": {"kernels", "simulator", "data", "runconfig", "stagecheck"},
     "titan": {"kernels", "policies", "simulator", "data", "loop", "runconfig", "runner"},
 }

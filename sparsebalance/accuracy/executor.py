@@ -20,30 +20,15 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
-
 from sparsebalance.data.recall import TRAIN, Example, RecallTask
 from sparsebalance.simulator.plan import Budget, Budgets, Plan
 
 
 def pack_answers(examples: list[Example]) -> Any:
     """A packed micro-batch whose labels are the answers only (loss and accuracy count nothing else)."""
-    import torch
+    from sparsebalance.kernels.qwen2 import pack
 
-    from sparsebalance.kernels.qwen2 import IGNORE_INDEX, PackedBatch
-
-    ids = np.concatenate([e.tokens for e in examples])
-    labels = np.full_like(ids, IGNORE_INDEX)
-    off = 0
-    cu = [0]
-    for e in examples:
-        labels[off + e.positions] = e.answers  # predicted at the queried key's position
-        off += len(e.tokens)
-        cu.append(off)
-    pos = np.concatenate([np.arange(len(e.tokens)) for e in examples])
-    t = torch.from_numpy
-    return PackedBatch(input_ids=t(ids)[None], labels=t(labels)[None], position_ids=t(pos)[None],
-                       cu_seqlens=torch.tensor(cu, dtype=torch.int32))
+    return pack([e.tokens for e in examples], labels=[e.labels for e in examples])
 
 
 def token_batches(examples: list[Example], max_tokens: int) -> Iterator[Any]:
@@ -72,6 +57,14 @@ def forward(model: Any, batch: Any, budget: Budget | int, block_size: int, cover
 def evaluate(model: Any, examples: list[Example], k: int, block_size: int,
              tokens_per_batch: int = 8192) -> float:
     """Share of answers predicted exactly (argmax) with MoBA at budget ``k`` in every layer."""
+    right, total = count_right(model, examples, k, block_size, tokens_per_batch)
+    return right / max(total, 1)
+
+
+def count_right(model: Any, examples: list[Example], k: int, block_size: int,
+                tokens_per_batch: int = 8192) -> tuple[int, int]:
+    """(answers predicted exactly (argmax), answers) with MoBA at budget ``k`` in every layer;
+    examples packed up to ``tokens_per_batch`` tokens per forward."""
     import torch
 
     from sparsebalance.kernels.qwen2 import IGNORE_INDEX
@@ -86,7 +79,7 @@ def evaluate(model: Any, examples: list[Example], k: int, block_size: int,
             right += int((logits[m].argmax(-1) == batch.labels[0][m]).sum())
             total += int(m.sum())
     model.train(was)
-    return right / max(total, 1)
+    return right, total
 
 
 class TrainExecutor:

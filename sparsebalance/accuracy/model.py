@@ -74,8 +74,8 @@ def build(net: NetConfig) -> Any:
     return model
 
 
-def shipped_path() -> Path:
-    return Path(str(resources.files("sparsebalance.data") / "checkpoints" / SHIPPED))
+def shipped_path(name: str = SHIPPED) -> Path:
+    return Path(str(resources.files("sparsebalance.data") / "checkpoints" / name))
 
 
 @dataclass(slots=True)
@@ -122,9 +122,20 @@ def save(path: Path, model: Any, net: NetConfig, task: RecallConfig, meta: dict[
     (path / "checkpoint.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
 
 
-def load(path: str | Path | None) -> Checkpoint:
-    """Read and check a checkpoint directory (None = the shipped one)."""
-    p = shipped_path() if path is None else Path(path)
+def export_hf(ckpt: Checkpoint, directory: Path) -> Path:
+    """The checkpoint as a Hugging Face directory (``config.json`` with its RoPE base and positions,
+    ``model.safetensors``): what the real run's stages load (``realrun.checkpoint``)."""
+    from transformers.utils import logging as hf_logging
+
+    directory = Path(directory)
+    hf_logging.disable_progress_bar()  # a bar for one 0.7 MB shard is noise on the console
+    ckpt.load_model().save_pretrained(str(directory), safe_serialization=True)
+    return directory
+
+
+def load(path: str | Path | None, default: str = SHIPPED) -> Checkpoint:
+    """Read and check a checkpoint directory (None = the shipped one named ``default``)."""
+    p = shipped_path(default) if path is None else Path(path)
     if p.is_file():
         p = p.parent
     meta_file = p / "checkpoint.json"

@@ -11,10 +11,18 @@ Curriculum (each phase a fresh stream of training examples, AdamW, linear warm-u
    (at most ``extra_steps``) only while the shortest bucket is below ``target``: the gate learns to
    route queries to the block holding their key.
 
+Given ``init`` (a checkpoint to continue, ``--init``), phase 1 is skipped: the weights are that
+checkpoint's (its model config may change the RoPE base and the positions: the tensors are the same)
+and phase 2 trains on this call's task; the record keeps the chain of the inits' records.
+
 Then the coverage fit: real gate coverage of held-out examples at every layer (kernel code), the
-parametric model fitted per layer (``policies.coverage.fit_rate``); the layer DST watches (the one
-with the lowest coverage at k0: its floors are the most cautious) and its rate go into
-``checkpoint.json`` with the seed, the command, the CPU and wall time and the load.
+parametric model fitted per layer (``policies.coverage.fit_rate``), and each layer's **budget
+sensitivity** (held-out accuracy at the longest bucket with that layer alone cut to ``k0 / 4``, the
+others at k0: which layer's routing the answers depend on). The layer DST watches follows
+``coverage_layer_rule``: ``flattest`` (lowest coverage at k0: the most cautious floors) or
+``sharpest`` (highest coverage at k0: the only layer under which DST may lower budgets when the
+others' gates are flat); it and its rate go into ``checkpoint.json`` with the seed, the command, the
+CPU and wall time and the load.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import numpy as np
 from sparsebalance.accuracy.executor import evaluate, forward, pack_answers, token_batches
 from sparsebalance.accuracy.model import NetConfig, build, save
 from sparsebalance.data.recall import TRAIN, RecallConfig, RecallTask
-from sparsebalance.errors import check, check_positive
+from sparsebalance.errors import check, check_choice, check_positive
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -60,7 +68,12 @@ class PretrainConfig:
     heldout: int = 64
     """Held-out examples per bucket for the stopping rule and the record."""
     coverage_examples: int = 16
-    """Held-out examples per bucket whose gate coverage is fitted."""
+    """Held-out examples per bucket whose gate coverage is fitted (and, at the longest bucket, whose
+    accuracy measures each layer's budget sensitivity)."""
+    lr_warmup: int = 100
+    """Steps of linear learning-rate warm-up."""
+    coverage_layer_rule: str = "flattest"
+    """Which layer DST watches: flattest (lowest coverage at k0) or sharpest (highest)."""
 
     def __post_init__(self) -> None:
         for f in ("warmup_length", "batch", "moba_batch", "k0", "eval_every", "heldout",
@@ -71,6 +84,8 @@ class PretrainConfig:
         check_positive(self.lr, "lr")
         check(math.isfinite(self.lr), "lr", f"must be a finite number > 0, got {self.lr!r}")
         check(0.0 < self.target <= 1.0, "target", f"must lie in (0, 1], got {self.target}")
+        check_positive(self.lr_warmup, "lr_warmup", allow_zero=True)
+        check_choice(self.coverage_layer_rule, "coverage_layer_rule", ("flattest", "sharpest"))
 
 
 def _step(model: Any, opt: Any, examples: list, k: int, block_size: int, max_tokens: int = 8192) -> float:
@@ -123,9 +138,21 @@ def fit_layers(model: Any, task: RecallTask, buckets: list[int], n: int, block_s
     return fits
 
 
+def layer_sensitivity(model: Any, examples: list, block_size: int, k: int, low: int) -> list[dict]:
+    """Per layer: held-out accuracy with that layer alone at budget ``low``, the others at ``k``."""
+    from sparsebalance.accuracy.executor import evaluate
+    from sparsebalance.simulator.budget import Budget
+
+    n = model.config.num_hidden_layers
+    return [{"layer": i, "budget": low, "accuracy": evaluate(
+        model, examples, Budget.per_layer(tuple(low if j == i else k for j in range(n))), block_size)}
+        for i in range(n)]
+
+
 def pretrain(net: NetConfig, task_cfg: RecallConfig, cfg: PretrainConfig, buckets: list[int],
-             out, command: str, log=print) -> dict[str, Any]:
-    """Train, fit coverage, save the checkpoint to ``out``; returns the record written."""
+             out, command: str, log=print, init: Any = None) -> dict[str, Any]:
+    """Train, fit coverage, save the checkpoint to ``out``; returns the record written. ``init``: a
+    loaded checkpoint whose weights this call continues (phase 1 skipped)."""
     import torch
 
     from sparsebalance.loop import check_loss
@@ -133,19 +160,22 @@ def pretrain(net: NetConfig, task_cfg: RecallConfig, cfg: PretrainConfig, bucket
     torch.set_num_threads(1)
     task = RecallTask(task_cfg)
     model = build(net)
+    if init is not None:
+        model.load_state_dict(init.load_model().state_dict())
     B = net.dims.block_size
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.0)
     heldout = {b: task.heldout(b, cfg.heldout) for b in buckets}
-    short = RecallTask(RecallConfig(**(asdict(task_cfg) | {"max_length": cfg.warmup_length})))
+    short = task if init is not None else RecallTask(  # phase 1's short examples (skipped after an init)
+        RecallConfig(**(asdict(task_cfg) | {"max_length": cfg.warmup_length})))
     cpu0, wall0, load0 = time.process_time(), time.time(), os.getloadavg()[0]
     step, history, dense = 0, [], net.max_positions  # k >= blocks: full attention
-    phases = ((1, cfg.warmup_steps, short, dense, cfg.batch, 0),
+    phases = ((1, 0 if init is not None else cfg.warmup_steps, short, dense, cfg.batch, 0),
               (2, cfg.moba_steps + cfg.extra_steps, task, cfg.k0, cfg.moba_batch, cfg.moba_steps))
     for phase, steps, source, k, batch, at_least in phases:
         first = step
         for s in range(steps):
             for g in opt.param_groups:
-                g["lr"] = cfg.lr * min(1.0, (step + 1) / 100)
+                g["lr"] = cfg.lr * min(1.0, (step + 1) / cfg.lr_warmup) if cfg.lr_warmup else cfg.lr
             exs = [source.example(TRAIN, i, source.train_length(i))
                    for i in range(first * cfg.batch + s * batch, first * cfg.batch + (s + 1) * batch)]
             loss = _step(model, opt, exs, k, B)
@@ -163,15 +193,20 @@ def pretrain(net: NetConfig, task_cfg: RecallConfig, cfg: PretrainConfig, bucket
                     break
     cpu, wall, load1 = time.process_time() - cpu0, time.time() - wall0, os.getloadavg()[0]
     fits = fit_layers(model, task, buckets, cfg.coverage_examples, B, cfg.k0)
-    # DST watches the layer whose gate is flattest at k0 (lowest coverage): the one a smaller budget
-    # costs most, so its floors are the most cautious
-    best = min(fits, key=lambda f: f["measured_coverage_at_k0"])
+    sens = layer_sensitivity(model, task.heldout(max(buckets), cfg.coverage_examples), B, cfg.k0,
+                             max(1, cfg.k0 // 4))
+    # flattest: the lowest coverage at k0, so the most cautious floors; sharpest: the highest
+    pick = min if cfg.coverage_layer_rule == "flattest" else max
+    best = pick(fits, key=lambda f: f["measured_coverage_at_k0"])
     record = {
         "seed": net.seed, "command": command, "pretrain": asdict(cfg), "buckets": buckets,
         "steps": step, "cpu_time_s": round(cpu, 1), "wall_time_s": round(wall, 1),
         "load_average_start_end": [round(load0, 2), round(load1, 2)],
         "heldout_accuracy": history[-1]["accuracy"], "history": history,
-        "coverage_fits": fits, "coverage_layer": best["layer"], "coverage_rate": best["rate"],
+        "coverage_fits": fits, "layer_sensitivity": sens, "coverage_layer_rule": cfg.coverage_layer_rule,
+        "coverage_layer": best["layer"], "coverage_rate": best["rate"],
+        "init": None if init is None else {"path": str(init.path), **{k: init.meta.get(k) for k in (
+            "command", "steps", "cpu_time_s", "wall_time_s", "heldout_accuracy", "init")}},
         "machine": "the project's VM: 2 vCPUs AMD EPYC, 24 GiB, no GPU (shared; see load)",
         "versions": {"torch": torch.__version__},
     }

@@ -1,16 +1,23 @@
-"""``sparsebalance accuracy [pretrain]``: does DST keep accuracy? (long-context recall, tiny model, CPU)
+"""``sparsebalance accuracy [pretrain]``: does DST keep accuracy, at speed? (long-context recall, tiny
+model, CPU)
 
-``sparsebalance accuracy pretrain`` trains the base model (``accuracy/pretrain.py``) and writes a
-checkpoint (default ``results/accuracy/checkpoint``; the shipped one is
-``sparsebalance/data/checkpoints/recall-tiny``, made by that command, see its checkpoint.json).
+``sparsebalance accuracy`` (``--executor realrun``, the default) runs the measured grid
+(``accuracy/measured.py``: fixed k0, SAB-fixed, SAB + DST and LBB + DST x anchors x p, FREE) on the
+real run's PP 2 workers on gloo, one torchrun launch per seed, from the shipped long-context
+checkpoint ``sparsebalance/data/checkpoints/recall-long``: every arm's iteration times (measured and
+simulated) and its held-out accuracy come from the same runs (``commands/_accuracy_measured.py``
+lists the files). ``--quick``: fixed and MEAN0.1, one seed, 4 iterations, 4 held-out examples per
+bucket.
 
-``sparsebalance accuracy`` continues that checkpoint under every configuration (``accuracy/
-experiment.py``: dense, fixed k0, SAB + DST x anchors x p) for the same steps, seeds and data
-order, evaluates each per length bucket and writes ``rows.csv`` (config x seed x bucket),
-``summary.csv`` (mean and 95 % CI over seeds), ``accuracy_vs_speedup.png``/``.svg`` and
-``config.json`` under ``--out``. ``--quick``: fixed and MEAN0.1, one seed, 24 steps. ``--json``
-prints the rows ``{config, anchor, p, seed, bucket, accuracy, mean_budget, coverage, cpu_time_s,
-sim_speedup}`` only.
+``--executor single`` runs the earlier experiment (``accuracy/experiment.py``): a single-process
+trainer on the short checkpoint ``recall-tiny`` (64-1,024 tokens) whose speed is the H200
+simulation of its plans; it writes ``rows.csv``, ``summary.csv``, ``accuracy_vs_speedup.png`` and
+``config.json``; ``--json`` prints its rows ``{config, anchor, p, seed, bucket, accuracy,
+mean_budget, coverage, cpu_time_s, sim_speedup}``.
+
+``sparsebalance accuracy pretrain`` trains a base model (``accuracy/pretrain.py``) and writes a
+checkpoint (default ``results/accuracy/checkpoint``); the shipped ones were made by that command
+(see their checkpoint.json).
 """
 
 from __future__ import annotations
@@ -33,26 +40,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="checkpoint directory (run: default the shipped one; pretrain: where to write, "
                         "default results/accuracy/checkpoint)")
     p.add_argument("--config", metavar="FILE", default=None,
-                   help="experiment settings (TOML): any of steps, seeds, anchors, ps, base, k0, lr, pool, "
-                        "buckets, heldout, coverage_agg, global_batch, scale, token_cap; flags given on "
-                        "the command line override it")
+                   help="experiment settings (TOML): the fields of accuracy/measured.py's MeasuredConfig "
+                        "(realrun) or experiment.py's ExperimentConfig (single); flags given on the "
+                        "command line override it")
+    p.add_argument("--executor", choices=("realrun", "single"), default="realrun",
+                   help="realrun (default): the measured grid on the real run's PP 2 workers; single: the "
+                        "earlier single-process trainer with simulated H200 speed")
     add_out(p, "results/accuracy")
     p.add_argument("--json", action="store_true", help="print the result rows as JSON (stdout) only")
     add_output_flags(p)
     g = p.add_argument_group("run")
-    g.add_argument("--quick", action="store_true", help="fixed and DST MEAN0.1, one seed, 24 steps")
-    g.add_argument("--jobs", type=positive_int, default=1, help="configurations run in parallel (processes)")
+    g.add_argument("--quick", action="store_true",
+                   help="fixed and SAB + DST MEAN0.1, one seed, a short continuation")
+    g.add_argument("--resume", action="store_true",
+                   help="realrun: keep the seeds a previous call finished in --out, run the others")
+    g.add_argument("--jobs", type=positive_int, default=1,
+                   help="single: configurations run in parallel (processes)")
     g.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2)")
-    g.add_argument("--steps", type=positive_int, default=None, help="continuation steps (default 96)")
+    g.add_argument("--iterations", type=positive_int, default=None,
+                   help="realrun: iterations per arm (default 8; the first is left out of the speeds)")
+    g.add_argument("--batchings", default=None, help="realrun: batching of the DST arms (default sab,lbb)")
+    g.add_argument("--steps", type=positive_int, default=None, help="single: continuation steps (default 96)")
     g.add_argument("--anchors", default=None, help="DST anchors (default mean,min,max)")
     g.add_argument("--ps", default=None, help="DST thresholds p (default 0.1,0.2,0.3)")
-    g.add_argument("--k0", type=positive_int, default=None, help="default budget in blocks (default 8)")
-    g.add_argument("--buckets", default=None, help="held-out lengths (default 64,256,1024)")
-    g.add_argument("--heldout", type=int, default=None, help="held-out examples per bucket (default 64)")
+    g.add_argument("--k0", type=positive_int, default=None,
+                   help="default budget in blocks (realrun default 32, single 8)")
+    g.add_argument("--buckets", default=None,
+                   help="held-out lengths (realrun default 1024,4096,8192; single 64,256,1024)")
+    g.add_argument("--heldout", type=int, default=None,
+                   help="held-out examples per bucket (realrun default 8, single 64)")
     g.add_argument("--coverage-agg", default=None, help="micro-batch coverage: tokens (default) or min")
     g.add_argument("--base", default=None,
-                   help="reference configurations run besides DST (default dense,fixed; fixed is the "
-                        "speedup reference)")
+                   help="reference arms besides DST (realrun: fixed,SAB-fixed,fixed-dense,FREE; single: dense,fixed; "
+                        "fixed is the speedup reference)")
     g = p.add_argument_group("pretrain")
     g.add_argument("--seed", type=int, default=0, help="seed of the weights and the data (default 0)")
     g.add_argument("--warmup-steps", type=int, default=None,
@@ -61,6 +81,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--extra-steps", type=int, default=None,
                    help="most further MoBA steps while below --target (default 1500)")
     g.add_argument("--target", type=float, default=None, help="stop at this shortest-bucket accuracy")
+    g.add_argument("--init", metavar="DIR", default=None,
+                   help="continue this checkpoint (a directory, or a shipped name: recall-tiny, recall-long) "
+                        "instead of training from scratch: the dense warm-up is skipped")
+    g.add_argument("--rope-theta", type=float, default=None, help="RoPE base of the model (default 10000)")
+    g.add_argument("--max-positions", type=positive_int, default=None,
+                   help="longest sequence the model takes (default 2048)")
+    g.add_argument("--min-length", type=positive_int, default=None, help="shortest training example (default 64)")
+    g.add_argument("--max-length", type=positive_int, default=None, help="longest training example (default 1024)")
+    g.add_argument("--tail", type=float, default=None, help="Pareto exponent of the length mix (default 0.5)")
+    g.add_argument("--moba-batch", type=positive_int, default=None, help="examples per MoBA step (default 16)")
+    g.add_argument("--lr", type=float, default=None, help="AdamW learning rate (default 3e-3)")
+    g.add_argument("--lr-warmup", type=int, default=None, help="steps of learning-rate warm-up (default 100)")
+    g.add_argument("--coverage-layer-rule", choices=("flattest", "sharpest"), default=None,
+                   help="the layer DST watches: lowest (default) or highest coverage at k0")
 
 
 def _list(text: str, name: str, conv=str) -> tuple:
@@ -69,12 +103,12 @@ def _list(text: str, name: str, conv=str) -> tuple:
     return tuple(comma_list(text, f"--{name}", conv))
 
 
-def _config_file(path: str) -> dict:
-    """ExperimentConfig fields from a TOML file, checked: unknown keys and bad types are one line."""
+def _config_file(path: str, cls) -> dict:
+    """``cls`` fields (MeasuredConfig or ExperimentConfig) from a TOML file, checked: unknown keys and
+    bad types are one line."""
     import dataclasses
     import tomllib
 
-    from sparsebalance.accuracy.experiment import ExperimentConfig
     from sparsebalance.errors import ConfigError
 
     try:
@@ -83,12 +117,14 @@ def _config_file(path: str) -> dict:
         raise ConfigError(f"--config: cannot read {path}: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"--config: {path} is not valid TOML: {e}") from None
-    fields = {f.name: f for f in dataclasses.fields(ExperimentConfig)}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     out = {}
     for key, val in raw.items():
         if key not in fields:
             raise ConfigError(f"--config: unknown key {key!r}; allowed: {', '.join(sorted(fields))}")
         want = fields[key].default
+        if want is None:  # an optional int (token_cap)
+            want = 0
         if isinstance(want, tuple):
             if not isinstance(val, list) or not val:
                 raise ConfigError(f"--config: {key} must be a non-empty list, got {val!r}")
@@ -104,20 +140,32 @@ def _config_file(path: str) -> dict:
 
 
 def _experiment(args):
+    """The experiment's config from --config and the flags (MeasuredConfig for realrun,
+    ExperimentConfig for single); a flag of the other executor is one line."""
+    from sparsebalance.errors import ConfigError
 
-    from sparsebalance.accuracy.experiment import ExperimentConfig, quick
-
-    over = _config_file(args.config) if args.config else {}
-    for flag, conv in (("seeds", int), ("anchors", str), ("ps", float), ("base", str)):
-        if getattr(args, flag) is not None:
+    single = args.executor == "single"
+    if single:
+        from sparsebalance.accuracy.experiment import ExperimentConfig as cls
+        from sparsebalance.accuracy.experiment import quick
+    else:
+        from sparsebalance.accuracy.measured import MeasuredConfig as cls
+        from sparsebalance.accuracy.measured import quick
+    other = ("iterations", "batchings", "resume") if single else ("steps", "jobs")
+    for flag in other:
+        val = getattr(args, flag)
+        if val not in (None, False) and not (flag == "jobs" and val == 1):
+            raise ConfigError(f"--{flag}: not an option of --executor {args.executor}")
+    over = _config_file(args.config, cls) if args.config else {}
+    for flag, conv in (("seeds", int), ("anchors", str), ("ps", float), ("base", str), ("batchings", str)):
+        if getattr(args, flag, None) is not None:
             over[flag] = _list(getattr(args, flag), flag, conv)
-    for flag, key in (("steps", "steps"), ("k0", "k0"), ("heldout", "heldout"),
-                      ("coverage_agg", "coverage_agg")):
-        if getattr(args, flag) is not None:
-            over[key] = getattr(args, flag)
+    for flag in ("steps", "iterations", "k0", "heldout", "coverage_agg"):
+        if getattr(args, flag, None) is not None:
+            over[flag] = getattr(args, flag)
     if args.buckets is not None:
         over["buckets"] = _list(args.buckets, "buckets", int)
-    cfg = ExperimentConfig(**over)
+    cfg = cls(**over)
     return quick(cfg) if args.quick else cfg
 
 
@@ -128,16 +176,27 @@ def _pretrain(args) -> int:
     from sparsebalance.accuracy.pretrain import PretrainConfig, pretrain
     from sparsebalance.data.recall import RecallConfig
 
-    over = {k: getattr(args, k) for k in ("warmup_steps", "moba_steps", "extra_steps", "target", "k0")
+    over = {k: getattr(args, k) for k in ("warmup_steps", "moba_steps", "extra_steps", "target", "k0", "moba_batch",
+                                          "lr", "lr_warmup", "coverage_layer_rule", "heldout")
             if getattr(args, k) is not None}
     cfg = replace(PretrainConfig(), **over)
-    net = NetConfig(seed=args.seed)
-    task = RecallConfig(seed=args.seed)
+    init = None
+    if args.init is not None:
+        from sparsebalance.accuracy.model import load, shipped_path
+
+        shipped = shipped_path(args.init)
+        init = load(shipped if "/" not in args.init and shipped.is_dir() else args.init)
+    net = replace(init.net if init else NetConfig(), seed=args.seed,
+                  **{k: getattr(args, k) for k in ("rope_theta", "max_positions") if getattr(args, k) is not None})
+    task = replace(init.task if init else RecallConfig(), seed=args.seed,
+                   **{k: getattr(args, k) for k in ("min_length", "max_length", "tail") if getattr(args, k) is not None})
     buckets = list(_list(args.buckets, "buckets", int)) if args.buckets else [64, 256, 1024]
     from sparsebalance.accuracy.experiment import ExperimentConfig, check_buckets
-
-    check_buckets(replace(ExperimentConfig(), buckets=tuple(buckets)), task, net.max_positions)
     from sparsebalance.errors import check
+
+    check(task.max_length <= net.max_positions, "--max-length",
+          f"must be <= the model's positions ({net.max_positions}; --max-positions), got {task.max_length}")
+    check_buckets(replace(ExperimentConfig(), buckets=tuple(buckets)), task, net.max_positions)
 
     out = Path(args.checkpoint or "results/accuracy/checkpoint")
     check(args.force or not (out / "checkpoint.json").exists(), "--checkpoint",
@@ -146,7 +205,7 @@ def _pretrain(args) -> int:
                                                    sys.argv[1:])
     # progress lines unless refused (pretraining runs for tens of minutes, usually into a log file)
     log = (lambda m: None) if args.progress is False else (lambda m: print(m, file=sys.stderr, flush=True))
-    rec = pretrain(net, task, cfg, buckets, out, command.strip(), log=log)
+    rec = pretrain(net, task, cfg, buckets, out, command.strip(), log=log, init=init)
     print(json.dumps({k: rec[k] for k in ("steps", "cpu_time_s", "wall_time_s", "heldout_accuracy",
                                           "coverage_layer", "coverage_rate")}, default=str))
     return 0
@@ -158,10 +217,14 @@ def run(args) -> int:
 
     if args.stage == "pretrain":
         return _pretrain(args)
+    cfg = _experiment(args)
+    if args.executor == "realrun":
+        from sparsebalance.commands._accuracy_measured import run_measured
+
+        return run_measured(args, cfg)
     from sparsebalance.accuracy.experiment import check_buckets, grid, rows, run_job, to_json
     from sparsebalance.accuracy.model import check_task_fits, load
 
-    cfg = _experiment(args)
     ckpt = load(args.checkpoint)
     for key in ("coverage_rate", "coverage_layer"):
         check(key in ckpt.meta, f"checkpoint.{key}", "missing (re-run `sparsebalance accuracy pretrain`)")

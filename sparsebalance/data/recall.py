@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sparsebalance.data.sequence import Sequence
+from sparsebalance.data.sequence import IGNORE_INDEX, Sequence
 from sparsebalance.errors import check, check_choice, check_positive
 
 FILLER, SEPARATOR = 0, 1
@@ -106,6 +106,14 @@ class Example:
     @property
     def answers(self) -> np.ndarray:
         return self.tokens[self.positions + 1]
+
+    @property
+    def labels(self) -> np.ndarray:
+        """int64 [L]: each queried key's answer at its position, ``IGNORE_INDEX`` elsewhere (the
+        training targets: loss and accuracy count the answers only)."""
+        out = np.full(len(self.tokens), IGNORE_INDEX, dtype=np.int64)
+        out[self.positions] = self.answers
+        return out
 
 
 class RecallTask:

@@ -6,6 +6,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+IGNORE_INDEX = -100
+"""A label that trains nothing (PyTorch's cross-entropy default): ``Sequence.labels`` outside the
+positions a task scores."""
+
 
 def blocks(length, block: int):
     """MoBA key blocks of a sequence of ``length`` tokens in blocks of ``block`` (the last may be
@@ -21,6 +25,9 @@ class Sequence:
     id: stable index of the sample in its dataset (used for EMA state and measured coverage).
     length: tokens in the sample (after truncation).
     tokens: optional int token ids, shape [length]; present for real runs, absent in simulation.
+    labels: optional int training targets, shape [length]: ``labels[t]`` is what position ``t``
+        predicts, ``IGNORE_INDEX`` where nothing is (e.g. all but the answers of a task); absent = every
+        next token (the real run's default LM loss).
     coverage: optional measured coverage curve, ``coverage[k - 1] = C(k)`` for k = 1..len; when absent
         a coverage model (policies/) supplies one.
     sensitivity: optional per-sample parameter of the parametric coverage model (see docs/policies.md).
@@ -29,6 +36,7 @@ class Sequence:
     id: int
     length: int
     tokens: np.ndarray | None = field(default=None, compare=False, repr=False)
+    labels: np.ndarray | None = field(default=None, compare=False, repr=False)
     coverage: tuple[float, ...] | None = field(default=None, compare=False, repr=False)
     sensitivity: float | None = None
 
@@ -39,3 +47,5 @@ class Sequence:
             raise ValueError(
                 f"Sequence.tokens: has {len(self.tokens)} ids but length is {self.length}"
             )
+        if self.labels is not None and len(self.labels) != self.length:
+            raise ValueError(f"Sequence.labels: has {len(self.labels)} entries but length is {self.length}")

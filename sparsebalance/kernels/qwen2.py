@@ -18,13 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from sparsebalance.data.sequence import blocks
+from sparsebalance.data.sequence import IGNORE_INDEX, blocks
 from sparsebalance.kernels.moba.cp import CPContext
 from sparsebalance.simulator.budget import Budget
 from sparsebalance.simulator.config import ModelConfig
 
 ATTN_NAME = "moba"
-IGNORE_INDEX = -100
 
 
 @dataclass(kw_only=True, slots=True)
@@ -195,19 +194,30 @@ class PackedBatch:
         return int((self.labels != IGNORE_INDEX).sum())
 
 
-def pack(token_lists: list[np.ndarray], device: str = "cpu") -> PackedBatch:
-    """Pack sequences (int token arrays) into one row with per-sequence positions and labels."""
+def pack(token_lists: list[np.ndarray], device: str = "cpu", labels: list | None = None) -> PackedBatch:
+    """Pack sequences (int token arrays) into one row with per-sequence positions and labels: the
+    next token of the same sequence, or, for a sequence whose entry of ``labels`` is an int array of
+    its length (IGNORE_INDEX where no loss, e.g. all but the answers), those labels."""
     import torch
 
     if not token_lists:
         raise ValueError("pack: a micro-batch needs at least one sequence")
     lens = [len(t) for t in token_lists]
     ids = np.concatenate([np.asarray(t, dtype=np.int64) for t in token_lists])
-    labels = np.full_like(ids, IGNORE_INDEX)
+    out = np.full_like(ids, IGNORE_INDEX)
     pos = np.concatenate([np.arange(n, dtype=np.int64) for n in lens])
     cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
-    for a, b in itertools.pairwise(cu):
-        labels[a:b - 1] = ids[a + 1:b]
+    given = labels if labels is not None else [None] * len(lens)
+    if len(given) != len(lens):
+        raise ValueError(f"pack: {len(given)} label arrays for {len(lens)} sequences")
+    for (a, b), lab in zip(itertools.pairwise(cu), given, strict=True):
+        if lab is None:
+            out[a:b - 1] = ids[a + 1:b]
+        elif len(lab) != b - a:
+            raise ValueError(f"pack: a label array has {len(lab)} entries for a sequence of {b - a} tokens")
+        else:
+            out[a:b] = lab
+    labels = out
     t = lambda x: torch.from_numpy(x).to(device)
     return PackedBatch(input_ids=t(ids)[None], labels=t(labels)[None], position_ids=t(pos)[None],
                        cu_seqlens=t(cu))

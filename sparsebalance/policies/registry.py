@@ -1,8 +1,8 @@
 """Policy names -> classes. Command lines and configs name policies; an unknown name lists the known.
 
 Batching: ``sequential``, ``lbb``, ``sorted``, ``quadratic``, ``sab``,
-``sab-order`` (SAB + schedule-aware micro-batch order, :mod:`.ordering`). Tuning: ``fixed``, ``dst``,
-``dst-cp`` (critical-path DST, :mod:`.critical`).
+``sab-order`` (SAB + schedule-aware micro-batch order, :mod:`.ordering`). Tuning: ``fixed``, ``fixed-dense``
+(:class:`.tuning.FixedDense`), ``dst``, ``dst-cp`` (critical-path DST, :mod:`.critical`).
 Every class takes nothing (batching without parameters) or the :class:`PolicyConfig`.
 """
 
@@ -14,7 +14,7 @@ from sparsebalance.policies.config import PolicyConfig
 from sparsebalance.policies.critical import CriticalPathDST
 from sparsebalance.policies.ordering import ScheduleAwareOrder
 from sparsebalance.policies.sab import SparsityAware
-from sparsebalance.policies.tuning import DynamicSparsity, Fixed
+from sparsebalance.policies.tuning import DynamicSparsity, Fixed, FixedDense
 
 BATCHING: dict[str, type] = {
     "sequential": Sequential,
@@ -24,9 +24,10 @@ BATCHING: dict[str, type] = {
     "sab": SparsityAware,
     "sab-order": ScheduleAwareOrder,
 }
-TUNING: dict[str, type] = {"fixed": Fixed, "dst": DynamicSparsity, "dst-cp": CriticalPathDST}
+TUNING: dict[str, type] = {"fixed": Fixed, "fixed-dense": FixedDense, "dst": DynamicSparsity,
+                           "dst-cp": CriticalPathDST}
 
-_NEEDS_CONFIG = {SparsityAware, ScheduleAwareOrder, Fixed, DynamicSparsity, CriticalPathDST}
+_NEEDS_CONFIG = {SparsityAware, ScheduleAwareOrder, Fixed, FixedDense, DynamicSparsity, CriticalPathDST}
 
 
 def _make(table: dict[str, type], name: str, field: str, cfg: PolicyConfig):

@@ -1,4 +1,5 @@
-"""Tuning policies: ``fixed`` (k0 everywhere) and ``dst`` (dynamic sparsity tuning).
+"""Tuning policies: ``fixed`` (k0 everywhere), ``fixed-dense`` (k0, or full attention where it is
+predicted no slower) and ``dst`` (dynamic sparsity tuning).
 
 DST, per iteration (decisions where the paper is silent are marked *ours*):
 
@@ -59,6 +60,44 @@ class Fixed:
     def budgets(self, plan: Plan, ctx: PolicyContext) -> Budgets:
         self.stats = {"mean_budget": float(self.cfg.k0)}
         return uniform_budgets(plan, self.cfg.k0)
+
+    def observe(self, plan: Plan, budgets: Budgets, result=None) -> None:
+        """Stateless."""
+
+
+class FixedDense:
+    """``fixed-dense``: ``k0``, or full attention (the micro-batch's block count, at most ``k_max``)
+    where the latency table predicts it no slower. A kernel whose sparse path costs more than dense
+    attention when k0 selects most blocks (the CPU path at 1-2K tokens, k0 = 32) makes plain ``fixed``
+    a slow reference; this one is never sparser than ``fixed`` and never predicted slower (*ours*:
+    the paper's baseline is plain ``fixed``)."""
+
+    name = "fixed-dense"
+
+    def __init__(self, cfg: PolicyConfig) -> None:
+        self.cfg = cfg
+        self.stats: dict[str, float] = {}
+        self._predict: Predictor | None = None
+
+    def budgets(self, plan: Plan, ctx: PolicyContext) -> Budgets:
+        cfg = self.cfg
+        if self._predict is None or self._predict.latency is not ctx.latency:
+            self._predict = Predictor(ctx.latency)
+        mbs = list(plan.microbatches())
+        lengths = [mb.lengths for _, _, mb in mbs]
+        full = blocks(np.array([max(x) for x in lengths], dtype=np.int64), ctx.model.block_size)
+        ks = np.full(len(mbs), cfg.k0, dtype=np.int64)
+        cand = np.flatnonzero((full > cfg.k0) & (full <= cfg.k_max))
+        if cand.size:
+            sub = [lengths[i] for i in cand.tolist()]
+            faster = self._predict.many(sub, full[cand]) <= self._predict.many(sub, cfg.k0)
+            ks[cand[faster]] = full[cand[faster]]
+        out: list[list[Budget]] = [[] for _ in plan.ranks]
+        for (r, _, _), k in zip(mbs, ks.tolist(), strict=True):
+            out[r].append(Budget.uniform(k))
+        self.stats = {"mean_budget": float(ks.mean()) if len(mbs) else float(cfg.k0),
+                      "raised": float((ks > cfg.k0).sum())}
+        return tuple(tuple(b) for b in out)
 
     def observe(self, plan: Plan, budgets: Budgets, result=None) -> None:
         """Stateless."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import traceback
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -91,7 +90,7 @@ def _write(rt, result, executor, output_dir: str | None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sparsebalance.realrun.launch import worker_done, worker_failed, worker_info, worker_started
+    from sparsebalance.realrun.launch import worker_done, worker_info, worker_started
 
     args = _parser().parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
@@ -149,20 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:
         if isinstance(e, SystemExit) and not e.code:
             raise
-        from sparsebalance.errors import ConfigError
+        from sparsebalance.realrun.launch import worker_exit
 
-        first = (str(e).strip().splitlines() or [""])[0]
-        bad_input = isinstance(e, ConfigError)
-        worker_failed(f"{type(e).__name__}: {first}", traceback.format_exc(), code=2 if bad_input else 1)
-        if bad_input:  # bad input (before any collective, or a diverged loss): one line, exit 2
-            print(f"realrun: error: {e}", file=sys.stderr, flush=True)
-            os._exit(2)
-        print(f"realrun: {where} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        if os.environ.get("SPARSEBALANCE_TRACEBACK"):
-            traceback.print_exc()
-        sys.stderr.flush()
-        # os._exit: a process group with pending sends/receives can block a normal interpreter exit
-        os._exit(1)
+        worker_exit(e, where)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,9 @@ class RealrunConfig:
     splits the backward (zb-h1), else eager (the CPU default)."""
     coverage_layer: int = 0
     """Layer whose real gate scores give each sequence's coverage curve (-1 = do not measure)."""
+    score_labels: bool = False
+    """The last stage also counts the labels each forward predicts exactly (argmax), reported as
+    ``answer_accuracy`` per iteration: the accuracy experiment's answers at the budgets chosen."""
     checkpoint: str | None = None
     """Local Hugging Face checkpoint directory to start from (None = random init from the run seed)."""
     fail_rank: int | None = None

@@ -58,13 +58,14 @@ def check_port_free(port: int, host: str = "127.0.0.1") -> None:
 
 
 def torchrun_command(config: str, nproc: int, *, master_port: int | None = None,
-                     extra: list[str] | None = None) -> list[str]:
-    """The torchrun command line for ``nproc`` realrun workers on this node: ``--standalone`` (a free
-    port) when ``master_port`` is None, else a static rendezvous on 127.0.0.1:master_port."""
+                     extra: list[str] | None = None, module: str = "sparsebalance.realrun") -> list[str]:
+    """The torchrun command line for ``nproc`` workers of ``module`` (realrun's, or another program
+    of the same workers such as ``sparsebalance.accuracy.pipeline``) on this node: ``--standalone`` (a
+    free port) when ``master_port`` is None, else a static rendezvous on 127.0.0.1:master_port."""
     rdzv = (["--standalone"] if master_port is None
             else ["--master-addr", "127.0.0.1", "--master-port", str(master_port)])
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), *rdzv,
-            "-m", "sparsebalance.realrun", "--config", config, *(extra or [])]
+            "-m", module, "--config", config, *(extra or [])]
 
 
 @dataclass(slots=True)
@@ -79,7 +80,7 @@ class Outcome:
 
 def launch(config: str, nproc: int, *, out_dir: Path, sets: list[str] | None = None,
            master_port: int | None = None, quiet: bool = False, progress: bool = True, console=None,
-           what: str = "realrun") -> Outcome:
+           what: str = "realrun", module: str = "sparsebalance.realrun") -> Outcome:
     """Run ``nproc`` realrun workers under torchrun writing into ``out_dir``; wait; clean up.
 
     ``console``: where workers' stdout is copied (default sys.stdout). A KeyboardInterrupt (SIGINT, or
@@ -97,7 +98,7 @@ def launch(config: str, nproc: int, *, out_dir: Path, sets: list[str] | None = N
         extra.append("--quiet")
     elif not progress:
         extra.append("--no-progress")
-    cmd = torchrun_command(config, nproc, master_port=master_port, extra=extra)
+    cmd = torchrun_command(config, nproc, master_port=master_port, extra=extra, module=module)
     env = dict(os.environ, **{RANK_DIR_ENV: str(rank_dir), LAUNCHER_ENV: str(os.getpid())})
     env.setdefault("OMP_NUM_THREADS", "1")
     console = console or sys.stdout
@@ -293,3 +294,25 @@ def worker_failed(error: str, traceback_text: str = "", code: int = 1) -> None:
 
 def worker_done() -> None:
     _write_status(state="done", time=time.time())
+
+
+def worker_exit(e: BaseException, where: str, what: str = "realrun"):
+    """End a worker on an exception (never returns): record the failure; a bad input (ConfigError:
+    before any collective, or a diverged loss) is one line and exit 2, anything else names the rank
+    (``where``) and exits 1 (a traceback with ``SPARSEBALANCE_TRACEBACK``). ``os._exit``: a process
+    group with pending sends/receives can block a normal interpreter exit."""
+    import traceback
+
+    from sparsebalance.errors import ConfigError
+
+    first = (str(e).strip().splitlines() or [""])[0]
+    bad_input = isinstance(e, ConfigError)
+    worker_failed(f"{type(e).__name__}: {first}", traceback.format_exc(), code=2 if bad_input else 1)
+    if bad_input:
+        print(f"{what}: error: {e}", file=sys.stderr, flush=True)
+        os._exit(2)
+    print(f"{what}: {where} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    if os.environ.get("SPARSEBALANCE_TRACEBACK"):
+        traceback.print_exc()
+    sys.stderr.flush()
+    os._exit(1)

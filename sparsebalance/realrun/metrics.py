@@ -43,6 +43,7 @@ def iteration_result(reports: list, *, pp: int, dp: int, microbatches: int) -> I
     by_op = trace.assign(d=trace["end_s"] - trace["start_s"]).groupby("op")["d"].sum()
     extra: dict[str, Any] = {
         "loss": float(sum(rep.loss for rep in reports)),
+        **_label_accuracy(reports),
         "p2p_wait_s": float(by_op.get("P2P", 0.0)) / (dp * pp),
         "allreduce_s": float(by_op.get("ALLREDUCE", 0.0)) / (dp * pp),
         "optim_s": float(by_op.get("OPTIM", 0.0)) / (dp * pp),
@@ -50,3 +51,10 @@ def iteration_result(reports: list, *, pp: int, dp: int, microbatches: int) -> I
     return IterationResult(iteration_time_s=float(it_time), trace=trace,
                            microbatch_latency_s=mb_lat.tolist(), stage_busy_s=busy.max(axis=0).tolist(),
                            bubble_fraction=bubble, coverage=coverage, extra=extra)
+
+
+def _label_accuracy(reports: list) -> dict[str, float]:
+    """``answer_accuracy`` over the iteration's labels when the last stages counted hits, else {}."""
+    right = sum(getattr(rep, "hits", (0, 0))[0] for rep in reports)
+    total = sum(getattr(rep, "hits", (0, 0))[1] for rep in reports)
+    return {"answer_accuracy": right / total} if total else {}

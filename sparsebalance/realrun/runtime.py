@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -160,6 +161,7 @@ def _cpu_setup(rr: RealrunConfig) -> None:
 
 
 def make_message(iteration: int, plan: Any, budgets: Any):
+    from sparsebalance.data.sequence import IGNORE_INDEX
     from sparsebalance.realrun.worker import IterationMessage
 
     ranks = []
@@ -169,14 +171,18 @@ def make_message(iteration: int, plan: Any, budgets: Any):
             for s in mb.sequences:
                 if s.tokens is None:
                     raise ValueError(f"sequence {s.id} has no tokens; realrun needs a token source")
-            row.append([(int(s.id), np.asarray(s.tokens, dtype=np.int64)) for s in mb.sequences])
+            row.append([(int(s.id), np.asarray(s.tokens, dtype=np.int64)) if s.labels is None else
+                        (int(s.id), np.asarray(s.tokens, dtype=np.int64), np.asarray(s.labels, dtype=np.int64))
+                        for s in mb.sequences])
         ranks.append(row)
-    label_tokens = sum(s.length - 1 for s in plan.sequences())
+    label_tokens = sum(s.length - 1 if s.labels is None else int((np.asarray(s.labels) != IGNORE_INDEX).sum())
+                       for s in plan.sequences())
     return IterationMessage(iteration=iteration, ranks=ranks, budgets=[list(r) for r in budgets],
                             label_tokens=max(label_tokens, 1))
 
 
-def _broadcast(rt: Runtime, obj: Any) -> Any:
+def broadcast_control(rt: Runtime, obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (a picklable message over the gloo control group)."""
     import torch.distributed as dist
 
     box = [obj]
@@ -184,7 +190,8 @@ def _broadcast(rt: Runtime, obj: Any) -> Any:
     return box[0]
 
 
-def _gather(rt: Runtime, report: Any) -> list | None:
+def gather_control(rt: Runtime, report: Any) -> list | None:
+    """Every rank's ``report`` on rank 0 (None elsewhere), over the gloo control group."""
     import torch.distributed as dist
 
     out = [None] * rt.world if rt.rank == 0 else None
@@ -192,15 +199,22 @@ def _gather(rt: Runtime, report: Any) -> list | None:
     return out
 
 
-def follower_loop(rt: Runtime) -> None:
+def follower_loop(rt: Runtime, handle: Callable[[Any], None] | None = None) -> None:
     """Ranks other than 0: run each broadcast iteration until rank 0 sends None; then say this rank
-    is done and meet rank 0 once more (:meth:`RealrunExecutor.close`)."""
+    is done and meet rank 0 once more (:meth:`RealrunExecutor.close`). A message that is not an
+    iteration is a caller's own (the accuracy experiment's arm switches and evaluations) and goes to
+    ``handle``, which rank 0 runs on its side too."""
+    from sparsebalance.realrun.worker import IterationMessage
+
     while True:
-        msg = _broadcast(rt, None)
+        msg = broadcast_control(rt, None)
         if msg is None:
             _farewell(rt)
             return
-        _gather(rt, rt.worker.run(msg))
+        if handle is not None and not isinstance(msg, IterationMessage):
+            handle(msg)
+            continue
+        gather_control(rt, rt.worker.run(msg))
 
 
 def _farewell(rt: Runtime) -> None:
@@ -230,8 +244,8 @@ class RealrunExecutor:
         from sparsebalance.realrun.metrics import iteration_result
 
         msg = make_message(iteration, plan, budgets)
-        _broadcast(self.rt, msg)
-        reports = _gather(self.rt, self.rt.worker.run(msg))
+        broadcast_control(self.rt, msg)
+        reports = gather_control(self.rt, self.rt.worker.run(msg))
         res = iteration_result(reports, pp=self.rt.cfg.cluster.pp, dp=self.rt.cfg.cluster.dp,
                                microbatches=plan.num_microbatches)
         check_reported_loss(iteration, reports, res.extra["loss"])
@@ -243,7 +257,7 @@ class RealrunExecutor:
 
     def close(self) -> None:
         """Release the followers and wait until each has recorded that it is done."""
-        _broadcast(self.rt, None)
+        broadcast_control(self.rt, None)
         _farewell(self.rt)
 
 

@@ -80,15 +80,30 @@ class StageModule(_module_base()):  # type: ignore[misc]
             self.lm_head = net.lm_head
         self.model = inner
         self.config = net.config
+        self.score = False
+        """Last stage: also count the labels its forward predicts exactly (``realrun.score_labels``)."""
+        self.hits = (0, 0)
+        """(labels predicted exactly (argmax), labels) of the last forward, when ``score``."""
 
     def forward(self, hidden: Any, batch: Any, moba: Any) -> Any:
-        from sparsebalance.kernels.qwen2 import head_loss, run_layers
+        from sparsebalance.kernels.qwen2 import head_loss, lm_loss_sum, run_layers
 
         if self.first and hidden is None:  # a given hidden: the embedding ran apart (split backward)
             hidden = self.model.embed_tokens(batch.input_ids)
         hidden = run_layers(self, hidden, batch, moba, impl=self.layer_impl)
         if self.last:
-            return head_loss(self.model.norm, self.lm_head, hidden, batch.labels, self.layer_impl)
+            if not self.score:
+                return head_loss(self.model.norm, self.lm_head, hidden, batch.labels, self.layer_impl)
+            # scoring needs the logits themselves: the whole-logits head (the accuracy runs are eager)
+            import torch
+
+            from sparsebalance.kernels.qwen2 import IGNORE_INDEX
+
+            logits = self.lm_head(self.model.norm(hidden))
+            with torch.no_grad():
+                m = batch.labels[0] != IGNORE_INDEX
+                self.hits = (int((logits[0][m].argmax(-1) == batch.labels[0][m]).sum()), int(m.sum()))
+            return lm_loss_sum(logits, batch.labels)
         return hidden
 
     def warm_up(self) -> None:

@@ -25,11 +25,13 @@ class IterationMessage:
 
     iteration: int
     ranks: list
-    """[dp_rank][microbatch] -> list of (sequence id, int token array [length])."""
+    """[dp_rank][microbatch] -> list of (sequence id, int token array [length]), or of (sequence id,
+    tokens, int label array [length]) where the data names its labels (``Sequence.labels``)."""
     budgets: list
     """[dp_rank][microbatch] -> :class:`~sparsebalance.simulator.budget.Budget`."""
     label_tokens: int
-    """Labelled tokens of the whole global batch (sum of length - 1): the loss divisor."""
+    """Labelled tokens of the whole global batch (sum of length - 1, or of the given labels): the
+    loss divisor."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -46,6 +48,8 @@ class RankReport:
     (kernels/cpuclock.py)."""
     loss: float = 0.0
     """Sum of this rank's micro-batch losses (non-zero on last stages only)."""
+    hits: tuple = (0, 0)
+    """(labels predicted exactly, labels) over this rank's last-stage forwards (``realrun.score_labels``)."""
     nonfinite_microbatch: int | None = None
     """The first micro-batch whose loss was NaN or infinite (rank 0 stops the run naming it)."""
     coverage: dict = field(default_factory=dict)
@@ -84,6 +88,8 @@ class StageWorker:
         self.params = [p for mod in chunks.values() for p in mod.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=rr.lr, weight_decay=rr.weight_decay)
         self.p2p = P2P(fwd_group=groups["fwd"], bwd_group=groups["bwd"], device=device)
+        for mod in chunks.values():
+            mod.score = rr.score_labels and mod.last
         self.coverage_vs = next((vs for vs, mod in chunks.items()
                                  if rr.coverage_layer >= 0 and rr.coverage_layer in mod.layer_range), None)
 
@@ -126,7 +132,7 @@ class StageWorker:
         rep.start_s = self.now()
         for kind, vs, j in order:
             seqs = mbs[j]
-            tokens = sum(len(t) for _, t in seqs)
+            tokens = sum(len(x[1]) for x in seqs)
             budget = msg.budgets[d][j]
             brow = budget.value if budget.is_uniform else budget.mean()
 
@@ -148,7 +154,8 @@ class StageWorker:
 
                     def make_batch(seqs=seqs, j=j, held=held) -> Any:  # packed inside F's timed span, once per j
                         if j not in batches:
-                            batches[j] = pack([t for _, t in seqs], device=self.device)
+                            batches[j] = pack([x[1] for x in seqs], device=self.device,
+                                              labels=[x[2] if len(x) > 2 else None for x in seqs])
                             if self.cp > 1:  # this rank's share of every sequence, once per micro-batch
                                 from sparsebalance.kernels.moba.cp import cp_token_index, group_index
                                 from sparsebalance.kernels.qwen2 import cp_slice
@@ -180,6 +187,9 @@ class StageWorker:
                     if loss is not None and report:
                         value = float(loss)
                         rep.loss += value
+                        if self.rr.score_labels:
+                            h = self.chunks[vs].hits
+                            rep.hits = (rep.hits[0] + h[0], rep.hits[1] + h[1])
                         if rep.nonfinite_microbatch is None and not math.isfinite(value):
                             rep.nonfinite_microbatch = j
                     if gate:
@@ -227,7 +237,7 @@ class StageWorker:
         import numpy as np
 
         curves = [(int(sid), curve) for seqs, moba in gated
-                  for (sid, _), curve in zip(seqs, moba.coverage_curves())]
+                  for (sid, *_), curve in zip(seqs, moba.coverage_curves())]
         if self.tp > 1 and curves:
             import torch
             import torch.distributed as dist

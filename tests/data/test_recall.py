@@ -86,3 +86,37 @@ def test_length_mix_is_a_truncated_pareto():
 def test_bad_config(kw, field):
     with pytest.raises(ConfigError, match=field):
         RecallConfig(**kw)
+
+
+@pytest.mark.parametrize("length", [1024, 4096, 8192])
+def test_long_examples_spread_pairs_over_the_blocks_and_label_only_the_answers(length):
+    """The measured experiment's lengths: pair i lies in the i-th quarter of the context (so the first
+    lies thousands of tokens back, in one of the first n / 4 MoBA blocks of 32), and the labels are the
+    answers at the queried keys' positions, IGNORE_INDEX everywhere else."""
+    from sparsebalance.data.sequence import IGNORE_INDEX
+
+    task = RecallTask(RecallConfig(min_length=1024, max_length=8192, tail=1.0))
+    for i in range(5):
+        e = task.example(TRAIN, i, length)
+        ctx = length - 9
+        spots = np.flatnonzero(e.tokens[:ctx] != FILLER)
+        assert len(spots) == 4
+        quarter = ctx / 4
+        assert all(q * quarter - 1 <= s < (q + 1) * quarter for q, s in enumerate(spots))
+        assert spots[0] // 32 < (ctx // 32) // 4 + 1 and len({int(s) // 32 for s in spots}) == 4
+        lab = e.labels
+        assert lab.dtype == np.int64 and len(lab) == length
+        assert np.all(lab[e.positions] == e.answers)
+        assert np.all(np.delete(lab, e.positions) == IGNORE_INDEX)
+
+
+def test_heavy_tailed_long_mix():
+    """tail 1 on [1024, 8192] (density ~ L^-2): in bounds, the median of the law at 2 x 1024 x 8192 /
+    (1024 + 8192) tokens, about an eighth of the examples above 4,096 tokens."""
+    task = RecallTask(RecallConfig(min_length=1024, max_length=8192, tail=1.0))
+    lens = np.array([task.train_length(i) for i in range(4000)])
+    assert lens.min() >= 1024 and lens.max() <= 8192
+    median = 2 * 1024 * 8192 / (1024 + 8192)
+    assert abs(np.mean(lens <= median) - 0.5) < 0.03
+    above = (1 / 4096 - 1 / 8192) / (1 / 1024 - 1 / 8192)  # the law's share above 4,096
+    assert abs(np.mean(lens > 4096) - above) < 0.02

@@ -29,6 +29,27 @@ def test_pack_by_hand():
     assert b.label_tokens == 3
 
 
+def test_pack_with_given_labels_and_the_message_counts_them():
+    """A sequence that names its labels (answer-only targets) keeps them; one that does not gets the
+    next tokens; the iteration's loss divisor counts the labelled positions."""
+    from sparsebalance.data.sequence import Sequence
+    from sparsebalance.realrun.runtime import make_message
+    from sparsebalance.simulator.plan import Plan, uniform_budgets
+
+    b = pack([np.array([5, 6, 7]), np.array([9, 8, 4])], labels=[None, np.array([-100, 3, -100])])
+    assert b.labels.tolist() == [[6, 7, -100, -100, 3, -100]] and b.label_tokens == 3
+    with pytest.raises(ValueError, match="label"):
+        pack([np.array([5, 6, 7])], labels=[np.array([1, 2])])
+    seqs = [Sequence(id=1, length=3, tokens=np.array([5, 6, 7])),
+            Sequence(id=2, length=3, tokens=np.array([9, 8, 4]), labels=np.array([-100, 3, -100]))]
+    plan = Plan.from_lists([[seqs]])
+    msg = make_message(0, plan, uniform_budgets(plan, 2))
+    assert msg.label_tokens == 2 + 1
+    assert len(msg.ranks[0][0][0]) == 2 and msg.ranks[0][0][1][2].tolist() == [-100, 3, -100]
+    with pytest.raises(ValueError, match="labels"):
+        Sequence(id=3, length=3, tokens=np.array([1, 2, 3]), labels=np.array([1]))
+
+
 def test_full_budget_packed_equals_hf_dense_per_sequence():
     # MoBA with top-k >= number of blocks is dense causal attention: compare against HF's own sdpa
     # path run on each sequence alone (independent code path, float64)

@@ -288,14 +288,15 @@ def test_shipped_profile_is_used_as_is_for_its_own_model():
     assert model.profile.meta.analytical is True
 
 
-def test_shipped_cpu_profile_round_trip_every_profiled_point():
-    """The measured CPU profile loads in the simulator, and at every profiled point the prediction is
+@pytest.mark.parametrize("name", ["cpu-tiny", "cpu-tiny-long"])
+def test_shipped_cpu_profile_round_trip_every_profiled_point(name):
+    """The measured CPU profiles load in the simulator, and at every profiled point the prediction is
     the measured latency (issue 4: within 5 %; interpolation makes it exact on the grid)."""
     from sparsebalance.simulator.config import tiny
     from sparsebalance.simulator.cost.catalog import load_profile
 
-    prof = load_profile("cpu-tiny")
-    lm = load_latency_model("cpu-tiny", tiny(), ClusterConfig(device="cpu", pp=1, dp=1, global_batch=1))
+    prof = load_profile(name)
+    lm = load_latency_model(name, tiny(), ClusterConfig(device="cpu", pp=1, dp=1, global_batch=1))
     query = {
         "attn_fwd": lambda n, k: lm.attention(n, k), "attn_bwd": lambda n, k: lm.attention(n, k, backward=True),
         "layer_fwd": lambda n, k: lm.dense(n), "layer_bwd": lambda n, k: lm.dense(n, backward=True),

@@ -10,6 +10,7 @@ import json
 import math
 import random
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -137,18 +138,28 @@ def test_diverged_real_run_stops_names_the_iteration_and_keeps_what_it_wrote(tmp
     assert json.loads((out / "ranks" / "rank1.json").read_text())["state"] == "done"
 
 
-def test_diverged_accuracy_run_is_one_line_and_keeps_its_log(tmp_path, run_cli):
+@pytest.mark.parametrize("executor", ["single", "realrun"])
+def test_diverged_accuracy_run_is_one_line_and_keeps_its_log(tmp_path, run_cli, executor):
+    """Both executors of the accuracy experiment: one line naming the iteration and where it diverged
+    (the single-process trainer's job; realrun's rank, stage and micro-batch, with its log), exit 2,
+    the directory marked incomplete, what ran before kept."""
     pytest.importorskip("torch")
     exp = tmp_path / "exp.toml"
     exp.write_text("lr = 1e20\n")
     out = tmp_path / "acc"
-    r = run_cli("accuracy", "--quick", "--jobs", "1", "--config", exp, "--out", out)
+    r = run_cli("accuracy", "--executor", executor, "--quick", "--jobs", "1", "--config", exp, "--out", out)
     lines = [ln for ln in r.err.strip().splitlines() if ln.strip()]
     assert r.code == 2 and len(lines) == 1, r.err[-2000:]
-    assert re.search(r"accuracy run \S+ seed 0: training loss is \S+ at iteration \d+ \(dp_rank \d+, "
-                     r"micro-batch \d+\)", lines[0]), lines[0]
+    if executor == "single":
+        assert re.search(r"accuracy run \S+ seed 0: training loss is \S+ at iteration \d+ \(dp_rank \d+, "
+                         r"micro-batch \d+\)", lines[0]), lines[0]
+        assert (out / "jobs.jsonl").exists()
+    else:
+        m = re.search(r"training loss is \S+ at iteration \d+ \(rank \d+: dp_rank \d+, stage \d+, "
+                      r"micro-batch \d+\).* Log: (\S+)$", lines[0])
+        assert m, lines[0]
+        assert Path(m.group(1)).is_file()
     assert json.loads((out / ".sparsebalance.json").read_text())["complete"] is False
-    assert (out / "jobs.jsonl").exists()
 
 
 def test_accuracy_step_stops_before_the_optimizer(tmp_path):

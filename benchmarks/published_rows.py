@@ -76,8 +76,6 @@ def gaps(row) -> tuple[list[str], list[str]]:
     """(blocking, approximations) of one row for today's simulator: blocking gaps leave it unpriced,
     approximations price it with the named communication exposed."""
     blocking, approx = [], []
-    if row.dp_mode in ("zero2", "zero3"):
-        blocking.append(f"FSDP / ZeRO-{row.dp_mode[-1]} (dp_mode = {row.dp_mode})")
     if "fp8" in str(row.precision).lower():
         blocking.append(f"FP8 (precision = {row.precision})")
     if row.pp > 1 and row.pp_impl not in ("megatron", "megatron-2022"):
@@ -109,8 +107,14 @@ def dense_config(row) -> dict:
                "micro_batch_size": int(row.micro_batch_size), "global_batch": int(row.global_batch),
                "recompute": row.recompute, "dp_overlap": bool(row.dp_overlap),
                "grad_reduce_bytes": int(row.grad_reduce_bytes), "sequence_parallel": bool(row.sequence_parallel),
-               "tp_overlap": row.tp_overlap in ("true", "te"), "zero1": row.dp_mode == "zero1",
+               "tp_overlap": row.tp_overlap in ("true", "te"), "dp_mode": row.dp_mode,
                "nodes": math.ceil(gpus / node.gpus_per_node)}
+    if row.dp_mode in ("zero2", "zero3"):
+        cluster |= {"param_gather_bytes": int(row.param_gather_bytes)}
+        if not pd.isna(row.fsdp_shard) and int(row.fsdp_shard) != int(row.dp) * int(row.cp):
+            cluster["fsdp_shard"] = int(row.fsdp_shard)
+        if row.dp_mode == "zero3":  # Composer's default BACKWARD_POST where the row assumes it
+            cluster["fsdp_backward_prefetch"] = "post" if "BACKWARD_POST" in str(row.fsdp_prefetch) else "pre"
     if int(row.cp) > 1:
         cluster |= {"cp": int(row.cp), "cp_comm": row.cp_comm or "ring"}
     return {

@@ -120,7 +120,7 @@ def warn_memory(metrics, cfg: RunConfig) -> None:
     warnings.warn(f"memory: {int(over.sum())} of {len(metrics)} iteration(s) need up to "
                   f"{float(metrics.loc[over, 'peak_memory_gb'].max()):,.1f} GB on one device, above "
                   f"cluster.device_memory = {cfg.cluster.device_memory / 1e9:,.1f} GB: the plan cannot run "
-                  "as simulated (see policy.memory_aware, policy.token_cap, cluster.recompute, cluster.zero1)",
+                  "as simulated (see policy.memory_aware, policy.token_cap, cluster.recompute, cluster.dp_mode)",
                   MeaningWarning, stacklevel=3)
 
 

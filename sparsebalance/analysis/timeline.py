@@ -9,7 +9,7 @@ from sparsebalance.fsutil import atomic_savefig
 #: Colour per op: F and B clearly apart, communication and optimizer muted; idle stays white.
 COLOURS = {"F": "#4C72B0", "B": "#DD8452", "I": "#E9A66F", "W": "#8172B3", "P2P": "#8C8C8C",
            "ALLREDUCE": "#55A868", "OPTIM": "#C44E52", "CP": "#64B5CD",
-           "CP_COMM": "#B0B0B0"}
+           "CP_COMM": "#B0B0B0", "AG": "#937860", "RS": "#DA8BC3"}
 
 
 SVG_MAX_ACTIONS = 20_000
@@ -54,6 +54,8 @@ def plot_timeline(trace, path: str | Path, iteration: int = 0, title: str = "",
             ax.broken_barh(spans, (y - 0.45, 0.1), facecolors=COLOURS[op], edgecolor="white", linewidth=0.2)
         elif op == "CP_COMM":  # its transfers: a thin band above the steps
             ax.broken_barh(spans, (y - 0.55, 0.1), facecolors=COLOURS[op], edgecolor="white", linewidth=0.2)
+        elif op in ("AG", "RS"):  # FSDP's unit gathers / reduce-scatters: a thin band above the bar
+            ax.broken_barh(spans, (y + 0.3 if op == "AG" else y + 0.4, 0.08), facecolors=COLOURS[op])
         else:
             ax.broken_barh(spans, (y - 0.4, 0.7), facecolors=COLOURS[op], edgecolor="white",
                            linewidth=0.3)

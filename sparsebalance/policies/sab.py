@@ -102,7 +102,7 @@ class SparsityAware:
             if cap < longest:
                 raise ConfigError(f"cluster.device_memory: a {longest}-token sequence does not fit "
                                   f"(at most {cap} tokens per micro-batch under the memory model); "
-                                  "use more pp or tp, recompute, or zero1")
+                                  "use more pp or tp, recompute, or dp_mode zero1 / zero3")
             sub = replace(ctx, policy=replace(self.cfg, token_cap=cap))
             plan = two_stage(batch, costs, sub, swaps=swaps)
             m_plan = plan.num_microbatches

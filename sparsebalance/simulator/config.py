@@ -18,6 +18,10 @@ SPLIT_SCHEDULES = ("zb-h1", "zbv", "dualpipev")
 """Schedules that split (some) backwards into an input-gradient I and a deferred weight-gradient W."""
 V_SCHEDULES = ("zbv", "dualpipev")
 RECOMPUTE = ("none", "selective", "full")
+DP_MODES = ("ddp", "zero1", "zero2", "zero3")
+FSDP_MODES = ("zero2", "zero3")
+"""``dp_mode`` values priced unit by unit (``simulator/cost/fsdp.py``)."""
+FSDP_PREFETCH = ("pre", "post")
 CP_LAYOUTS = ("contiguous", "zigzag", "stripe", "best")
 """How a sequence's blocks are dealt to the ranks of a CP group (``cluster.cp_layout``)."""
 CP_COMMS = ("ring", "hierarchical", "allgather")
@@ -241,9 +245,32 @@ class ClusterConfig:
     """Bytes of memory per device (the presets carry it: H200 141 GB, H20 96 GB, H100 80 GB);
     None = unknown, plans are not checked against it."""
     zero1: bool = False
-    """ZeRO-1 (Megatron's distributed optimizer): fp32 master weights and Adam moments sharded over
-    the DP group; gradients reduce-scattered instead of all-reduced, each rank steps its 1/dp shard,
-    then the updated bf16 parameters are all-gathered (priced in time and memory)."""
+    """Older configs' switch for ``dp_mode = "zero1"`` (kept so they load; true sets it, and it reads
+    true whenever ``dp_mode`` is ``zero1``)."""
+    dp_mode: str = "ddp"
+    """How the data-parallel group (DP x CP ranks of a stage, ``Layout.grad_group``) holds the
+    weights: ``ddp`` (replicated, gradients all-reduced); ``zero1`` (Megatron's distributed
+    optimizer: fp32 master weights and Adam moments sharded, gradients reduce-scattered, each rank
+    steps its 1/n shard, then the updated bf16 parameters are all-gathered); ``zero3`` (FSDP
+    FULL_SHARD / FSDP2 ``fully_shard``, DeepSpeed ZeRO-3: every state sharded; each decoder layer
+    (one unit) gathered before its forward and again before its backward, its gradient
+    reduce-scattered after its backward, at every micro-batch); ``zero2`` (FSDP SHARD_GRAD_OP, or
+    FSDP2 without resharding after forward as Llama 3 ran it: no gather in the backward). zero2 and
+    zero3 are priced unit by unit (docs/costmodel.md, 'FSDP / ZeRO-3'): a gather overlapped with the
+    previous unit's compute, exposed where it does not fit."""
+    fsdp_shard: int | None = None
+    """Ranks a zero2 / zero3 unit is sharded over; None = all of the DP group (dp x cp, as torchtitan
+    flattens ``dp_shard`` and ``cp``). Fewer (it must divide dp x cp) is hybrid sharding (HSDP): the
+    shards' gradients are then all-reduced across the dp x cp / fsdp_shard replicas after the
+    backward."""
+    fsdp_backward_prefetch: str | None = None
+    """When a zero3 backward gathers the next unit: ``pre`` (FSDP's BACKWARD_PRE, FSDP2's implicit
+    prefetch: issued as the current unit's gradient computation starts, ahead of its
+    reduce-scatter) or ``post`` (BACKWARD_POST: after that computation, behind its reduce-scatter
+    on the link). None = ``pre``; only with zero3."""
+    param_gather_bytes: int | None = None
+    """Bytes per element a zero2 / zero3 gather moves (the mixed-precision parameter dtype:
+    2 for bf16); None = ``model.dtype_bytes``. The reduce-scatter moves ``grad_reduce_bytes``."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism with TP (Korthikanti et al. 2022): the norms, dropouts and
     residual adds run on 1/tp of the tokens per rank, and their activations are kept 1/tp per rank;
@@ -313,6 +340,7 @@ class ClusterConfig:
                   f"holds (gpus_per_node / tp = {inner}); use 'ring' inside one node")
         for f in ("zero1", "dp_overlap", "sequence_parallel", "tp_overlap"):
             check(isinstance(getattr(self, f), bool), f, f"must be true or false, got {getattr(self, f)!r}")
+        self._check_dp_mode()
         if self.grad_reduce_bytes is not None:
             check_choice(self.grad_reduce_bytes, "grad_reduce_bytes", (1, 2, 4, 8))
         if self.grad_bucket_params is not None:
@@ -335,6 +363,40 @@ class ClusterConfig:
         check(self.global_batch % (self.dp * self.micro_batch_size) == 0, "global_batch",
               f"must be a multiple of dp x micro_batch_size = {self.dp * self.micro_batch_size}, "
               f"got {self.global_batch}")
+
+    def _check_dp_mode(self) -> None:
+        check_choice(self.dp_mode, "dp_mode", DP_MODES)
+        if self.zero1:  # an older config's switch: the same as dp_mode = "zero1"
+            check(self.dp_mode in ("ddp", "zero1"), "zero1",
+                  f"true means dp_mode = \"zero1\"; it contradicts dp_mode = {self.dp_mode!r} (drop zero1)")
+            object.__setattr__(self, "dp_mode", "zero1")
+        object.__setattr__(self, "zero1", self.dp_mode == "zero1")
+        fsdp = self.dp_mode in FSDP_MODES
+        group = self.dp * self.cp
+        if self.fsdp_shard is not None:
+            check(fsdp, "fsdp_shard", f"shards a zero2 / zero3 unit; dp_mode is {self.dp_mode!r} (drop it, or set "
+                  f"dp_mode to one of {', '.join(FSDP_MODES)})")
+            check(isinstance(self.fsdp_shard, int) and not isinstance(self.fsdp_shard, bool) and self.fsdp_shard >= 1
+                  and group % self.fsdp_shard == 0, "fsdp_shard",
+                  f"must be a whole number dividing dp x cp = {group} (or absent: all of them), got {self.fsdp_shard!r}")
+        if self.fsdp_backward_prefetch is not None:
+            check(self.dp_mode == "zero3", "fsdp_backward_prefetch",
+                  f"chooses when a zero3 backward gathers; dp_mode is {self.dp_mode!r} (drop it)")
+            check_choice(self.fsdp_backward_prefetch, "fsdp_backward_prefetch", FSDP_PREFETCH)
+        if self.param_gather_bytes is not None:
+            check(fsdp, "param_gather_bytes", f"sizes a zero2 / zero3 gather; dp_mode is {self.dp_mode!r} (drop it)")
+            check_choice(self.param_gather_bytes, "param_gather_bytes", (1, 2, 4))
+        if fsdp:
+            check(self.schedule not in SPLIT_SCHEDULES, "dp_mode",
+                  f"{self.dp_mode} with the split backward of schedule {self.schedule!r} is not modelled; use "
+                  f"one of {', '.join(s for s in SCHEDULES if s not in SPLIT_SCHEDULES)}, or dp_mode ddp / zero1")
+
+    @property
+    def fsdp_group(self) -> int:
+        """Ranks a zero2 / zero3 unit is sharded over (``fsdp_shard``, default dp x cp); 1 otherwise."""
+        if self.dp_mode not in FSDP_MODES:
+            return 1
+        return self.fsdp_shard or self.dp * self.cp
 
     @property
     def microbatches_per_rank(self) -> int:

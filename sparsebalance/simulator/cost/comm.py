@@ -17,7 +17,9 @@
   (DP x CP: the CP ranks of a stage hold the same weights).
 * **Optimizer** (:meth:`Communication.optimizer_time`): the profile's ``optim`` op, else HBM bytes of
   one AdamW step (:func:`adamw_bytes`) over the sidecar's memory bandwidth; with ``zero1`` on 1/n of
-  the parameters, then their all-gather.
+  the parameters, then their all-gather; under ``zero2`` / ``zero3`` on 1/n of them, no gather
+  after (the next forward's unit gathers do it: :mod:`.fsdp`, whose reduce-scatters replace the
+  gradient synchronisation).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from __future__ import annotations
 import warnings
 
 from sparsebalance.errors import MeaningWarning
-from sparsebalance.simulator.config import ClusterConfig, ModelConfig
+from sparsebalance.simulator.config import FSDP_MODES, ClusterConfig, ModelConfig
+from sparsebalance.simulator.cost.fsdp import FsdpPricing
 from sparsebalance.simulator.cost.tables import OpTables
 from sparsebalance.simulator.layout import Layout
 
@@ -55,6 +58,8 @@ class Communication:
         included = meta.analytical if meta.tp_comm_included is None else meta.tp_comm_included
         self.tp_added = cluster.tp > 1 and not included
         """Whether the profile's dense ops lack the TP all-reduces (added from the cluster)."""
+        self.fsdp = FsdpPricing(model, cluster, layout) if cluster.dp_mode in FSDP_MODES else None
+        """The unit gathers and reduce-scatters under ``dp_mode`` zero2 / zero3 (``fsdp.py``), else None."""
         self.tp_backward = 4 if cluster.recompute == "full" else 2
         """TP all-reduces in a layer's backward (input part): its own 2, + the forward's 2 again
         under full recomputation."""
@@ -83,7 +88,7 @@ class Communication:
         ``cluster.grad_reduce_bytes``, default the model's dtype bytes). Empty at n = 1."""
         c = self.cluster
         n = self.layout.grad_group
-        if n == 1:
+        if n == 1 or self.fsdp is not None:  # FSDP reduces unit by unit inside the backward (fsdp.py)
             return []
         params = self.layout.device_params(stage) / c.tp
         size = params
@@ -102,7 +107,11 @@ class Communication:
     def allreduce_time(self, stage: int) -> float:
         """Seconds of the DP gradient synchronisation of stage ``stage`` when nothing overlaps it:
         its buckets' collectives one after another (without ``dp_overlap`` one ring all-reduce
-        ``2 (n-1)/n x bytes / bandwidth + latency``); 0 when n = 1."""
+        ``2 (n-1)/n x bytes / bandwidth + latency``); 0 when n = 1. Under zero2 / zero3 the units'
+        reduce-scatters run inside the backward (``fsdp.py``); what is left is hybrid sharding's
+        all-reduce across replicas."""
+        if self.fsdp is not None:
+            return self.fsdp.replica_allreduce(stage)
         return float(sum(sec for _, sec in self._grad_buckets(stage)))
 
     def grad_sync_exposed(self, stage: int, window: float) -> float:
@@ -111,6 +120,8 @@ class Communication:
         its share of the parameters (gradients come out evenly over it), and the collectives run
         one at a time, ``end_i = max(ready_i, end_(i-1)) + seconds_i``; exposed = end - window.
         Equal buckets (n_b of them, T seconds in all): ``max(T / n_b, T - window (n_b - 1) / n_b)``."""
+        if self.fsdp is not None:  # the replicas' all-reduce waits for every unit's reduce-scatter
+            return self.fsdp.replica_allreduce(stage)
         end = 0.0
         for share, sec in self._grad_buckets(stage):
             end = max(end, window * share) + sec
@@ -128,6 +139,8 @@ class Communication:
             gather = ((n - 1) / n * params * self.model.dtype_bytes / c.allreduce_bandwidth
                       + c.allreduce_latency)
             return self._optimizer_step(round(params / n)) + gather
+        if self.fsdp is not None:  # each rank steps its shard; the next forward gathers (fsdp.py)
+            return self._optimizer_step(round(params / self.fsdp.n))
         return self._optimizer_step(params)
 
     def _optimizer_step(self, params: int) -> float:

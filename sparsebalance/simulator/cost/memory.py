@@ -6,7 +6,8 @@ the stage (``Layout.device_params``, the split and counting the latency model us
 times ``PARAM_BYTES`` (bf16 weights) + ``GRAD_BYTES`` (bf16 gradients) + ``MASTER_BYTES`` (fp32
 master copy) + ``ADAM_BYTES`` (fp32 first and second moments) = 16 bytes per parameter; with
 ``cluster.zero1`` the master copy and the moments are sharded over the gradient group (ZeRO-1;
-``Layout.grad_group``: dp x cp): ``4 + 12 / (dp cp)``.
+``Layout.grad_group``: dp x cp): ``4 + 12 / (dp cp)``; under ``dp_mode`` zero2 / zero3 every state
+is sharded and the gathered units are added (:func:`sharded_bytes`).
 
 **Activations** kept for the backward, per token per decoder layer (bf16, FlashAttention-style
 attention: no L x L matrices; MoBA's gate scores are per block, negligible), from the model dims
@@ -43,7 +44,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from sparsebalance.errors import ConfigError
-from sparsebalance.simulator.config import ClusterConfig, ModelConfig
+from sparsebalance.simulator.config import FSDP_MODES, ClusterConfig, ModelConfig
+from sparsebalance.simulator.cost.fsdp import FsdpPricing
 from sparsebalance.simulator.layout import layout_of
 from sparsebalance.simulator.schedule.graph import ActionGraph
 
@@ -59,10 +61,37 @@ GB = 1e9
 
 
 def static_bytes(model: ModelConfig, cluster: ClusterConfig) -> np.ndarray:
-    """[pp] weights + gradients + optimizer states of one device of each stage."""
+    """[pp] weights + gradients + optimizer states of one device of each stage (under zero2 / zero3:
+    :func:`sharded_bytes`)."""
     lay = layout_of(model, cluster)  # with zero1 the master copy and moments are sharded over the gradient group
+    if cluster.dp_mode in FSDP_MODES:
+        return sharded_bytes(model, cluster)
     per_param = PARAM_BYTES + GRAD_BYTES + (MASTER_BYTES + ADAM_BYTES) / (lay.grad_group if cluster.zero1 else 1)
     return np.array([lay.device_params(s) / cluster.tp * per_param for s in range(cluster.pp)])
+
+
+def sharded_bytes(model: ModelConfig, cluster: ClusterConfig) -> np.ndarray:
+    """[pp] a zero2 / zero3 device's states and gathered units (``cost/fsdp.py``): its 1/n shard of
+    the fp32 parameters (FSDP keeps the sharded parameter in fp32 and casts on gather), of the fp32
+    gradients and of Adam's two moments, ``P / (tp n) x (MASTER_BYTES + 4 + ADAM_BYTES)``; plus the
+    gathered parameters: zero3 at most two layer units at once (``limit_all_gathers`` / implicit
+    prefetch) + the root unit (kept from forward to backward), zero2 every unit of the device (kept
+    between a micro-batch's forward and backward), at ``param_gather_bytes``; plus one layer unit's
+    unsharded gradient before its reduce-scatter, at ``grad_reduce_bytes``."""
+    lay = layout_of(model, cluster)
+    pricing = FsdpPricing(model, cluster, lay)
+    out = np.zeros(cluster.pp)
+    for s in range(cluster.pp):
+        states = lay.device_params(s) / cluster.tp / pricing.n * (MASTER_BYTES + 4 + ADAM_BYTES)
+        units = [pricing.units[vs] for vs in lay.vstages_of(s)]
+        per_layer = units[0].per_layer
+        root = sum(u.root for u in units)
+        if cluster.dp_mode == "zero3":
+            gathered = (root + min(2, sum(u.layers for u in units)) * per_layer) * pricing.gather_bytes
+        else:
+            gathered = sum(u.params for u in units) * pricing.gather_bytes
+        out[s] = states + gathered + per_layer * pricing.reduce_bytes
+    return out
 
 
 def layer_bytes_per_token(model: ModelConfig, tp: int = 1, sequence_parallel: bool = True) -> float:
@@ -193,7 +222,7 @@ def token_cap_for_memory(model: ModelConfig, cluster: ClusterConfig, graph: Acti
         worst = int(np.argmin(room / per_token))
         raise ConfigError(f"cluster.device_memory: {limit / GB:.1f} GB cannot hold one micro-batch on "
                           f"stage {worst} (weights, gradients and optimizer states alone take "
-                          f"{static_bytes(model, cluster)[worst] / GB:.1f} GB); use more pp/tp, zero1 "
+                          f"{static_bytes(model, cluster)[worst] / GB:.1f} GB); use more pp/tp, dp_mode zero1 / zero3 "
                           "or recompute")
     return cap
 
@@ -211,7 +240,7 @@ def check_fits(model: ModelConfig, cluster: ClusterConfig) -> None:
         raise ConfigError(f"cluster.device_memory: {cluster.device_memory / GB:.1f} GB cannot hold one "
                           f"micro-batch on stage {worst} (weights, gradients and optimizer states take "
                           f"{static_bytes(model, cluster)[worst] / GB:.1f} GB); use more pp or tp, "
-                          "zero1, or a device with more memory")
+                          "dp_mode zero1 / zero3, or a device with more memory")
 
 
 def compare_measured(predicted_bytes: float, measured_bytes: float) -> dict[str, float]:

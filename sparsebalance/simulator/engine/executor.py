@@ -17,8 +17,15 @@ from __future__ import annotations
 import numpy as np
 
 from sparsebalance.errors import ConfigError, check_choice
-from sparsebalance.simulator.config import DEFAULT_ENGINE, ENGINE_NAMES, ClusterConfig, ModelConfig
+from sparsebalance.simulator.config import (
+    DEFAULT_ENGINE,
+    ENGINE_NAMES,
+    FSDP_MODES,
+    ClusterConfig,
+    ModelConfig,
+)
 from sparsebalance.simulator.cost.cp import trace as cp_trace
+from sparsebalance.simulator.cost.fsdp import FsdpPricing, fsdp_rows
 from sparsebalance.simulator.cost.memory import GB, MemoryReport, check_fits, memory_report
 from sparsebalance.simulator.cost.query import LatencyQuery
 from sparsebalance.simulator.engine import PipelineInput, PipelineResult, simulate
@@ -48,6 +55,11 @@ class SimulatorExecutor:
         self.last_memory: MemoryReport | None = None
         """Peak memory per device of the last ``execute`` (sparsebalance.simulator.cost.memory)."""
         check_fits(model, cluster)
+        self.fsdp = (FsdpPricing(model, cluster, layout_of(model, cluster))
+                     if cluster.dp_mode in FSDP_MODES else None)
+        """Unit gathers and reduce-scatters added to every F and B action under zero2 / zero3."""
+        self.compute: dict[str, np.ndarray] = {}
+        """[dp, V, m] per mode: the actions' compute before the FSDP collectives (zero2 / zero3)."""
         self._fixed = (
             np.array([latency.allreduce_time(s) for s in range(cluster.pp)], dtype=float),
             np.array([latency.optimizer_time(s) for s in range(cluster.pp)], dtype=float),
@@ -78,6 +90,9 @@ class SimulatorExecutor:
         modes = ("F", "B", "I", "W") if splits_backward(c.schedule) else ("F", "B")
         # [V, dp * m] per mode from the latency model's one stage cost (simulator/cost/stagecost.py)
         got = self.latency.stage_times([mb.lengths for _, _, mb in plan.microbatches()], flat, modes)
+        if self.fsdp is not None:  # each action's unit gathers and reduce-scatters (cost/fsdp.py)
+            self.compute = {mode: t.reshape(nv, dp, m).transpose(1, 0, 2) for mode, t in got.items()}
+            got = {mode: self.fsdp.actions(t, backward=mode != "F") for mode, t in got.items()}
         times = {mode: t.reshape(nv, dp, m).transpose(1, 0, 2) for mode, t in got.items()}
         return PipelineInput(schedule=c.schedule, pp=c.pp, virtual_stages=c.virtual_stages,
                              forward=times["F"], backward=times["B"], backward_input=times.get("I"),
@@ -124,6 +139,15 @@ class SimulatorExecutor:
             rows = cp_trace.rows(self.latency, layout_of(self.model, self.cluster), plan, inp.budget,
                                  kinds=list(res.kinds), start=res.start, end=res.end, iteration=res.inp.iteration,
                                  columns=TRACE_COLUMNS)
+            trace = pd.concat([trace, rows], ignore_index=True)
+        if self.fsdp is not None:
+            assert inp.budget is not None  # build_input sets it
+            import pandas as pd
+
+            from sparsebalance.simulator.engine.trace import TRACE_COLUMNS
+
+            rows = fsdp_rows(self.fsdp, self.compute, layout_of(self.model, self.cluster), plan, inp.budget,
+                             kinds=list(res.kinds), start=res.start, iteration=res.inp.iteration, columns=TRACE_COLUMNS)
             trace = pd.concat([trace, rows], ignore_index=True)
         return IterationResult(
             iteration_time_s=res.iteration_time,

@@ -12,18 +12,20 @@ TRACE_COLUMNS = (
 )
 #: Allowed values of the ``op`` column: forward, backward (whole, or split into its input-gradient
 #: part I and weight-gradient part W by the zero-bubble schedules), transfers, all-reduce, optimizer.
-TRACE_OPS = ("F", "B", "I", "W", "P2P", "ALLREDUCE", "OPTIM", "CP", "CP_COMM")
+TRACE_OPS = ("F", "B", "I", "W", "P2P", "ALLREDUCE", "OPTIM", "CP", "CP_COMM", "AG", "RS")
 """``CP``: one row per ring step of a context-parallel action's attention (simulator, ``cluster.cp > 1``);
 ``CP_COMM``: one row per transfer of a CP group's K/V (a ring hop, an all-gather, the gradients'
-way back; simulator: the transfer's seconds, realrun: the collective call's, waits included)."""
-NESTED_OPS = ("CP", "CP_COMM")
+way back; simulator: the transfer's seconds, realrun: the collective call's, waits included);
+``AG`` / ``RS``: one row per unit all-gather / gradient reduce-scatter inside an F or B action under
+``cluster.dp_mode`` zero2 / zero3 (simulator, ``simulator/cost/fsdp.py``)."""
+NESTED_OPS = ("CP", "CP_COMM", "AG", "RS")
 """Ops whose rows lie inside an F/B/I action's span: on tracks of their own, never added to a
 stage's busy or traced time."""
 
 #: Chrome trace colour names (catapult's reserved palette) per op, so F and B differ at a glance.
 _CHROME_COLOURS = {"F": "thread_state_running", "B": "rail_animation", "I": "rail_animation",
                    "W": "rail_idle", "P2P": "grey", "ALLREDUCE": "rail_load", "OPTIM": "yellow",
-                   "CP": "thread_state_iowait", "CP_COMM": "grey"}
+                   "CP": "thread_state_iowait", "CP_COMM": "grey", "AG": "rail_response", "RS": "rail_load"}
 
 
 def check_trace(df) -> None:
@@ -56,7 +58,8 @@ def to_chrome_trace(df) -> dict[str, Any]:
     ("stage s P2P", tid = 1000 + 10 s + lane): slices are assigned greedily to the first lane where
     they do not overlap, so every track holds disjoint slices and Perfetto nests nothing wrongly.
     CP ring steps and CP transfers (NESTED_OPS) get tracks the same way ("stage s CP", tid 3000 +
-    10 s + lane; "stage s CP comm", tid 4000 + 10 s + lane).
+    10 s + lane; "stage s CP comm", tid 4000 + 10 s + lane), FSDP's unit gathers and
+    reduce-scatters likewise ("stage s FSDP gather", tid 5000 + ...; "... reduce-scatter", 6000 + ...).
     Process/thread names and sort order are metadata events."""
     check_trace(df)
     events: list[dict[str, Any]] = []
@@ -94,7 +97,8 @@ def to_chrome_trace(df) -> dict[str, Any]:
                        "args": {"sort_index": int(r)}})
     for (pid, tid), name in sorted(tracks.items()):
         stage, sub = (tid, 0) if tid < P2P_TID_BASE else divmod(tid % P2P_TID_BASE, 10)
-        band = {0: 0, 1: 1, 2: 50, 3: 25, 4: 30}[tid // P2P_TID_BASE]  # stage, P2P, more lanes, CP steps, CP comm
+        # stage, P2P, more lanes, CP steps, CP comm, FSDP gathers, FSDP reduce-scatters
+        band = {0: 0, 1: 1, 2: 50, 3: 25, 4: 30, 5: 35, 6: 40}[tid // P2P_TID_BASE]
         order = stage * 100 + (0 if tid < P2P_TID_BASE else band + sub)
         events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
         events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
@@ -113,9 +117,10 @@ def _lane(lanes, tracks, pid: int, stage: int, side: str, start: float, end: flo
     else:
         ends[lane] = end
     if side:
-        base = {"P2P": 1, "CP": 3, "CP_COMM": 4}[side] * P2P_TID_BASE
+        base = {"P2P": 1, "CP": 3, "CP_COMM": 4, "AG": 5, "RS": 6}[side] * P2P_TID_BASE
         tid = base + 10 * stage + lane
-        name = f"stage {stage} {side.replace('_COMM', ' comm')}" + (f" ({lane + 1})" if lane else "")
+        label = {"CP_COMM": "CP comm", "AG": "FSDP gather", "RS": "FSDP reduce-scatter"}.get(side, side)
+        name = f"stage {stage} {label}" + (f" ({lane + 1})" if lane else "")
     elif lane == 0:
         tid, name = stage, f"stage {stage}"
     else:

@@ -1,0 +1,243 @@
+"""FSDP / ZeRO-3 (and ZeRO-2) priced unit by unit: each decoder layer's parameters gathered before it
+runs and its gradient reduce-scattered after its backward, overlapped with compute where it fits.
+
+**Units** of a virtual stage (``Layout.vstage_ranges``; one TP shard, so parameters / tp): a *root*
+unit holding what is not a decoder layer (the embedding on virtual stage 0; the final norm and the
+LM head on the last) and one unit per decoder layer. The root is gathered at the start of every
+forward and, as FSDP2 does for its root, kept until the backward has run (no gather there); its
+gradient is reduce-scattered last. The action's compute (``StageCost``'s seconds) is spread evenly
+over the layer units; the root computes nothing of its own (the lookup and the head run inside the
+first / last layer's share).
+
+**Collectives** over the sharding group of n ranks (``cluster.fsdp_group``), on the link of that
+group (:meth:`FsdpPricing.link`: the node's NVLink when the group fits in one node; across nodes
+one ring per NIC, so the fabric rate x the group's ranks per node, capped by NVLink):
+
+    AG_u = latency + (n - 1) / n x P_u x param_gather_bytes / bandwidth
+    RS_u = latency + (n - 1) / n x P_u x grad_reduce_bytes / bandwidth
+
+**Timeline** of one action (a stage's forward or backward of one micro-batch; seconds from its
+start), the link serving one collective at a time in issue order, as one NCCL communicator does:
+
+* forward (zero2 and zero3): a unit's gather is issued once the previous gather is done and the
+  previous unit has started computing (at most two units gathered at once: FSDP's
+  ``limit_all_gathers``, FSDP2's implicit prefetch): ``ag_end(u) = max(ag_end(u-1), start(u-1)) +
+  AG_u``, ``start(u) = max(end(u-1), ag_end(u))``, ``end(u) = start(u) + f_u``.
+* backward, units in reverse: zero3 gathers the first at the action's start and, with
+  ``fsdp_backward_prefetch = "pre"``, the next one as a unit's gradient computation starts (ahead of
+  its reduce-scatter), with ``post`` after it (behind the reduce-scatter); zero2 gathers nothing.
+  Each unit's reduce-scatter is issued when its computation ends. The action ends when both its
+  compute and its last reduce-scatter are done: gradients are reduced at every micro-batch
+  (FSDP's default under gradient accumulation), so what the link cannot hide is exposed.
+
+The exposed part (action time - compute) is what the executor adds to each F and B action; the
+policies balance compute (``StageCost``) and do not see it. With hybrid sharding (``fsdp_shard`` <
+dp x cp) the shards' gradients are all-reduced across replicas after the last backward
+(:meth:`FsdpPricing.replica_allreduce`). The optimizer steps 1/n of the parameters
+(``comm.optimizer_time``); memory: ``cost/memory.py``. Sources and hand calculations:
+docs/costmodel.md, 'FSDP / ZeRO-3'; tests/simulator/test_fsdp.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sparsebalance.simulator.config import ClusterConfig, ModelConfig
+from sparsebalance.simulator.layout import Layout
+
+
+@dataclass(frozen=True, slots=True)
+class Units:
+    """The units of one virtual stage (parameters per TP rank)."""
+
+    root: int
+    """Parameters of the root unit on this virtual stage (0 when it holds no embedding or head)."""
+    layers: int
+    """Decoder layers (one unit each)."""
+    per_layer: int
+    """Parameters of one layer unit."""
+
+    @property
+    def params(self) -> int:
+        return self.root + self.layers * self.per_layer
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One collective of an action's timeline (seconds from the action's start)."""
+
+    op: str
+    """``AG`` (all-gather) or ``RS`` (reduce-scatter)."""
+    unit: int
+    """-1 for the root, else the layer's index within the virtual stage."""
+    start: float
+    end: float
+    nbytes: float
+    """Bytes of the unit's whole tensor (what the group gathers or reduces)."""
+
+
+class FsdpPricing:
+    """Unit gathers and reduce-scatters of one (model, cluster) under ``dp_mode`` zero2 / zero3."""
+
+    def __init__(self, model: ModelConfig, cluster: ClusterConfig, layout: Layout) -> None:
+        self.model, self.cluster, self.layout = model, cluster, layout
+        self.n = cluster.fsdp_group
+        self.gather_bytes = cluster.param_gather_bytes or model.dtype_bytes
+        self.reduce_bytes = cluster.grad_reduce_bytes or model.dtype_bytes
+        self.bandwidth, self.latency = self.link()
+        self.regather = cluster.dp_mode == "zero3"
+        """Whether the backward gathers again (zero3); zero2 keeps the forward's gathered units."""
+        self.post = cluster.fsdp_backward_prefetch == "post"
+        last = len(layout.vstage_ranges) - 1
+        tp = cluster.tp
+        self.units: list[Units] = []
+        for vs, layers in enumerate(layout.vstage_ranges):
+            root = 0
+            if vs == 0:
+                root += model.embedding_params
+            if vs == last:
+                root += model.norm_params + (model.head_params if not model.tie_embeddings or last > 0 else 0)
+            self.units.append(Units(root=round(root / tp), layers=len(layers),
+                                    per_layer=round(model.params_per_layer / tp)))
+
+    def link(self) -> tuple[float, float]:
+        """(bus bytes/s, seconds of latency) of the sharding group's collectives. The mesh is (dp, pp,
+        cp, tp) outside in (``Layout.mesh``) and the group takes the CP ranks first, then DP
+        replicas, so its ranks sit ``tp`` apart within CP and ``pp x cp x tp`` apart across DP.
+        Inside one node: the node's NVLink (``tp_bandwidth`` / ``tp_latency``). Across nodes NCCL
+        runs one ring per NIC (rail), each carrying its share, so the bus bandwidth is the per-GPU
+        fabric rate x the group's ranks per node (``allreduce_bandwidth`` is one GPU's NIC), capped
+        by NVLink; latency ``allreduce_latency``."""
+        c = self.cluster
+        n = self.n
+        stride_cp, stride_dp = c.tp, c.pp * c.cp * c.tp
+        span = n * stride_cp if n <= c.cp else (n // c.cp - 1) * stride_dp + c.cp * stride_cp
+        if span <= c.gpus_per_node:
+            return c.tp_bandwidth, c.tp_latency
+        if n <= c.cp:
+            per_node = c.gpus_per_node // stride_cp
+        else:
+            per_node = min(c.cp, c.gpus_per_node // stride_cp) * max(1, c.gpus_per_node // stride_dp)
+        return min(c.tp_bandwidth, per_node * c.allreduce_bandwidth), c.allreduce_latency
+
+    def _collective(self, params: float, nbytes: int) -> float:
+        if self.n == 1 or params == 0:
+            return 0.0
+        return self.latency + (self.n - 1) / self.n * params * nbytes / self.bandwidth
+
+    def gather(self, params: float) -> float:
+        """Seconds of one unit's all-gather (``params`` per TP rank)."""
+        return self._collective(params, self.gather_bytes)
+
+    def reduce_scatter(self, params: float) -> float:
+        """Seconds of one unit's gradient reduce-scatter."""
+        return self._collective(params, self.reduce_bytes)
+
+    def replica_allreduce(self, stage: int) -> float:
+        """Seconds of hybrid sharding's all-reduce of device ``stage``'s gradient shard across the
+        dp x cp / n replicas (ring, on the fabric); 0 without replicas."""
+        c = self.cluster
+        r = c.dp * c.cp // self.n
+        if r == 1:
+            return 0.0
+        nbytes = self.layout.device_params(stage) / c.tp / self.n * self.reduce_bytes
+        return c.allreduce_latency + 2 * (r - 1) / r * nbytes / c.allreduce_bandwidth
+
+    # -- one action's timeline ----------------------------------------------------------------------
+    def action(self, compute, vstage: int, *, backward: bool, events: list[Event] | None = None):
+        """Seconds of one action whose compute takes ``compute`` seconds (numpy-broadcastable), with
+        its collectives as the module docstring's timeline runs them; ``events`` (scalar ``compute``
+        only) collects them for the trace."""
+        u = self.units[vstage]
+        c = np.asarray(compute, dtype=float)
+        if self.n == 1:
+            return c
+        f = c / u.layers
+        ag_layer, ag_root = self.gather(u.per_layer), self.gather(u.root)
+        rs_layer, rs_root = self.reduce_scatter(u.per_layer), self.reduce_scatter(u.root)
+        pb, gb, rb = u.per_layer * self.gather_bytes, u.root * self.gather_bytes, self.reduce_bytes
+
+        def note(op, unit, a, b, nbytes):
+            if events is not None and float(b) > float(a):
+                events.append(Event(op, unit, float(a), float(b), float(nbytes)))
+
+        zero = np.zeros_like(c)
+        if not backward:
+            link = zero + ag_root  # the root first, then each layer; compute waits for its unit
+            note("AG", -1, 0.0, link, gb)
+            start = end = link
+            for i in range(u.layers):
+                a = np.maximum(link, start) if i else link
+                link = a + ag_layer
+                note("AG", i, a, link, pb)
+                start = np.maximum(end, link)
+                end = start + f
+            return end
+        link, end = zero, zero
+        gathered = zero
+        if self.regather:
+            gathered = link = zero + ag_layer
+            note("AG", u.layers - 1, 0.0, link, pb)
+        for i in reversed(range(u.layers)):
+            start = np.maximum(end, gathered)
+            nxt = self.regather and i > 0
+            if nxt and not self.post:
+                a = np.maximum(link, start)
+                gathered = link = a + ag_layer
+                note("AG", i - 1, a, link, pb)
+            end = start + f
+            a = np.maximum(link, end)
+            link = a + rs_layer
+            note("RS", i, a, link, u.per_layer * rb)
+            if nxt and self.post:
+                a = link
+                gathered = link = a + ag_layer
+                note("AG", i - 1, a, link, pb)
+        if u.root:
+            a = np.maximum(link, end)
+            link = a + rs_root
+            note("RS", -1, a, link, u.root * rb)
+        return np.maximum(end, link)
+
+    def events(self, compute: float, vstage: int, *, backward: bool) -> list[Event]:
+        """The collectives of one action (the trace's AG / RS rows), in issue order."""
+        out: list[Event] = []
+        self.action(compute, vstage, backward=backward, events=out)
+        return out
+
+    def actions(self, times: np.ndarray, *, backward: bool) -> np.ndarray:
+        """[V, N] seconds of each action from its compute ``times`` [V, N] (virtual stage by row)."""
+        return np.stack([self.action(row, vs, backward=backward) for vs, row in enumerate(times)])
+
+
+def fsdp_rows(fsdp: FsdpPricing, compute: dict[str, np.ndarray], layout: Layout, plan, mean_budget: np.ndarray, *,
+              kinds: list[str], start: np.ndarray, iteration: int, columns: tuple[str, ...]):
+    """Trace rows (``columns``: the trace schema) of every unit gather (``AG``) and reduce-scatter
+    (``RS``) inside each F and B action, placed from the action's start (``start`` [dp, kinds, V, m],
+    the engine's) by the action's own timeline from its compute ``compute`` [dp, V, m] per mode.
+    ``tokens`` holds the micro-batch's tokens, ``budget`` its mean budget, as on the action's row."""
+    import pandas as pd
+
+    devices = layout.devices
+    out: dict[str, list] = {c: [] for c in columns}
+    cache: dict[tuple[float, int, bool], list[Event]] = {}  # equal actions recur (fixed-length data)
+    for kind in ("F", "B"):
+        if kind not in kinds or kind not in compute:
+            continue
+        ki = kinds.index(kind)
+        for r, j, mb in plan.microbatches():
+            for vs in range(len(devices)):
+                sec = float(compute[kind][r, vs, j])
+                key = (sec, vs, kind == "B")
+                if key not in cache:
+                    cache[key] = fsdp.events(sec, vs, backward=kind == "B")
+                t0 = float(start[r, ki, vs, j])
+                for e in cache[key]:
+                    for col, val in (("iteration", iteration), ("dp_rank", r), ("stage", devices[vs]),
+                                     ("microbatch", j), ("op", e.op), ("start_s", t0 + e.start),
+                                     ("end_s", t0 + e.end), ("tokens", mb.tokens),
+                                     ("budget", float(mean_budget[r, j]))):
+                        out[col].append(val)
+    return pd.DataFrame(out, columns=list(columns))

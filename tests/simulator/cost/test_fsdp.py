@@ -1,0 +1,205 @@
+"""FSDP / ZeRO-3 (and ZeRO-2) unit by unit (simulator/cost/fsdp.py), against hand calculations:
+one unit's gather and reduce-scatter, the link a group runs on, the forward's exposed gathers, the
+backward's prefetch orders, hybrid sharding's all-reduce, memory per device, the optimizer's shard,
+the trace's AG / RS rows and the one-line refusals of bad combinations."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from sparsebalance.errors import ConfigError
+from sparsebalance.simulator.config import ClusterConfig, ModelConfig, tiny
+from sparsebalance.simulator.cost.fsdp import FsdpPricing, Units
+from sparsebalance.simulator.cost.memory import ADAM_BYTES, MASTER_BYTES, static_bytes
+from sparsebalance.simulator.layout import layout_of
+
+MPT_BLOCK = 201_379_840  # one MPT-7B decoder layer's parameters (d 4096, 4h GELU MLP, no biases)
+
+
+def cluster(**kw) -> ClusterConfig:
+    base = {"device": "test", "pp": 1, "dp": 8, "tp": 1, "global_batch": 8, "dp_mode": "zero3",
+            "tp_bandwidth": 370e9, "tp_latency": 0.0, "allreduce_bandwidth": 50e9, "allreduce_latency": 0.0}
+    return ClusterConfig(**(base | kw))
+
+
+def pricing(model: ModelConfig | None = None, **kw) -> FsdpPricing:
+    model = model or tiny()
+    c = cluster(**kw)
+    return FsdpPricing(model, c, layout_of(model, c))
+
+
+def test_one_units_gather_and_reduce_scatter_by_hand():
+    """An MPT-7B block over the 8 GPUs of one node (NVLink at 370 GB/s): (7/8) x 201,379,840 x 2 B /
+    370 GB/s = 0.9525 ms; its fp32 reduce-scatter twice that."""
+    p = pricing(grad_reduce_bytes=4, param_gather_bytes=2)
+    assert p.link() == (370e9, 0.0)
+    assert p.gather(MPT_BLOCK) == pytest.approx(7 / 8 * MPT_BLOCK * 2 / 370e9, rel=1e-12)
+    assert p.gather(MPT_BLOCK) == pytest.approx(0.9525e-3, rel=1e-3)
+    assert p.reduce_scatter(MPT_BLOCK) == pytest.approx(1.905e-3, rel=1e-3)
+    lat = pricing(tp_latency=5e-6, param_gather_bytes=2)
+    assert lat.gather(1000) == pytest.approx(5e-6 + 7 / 8 * 1000 * 2 / 370e9, rel=1e-12)
+
+
+@pytest.mark.parametrize("kw,want", [
+    ({"dp": 8, "tp": 1}, 370e9),  # one node
+    ({"dp": 128, "tp": 1, "global_batch": 128}, 370e9),  # 16 nodes, 8 ranks each: 8 x 50 GB/s, capped by NVLink
+    ({"dp": 16, "tp": 4, "global_batch": 16}, 100e9),  # 2 ranks per node: 2 rails
+    ({"dp": 16, "tp": 8, "global_batch": 16}, 50e9),  # one rank per node: one NIC
+    ({"dp": 4, "pp": 2, "tp": 1, "global_batch": 8}, 200e9),  # dp stride 2: 4 ranks in one node
+])
+def test_the_link_of_a_sharding_group(kw, want):
+    """In one node the group runs on NVLink; across nodes one ring per NIC, so the fabric rate x the
+    group's ranks per node (capped by NVLink)."""
+    p = pricing(**kw)
+    bw, _ = p.link()
+    if kw.get("pp", 1) == 2:  # dp 4 x pp 2 in 8 GPUs: the group (ranks 0, 2, 4, 6) fits one node
+        want = 370e9
+    assert bw == want
+
+
+def _units(p: FsdpPricing, n_layers: int, ag: float) -> FsdpPricing:
+    """``p`` with one virtual stage of ``n_layers`` layer units and no root, each gathered in ``ag`` s."""
+    per = 1_000_000
+    p.units = [Units(root=0, layers=n_layers, per_layer=per)]
+    p.bandwidth = (p.n - 1) / p.n * per * p.gather_bytes / ag
+    p.latency = 0.0
+    return p
+
+
+@pytest.mark.parametrize("ag,want", [(1.5, 5.5), (0.5, 3.5)])
+def test_forward_exposes_what_the_gathers_cannot_hide(ag, want):
+    """3 units, 1 s of compute each: gathers of 1.5 s leave 1.5 + 1.5 + 1.5 + 1 = 5.5 s (2.5 s exposed);
+    gathers of 0.5 s only expose the first: 0.5 + 3 = 3.5 s."""
+    p = _units(pricing(param_gather_bytes=2), 3, ag)
+    assert p.action(3.0, 0, backward=False) == pytest.approx(want, abs=1e-12)
+    ev = p.events(3.0, 0, backward=False)
+    assert [e.op for e in ev] == ["AG"] * 3 and ev[0].start == 0.0
+
+
+@pytest.mark.parametrize("mode,prefetch,want", [("zero3", "pre", 7.5), ("zero3", "post", 10.5), ("zero2", None, 7.0)])
+def test_backward_prefetch_orders(mode, prefetch, want):
+    """3 units, 2 s of gradient compute each, gathers 0.5 s, fp32 reduce-scatters 1.0 s. BACKWARD_PRE:
+    only the first gather and the last reduce-scatter are exposed (0.5 + 6 + 1.0); BACKWARD_POST: each
+    gather waits behind the previous unit's reduce-scatter (0.5 + 2 + 1 + 0.5 + 2 + 1 + 0.5 + 2 + 1 =
+    10.5); zero2 gathers nothing in the backward (6 + 1.0)."""
+    kw = {"dp_mode": mode, "param_gather_bytes": 2, "grad_reduce_bytes": 4}
+    if prefetch:
+        kw["fsdp_backward_prefetch"] = prefetch
+    p = _units(pricing(**kw), 3, 0.5)
+    assert p.reduce_scatter(1_000_000) == pytest.approx(1.0)
+    assert p.action(6.0, 0, backward=True) == pytest.approx(want, abs=1e-12)
+    ev = p.events(6.0, 0, backward=True)
+    assert sum(e.op == "RS" for e in ev) == 3 and sum(e.op == "AG" for e in ev) == (3 if mode == "zero3" else 0)
+    link = sorted((e.start, e.end) for e in ev)  # one collective at a time on the link
+    assert all(a[1] <= b[0] + 1e-12 for a, b in itertools.pairwise(link))
+
+
+def test_actions_are_vectorised_and_a_group_of_one_costs_nothing():
+    p = pricing()
+    c = np.array([[1e-3, 2e-3, 5e-2]] * len(p.units))
+    got = p.actions(c, backward=True)
+    assert got.shape == c.shape and (got >= c).all()
+    assert [p.action(float(x), 0, backward=True) for x in c[0]] == pytest.approx(got[0].tolist(), rel=1e-12)
+    one = pricing(dp=1, global_batch=1)
+    assert one.action(0.25, 0, backward=False) == 0.25
+
+
+def test_hybrid_sharding_all_reduces_the_shards_across_replicas():
+    """fsdp_shard 4 of dp 8: 2 replicas all-reduce each rank's 1/4 of the gradients on the fabric,
+    2 (r-1)/r x P/4 x 4 B / 50 GB/s."""
+    model = tiny()
+    p = pricing(model, fsdp_shard=4, grad_reduce_bytes=4)
+    params = layout_of(model, p.cluster).device_params(0)
+    assert p.replica_allreduce(0) == pytest.approx(2 * 1 / 2 * params / 4 * 4 / 50e9, rel=1e-12)
+    assert pricing(model).replica_allreduce(0) == 0.0
+
+
+def test_memory_per_device_by_hand():
+    """zero3 on 8 ranks: the fp32 parameter, gradient and Adam shards (16 B / 8 per parameter), the root
+    and two layer units gathered in bf16, one layer's fp32 gradient; zero2 keeps every unit gathered.
+    For MPT-7B (6,658,859,008 parameters) the states alone are 13.32 GB."""
+    model = tiny()
+    for mode in ("zero3", "zero2"):
+        c = cluster(dp_mode=mode, param_gather_bytes=2, grad_reduce_bytes=4)
+        total = layout_of(model, c).device_params(0)
+        per_layer, root = model.params_per_layer, total - model.layers * model.params_per_layer
+        gathered = (root + 2 * per_layer) * 2 if mode == "zero3" else total * 2
+        want = total / 8 * (MASTER_BYTES + 4 + ADAM_BYTES) + gathered + per_layer * 4
+        assert static_bytes(model, c)[0] == pytest.approx(want, rel=1e-12)
+    assert 6_658_859_008 * 16 / 8 == pytest.approx(13.32e9, rel=1e-3)
+
+
+def test_optimizer_steps_one_shard(tmp_path):
+    from sparsebalance.simulator.cost.latency import load_latency_model
+
+    model = tiny()
+    lm_ddp = load_latency_model("analytical-h200", model, ClusterConfig(device="h200", pp=1, dp=8, global_batch=8))
+    lm_z3 = load_latency_model("analytical-h200", model, ClusterConfig(device="h200", pp=1, dp=8, global_batch=8,
+                                                                        dp_mode="zero3"))
+    assert lm_z3.optimizer_time(0) == lm_ddp.comm._optimizer_step(round(lm_ddp.stage_params(0) / 8))
+    assert lm_z3.allreduce_time(0) == 0.0  # the units' reduce-scatters run inside the backward
+
+
+@pytest.mark.parametrize("kw,field", [
+    ({"dp_mode": "zero4"}, "dp_mode"),
+    ({"dp_mode": "ddp", "fsdp_shard": 2}, "fsdp_shard"),
+    ({"fsdp_shard": 3}, "fsdp_shard"),
+    ({"dp_mode": "zero2", "fsdp_backward_prefetch": "pre"}, "fsdp_backward_prefetch"),
+    ({"fsdp_backward_prefetch": "early"}, "fsdp_backward_prefetch"),
+    ({"dp_mode": "zero1", "param_gather_bytes": 2}, "param_gather_bytes"),
+    ({"dp_mode": "zero3", "zero1": True}, "zero1"),
+    ({"pp": 2, "schedule": "zb-h1", "global_batch": 16}, "dp_mode"),
+])
+def test_bad_combinations_name_the_field(kw, field):
+    with pytest.raises(ConfigError, match=field):
+        cluster(**kw)
+
+
+def test_older_zero1_switch_reads_as_dp_mode():
+    c = ClusterConfig(device="test", dp=2, global_batch=2, zero1=True)
+    assert c.dp_mode == "zero1" and c.zero1
+    assert ClusterConfig(device="test", dp=2, global_batch=2, dp_mode="zero1").zero1
+    assert replace(c, dp_mode="zero1").zero1
+
+
+def _run(tmp_path, extra: str):
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('name = "fsdp"\niterations = 1\nprofile = "analytical-h200"\n[model]\npreset = "tiny"\n'
+                   '[cluster]\ndevice = "h200"\npp = 2\ndp = 2\nglobal_batch = 8\n' + extra +
+                   '[data]\nsource = "distribution"\ndistribution = "fixed"\nlength = 512\nnum_sequences = 64\n'
+                   '[policy]\nbatching = "sequential"\ntuning = "fixed"\nk0 = 4\n')
+    return subprocess.run([sys.executable, "-m", "sparsebalance", "simulate", "--config", str(cfg), "--out",
+                           str(tmp_path / "out"), "--no-progress"], check=False, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_simulate_prints_the_gathers_in_its_trace(tmp_path):
+    import pandas as pd
+
+    r = _run(tmp_path, 'dp_mode = "zero3"\nallreduce_bandwidth = 1e9\n')
+    assert r.returncode == 0, r.stderr
+    tr = pd.read_csv(next((tmp_path / "out").rglob("trace.csv")))
+    work = tr[tr["op"].isin(["F", "B"])]
+    ag, rs = tr[tr["op"] == "AG"], tr[tr["op"] == "RS"]
+    assert len(ag) and len(rs)
+    # every collective lies inside an action of its stage, replica and micro-batch
+    for row in pd.concat([ag, rs]).itertuples():
+        host = work[(work["stage"] == row.stage) & (work["dp_rank"] == row.dp_rank)
+                    & (work["microbatch"] == row.microbatch)]
+        assert ((host["start_s"] <= row.start_s + 1e-12) & (row.end_s <= host["end_s"] + 1e-12)).any()
+    # zero3: per micro-batch and stage, every layer unit gathered twice (forward, backward) + the root once
+    per = ag.groupby(["dp_rank", "stage", "microbatch"]).size()
+    assert set(per.tolist()) == {2 * 2 + 1}  # tiny: 4 layers, 2 per stage; the root on each end stage
+
+
+def test_simulate_refuses_a_bad_fsdp_config_in_one_line(tmp_path):
+    r = _run(tmp_path, 'dp_mode = "ddp"\nfsdp_shard = 2\n')
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and "fsdp_shard" in r.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("trace.csv"))

@@ -80,8 +80,6 @@ def gaps(row) -> tuple[list[str], list[str]]:
         blocking.append(f"FP8 (precision = {row.precision})")
     if row.pp > 1 and row.pp_impl not in ("megatron", "megatron-2022"):
         blocking.append(f"pipeline implementation {row.pp_impl!r} (only Megatron's schedules are modelled)")
-    if row.dp_mode == "zero1" and row.param_gather_overlap and row.dp * row.cp > 1:
-        approx.append("ZeRO-1 parameter all-gather priced exposed (--overlap-param-gather not modelled)")
     if row.tp_overlap == "te" and row.tp > 1:
         approx.append("TE comm-GEMM overlap: forward TP collectives priced exposed (backward as Megatron's async overlap)")
     node = NODES.get(row.gpu)
@@ -108,6 +106,7 @@ def dense_config(row) -> dict:
                "recompute": row.recompute, "dp_overlap": bool(row.dp_overlap),
                "grad_reduce_bytes": int(row.grad_reduce_bytes), "sequence_parallel": bool(row.sequence_parallel),
                "tp_overlap": row.tp_overlap in ("true", "te"), "dp_mode": row.dp_mode,
+               "param_gather_overlap": row.dp_mode == "zero1" and bool(row.param_gather_overlap),
                "nodes": math.ceil(gpus / node.gpus_per_node)}
     if row.dp_mode in ("zero2", "zero3"):
         cluster |= {"param_gather_bytes": int(row.param_gather_bytes)}

@@ -258,6 +258,12 @@ class ClusterConfig:
     FSDP2 without resharding after forward as Llama 3 ran it: no gather in the backward). zero2 and
     zero3 are priced unit by unit (docs/costmodel.md, 'FSDP / ZeRO-3'): a gather overlapped with the
     previous unit's compute, exposed where it does not fit."""
+    param_gather_overlap: bool = False
+    """With ``dp_mode = "zero1"``: the all-gather of the updated parameters overlapped with the next
+    forward, bucket by bucket (Megatron-Core's ``--overlap-param-gather``: each bucket's gather is
+    waited for in the forward pre-hook of its first module); only what the device's first forward
+    action cannot hide is exposed (docs/costmodel.md, 'ZeRO-1'). False: the gather follows the
+    optimizer step, all exposed."""
     fsdp_shard: int | None = None
     """Ranks a zero2 / zero3 unit is sharded over; None = all of the DP group (dp x cp, as torchtitan
     flattens ``dp_shard`` and ``cp``). Fewer (it must divide dp x cp) is hybrid sharding (HSDP): the
@@ -371,6 +377,12 @@ class ClusterConfig:
                   f"true means dp_mode = \"zero1\"; it contradicts dp_mode = {self.dp_mode!r} (drop zero1)")
             object.__setattr__(self, "dp_mode", "zero1")
         object.__setattr__(self, "zero1", self.dp_mode == "zero1")
+        check(isinstance(self.param_gather_overlap, bool), "param_gather_overlap",
+              f"must be true or false, got {self.param_gather_overlap!r}")
+        if self.param_gather_overlap:
+            check(self.dp_mode == "zero1", "param_gather_overlap",
+                  f"overlaps ZeRO-1's parameter all-gather; dp_mode is {self.dp_mode!r} (set dp_mode = \"zero1\" "
+                  "or drop it; zero2 / zero3 gathers overlap by design)")
         fsdp = self.dp_mode in FSDP_MODES
         group = self.dp * self.cp
         if self.fsdp_shard is not None:

@@ -14,7 +14,8 @@
 * **DP gradient synchronisation** (:meth:`Communication.allreduce_time`,
   :meth:`Communication.grad_sync_exposed`): bucketed and, with ``dp_overlap``, overlapped with the
   device's last backward action; with ``zero1`` a reduce-scatter. The group is ``Layout.grad_group``
-  (DP x CP: the CP ranks of a stage hold the same weights).
+  (DP x CP: the CP ranks of a stage hold the same weights), on its link (:func:`.link.group_link`:
+  NVLink inside a node, one NIC per rank of the group in each node across nodes).
 * **Optimizer** (:meth:`Communication.optimizer_time`): the profile's ``optim`` op, else HBM bytes of
   one AdamW step (:func:`adamw_bytes`) over the sidecar's memory bandwidth; with ``zero1`` on 1/n of
   the parameters, then their all-gather; under ``zero2`` / ``zero3`` on 1/n of them, no gather
@@ -29,6 +30,7 @@ import warnings
 from sparsebalance.errors import MeaningWarning
 from sparsebalance.simulator.config import FSDP_MODES, ClusterConfig, ModelConfig
 from sparsebalance.simulator.cost.fsdp import FsdpPricing
+from sparsebalance.simulator.cost.link import group_link
 from sparsebalance.simulator.cost.tables import OpTables
 from sparsebalance.simulator.layout import Layout
 
@@ -96,12 +98,12 @@ class Communication:
             size = c.grad_bucket_params or max(40_000_000, 1_000_000 * n)
         steps = (n - 1) / n if c.zero1 else 2 * (n - 1) / n
         db = c.grad_reduce_bytes or self.model.dtype_bytes
+        bw, latency = group_link(c, n)
         out, done = [], 0.0
         while done < params:
             p = min(size, params - done)
             done += p
-            out.append((done / params, steps * (p * db) / c.allreduce_bandwidth
-                        + c.allreduce_latency))
+            out.append((done / params, steps * (p * db) / bw + latency))
         return out
 
     def allreduce_time(self, stage: int) -> float:
@@ -127,6 +129,28 @@ class Communication:
             end = max(end, window * share) + sec
         return max(0.0, end - window)
 
+    def param_gather_exposed(self, stage: int, window: float) -> float:
+        """Seconds of ZeRO-1's parameter all-gather of stage ``stage`` left exposed with
+        ``param_gather_overlap``: the gathers run one bucket after another from the end of the
+        optimizer step ((n-1)/n x bytes / bw + latency each, the gradient buckets' sizes, bf16),
+        and the device's first forward action (``window`` seconds; its share of each bucket's
+        layers) waits for each bucket, ``f_i = max(f_(i-1), g_i) + window x share_i``; exposed =
+        f_last - window. 0 without ZeRO-1, the overlap or replicas."""
+        c = self.cluster
+        n = self.layout.grad_group
+        if not (c.zero1 and c.param_gather_overlap and n > 1):
+            return 0.0
+        bw, latency = group_link(c, n)
+        params = self.layout.device_params(stage) / c.tp
+        size = c.grad_bucket_params or max(40_000_000, 1_000_000 * n)
+        gathered = forward = done = 0.0
+        while done < params:
+            p = min(size, params - done)
+            done += p
+            gathered += (n - 1) / n * p * self.model.dtype_bytes / bw + latency
+            forward = max(forward, gathered) + window * p / params
+        return max(0.0, forward - window)
+
     def optimizer_time(self, stage: int) -> float:
         """Seconds of one AdamW step over stage ``stage``'s parameters (its TP shard; with ``zero1``
         its 1/n share, then the ring all-gather of the updated bf16 parameters, ``(n-1)/n x bytes
@@ -136,8 +160,10 @@ class Communication:
         params = round(self.layout.device_params(stage) / c.tp)
         n = self.layout.grad_group  # the data-parallel group of a stage's weights: DP x CP
         if c.zero1 and n > 1:
-            gather = ((n - 1) / n * params * self.model.dtype_bytes / c.allreduce_bandwidth
-                      + c.allreduce_latency)
+            if c.param_gather_overlap:  # the gather runs under the next forward: param_gather_exposed
+                return self._optimizer_step(round(params / n))
+            bw, latency = group_link(c, n)
+            gather = (n - 1) / n * params * self.model.dtype_bytes / bw + latency
             return self._optimizer_step(round(params / n)) + gather
         if self.fsdp is not None:  # each rank steps its shard; the next forward gathers (fsdp.py)
             return self._optimizer_step(round(params / self.fsdp.n))

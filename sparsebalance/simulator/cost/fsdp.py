@@ -10,7 +10,7 @@ over the layer units; the root computes nothing of its own (the lookup and the h
 first / last layer's share).
 
 **Collectives** over the sharding group of n ranks (``cluster.fsdp_group``), on the link of that
-group (:meth:`FsdpPricing.link`: the node's NVLink when the group fits in one node; across nodes
+group (:func:`.link.group_link`: the node's NVLink when the group fits in one node; across nodes
 one ring per NIC, so the fabric rate x the group's ranks per node, capped by NVLink):
 
     AG_u = latency + (n - 1) / n x P_u x param_gather_bytes / bandwidth
@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
+from sparsebalance.simulator.cost.link import group_link
 from sparsebalance.simulator.layout import Layout
 
 
@@ -103,24 +104,8 @@ class FsdpPricing:
                                     per_layer=round(model.params_per_layer / tp)))
 
     def link(self) -> tuple[float, float]:
-        """(bus bytes/s, seconds of latency) of the sharding group's collectives. The mesh is (dp, pp,
-        cp, tp) outside in (``Layout.mesh``) and the group takes the CP ranks first, then DP
-        replicas, so its ranks sit ``tp`` apart within CP and ``pp x cp x tp`` apart across DP.
-        Inside one node: the node's NVLink (``tp_bandwidth`` / ``tp_latency``). Across nodes NCCL
-        runs one ring per NIC (rail), each carrying its share, so the bus bandwidth is the per-GPU
-        fabric rate x the group's ranks per node (``allreduce_bandwidth`` is one GPU's NIC), capped
-        by NVLink; latency ``allreduce_latency``."""
-        c = self.cluster
-        n = self.n
-        stride_cp, stride_dp = c.tp, c.pp * c.cp * c.tp
-        span = n * stride_cp if n <= c.cp else (n // c.cp - 1) * stride_dp + c.cp * stride_cp
-        if span <= c.gpus_per_node:
-            return c.tp_bandwidth, c.tp_latency
-        if n <= c.cp:
-            per_node = c.gpus_per_node // stride_cp
-        else:
-            per_node = min(c.cp, c.gpus_per_node // stride_cp) * max(1, c.gpus_per_node // stride_dp)
-        return min(c.tp_bandwidth, per_node * c.allreduce_bandwidth), c.allreduce_latency
+        """(bus bytes/s, seconds of latency) of the sharding group's collectives (:func:`.comm.group_link`)."""
+        return group_link(self.cluster, self.n)
 
     def _collective(self, params: float, nbytes: int) -> float:
         if self.n == 1 or params == 0:

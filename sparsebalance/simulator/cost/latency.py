@@ -192,6 +192,11 @@ class LatencyModel(ScalarStageLatency):
         """Seconds of it left after the device's last backward action (``window`` seconds long)."""
         return self.comm.grad_sync_exposed(stage, window)
 
+    def param_gather_exposed(self, stage: int, window: float) -> float:
+        """Seconds of ZeRO-1's overlapped parameter gather left after the device's first forward
+        action (``window`` seconds long)."""
+        return self.comm.param_gather_exposed(stage, window)
+
     def optimizer_time(self, stage: int) -> float:
         """Seconds of one optimizer step over device ``stage``'s parameters."""
         return self.comm.optimizer_time(stage)

@@ -79,6 +79,11 @@ class LatencyQuery(MicrobatchLatency, Protocol):
         when its buckets overlap that action (``cluster.dp_overlap``)."""
         ...
 
+    def param_gather_exposed(self, stage: int, window: float) -> float:
+        """Seconds of ZeRO-1's parameter gather left after the device's first forward action
+        (``window`` seconds long) with ``cluster.param_gather_overlap``."""
+        ...
+
     def optimizer_time(self, stage: int) -> float: ...
 
     def cp_report(self, L: int, k: int, *, backward: bool = False,

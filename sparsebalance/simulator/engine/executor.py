@@ -97,7 +97,7 @@ class SimulatorExecutor:
         return PipelineInput(schedule=c.schedule, pp=c.pp, virtual_stages=c.virtual_stages,
                              forward=times["F"], backward=times["B"], backward_input=times.get("I"),
                              backward_weight=times.get("W"), p2p=p2p, allreduce=self._grad_sync(times, m),
-                             optimizer=self._fixed[1], tokens=tokens, budget=mean_budget,
+                             optimizer=self._optimizer(times), tokens=tokens, budget=mean_budget,
                              iteration=iteration)
 
     def _grad_sync(self, times: dict[str, np.ndarray], m: int) -> np.ndarray:
@@ -113,6 +113,17 @@ class SimulatorExecutor:
         per_kind = kind_durations(g, times["F"], times["B"], times.get("I"), times.get("W"))  # as the engine runs them
         window = [float(per_kind[g.kinds[k]][:, v, i].min()) for k, v, i in zip(kind, vs, j)]
         return np.array([self.latency.grad_sync_exposed(s, w) for s, w in enumerate(window)], dtype=float)
+
+    def _optimizer(self, times: dict[str, np.ndarray]) -> np.ndarray:
+        """[pp] seconds of each device's optimizer step, + with ``param_gather_overlap`` what ZeRO-1's
+        parameter gather leaves exposed under the device's first forward action (the shortest over
+        replicas; steady state: this iteration's stands for the next one's)."""
+        c = self.cluster
+        if not (c.zero1 and c.param_gather_overlap):
+            return self._fixed[1]
+        lay = layout_of(self.model, c)
+        window = [float(times["F"][:, lay.vstages_of(s)[0], 0].min()) for s in range(c.pp)]
+        return self._fixed[1] + np.array([self.latency.param_gather_exposed(s, w) for s, w in enumerate(window)])
 
     def _memory_tokens(self, plan: Plan, inp) -> np.ndarray:
         """[dp, m] tokens the memory model sees per micro-batch: the busiest CP rank's x cp (it

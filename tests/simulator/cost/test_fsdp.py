@@ -203,3 +203,26 @@ def test_simulate_refuses_a_bad_fsdp_config_in_one_line(tmp_path):
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1 and "fsdp_shard" in r.stderr
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("trace.csv"))
+
+
+@pytest.mark.parametrize("kw,bw", [
+    ({"dp": 2, "pp": 4}, 370e9),  # "h200-1x8-dp2pp4": ranks 0 and 4 of one node
+    ({"dp": 4, "pp": 4, "tp": 2, "nodes": 4}, 50e9),  # the paper's DP4 x PP4 x TP2: one rank per node
+    ({"dp": 16, "tp": 2, "nodes": 4}, 200e9),  # 4 ranks per node: 4 rails
+])
+def test_ddp_gradient_ring_runs_on_the_groups_link(kw, bw):
+    """The DDP all-reduce is the closed form 2 (n-1)/n x bytes / bw on the group's link: NVLink inside
+    a node, the fabric x the group's ranks per node across nodes (cost/link.py)."""
+    from sparsebalance.simulator.cost.latency import load_latency_model
+
+    model = tiny()
+    c = ClusterConfig(device="h200", global_batch=64, tp_bandwidth=370e9, tp_latency=0.0, allreduce_bandwidth=50e9,
+                      allreduce_latency=0.0, **kw)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lm = load_latency_model("analytical-h200", model, c)
+    n = c.dp
+    nbytes = lm.stage_params(0) / c.tp * model.dtype_bytes
+    assert lm.allreduce_time(0) == pytest.approx(2 * (n - 1) / n * nbytes / bw, rel=1e-12)

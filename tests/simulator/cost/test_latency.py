@@ -65,8 +65,11 @@ def meta(**over) -> ProfileMeta:
 
 
 def cluster(**kw) -> ClusterConfig:
+    # one GPU per node (unless a test says otherwise): every DP ring crosses the fabric at one NIC
+    # per rank, allreduce_bandwidth, so the closed forms below hold (cost/link.py)
     base = {"device": "test", "pp": 2, "dp": 4, "tp": 1, "global_batch": 16, "p2p_bandwidth": 1e10,
-            "p2p_latency": 5e-6, "allreduce_bandwidth": 2e10, "allreduce_latency": 7e-6}
+            "p2p_latency": 5e-6, "allreduce_bandwidth": 2e10, "allreduce_latency": 7e-6,
+            "gpus_per_node": max(1, kw.get("tp", 1))}
     return ClusterConfig(**(base | kw))
 
 
@@ -527,3 +530,21 @@ def test_an_attention_call_is_paid_once_per_packed_microbatch():
     assert lm().call == {False: 0.0, True: 0.0}
     full = load_latency_model("analytical-h200", MODEL, cluster(tp=1, device="h200", recompute="full"))
     assert full.call[True] == pytest.approx(model.call[True] + model.call[False], rel=1e-15)
+
+
+@pytest.mark.parametrize("window", [1e-5, 3e-5, 1e-3])
+def test_overlapped_zero1_gather_against_the_closed_form(window):
+    """--overlap-param-gather: n_b equal buckets of gather g each under a first forward of W seconds
+    leave max(g, n_b g - W (n_b - 1) / n_b) exposed (the gradient buckets' closed form, mirrored), and
+    the optimizer step no longer carries the gather."""
+    p0 = 3 * PARAMS_PER_LAYER + EMBED
+    assert p0 % 4 == 0
+    z = lm(zero1=True, param_gather_overlap=True, grad_bucket_params=p0 // 4, optim=True)
+    g = 3 / 4 * (p0 // 4) * MODEL.dtype_bytes / 2e10 + 7e-6
+    assert z.param_gather_exposed(0, window) == pytest.approx(max(g, 4 * g - window * 3 / 4), rel=1e-9)
+    plain = lm(zero1=True, optim=True)
+    assert z.optimizer_time(0) == pytest.approx(plain.optimizer_time(0) - (3 / 4 * p0 * MODEL.dtype_bytes / 2e10 + 7e-6),
+                                                rel=1e-9)
+    assert lm(zero1=True).param_gather_exposed(0, window) == 0.0
+    with pytest.raises(ConfigError, match="param_gather_overlap"):
+        cluster(param_gather_overlap=True)

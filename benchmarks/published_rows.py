@@ -112,6 +112,8 @@ def dense_config(row) -> dict:
         cluster |= {"param_gather_bytes": int(row.param_gather_bytes)}
         if not pd.isna(row.fsdp_shard) and int(row.fsdp_shard) != int(row.dp) * int(row.cp):
             cluster["fsdp_shard"] = int(row.fsdp_shard)
+        if row.pp_impl == "meta":  # Llama 3 with PP: gathered once, reduced once per step
+            cluster["fsdp_grad_sync"] = "last"
         if row.dp_mode == "zero3":  # Composer's default BACKWARD_POST where the row assumes it
             cluster["fsdp_backward_prefetch"] = "post" if "BACKWARD_POST" in str(row.fsdp_prefetch) else "pre"
     if int(row.cp) > 1:

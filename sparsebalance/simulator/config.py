@@ -22,6 +22,7 @@ DP_MODES = ("ddp", "zero1", "zero2", "zero3")
 FSDP_MODES = ("zero2", "zero3")
 """``dp_mode`` values priced unit by unit (``simulator/cost/fsdp.py``)."""
 FSDP_PREFETCH = ("pre", "post")
+FSDP_GRAD_SYNC = ("every", "last")
 CP_LAYOUTS = ("contiguous", "zigzag", "stripe", "best")
 """How a sequence's blocks are dealt to the ranks of a CP group (``cluster.cp_layout``)."""
 CP_COMMS = ("ring", "hierarchical", "allgather")
@@ -269,6 +270,14 @@ class ClusterConfig:
     flattens ``dp_shard`` and ``cp``). Fewer (it must divide dp x cp) is hybrid sharding (HSDP): the
     shards' gradients are then all-reduced across the dp x cp / fsdp_shard replicas after the
     backward."""
+    fsdp_grad_sync: str | None = None
+    """How often a zero2 / zero3 step gathers and reduces: ``every`` micro-batch (FSDP's default
+    under gradient accumulation: each micro-batch gathers as ``dp_mode`` says and reduce-scatters
+    its gradients) or once per step, ``last`` (parameters gathered by the first micro-batch's
+    forward and kept for the step, gradients accumulated unsharded and reduce-scattered by the last
+    micro-batch's backward: torch.distributed.pipelining's stages with FSDP2 --
+    ``reshard_after_backward`` off, gradient sync on the last backward only -- and Llama 3's FSDP
+    with PP). None = ``every``."""
     fsdp_backward_prefetch: str | None = None
     """When a zero3 backward gathers the next unit: ``pre`` (FSDP's BACKWARD_PRE, FSDP2's implicit
     prefetch: issued as the current unit's gradient computation starts, ahead of its
@@ -391,6 +400,10 @@ class ClusterConfig:
             check(isinstance(self.fsdp_shard, int) and not isinstance(self.fsdp_shard, bool) and self.fsdp_shard >= 1
                   and group % self.fsdp_shard == 0, "fsdp_shard",
                   f"must be a whole number dividing dp x cp = {group} (or absent: all of them), got {self.fsdp_shard!r}")
+        if self.fsdp_grad_sync is not None:
+            check(fsdp, "fsdp_grad_sync", f"chooses how often zero2 / zero3 gathers and reduces; dp_mode is "
+                  f"{self.dp_mode!r} (drop it)")
+            check_choice(self.fsdp_grad_sync, "fsdp_grad_sync", FSDP_GRAD_SYNC)
         if self.fsdp_backward_prefetch is not None:
             check(self.dp_mode == "zero3", "fsdp_backward_prefetch",
                   f"chooses when a zero3 backward gathers; dp_mode is {self.dp_mode!r} (drop it)")

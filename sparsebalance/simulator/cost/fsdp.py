@@ -17,7 +17,9 @@ one ring per NIC, so the fabric rate x the group's ranks per node, capped by NVL
     RS_u = latency + (n - 1) / n x P_u x grad_reduce_bytes / bandwidth
 
 **Timeline** of one action (a stage's forward or backward of one micro-batch; seconds from its
-start), the link serving one collective at a time in issue order, as one NCCL communicator does:
+start), the link serving one collective at a time in issue order, as one NCCL communicator does
+(with ``fsdp_grad_sync = "last"`` only the first micro-batch's forward gathers and only the last
+one's backward reduce-scatters, the units staying gathered in between):
 
 * forward (zero2 and zero3): a unit's gather is issued once the previous gather is done and the
   previous unit has started computing (at most two units gathered at once: FSDP's
@@ -88,8 +90,11 @@ class FsdpPricing:
         self.gather_bytes = cluster.param_gather_bytes or model.dtype_bytes
         self.reduce_bytes = cluster.grad_reduce_bytes or model.dtype_bytes
         self.bandwidth, self.latency = self.link()
-        self.regather = cluster.dp_mode == "zero3"
-        """Whether the backward gathers again (zero3); zero2 keeps the forward's gathered units."""
+        self.once = cluster.fsdp_grad_sync == "last"
+        """Whether a step gathers once (first micro-batch's forward) and reduce-scatters once (last
+        micro-batch's backward), the units kept gathered in between (``fsdp_grad_sync = "last"``)."""
+        self.regather = cluster.dp_mode == "zero3" and not self.once
+        """Whether the backward gathers again (zero3 at every micro-batch); zero2 keeps the forward's units."""
         self.post = cluster.fsdp_backward_prefetch == "post"
         last = len(layout.vstage_ranges) - 1
         tp = cluster.tp
@@ -192,9 +197,19 @@ class FsdpPricing:
         self.action(compute, vstage, backward=backward, events=out)
         return out
 
-    def actions(self, times: np.ndarray, *, backward: bool) -> np.ndarray:
-        """[V, N] seconds of each action from its compute ``times`` [V, N] (virtual stage by row)."""
-        return np.stack([self.action(row, vs, backward=backward) for vs, row in enumerate(times)])
+    def pays(self, j: int, m: int, *, backward: bool) -> bool:
+        """Whether micro-batch ``j`` (of ``m`` per replica) runs collectives in its forward / backward:
+        every one, or with ``fsdp_grad_sync = "last"`` the first forward and the last backward."""
+        return not self.once or j == (m - 1 if backward else 0)
+
+    def actions(self, times: np.ndarray, m: int, *, backward: bool) -> np.ndarray:
+        """[V, dp x m] seconds of each action from its compute ``times`` [V, dp x m] (virtual stage
+        by row; columns replica-major, ``m`` micro-batches per replica)."""
+        out = np.stack([self.action(row, vs, backward=backward) for vs, row in enumerate(times)])
+        if self.once:
+            j = np.arange(times.shape[1]) % m
+            out = np.where(j == (m - 1 if backward else 0), out, times)
+        return out
 
 
 def fsdp_rows(fsdp: FsdpPricing, compute: dict[str, np.ndarray], layout: Layout, plan, mean_budget: np.ndarray, *,
@@ -212,7 +227,10 @@ def fsdp_rows(fsdp: FsdpPricing, compute: dict[str, np.ndarray], layout: Layout,
         if kind not in kinds or kind not in compute:
             continue
         ki = kinds.index(kind)
+        m = compute[kind].shape[2]
         for r, j, mb in plan.microbatches():
+            if not fsdp.pays(j, m, backward=kind == "B"):
+                continue
             for vs in range(len(devices)):
                 sec = float(compute[kind][r, vs, j])
                 key = (sec, vs, kind == "B")

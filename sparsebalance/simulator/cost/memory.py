@@ -77,7 +77,8 @@ def sharded_bytes(model: ModelConfig, cluster: ClusterConfig) -> np.ndarray:
     gathered parameters: zero3 at most two layer units at once (``limit_all_gathers`` / implicit
     prefetch) + the root unit (kept from forward to backward), zero2 every unit of the device (kept
     between a micro-batch's forward and backward), at ``param_gather_bytes``; plus one layer unit's
-    unsharded gradient before its reduce-scatter, at ``grad_reduce_bytes``."""
+    unsharded gradient before its reduce-scatter, at ``grad_reduce_bytes``. With ``fsdp_grad_sync =
+    "last"`` every unit stays gathered and the device's whole gradient accumulates unsharded."""
     lay = layout_of(model, cluster)
     pricing = FsdpPricing(model, cluster, lay)
     out = np.zeros(cluster.pp)
@@ -86,11 +87,14 @@ def sharded_bytes(model: ModelConfig, cluster: ClusterConfig) -> np.ndarray:
         units = [pricing.units[vs] for vs in lay.vstages_of(s)]
         per_layer = units[0].per_layer
         root = sum(u.root for u in units)
-        if cluster.dp_mode == "zero3":
+        if cluster.dp_mode == "zero3" and not pricing.once:
             gathered = (root + min(2, sum(u.layers for u in units)) * per_layer) * pricing.gather_bytes
         else:
             gathered = sum(u.params for u in units) * pricing.gather_bytes
-        out[s] = states + gathered + per_layer * pricing.reduce_bytes
+        # the unsharded gradient: one layer's before its reduce-scatter, or the device's whole
+        # accumulated gradient when the step reduces once
+        grads = sum(u.params for u in units) if pricing.once else per_layer
+        out[s] = states + gathered + grads * pricing.reduce_bytes
     return out
 
 

@@ -92,7 +92,7 @@ class SimulatorExecutor:
         got = self.latency.stage_times([mb.lengths for _, _, mb in plan.microbatches()], flat, modes)
         if self.fsdp is not None:  # each action's unit gathers and reduce-scatters (cost/fsdp.py)
             self.compute = {mode: t.reshape(nv, dp, m).transpose(1, 0, 2) for mode, t in got.items()}
-            got = {mode: self.fsdp.actions(t, backward=mode != "F") for mode, t in got.items()}
+            got = {mode: self.fsdp.actions(t, m, backward=mode != "F") for mode, t in got.items()}
         times = {mode: t.reshape(nv, dp, m).transpose(1, 0, 2) for mode, t in got.items()}
         return PipelineInput(schedule=c.schedule, pp=c.pp, virtual_stages=c.virtual_stages,
                              forward=times["F"], backward=times["B"], backward_input=times.get("I"),

@@ -103,11 +103,29 @@ def test_backward_prefetch_orders(mode, prefetch, want):
 def test_actions_are_vectorised_and_a_group_of_one_costs_nothing():
     p = pricing()
     c = np.array([[1e-3, 2e-3, 5e-2]] * len(p.units))
-    got = p.actions(c, backward=True)
+    got = p.actions(c, 3, backward=True)
     assert got.shape == c.shape and (got >= c).all()
     assert [p.action(float(x), 0, backward=True) for x in c[0]] == pytest.approx(got[0].tolist(), rel=1e-12)
     one = pricing(dp=1, global_batch=1)
     assert one.action(0.25, 0, backward=False) == 0.25
+
+
+def test_once_per_step_gathers_first_and_reduces_last():
+    """fsdp_grad_sync = "last" (torch pipelining + FSDP2, Llama 3): of m = 3 micro-batches per replica
+    only the first forward gathers and only the last backward reduce-scatters (no gather: the units
+    stay gathered); the others run at their compute. Memory keeps every unit and the whole gradient."""
+    model = tiny()
+    p = pricing(model, fsdp_grad_sync="last", param_gather_bytes=2, grad_reduce_bytes=4)
+    c = np.full((len(p.units), 6), 1e-3)  # 2 replicas x 3 micro-batches
+    f, b = p.actions(c, 3, backward=False), p.actions(c, 3, backward=True)
+    assert (f[:, [1, 2, 4, 5]] == c[:, [1, 2, 4, 5]]).all() and (f[:, [0, 3]] > c[:, [0, 3]]).all()
+    assert (b[:, [0, 1, 3, 4]] == c[:, [0, 1, 3, 4]]).all() and (b[:, [2, 5]] > c[:, [2, 5]]).all()
+    assert all(e.op == "RS" for e in p.events(1e-3, 0, backward=True))
+    every = pricing(model, param_gather_bytes=2, grad_reduce_bytes=4)
+    assert any(e.op == "AG" for e in every.events(1e-3, 0, backward=True))
+    cl = cluster(fsdp_grad_sync="last", param_gather_bytes=2, grad_reduce_bytes=4)
+    total = layout_of(model, cl).device_params(0)
+    assert static_bytes(model, cl)[0] == pytest.approx(total / 8 * 16 + total * 2 + total * 4, rel=1e-12)
 
 
 def test_hybrid_sharding_all_reduces_the_shards_across_replicas():
@@ -151,6 +169,8 @@ def test_optimizer_steps_one_shard(tmp_path):
     ({"dp_mode": "ddp", "fsdp_shard": 2}, "fsdp_shard"),
     ({"fsdp_shard": 3}, "fsdp_shard"),
     ({"dp_mode": "zero2", "fsdp_backward_prefetch": "pre"}, "fsdp_backward_prefetch"),
+    ({"dp_mode": "zero1", "fsdp_grad_sync": "last"}, "fsdp_grad_sync"),
+    ({"fsdp_grad_sync": "sometimes"}, "fsdp_grad_sync"),
     ({"fsdp_backward_prefetch": "early"}, "fsdp_backward_prefetch"),
     ({"dp_mode": "zero1", "param_gather_bytes": 2}, "param_gather_bytes"),
     ({"dp_mode": "zero3", "zero1": True}, "zero1"),

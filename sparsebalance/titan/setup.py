@@ -53,6 +53,28 @@ class TitanSetup:
     dp_rank: int = 0
 
 
+def dp_mode_of(par: Any, dp: int, pipeline: bool) -> dict[str, Any]:
+    """The cluster fields of how the torchtitan job holds its weights over its ``dp`` data-parallel
+    ranks (``parallelism`` of the job): plain replicas (``ddp``) when it does not shard; else FSDP2,
+    whose ``fsdp_reshard_after_forward`` policy ("default": reshard except under PP,
+    ``torchtitan/distributed/fsdp.py``) makes it ``zero3`` (reshard) or ``zero2`` (keep), sharded
+    over ``data_parallel_shard_degree`` ranks (fewer than dp: hybrid sharding), and under PP
+    gathered once and reduced once per step (torch's pipeline stages sync gradients on the last
+    backward only: ``fsdp_grad_sync = "last"``). Fields a run config set are overridden: the job
+    decides."""
+    rep = int(getattr(par, "data_parallel_replicate_degree", 1) or 1)
+    shard = int(getattr(par, "data_parallel_shard_degree", -1))
+    shard = dp // rep if shard == -1 else shard
+    if dp == 1 or shard <= 1:
+        return {"dp_mode": "ddp", "zero1": False, "fsdp_shard": None, "fsdp_grad_sync": None,
+                "fsdp_backward_prefetch": None, "param_gather_bytes": None, "param_gather_overlap": False}
+    policy = getattr(par, "fsdp_reshard_after_forward", "default")
+    reshard = {"always": True, "never": False}.get(policy, not pipeline)
+    return {"dp_mode": "zero3" if reshard else "zero2", "zero1": False,
+            "fsdp_shard": shard if shard < dp else None, "fsdp_grad_sync": "last" if pipeline else None,
+            "fsdp_backward_prefetch": None, "param_gather_overlap": False}
+
+
 def preset_path(name_or_path: str) -> Path:
     """A run config: a shipped preset name (``titan-cpu``) or a path to a TOML file."""
     p = Path(name_or_path)
@@ -133,7 +155,7 @@ def resolve(job: Any, world_size: int | None = None, *, check_data: bool = True)
             raise ConfigError(f"cluster.global_batch: {docs} documents do not split into dp x micro-batches "
                               f"= {dp} x {m} (every micro-batch holds the same number of documents)")
         mbs = docs // (dp * m)
-    cluster = replace(base.cluster, pp=pp, dp=dp, schedule=sched, micro_batch_size=mbs)
+    cluster = replace(base.cluster, pp=pp, dp=dp, schedule=sched, micro_batch_size=mbs, **dp_mode_of(par, dp, pipeline))
     run = replace(base, model=model, cluster=cluster, policy=policy)
     setup = TitanSetup(run=run, microbatches=m, pipeline=pipeline, slots=slots)
     if check_data:

@@ -102,3 +102,34 @@ def test_a_config_of_ones_own_without_moba_is_one_line_and_exit_2(run_cli, tmp_p
     assert says in r.err
     assert len(r.err.strip().splitlines()) == 1
     assert not (tmp_path / "v").exists()
+
+
+@pytest.mark.parametrize("config, nproc, overrides, want", [
+    ("sparsebalance_tiny_fsdp2", 2, [], {"dp_mode": "zero3", "fsdp_shard": None, "fsdp_grad_sync": None}),
+    ("sparsebalance_tiny_fsdp2", 2, ["--parallelism.fsdp_reshard_after_forward", "never"],
+     {"dp_mode": "zero2", "fsdp_grad_sync": None}),
+    ("sparsebalance_tiny_pp2", 2, [], {"dp_mode": "ddp"}),  # PP 2 on 2 processes: dp 1
+])
+def test_the_jobs_data_parallelism_becomes_the_runs_dp_mode(config, nproc, overrides, want):
+    """FSDP2 over the DP ranks is priced as the simulator's zero3 (reshard after forward, torchtitan's
+    default without PP) or zero2 (``never``); a job without DP replicas stays ddp."""
+    from sparsebalance.titan.launch import check_job
+
+    c = check_job(config, nproc, overrides).run.cluster
+    for field, value in want.items():
+        assert getattr(c, field) == value, field
+
+
+def test_fsdp_under_pp_gathers_once_per_step():
+    from types import SimpleNamespace
+
+    from sparsebalance.titan.setup import dp_mode_of
+
+    par = SimpleNamespace(data_parallel_replicate_degree=1, data_parallel_shard_degree=-1,
+                          fsdp_reshard_after_forward="default")
+    assert dp_mode_of(par, 2, True)["dp_mode"] == "zero2" and dp_mode_of(par, 2, True)["fsdp_grad_sync"] == "last"
+    hsdp = SimpleNamespace(data_parallel_replicate_degree=2, data_parallel_shard_degree=2,
+                           fsdp_reshard_after_forward="default")
+    assert dp_mode_of(hsdp, 4, False)["fsdp_shard"] == 2
+    ddp = SimpleNamespace(data_parallel_replicate_degree=4, data_parallel_shard_degree=1)
+    assert dp_mode_of(ddp, 4, False)["dp_mode"] == "ddp"

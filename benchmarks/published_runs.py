@@ -15,6 +15,9 @@ MAE targets are on the dense rows.
 
     python benchmarks/published_runs.py [--out results/published_runs] [--only k22-full,k175-sel] [--terms]
 
+``--terms`` also re-prices the A100 rows with each A100 term off (``terms.csv``) and the FSDP rows
+with their collectives' link replaced (``fsdp_terms.csv``).
+
 Writes ``published_runs.csv`` (one row per run: status, predicted, published, error, bubble fraction,
 achieved model TFLOP/s per GPU, peak memory), ``published_sources.csv`` (rows, priced rows, MAE,
 worst and signed error per source and over all), ``configs/<id>.toml`` (each priced row's resolved run
@@ -168,6 +171,30 @@ def term_table(dense: pd.DataFrame, rows_of: pd.DataFrame, out: Path) -> pd.Data
     return pd.DataFrame(rows)
 
 
+#: The FSDP rows' link variants that ``--terms`` prices: (label, group_link replacement or None).
+FSDP_LINKS = (("as shipped (NVLink in a node, NIC x ranks per node across)", None),
+              ("every FSDP collective on one NIC per GPU", lambda c, n: (c.allreduce_bandwidth, c.allreduce_latency)),
+              ("FSDP communication free", lambda c, n: (math.inf, 0.0)))
+
+
+def fsdp_term_table(rows_of: pd.DataFrame, out: Path) -> pd.DataFrame:
+    """The priced zero2 / zero3 rows' MAE with their collectives' link replaced in turn (``FSDP_LINKS``):
+    what the FSDP terms move, and how much of the residual is left when they cost nothing."""
+    from sparsebalance.simulator.cost import fsdp
+
+    rows, saved = [], fsdp.group_link
+    try:
+        for label, link in FSDP_LINKS:
+            fsdp.group_link = link or saved
+            err = pd.Series([100 * (simulate(dense_config(r), out / "terms")["predicted_s"] / r.measured_iteration_s - 1)
+                             for r in rows_of.itertuples()])
+            rows.append({"fsdp_link": label, "rows": len(err), "mae_pct": err.abs().mean(),
+                         "worst_pct": err.abs().max(), "signed_pct": err.mean()})
+    finally:
+        fsdp.group_link = saved
+    return pd.DataFrame(rows)
+
+
 def summary(df: pd.DataFrame) -> pd.DataFrame:
     """Per source and overall: rows, priced rows (exactly / with an approximation), MAE, worst and mean
     signed error over the priced rows; the overall line is the mean over every priced row."""
@@ -247,6 +274,12 @@ def main(argv=None) -> int:
         terms.to_csv(args.out / "terms.csv", index=False)
         print("\npriced A100 rows with each term switched off in turn (layer: the five Table 4 settings):")
         print(terms.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+        fsdp_rows = dense[dense["dp_mode"].isin(["zero2", "zero3"])
+                          & dense["id"].isin(df.loc[df["status"] != "not yet modelled", "id"])]
+        links = fsdp_term_table(fsdp_rows, args.out)
+        links.to_csv(args.out / "fsdp_terms.csv", index=False)
+        print("\npriced FSDP / ZeRO-2/3 rows with their collectives' link replaced in turn:")
+        print(links.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
     print(f"host: {platform.processor() or platform.machine()}, {platform.python_version()}; "
           f"{int(df['predicted_s'].notna().sum())} of {len(df)} runs simulated in {time.perf_counter() - t0:.1f} s; "
           f"written to {args.out}")

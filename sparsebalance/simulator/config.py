@@ -31,6 +31,8 @@ CP_SELECTIONS = ("uniform", "local")
 """Where a query block's chosen past blocks lie (``cluster.cp_selection``)."""
 CP_SPLITS = ("whole", "per-sequence")
 """How far each sequence is split over its CP group (``cluster.cp_split``)."""
+CP_MERGES = ("unfused", "fused")
+"""How a ring step's partial output and LSE are merged (``cluster.cp_merge``)."""
 """Activation recomputation: ``cluster.recompute`` (docs/costmodel.md, 'Recomputation')."""
 #: The engines that time an iteration (``engine.ENGINES``, in this order) and the one runs use by
 #: default: the exact timing core; "simpy" is the SimPy event model (same times, for events).
@@ -220,6 +222,11 @@ class ClusterConfig:
     dividing cp, or cp -- and an aligned group of that many ranks, placed to balance the CP ranks'
     predicted time: short sequences stay whole on one rank while long ones ring; docs/costmodel.md
     section 11, 'CP degree per sequence')."""
+    cp_merge: str = "unfused"
+    """How the forward merges each ring step's partial output and LSE into its fp32 accumulator:
+    ``unfused`` (separate elementwise ops, 38 bytes per q x head x dim element, as our ring
+    ``kernels/moba/cp_ring.py`` and ring-flash-attention do) or ``fused`` (one correction kernel, 10
+    bytes); priced at the memory bandwidth (docs/costmodel.md, 'A ring step is a kernel call')."""
     p2p_bandwidth: float = 50e9
     """Bytes/s between adjacent pipeline stages."""
     p2p_latency: float = 10e-6
@@ -346,6 +353,7 @@ class ClusterConfig:
         check_choice(self.cp_comm, "cp_comm", CP_COMMS)
         check_choice(self.cp_selection, "cp_selection", CP_SELECTIONS)
         check_choice(self.cp_split, "cp_split", CP_SPLITS)
+        check_choice(self.cp_merge, "cp_merge", CP_MERGES)
         check(self.cp_split == "whole" or self.cp > 1, "cp_split",
               f"'per-sequence' chooses a CP degree per sequence: needs cp > 1, got cp = {self.cp}")
         if self.cp > 1 and self.cp_comm == "hierarchical":

@@ -10,23 +10,33 @@ rank (the one-GPU surface). With ``cp_split = "per-sequence"`` the degrees below
 their own (:meth:`CPPricing.attention_at_degree`).
 
 **A layer on the group** (:meth:`CPPricing.report`): the pairs each rank computes at each step
-(:mod:`.shards`), the group's work split by them, and the ring recurrence with its transfers
+(:mod:`.shards`), each step priced as a kernel call of its own with its merge or gradient
+accumulation (:mod:`.calls`: the profile's one-GPU calls give the per-pair rate by call size, the
+sidecar's per-call fixed part is paid at every step), and the ring recurrence with its transfers
 (:mod:`.ring`). ``cp_layout = "best"``: per sequence and budget the candidate (zigzag or stripe on
-``cp_comm``, or all-gather) with the least forward + backward time. The group's work is the
-profile's one-GPU time, times the measured ratio of the group's work to it where the profile has CP
-rows for this group (:meth:`CPPricing.group_work`).
+``cp_comm``, or all-gather) with the least forward + backward time. Where the profile has CP
+rows for this group, the calls' variable part is scaled by the measured ratio of the group's work to
+the one-GPU time (:meth:`CPPricing.group_work`).
 """
 
 from __future__ import annotations
+
+from dataclasses import fields
 
 import numpy as np
 
 from sparsebalance.data.sequence import blocks
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
+from sparsebalance.simulator.cost.cp.calls import CallPrice, step_times
 from sparsebalance.simulator.cost.cp.ring import RingReport, layer_time, ring_order
 from sparsebalance.simulator.cost.cp.shards import block_sizes, min_blocks, rank_pairs, shards
+from sparsebalance.simulator.cost.hardware import Hardware
+from sparsebalance.simulator.cost.roofline import moba_pairs
 from sparsebalance.simulator.cost.tables import ATTENTION, Curve, OpTables, Surface
 from sparsebalance.simulator.layout import Layout
+
+LAUNCH = next(f.default for f in fields(Hardware) if f.name == "launch_overhead")
+"""Seconds per kernel launch of the merge and accumulation when the profile has no roofline."""
 
 
 class CPPricing:
@@ -37,14 +47,23 @@ class CPPricing:
         self.tables, self.model, self.cluster, self.layout = tables, model, cluster, layout
         self.block_size = model.block_size
         self.floor: dict[bool, float] = {}
-        """Per pass: the least seconds of a ring step, the profile's cheapest attention point."""
+        """Per pass: the least variable seconds of a ring step's call, the profile's cheapest point."""
+        self.call: dict[bool, float] = {}
+        """Per pass: the per-call fixed seconds every ring step's call pays (``OpTables.call`` at the
+        fold, before recomputation adds the forward's to the backward's)."""
+        meta = tables.profile.meta
+        self.bandwidth = float(meta.memory_bandwidth) if meta.memory_bandwidth else float("inf")
+        """Bytes/s of the merge and accumulation (the sidecar's effective HBM bandwidth; a sidecar
+        without one leaves their bytes unpriced, said in the tables' notes at the fold)."""
+        self.launch = float((meta.roofline or {}).get("launch_overhead", LAUNCH))
+        """Seconds per kernel of the merge and accumulation (the roofline's, else its default)."""
+        self._prices: dict[tuple[int, bool], CallPrice] = {}
         self._reports: dict[tuple[int, int, bool, int], RingReport | None] = {}
         self._one_gpu: dict[bool, Surface] = {}
         self.degree_surfaces: dict[int, dict[bool, Surface]] = {}
         """Per CP degree d < cp (with CP): one layer's attention of a sequence on d ranks, per pass, on
         the profile's grid (d = 1: one GPU; recomputation folded in like the main surfaces)."""
         self._degree_attn: dict[tuple[int, int, int, bool], float] = {}
-        meta = tables.profile.meta
         self.description = ("the one-GPU attention rows split by pair counts" if not tables.cp_work else
                             f"the profile's measured CP rows (attn_*_cp) on all-gather groups of cp "
                             f"{meta.cp} laid out {meta.cp_layout}; the one-GPU rows split by "
@@ -61,6 +80,11 @@ class CPPricing:
         t.whole_max = (min_blocks(c.cp_layout, c.cp) - 1) * self.block_size
         # a ring step costs at least the profile's cheapest attention point (a near-empty call)
         self.floor = {bw: min(min(row) for row in t.surfaces[op].zs) for bw, op in ATTENTION.items()}
+        self.call = dict(t.call)
+        if self.bandwidth == float("inf"):
+            note = (f"profile {t.profile.source} has no memory_bandwidth: CP ring steps' merge and "
+                    "gradient accumulation bytes are not priced (only their launches)")
+            t.notes.append(note)
         for op, curve in list(t.curves.items()):
             if op != "optim":
                 t.curves[op] = Curve([self.layout.group_tokens(x) for x in curve.xs], curve.ys)
@@ -118,19 +142,41 @@ class CPPricing:
         n = blocks(L, self.block_size)
         inner = min(c.cp_ranks_per_node, degree)
         pairs = rank_pairs(L, self.block_size, k, degree, layout, c.cp_selection)
-        if comm == "allgather":
-            steps = pairs.sum(axis=1, keepdims=True)
-        else:
-            steps = np.take_along_axis(pairs, ring_order(degree, comm, inner), axis=1)
         sizes = block_sizes(L, self.block_size)
         tokens = np.array([sizes[part].sum() for part in shards(n, degree, layout)])
-        kv_dim = -(-m.kv_heads // c.tp) * m.head_dim
-        return layer_time(steps, self.group_work(L, k, backward, layout, comm, degree),
-                          self.floor[backward], comm=comm,
-                          kv_bytes=tokens * 2 * kv_dim * m.dtype_bytes, intra=c.tp_bandwidth,
+        if comm == "allgather":  # one call per rank: its queries against every key
+            steps, k_len = pairs.sum(axis=1, keepdims=True), np.full((degree, 1), tokens.sum())
+        else:
+            order = ring_order(degree, comm, inner)
+            steps, k_len = np.take_along_axis(pairs, order, axis=1), tokens[order]
+        heads, kv_heads = -(-m.heads // c.tp), -(-m.kv_heads // c.tp)
+        kv_dim = kv_heads * m.head_dim
+        one = self.tables.read(self._one_gpu[backward], ATTENTION[backward], L, k)
+        work = self.group_work(L, k, backward, layout, comm, degree)
+        t = step_times(steps, tokens, k_len, self.price(k, backward), backward=backward,
+                       allgather=comm == "allgather", merge=c.cp_merge, heads=heads, kv_heads=kv_heads,
+                       head_dim=m.head_dim, bandwidth=self.bandwidth, launch=self.launch,
+                       scale=work / one if one > 0 else 1.0)
+        return layer_time(t, comm=comm, kv_bytes=tokens * 2 * kv_dim * m.dtype_bytes, intra=c.tp_bandwidth,
                           inter=c.p2p_bandwidth, latency=c.p2p_latency, inner=inner,
                           backward=backward, layout=layout,
                           grad_ratio=max(4, m.dtype_bytes) / m.dtype_bytes)  # dK/dV in fp32
+
+    def price(self, k: int, backward: bool) -> CallPrice:
+        """The price of one attention call at budget ``k`` by its pairs (:class:`.calls.CallPrice`):
+        the one-GPU calls at the profile's lengths (each at its effective budget), the fixed part
+        of the fold's ``OpTables.call``."""
+        key = (k, backward)
+        hit = self._prices.get(key)
+        if hit is None:
+            one, B = self._one_gpu[backward], self.block_size
+            xs = [int(x) for x in one.xs if x >= 1]
+            kk = [min(k, blocks(x, B)) for x in xs]
+            secs = [one(float(x), min(max(float(b), one.ks[0]), one.ks[-1])) for x, b in zip(xs, kk)]
+            pairs = [float(moba_pairs(x, B, b)) for x, b in zip(xs, kk)]
+            hit = self._prices[key] = CallPrice.of(pairs, secs, fixed=self.call.get(backward, 0.0),
+                                                   floor=self.floor[backward])
+        return hit
 
     def group_work(self, L: int, k: int, backward: bool, layout: str, comm: str, degree: int) -> float:
         """Seconds of a CP group's attention work on one sequence (summed over its ranks, before

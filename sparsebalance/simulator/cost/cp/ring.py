@@ -1,9 +1,8 @@
 """A layer on a CP group, step by step: the ring recurrence, its transfers and what it reports.
 
-Given the pairs each rank computes at each step (:mod:`.shards`) and the group's attention work,
-:func:`layer_time` spreads the work over ranks and steps and times the exchange. This is where a
-ring step's cost is computed (the per-step compute, each at least a launch ``floor``, and each
-transfer's ``latency + bytes / bandwidth``).
+Given the seconds of each rank's step (each a kernel call of its own, :mod:`.calls`),
+:func:`layer_time` times the exchange: each transfer's ``latency + bytes / bandwidth`` and the
+recurrence of steps and hops.
 
 **Communication**:
 
@@ -115,19 +114,17 @@ def _ring_transfers(steps: int, hop: np.ndarray, inter_hop: np.ndarray, home_hop
     return out
 
 
-def layer_time(pairs: np.ndarray, seconds: float, floor: float, *, comm: str, kv_bytes: np.ndarray,
+def layer_time(t: np.ndarray, *, comm: str, kv_bytes: np.ndarray,
                intra: float, inter: float, latency: float, inner: int, backward: bool,
                layout: str = "", grad_ratio: float = 2.0) -> RingReport:
-    """One layer on a CP group. ``pairs`` [W, S] per (rank, step) (:func:`rank_step_pairs`; for
-    ``allgather`` S = 1: each rank's pairs against every key); ``seconds``: the attention of the
-    whole on one GPU (the profile's), split in proportion to the pairs, each step at least
-    ``floor``; ``kv_bytes`` [W]: K and V bytes of each rank's shard; ``intra`` / ``inter``:
+    """One layer on a CP group. ``t`` [W, S]: seconds of each rank's step (:func:`.calls.step_times`;
+    for ``allgather`` S = 1: each rank's one call against every key); ``kv_bytes`` [W]: K and V
+    bytes of each rank's shard; ``intra`` / ``inter``:
     bytes/s inside and across nodes; ``latency``: seconds per transfer; ``inner``: ranks of the group
     per node; ``grad_ratio``: bytes of dK + dV per byte of K + V (fp32 gradients: 2 for bf16 K/V, 1
     for fp32)."""
-    cp = len(pairs)
-    total = pairs.sum()
-    t = np.maximum(seconds * pairs / total if total > 0 else 0.0 * pairs, floor)
+    t = np.asarray(t, dtype=float)
+    cp = len(t)
     node = np.arange(cp) // max(inner, 1)
     bw_in = np.where(node == node[(np.arange(cp) - 1) % cp], intra, inter)  # rank r's incoming hop
     grad = grad_ratio if backward else 0.0  # dK and dV (fp32) ride along in the backward

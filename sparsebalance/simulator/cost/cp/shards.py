@@ -10,9 +10,9 @@ key block): a query block's own block causally, and its ``k - 1`` chosen past bl
 block chosen with a probability set by ``selection`` -- ``uniform`` (any past block alike: the
 neutral assumption without gate statistics) or ``local`` (the ``k - 1`` most recent, MoBA's
 pattern on local text). Summed over all pairs this is exactly ``roofline.moba_pairs``, the count the
-kernel cost model prices, so a rank's share of the pairs is its share of the sequence's attention
-time (``attention(L, k)`` from the profile): a step's compute is that share, at least a launch
-``floor`` (:mod:`.ring`). No constant is set here: times come from the profile, bytes from the model dims.
+kernel cost model prices; a step's pairs set the call it runs (:mod:`.calls`: priced as the
+profile's one-GPU call with as many pairs). No constant is set here: times come from the profile,
+bytes from the model dims.
 
 The kernel side deals tokens with the same functions (``kernels/moba/cp.py``). docs/costmodel.md
 section 11 states the model and what it leaves out.

@@ -19,6 +19,13 @@ from sparsebalance.simulator.cost.cp.shards import (
 )
 from sparsebalance.simulator.cost.roofline import moba_pairs
 
+
+def share(pairs, seconds):
+    """Steps in proportion to their pairs: ``seconds`` of work split over (rank, step)."""
+    pairs = np.asarray(pairs, dtype=float)
+    return seconds * pairs / pairs.sum() if pairs.sum() > 0 else 0.0 * pairs
+
+
 FREE = {"kv_bytes": np.zeros(8), "intra": 1e30, "inter": 1e30, "latency": 0.0, "inner": 8, "backward": False}
 
 
@@ -28,7 +35,7 @@ def ring(L, block, k, cp, layout, selection="uniform", comm="ring", inner=None, 
     order = ring_order(cp, comm, inner or cp)
     pairs = rank_step_pairs(w, parts, order)
     args = FREE | {"kv_bytes": np.zeros(cp), "inner": inner or cp} | kw
-    return pairs, layer_time(pairs, 1.0, 0.0, comm=comm, **args)
+    return pairs, layer_time(share(pairs, 1.0), comm=comm, **args)
 
 
 @pytest.mark.parametrize("selection", ["uniform", "local"])
@@ -82,7 +89,7 @@ def test_ring_overlap_recurrence_closed_form():
     W, t = 4, 1e-3
     pairs = np.ones((W, W))
     for h in (0.5e-3, 2e-3):
-        rep = layer_time(pairs, W * W * t, 0.0, comm="ring", kv_bytes=np.full(W, h * 1e9), intra=1e9,
+        rep = layer_time(share(pairs, W * W * t), comm="ring", kv_bytes=np.full(W, h * 1e9), intra=1e9,
                          inter=1e9, latency=0.0, inner=W, backward=False)
         assert rep.time == pytest.approx((W - 1) * max(t, h) + t, rel=1e-12)
         assert rep.exposed == pytest.approx((W - 1) * max(0.0, h - t), rel=1e-12, abs=1e-15)
@@ -96,7 +103,7 @@ def test_hierarchical_ring_hides_one_inter_node_transfer_behind_an_inner_ring():
     pairs = np.ones((W, W))
     kv = np.full(W, 1e6)  # 1 MB per shard
     for h_out in (2e-3, 6e-3):
-        rep = layer_time(pairs, W * W * t, 0.0, comm="hierarchical", kv_bytes=kv, intra=1e6 / 0.5e-3,
+        rep = layer_time(share(pairs, W * W * t), comm="hierarchical", kv_bytes=kv, intra=1e6 / 0.5e-3,
                          inter=1e6 / h_out, latency=0.0, inner=inner, backward=False)
         want = max(inner * t, h_out) + inner * t  # round 1 starts when round 0 ends and the shard is in
         assert rep.time == pytest.approx(want, rel=1e-12)
@@ -107,7 +114,7 @@ def test_hierarchical_ring_hides_one_inter_node_transfer_behind_an_inner_ring():
 def test_allgather_gathers_then_computes():
     pairs, _ = ring(4096, 64, 8, 4, "zigzag")
     per_rank = pairs.sum(axis=1, keepdims=True)
-    rep = layer_time(per_rank, 1.0, 0.0, comm="allgather", kv_bytes=np.full(4, 1e6), intra=1e9, inter=1e9,
+    rep = layer_time(share(per_rank, 1.0), comm="allgather", kv_bytes=np.full(4, 1e6), intra=1e9, inter=1e9,
                      latency=0.0, inner=4, backward=False)
     gather = 3 / 4 * 4e6 / 1e9
     assert rep.time == pytest.approx(gather + float(per_rank.max() / per_rank.sum()), rel=1e-12)
@@ -120,14 +127,14 @@ def test_transfers_are_the_hops_the_ring_waits_for():
     W, h, lat = 4, 1e-3, 1e-5
     pairs = np.ones((W, W))
     for backward, per_hop in ((False, h), (True, 3 * h)):
-        rep = layer_time(pairs, 0.0, 0.0, comm="ring", kv_bytes=np.full(W, h * 1e9), intra=1e9, inter=1e9,
+        rep = layer_time(share(pairs, 0.0), comm="ring", kv_bytes=np.full(W, h * 1e9), intra=1e9, inter=1e9,
                          latency=lat, inner=W, backward=backward)
         assert rep.transfers.shape == (W, W + 1)
         assert np.allclose(rep.transfers[:, 0], 0.0) and np.allclose(rep.transfers[:, 1:W], lat + per_hop)
         assert np.allclose(rep.transfers[:, W], lat + 2 * h if backward else 0.0)
         assert rep.time == pytest.approx(float(rep.transfers[0].sum()), rel=1e-12)
     # all-gather: the gather (ring all-gather, (W - 1) / W of the bytes), backward + the reduce-scatter
-    rep = layer_time(pairs.sum(axis=1, keepdims=True), 0.0, 0.0, comm="allgather", kv_bytes=np.full(W, 1e6),
+    rep = layer_time(share(pairs.sum(axis=1, keepdims=True), 0.0), comm="allgather", kv_bytes=np.full(W, 1e6),
                      intra=1e9, inter=1e9, latency=lat, inner=W, backward=True)
     gather, scatter = (W - 1) * lat + 3 / 4 * 4e6 / 1e9, (W - 1) * lat + 3 / 4 * 8e6 / 1e9
     assert np.allclose(rep.transfers, [[gather, scatter]] * W)
@@ -136,7 +143,7 @@ def test_transfers_are_the_hops_the_ring_waits_for():
 
 def test_hierarchical_transfers_bring_each_round_over_the_inter_node_link():
     inner, W = 2, 4
-    rep = layer_time(np.ones((W, W)), 0.0, 0.0, comm="hierarchical", kv_bytes=np.full(W, 1e6), intra=1e9,
+    rep = layer_time(share(np.ones((W, W)), 0.0), comm="hierarchical", kv_bytes=np.full(W, 1e6), intra=1e9,
                      inter=1e8, latency=0.0, inner=inner, backward=False)
     assert np.allclose(rep.transfers[:, [1, 3]], 1e-3) and np.allclose(rep.transfers[:, 2], 1e-2)
 

@@ -110,7 +110,12 @@ def dense_config(row) -> dict:
                "recompute": row.recompute, "dp_overlap": bool(row.dp_overlap),
                "grad_reduce_bytes": int(row.grad_reduce_bytes), "sequence_parallel": bool(row.sequence_parallel),
                "tp_overlap": row.tp_overlap in ("true", "te"), "zero1": row.dp_mode == "zero1",
-               "nodes": math.ceil(gpus / node.gpus_per_node)}
+               "nodes": math.ceil(gpus / node.gpus_per_node),
+               # the pipeline implementation the row ran (blocking sends, P2P split over TP, tied
+               # embedding's all-reduce) and its gradient clipping (the norm's barrier); other
+               # implementations are not priced with pp > 1 (gaps) and keep the ideal pipeline
+               "pp_impl": row.pp_impl if row.pp_impl in ("megatron", "megatron-2022") else "ideal",
+               "grad_clip": bool(row.grad_clip)}
     if int(row.cp) > 1:
         cluster |= {"cp": int(row.cp), "cp_comm": row.cp_comm or "ring"}
     return {

@@ -60,7 +60,10 @@ def megatron(cluster: ClusterConfig) -> bool:
 
 def p2p_blocking(cluster: ClusterConfig) -> bool:
     """Whether every transfer is a rendezvous that also holds its sender (``schedule/rendezvous.py``):
-    a blocking ``pp_impl`` (all but ``ideal``) with a schedule of ``BLOCKING_SCHEDULES``."""
+    a blocking ``pp_impl`` (all but ``ideal``) with a schedule of ``BLOCKING_SCHEDULES``, and
+    Megatron 2022's interleaved 1F1B (Megatron-Core overlaps its P2P there, ``overlap_p2p_comm``)."""
+    if cluster.pp_impl == "megatron-2022" and cluster.schedule == "interleaved":
+        return True
     return cluster.pp_impl != "ideal" and cluster.schedule in BLOCKING_SCHEDULES
 
 

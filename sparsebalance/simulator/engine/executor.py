@@ -69,6 +69,11 @@ class SimulatorExecutor:
                               f"{[len(r) for r in plan.ranks]}")
         if len(budgets) != dp or any(len(b) != m for b in budgets):
             raise ConfigError("budgets: shape must match the plan (one budget per micro-batch)")
+        blocking = p2p_blocking(c)
+        if blocking and c.schedule == "interleaved" and (m % c.pp or m <= c.pp):
+            raise ConfigError(f"cluster.pp_impl: 'megatron-2022' blocks the interleaved schedule as Megatron 2022 "
+                              f"runs it, with micro-batches per rank a multiple of pp ({c.pp}) and more than pp; "
+                              f"got {m} (use pp_impl = \"megatron\" or \"ideal\")")
         nv = c.pp * c.virtual_stages
         tok = [mb.tokens for _, _, mb in plan.microbatches()]
         tokens = np.array(tok, dtype=float).reshape(dp, m)
@@ -88,7 +93,7 @@ class SimulatorExecutor:
                              forward=times["F"], backward=times["B"], backward_input=times.get("I"),
                              backward_weight=times.get("W"), p2p=p2p, allreduce=self._grad_sync(times, m),
                              optimizer=self._fixed[1], tokens=tokens, budget=mean_budget,
-                             iteration=iteration, p2p_blocking=p2p_blocking(c), grad_norm=grad_norm_time(c))
+                             iteration=iteration, p2p_blocking=blocking, grad_norm=grad_norm_time(c))
 
     def _grad_sync(self, times: dict[str, np.ndarray], m: int) -> np.ndarray:
         """[pp] seconds of gradient synchronisation after each device's last action: all of it, or

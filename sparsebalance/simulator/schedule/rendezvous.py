@@ -17,8 +17,10 @@ starts then (docs/costmodel.md, "Blocking sends").
 the steady state, B then F) the sends of ``u`` and the receive of ``x`` are one call
 (``send_forward_recv_backward``, ``send_backward_recv_forward``); after ``u`` followed by an action
 of its own kind (warm-up F, F; cool-down B, B) the sends are one call and the receive of ``x`` a
-second call posted when the first completes (``send_forward`` then ``recv_forward``). The interleaved
-schedule is not priced this way (Megatron-Core overlaps its P2P there; see ``docs/costmodel.md``).
+second call posted when the first completes (``send_forward`` then ``recv_forward``). Interleaved
+1F1B follows Megatron 2022's loop (:func:`_interleaved`: one call after each warm-up F, steady (F, B)
+pair and cool-down B, receiving the next inputs one unit early); Megatron-Core overlaps its P2P
+there (``overlap_p2p_comm``), so ``megatron`` does not block it (``cost.comm.p2p_blocking``).
 
 The host's relaunch after ``synchronize`` (a few microseconds a call, no published figure) is not
 added. Event by event in plain Python, replica by replica: O(actions) work a column.
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.schedule.graph import ActionGraph
 
 
@@ -44,6 +47,8 @@ def _programs(graph: ActionGraph) -> list[list[tuple]]:
             if u < n and dev[u] != dev[x]:
                 recv_of[x] = int(u)
                 sends.setdefault(int(u), []).append(x)
+    if graph.nv > graph.pp and not graph.split:  # interleaved (the V schedules split their backward)
+        return [_interleaved(graph, [int(a) for a in order], recv_of, sends) for order in graph.orders]
     progs = []
     for order in graph.orders:
         prog: list[tuple] = []
@@ -65,6 +70,42 @@ def _programs(graph: ActionGraph) -> list[list[tuple]]:
                 prog.append(("call", rx))
         progs.append(prog)
     return progs
+
+
+def _interleaved(graph: ActionGraph, order: list[int], recv_of: dict, sends: dict) -> list[tuple]:
+    """One device's program under Megatron's interleaved 1F1B (2022,
+    ``forward_backward_pipelining_with_interleaving``): the order is cut into units, a warm-up F,
+    a steady (F, B) pair, a cool-down B; after each unit one call sends the unit's outputs and
+    receives the input of the next F and, once the next unit runs a B, the gradient of the next B
+    (``send_forward_recv_forward``, ``send_forward_backward_recv_forward_backward``,
+    ``send_backward_recv_backward``), each receive only where the data comes from another device."""
+    size = graph.nv * graph.m
+    is_f = [graph.kinds[u // size] == "F" for u in order]
+    units, i = [], 0
+    while i < len(order):
+        step = 2 if is_f[i] and i + 1 < len(order) and not is_f[i + 1] else 1
+        units.append(order[i:i + step])
+        i += step
+    fs = [u for u, f in zip(order, is_f, strict=True) if f]
+    bs = [u for u, f in zip(order, is_f, strict=True) if not f]
+    nf = nb = 0  # forwards / backwards run so far
+    prog: list[tuple] = []
+    if fs and fs[0] in recv_of:
+        prog.append(("call", (((recv_of[fs[0]], fs[0]), 1),)))
+    for k, unit in enumerate(units):
+        ops = []
+        for u in unit:
+            prog.append(("run", u))
+            ops += [((u, d), 0) for d in sends.get(u, ())]
+            nf, nb = (nf + 1, nb) if graph.kinds[u // size] == "F" else (nf, nb + 1)
+        if nf < len(fs) and fs[nf] in recv_of:
+            ops.append(((recv_of[fs[nf]], fs[nf]), 1))
+        b_next = k + 1 < len(units) and any(graph.kinds[u // size] != "F" for u in units[k + 1])
+        if b_next and nb < len(bs) and bs[nb] in recv_of:
+            ops.append(((recv_of[bs[nb]], bs[nb]), 1))
+        if ops:
+            prog.append(("call", tuple(ops)))
+    return prog
 
 
 def time_blocking(graph: ActionGraph, duration: np.ndarray,
@@ -125,6 +166,7 @@ def _solve(progs: list[list[tuple]], dur: list[float], hop: dict) -> tuple[list,
             if pc[d] == len(prog) and not done[d]:
                 done[d] = moved = True
         if not all(done) and not moved:
-            raise RuntimeError("blocking P2P: the schedule's calls deadlock (no call can complete)")
+            raise ConfigError("p2p_blocking: the schedule's P2P calls deadlock as Megatron would group them "
+                              "(interleaved 1F1B blocks only with micro-batches a multiple of pp and more than pp)")
     return start, end, now
 

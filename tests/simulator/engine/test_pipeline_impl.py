@@ -17,8 +17,12 @@ import pytest
 
 from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig, dgx_a100_80gb
-from sparsebalance.simulator.cost.comm import (Communication, embedding_allreduce_time, grad_norm_time,
-                                               p2p_blocking)
+from sparsebalance.simulator.cost.comm import (
+    Communication,
+    embedding_allreduce_time,
+    grad_norm_time,
+    p2p_blocking,
+)
 from sparsebalance.simulator.engine import PipelineInput, simulate
 from sparsebalance.simulator.layout import layout_of
 
@@ -26,11 +30,45 @@ GPT175B = ModelConfig(name="gpt-175b", hidden=12288, layers=96, heads=96, kv_hea
                       ffn=49152, vocab=51200, tie_embeddings=True)
 
 
+def solve(progs: list[list[tuple]], F: np.ndarray, B: np.ndarray, hop: np.ndarray) -> float:
+    """Run per-stage call lists: ``("F", (vs, j))``, ``("B", (vs, j))`` or ``("call", ops)``, an op
+    ``("send" | "recv", (kind, boundary, j))``. A call is posted when its stage gets to it and
+    completes when every transfer in it is done, ``max(post by the sender, post by the receiver)
+    + hop``; the stage's next action starts then. Returns when the last stage is done."""
+    progs = [[x for x in prog if x[0] != "call" or x[1]] for prog in progs]
+    p = len(progs)
+    posts: dict = {}
+    pc, now = [0] * p, [0.0] * p
+    posted = [False] * p
+    other = {"send": "recv", "recv": "send"}
+    while any(pc[s] < len(progs[s]) for s in range(p)):
+        moved = False
+        for s in range(p):
+            while pc[s] < len(progs[s]):
+                kind, arg = progs[s][pc[s]]
+                if kind in "FB":
+                    now[s] += (F if kind == "F" else B)[arg]
+                    pc[s] += 1
+                    moved = True
+                    continue
+                if not posted[s]:
+                    for side, key in arg:
+                        posts[(side, key)] = now[s]
+                    posted[s] = moved = True
+                if any((other[side], key) not in posts for side, key in arg):
+                    break
+                now[s] = max(max(posts[("send", key)], posts[("recv", key)]) + hop[key[1], key[2]]
+                             for _, key in arg)
+                posted[s] = False
+                pc[s] += 1
+                moved = True
+        assert moved, "deadlock"
+    return max(now)
+
+
 def megatron_1f1b(F: np.ndarray, B: np.ndarray, hop: np.ndarray) -> float:
-    """Brute force: each stage runs Megatron's 1F1B call list; a call is posted when its stage gets
-    to it and completes when every transfer in it is done, ``max(post by the sender, post by the
-    receiver) + hop``; the stage's next action starts then. ``F``, ``B`` [p, m]; ``hop`` [p - 1, m]
-    (boundary s -> s + 1, micro-batch j; the same both ways). Returns when the last stage is done."""
+    """Brute force: Megatron's 1F1B call list on each stage, run by :func:`solve`. ``F``, ``B``
+    [p, m]; ``hop`` [p - 1, m] (boundary s -> s + 1, micro-batch j; the same both ways)."""
     p, m = F.shape
     progs = []
     for s in range(p):
@@ -50,53 +88,70 @@ def megatron_1f1b(F: np.ndarray, B: np.ndarray, hop: np.ndarray) -> float:
             return [("send", ("g", s - 1, j))] if s > 0 else []
 
         for _ in range(warm):
-            prog += [("call", recv_f(f)), ("F", f), ("call", send_f(f))]
+            prog += [("call", recv_f(f)), ("F", (s, f)), ("call", send_f(f))]
             f += 1
         rest = m - warm
         if rest:
             prog.append(("call", recv_f(f)))
         for i in range(rest):
-            prog += [("F", f), ("call", send_f(f) + recv_b(b)), ("B", b)]
+            prog += [("F", (s, f)), ("call", send_f(f) + recv_b(b)), ("B", (s, b))]
             f += 1
             b += 1
             prog.append(("call", send_b(b - 1) if i == rest - 1 else send_b(b - 1) + recv_f(f)))
         for _ in range(warm):
-            prog += [("call", recv_b(b)), ("B", b), ("call", send_b(b))]
+            prog += [("call", recv_b(b)), ("B", (s, b)), ("call", send_b(b))]
             b += 1
-        progs.append([x for x in prog if x[0] != "call" or x[1]])
-    posts: dict = {}
-    pc, now = [0] * p, [0.0] * p
-    posted = [False] * p
-    while any(pc[s] < len(progs[s]) for s in range(p)):
-        moved = False
-        for s in range(p):
-            while pc[s] < len(progs[s]):
-                kind, arg = progs[s][pc[s]]
-                if kind in "FB":
-                    now[s] += (F if kind == "F" else B)[s, arg]
-                    pc[s] += 1
-                    moved = True
-                    continue
-                if not posted[s]:
-                    for side, key in arg:
-                        posts[(side, key)] = now[s]
-                    posted[s] = moved = True
-                other = {"send": "recv", "recv": "send"}
-                if any((other[side], key) not in posts for side, key in arg):
-                    break
-                now[s] = max(max(posts[("send", key)], posts[("recv", key)]) + hop[key[1], key[2]]
-                             for _, key in arg)
-                posted[s] = False
-                pc[s] += 1
-                moved = True
-        assert moved, "deadlock"
-    return max(now)
+        progs.append(prog)
+    return solve(progs, F, B, hop)
 
 
-def engine(F, B, hop, *, blocking: bool, schedule: str = "1f1b") -> float:
-    p, m = F.shape
-    inp = PipelineInput(schedule=schedule, pp=p, forward=F[None], backward=B[None], p2p=hop[None],
-                        p2p_blocking=blocking)
+def megatron_interleaved(F: np.ndarray, B: np.ndarray, hop: np.ndarray, p: int) -> float:
+    """Brute force: Megatron 2022's interleaved loop (``forward_backward_pipelining_with_interleaving``)
+    on each of ``p`` stages, m a multiple of p and > p; ``F``, ``B`` [V, m], ``hop`` [V - 1, m]."""
+    nv, m = F.shape
+    v, total = nv // p, m * nv // p
+    progs = []
+    for s in range(p):
+        def action(k, forward, s=s):  # get_model_chunk_id, and each chunk's micro-batches in order
+            group, chunk = divmod(k, p * v)
+            chunk //= p
+            j = group * p + k % p
+            return ((chunk if forward else v - 1 - chunk) * p + s, j)
+
+        def recv_f(k):
+            vs, j = action(k, True)
+            return [("recv", ("a", vs - 1, j))] if k < total and vs > 0 else []
+
+        def send_f(k):
+            vs, j = action(k, True)
+            return [("send", ("a", vs, j))] if vs < nv - 1 else []
+
+        def recv_b(k):
+            vs, j = action(k, False)
+            return [("recv", ("g", vs, j))] if k < total and vs < nv - 1 else []
+
+        def send_b(k):
+            vs, j = action(k, False)
+            return [("send", ("g", vs - 1, j))] if vs > 0 else []
+
+        warm = min((p - s - 1) * 2 + (v - 1) * p, total)
+        prog = [("call", recv_f(0))]
+        for k in range(warm):
+            last = k == warm - 1 and warm < total
+            prog += [("F", action(k, True)), ("call", send_f(k) + recv_f(k + 1) + (recv_b(0) if last else []))]
+        for k in range(total - warm):
+            prog += [("F", action(k + warm, True)), ("B", action(k, False)),
+                     ("call", send_f(k + warm) + send_b(k) + recv_f(k + warm + 1) + recv_b(k + 1))]
+        for k in range(total - warm, total):
+            prog += [("B", action(k, False)), ("call", send_b(k) + recv_b(k + 1))]
+        progs.append(prog)
+    return solve(progs, F, B, hop)
+
+
+def engine(F, B, hop, *, blocking: bool, schedule: str = "1f1b", v: int = 1) -> float:
+    nv = F.shape[0]
+    inp = PipelineInput(schedule=schedule, pp=nv // v, virtual_stages=v, forward=F[None], backward=B[None],
+                        p2p=hop[None], p2p_blocking=blocking)
     return simulate(inp).iteration_time
 
 
@@ -133,6 +188,21 @@ def test_blocking_matches_megatron_call_list_on_random_durations(p, m, seed):
     blocked = engine(F, B, hop, blocking=True)
     assert blocked == pytest.approx(megatron_1f1b(F, B, hop), rel=1e-12)
     assert blocked >= engine(F, B, hop, blocking=False) - 1e-12  # a sender that waits is never faster
+
+
+@pytest.mark.parametrize(("p", "v", "m", "seed"), [(2, 2, 4, 0), (2, 3, 6, 1), (4, 2, 8, 2), (3, 2, 9, 3),
+                                               (4, 3, 12, 4)])
+def test_interleaved_blocking_matches_megatron_2022_loop(p, v, m, seed):
+    rng = np.random.default_rng(seed)
+    F = rng.uniform(0.5, 2.0, (p * v, m))
+    B = rng.uniform(1.0, 4.0, (p * v, m))
+    hop = rng.uniform(0.01, 0.6, (p * v - 1, m))
+    blocked = engine(F, B, hop, blocking=True, schedule="interleaved", v=v)
+    assert blocked == pytest.approx(megatron_interleaved(F, B, hop, p), rel=1e-12)
+    assert blocked >= engine(F, B, hop, blocking=False, schedule="interleaved", v=v) - 1e-12
+    F, B, hop = np.ones((p * v, m)), np.full((p * v, m), 2.0), np.zeros((p * v - 1, m))
+    assert engine(F, B, hop, blocking=True, schedule="interleaved", v=v) == pytest.approx(
+        engine(F, B, hop, blocking=False, schedule="interleaved", v=v), abs=1e-12)
 
 
 def test_blocking_trace_rows_end_at_the_receivers_start():
@@ -215,6 +285,8 @@ def test_blocking_only_where_the_implementation_blocks():
     assert p2p_blocking(replace(c, pp_impl="megatron-2022"))
     assert p2p_blocking(replace(c, pp_impl="torch", schedule="gpipe"))
     assert not p2p_blocking(replace(c, pp_impl="megatron", schedule="interleaved", virtual_stages=2))
+    assert p2p_blocking(replace(c, pp_impl="megatron-2022", schedule="interleaved", virtual_stages=2))
+    assert not p2p_blocking(replace(c, pp_impl="megatron-2022", schedule="zb-h1"))
 
 
 def test_bad_fields_one_line():
@@ -223,3 +295,10 @@ def test_bad_fields_one_line():
         ClusterConfig(pp_impl="deepspeed")
     with pytest.raises(ConfigError, match="^grad_clip: must be true or false"):
         ClusterConfig(grad_clip="yes")
+
+
+def test_interleaved_blocking_refuses_what_megatron_2022_cannot_run():
+    F = np.ones((1, 4, 1))
+    with pytest.raises(ConfigError, match="^p2p_blocking: .*deadlock"):
+        simulate(PipelineInput(schedule="interleaved", pp=2, virtual_stages=2, forward=F, backward=2 * F,
+                               p2p=0.1, p2p_blocking=True))

@@ -302,3 +302,48 @@ def test_interleaved_blocking_refuses_what_megatron_2022_cannot_run():
     with pytest.raises(ConfigError, match="^p2p_blocking: .*deadlock"):
         simulate(PipelineInput(schedule="interleaved", pp=2, virtual_stages=2, forward=F, backward=2 * F,
                                p2p=0.1, p2p_blocking=True))
+
+
+def test_executor_wires_the_implementation():
+    """The executor hands the engine the implementation's terms: blocking sends, the tied embedding's
+    all-reduce on the end stages, the norm's barrier; ``ideal`` keeps today's input."""
+    from sparsebalance.data.sequence import Sequence
+    from sparsebalance.simulator.config import tiny
+    from sparsebalance.simulator.cost.query import ScalarStageLatency
+    from sparsebalance.simulator.engine.executor import SimulatorExecutor
+    from sparsebalance.simulator.plan import Plan, uniform_budgets
+
+    class LinearLatency(ScalarStageLatency):  # 1e-4 s a token forward, twice that backward
+        def __init__(self, cluster):
+            self.cluster = cluster
+
+        def stage_time(self, lengths, budget, stage, *, backward, chunk=0):
+            return sum(lengths) * 1e-4 * (2.0 if backward else 1.0)
+
+        def p2p_time(self, tokens):
+            return 0.003
+
+        def allreduce_time(self, stage):
+            return 0.01 * (stage + 1)
+
+        def optimizer_time(self, stage):
+            return 0.002
+
+    def _plan(dp, m):
+        return Plan.from_lists([[[Sequence(id=r * m + j, length=1000)] for j in range(m)] for r in range(dp)])
+
+    model = replace(tiny(), tie_embeddings=True)
+    base = ClusterConfig(pp=3, dp=1, schedule="1f1b", global_batch=6)
+    plan = _plan(1, 6)
+    budgets = uniform_budgets(plan, 4)
+    ideal = SimulatorExecutor(LinearLatency(base), model, base).build_input(0, plan, budgets)
+    assert not ideal.p2p_blocking and ideal.grad_norm is None
+    meg = replace(base, pp_impl="megatron-2022", grad_clip=True)
+    inp = SimulatorExecutor(LinearLatency(meg), model, meg).build_input(0, plan, budgets)
+    emb = 20e-6 + 256 * 64 * 4 / 50e9  # vocab x hidden x dtype bytes (tiny: 4) / bandwidth
+    assert inp.p2p_blocking and inp.grad_norm == pytest.approx(2 * 2 * 10e-6)
+    assert inp.allreduce == pytest.approx(ideal.allreduce + np.array([emb, 0.0, emb]))
+    assert simulate(inp).iteration_time > simulate(ideal).iteration_time
+    bad = replace(base, pp_impl="megatron-2022", schedule="interleaved", virtual_stages=2, global_batch=3)
+    with pytest.raises(ConfigError, match="^cluster.pp_impl: 'megatron-2022' blocks the interleaved"):
+        SimulatorExecutor(LinearLatency(bad), model, bad).build_input(0, _plan(1, 3), uniform_budgets(_plan(1, 3), 4))

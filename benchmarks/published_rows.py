@@ -107,7 +107,12 @@ def dense_config(row) -> dict:
                "grad_reduce_bytes": int(row.grad_reduce_bytes), "sequence_parallel": bool(row.sequence_parallel),
                "tp_overlap": row.tp_overlap in ("true", "te"), "dp_mode": row.dp_mode,
                "param_gather_overlap": row.dp_mode == "zero1" and bool(row.param_gather_overlap),
-               "nodes": math.ceil(gpus / node.gpus_per_node)}
+               "nodes": math.ceil(gpus / node.gpus_per_node),
+               # the pipeline implementation the row ran (blocking sends, P2P split over TP, tied
+               # embedding's all-reduce) and its gradient clipping (the norm's barrier); other
+               # implementations are not priced with pp > 1 (gaps) and keep the ideal pipeline
+               "pp_impl": row.pp_impl if row.pp_impl in ("megatron", "megatron-2022") else "ideal",
+               "grad_clip": bool(row.grad_clip)}
     if row.dp_mode in ("zero2", "zero3"):
         cluster |= {"param_gather_bytes": int(row.param_gather_bytes)}
         if not pd.isna(row.fsdp_shard) and int(row.fsdp_shard) != int(row.dp) * int(row.cp):

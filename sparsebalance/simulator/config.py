@@ -30,6 +30,10 @@ CP_COMMS = ("ring", "hierarchical", "allgather")
 CP_SELECTIONS = ("uniform", "local")
 """Where a query block's chosen past blocks lie (``cluster.cp_selection``)."""
 CP_SPLITS = ("whole", "per-sequence")
+PP_IMPLS = ("ideal", "megatron-2022", "megatron", "torch")
+"""Pipeline implementations whose P2P behaviour a run may follow (``ClusterConfig.pp_impl``)."""
+BLOCKING_SCHEDULES = ("gpipe", "1f1b")
+"""Schedules whose sends wait for their transfer under a blocking ``pp_impl`` (cost/comm.py)."""
 """How far each sequence is split over its CP group (``cluster.cp_split``)."""
 CP_MERGES = ("unfused", "fused")
 """How a ring step's partial output and LSE are merged (``cluster.cp_merge``)."""
@@ -231,6 +235,23 @@ class ClusterConfig:
     """Bytes/s between adjacent pipeline stages."""
     p2p_latency: float = 10e-6
     """Seconds of fixed cost per P2P transfer."""
+    pp_impl: str = "ideal"
+    """The pipeline implementation whose P2P and end-of-iteration work a run follows
+    (docs/costmodel.md, "Pipeline costs that grow with depth"). ``ideal`` (default: today's model,
+    so existing studies and frozen decisions keep their numbers): a sender goes on once its action
+    ends, only the receiver waits for the data, every TP rank sends the whole activation, no
+    embedding-gradient all-reduce. ``megatron-2022`` (Megatron-LM of May 2022, Korthikanti et al.):
+    blocking sends (each transfer a rendezvous of sender and receiver) in GPipe and 1F1B; P2P split
+    across the TP ranks (each sends 1/tp, the receiver all-gathers it over NVLink unless
+    ``sequence_parallel``); the tied word embedding's gradient all-reduced between the first and
+    last stage. ``megatron`` (Megatron-Core): the same, except that without sequence parallelism the
+    whole activation is sent by every TP rank (no scatter/gather). ``torch``
+    (torch.distributed.pipelining): blocking sends only."""
+    grad_clip: bool = False
+    """Gradient clipping by the global norm: each rank's norm all-reduced over the model-parallel
+    group (tp x pp ranks) before any stage steps, a barrier: iteration = max over stages of the
+    gradients' ready time + that all-reduce + max over stages of the optimizer step. False
+    (default, today's model): each stage steps as soon as its own gradients are ready."""
     allreduce_bandwidth: float = 50e9
     """Bytes/s of the ring all-reduce (bus bandwidth per link)."""
     allreduce_latency: float = 20e-6
@@ -354,6 +375,7 @@ class ClusterConfig:
         check_choice(self.cp_selection, "cp_selection", CP_SELECTIONS)
         check_choice(self.cp_split, "cp_split", CP_SPLITS)
         check_choice(self.cp_merge, "cp_merge", CP_MERGES)
+        check_choice(self.pp_impl, "pp_impl", PP_IMPLS)
         check(self.cp_split == "whole" or self.cp > 1, "cp_split",
               f"'per-sequence' chooses a CP degree per sequence: needs cp > 1, got cp = {self.cp}")
         if self.cp > 1 and self.cp_comm == "hierarchical":
@@ -361,7 +383,7 @@ class ClusterConfig:
             check(self.cp > inner and self.cp % inner == 0, "cp_comm",
                   f"'hierarchical' rings over nodes: cp ({self.cp}) must be a multiple > 1 of the CP ranks a node "
                   f"holds (gpus_per_node / tp = {inner}); use 'ring' inside one node")
-        for f in ("zero1", "dp_overlap", "sequence_parallel", "tp_overlap"):
+        for f in ("zero1", "dp_overlap", "sequence_parallel", "tp_overlap", "grad_clip"):
             check(isinstance(getattr(self, f), bool), f, f"must be true or false, got {getattr(self, f)!r}")
         self._check_dp_mode()
         if self.grad_reduce_bytes is not None:

@@ -2,6 +2,13 @@
 
 * **P2P** (:meth:`Communication.p2p_time`): one micro-batch's activations (tokens x hidden x dtype
   bytes) to the next stage, ``p2p_latency + bytes / p2p_bandwidth``; each CP rank sends its own share.
+  Under Megatron (``cluster.pp_impl``) the TP ranks split it: ``bytes / tp`` each, + (2022, without
+  sequence parallelism) the receiver's TP all-gather; whether a send blocks its sender is the
+  engine's (:func:`p2p_blocking`, ``schedule/rendezvous.py``).
+* **End of the iteration** (Megatron, tied embeddings, pp > 1): the word embedding's gradient
+  all-reduced between the first and last stage (:func:`embedding_allreduce_time`);
+  with ``cluster.grad_clip`` the global norm's all-reduce (:func:`grad_norm_time`),
+  a barrier before any stage steps.
 * **TP all-reduce** (:meth:`Communication.tp_allreduce_time`): a profile's numbers are one TP rank's.
   An analytical profile includes the TP all-reduces of a Megatron layer (the roofline's); a profile
   measured on one shard (``profile --tp N``, sidecar ``tp_comm_included`` false or absent) does not,
@@ -28,7 +35,7 @@ from __future__ import annotations
 import warnings
 
 from sparsebalance.errors import MeaningWarning
-from sparsebalance.simulator.config import FSDP_MODES, ClusterConfig, ModelConfig
+from sparsebalance.simulator.config import BLOCKING_SCHEDULES, FSDP_MODES, ClusterConfig, ModelConfig
 from sparsebalance.simulator.cost.fsdp import FsdpPricing
 from sparsebalance.simulator.cost.link import group_link
 from sparsebalance.simulator.cost.tables import OpTables
@@ -51,6 +58,42 @@ def adamw_bytes(grad_bytes: int) -> int:
     return ADAMW_BYTES_PER_PARAM + ADAMW_GRAD_PASSES * (grad_bytes - 2)
 
 
+def megatron(cluster: ClusterConfig) -> bool:
+    """Whether the run follows one of Megatron-LM's pipelines (``cluster.pp_impl``)."""
+    return cluster.pp_impl in ("megatron-2022", "megatron")
+
+
+def p2p_blocking(cluster: ClusterConfig) -> bool:
+    """Whether every transfer is a rendezvous that also holds its sender (``schedule/rendezvous.py``):
+    a blocking ``pp_impl`` (all but ``ideal``) with a schedule of ``BLOCKING_SCHEDULES``, and
+    Megatron 2022's interleaved 1F1B (Megatron-Core overlaps its P2P there, ``overlap_p2p_comm``)."""
+    if cluster.pp_impl == "megatron-2022" and cluster.schedule == "interleaved":
+        return True
+    return cluster.pp_impl != "ideal" and cluster.schedule in BLOCKING_SCHEDULES
+
+
+def embedding_allreduce_time(model: ModelConfig, cluster: ClusterConfig, stage: int) -> float:
+    """Seconds of the tied word embedding's gradient all-reduce between the first and last stage
+    (Megatron: ``_allreduce_word_embedding_grads``, after the DP reduction, before the optimizer)
+    on stage ``stage``: a two-rank ring, ``allreduce_latency + (vocab / tp) x hidden x
+    grad_reduce_bytes / allreduce_bandwidth``, on both end stages; 0 elsewhere, for untied
+    embeddings, at pp = 1 and outside Megatron."""
+    c = cluster
+    if not (megatron(c) and model.tie_embeddings and c.pp > 1 and stage in (0, c.pp - 1)):
+        return 0.0
+    nbytes = model.vocab / c.tp * model.hidden * (c.grad_reduce_bytes or model.dtype_bytes)
+    return c.allreduce_latency + nbytes / c.allreduce_bandwidth
+
+
+def grad_norm_time(cluster: ClusterConfig) -> float | None:
+    """Seconds of the gradient-norm all-reduce of one fp32 scalar over the model-parallel group
+    (n = tp x pp ranks) with ``cluster.grad_clip``, latency-bound: a ring's 2 (n - 1) steps of
+    ``p2p_latency`` (Megatron's ``get_grad_norm_fp32``); None without clipping (no barrier)."""
+    if not cluster.grad_clip:
+        return None
+    return 2 * (cluster.tp * cluster.pp - 1) * cluster.p2p_latency
+
+
 class Communication:
     """P2P, TP and DP collectives and the optimizer step of one (model, cluster) (module docstring)."""
 
@@ -68,10 +111,21 @@ class Communication:
 
     def p2p_time(self, tokens: int) -> float:
         """Seconds to send one micro-batch's activations (tokens x hidden x dtype bytes) to the next
-        stage; each CP rank sends its own share, all at once (``Layout.rank_tokens``)."""
+        stage; each CP rank sends its own share, all at once (``Layout.rank_tokens``). Under
+        Megatron each TP rank sends 1/tp of them when they are split: always in 2022
+        (``split_tensor_into_1d_equal_chunks``), with sequence parallelism (already 1/tp a rank)
+        in both; 2022 without sequence parallelism adds the receiver's TP all-gather of the whole
+        activation (``gather_split_1d_tensor``), ``tp_latency + (tp - 1) / tp x bytes / tp_bandwidth``."""
         c = self.cluster
         tokens = self.layout.rank_tokens(tokens)
-        return c.p2p_latency + tokens * self.model.hidden * self.model.dtype_bytes / c.p2p_bandwidth
+        nbytes = tokens * self.model.hidden * self.model.dtype_bytes
+        split = c.tp > 1 and megatron(c) and (c.sequence_parallel or c.pp_impl == "megatron-2022")
+        if not split:
+            return c.p2p_latency + nbytes / c.p2p_bandwidth
+        gather = 0.0
+        if not c.sequence_parallel:
+            gather = c.tp_latency + (c.tp - 1) / c.tp * nbytes / c.tp_bandwidth
+        return c.p2p_latency + nbytes / (c.tp * c.p2p_bandwidth) + gather
 
     def tp_allreduce_time(self, tokens):
         """Seconds of one ring all-reduce of a [tokens, hidden] activation across the TP group

@@ -17,10 +17,13 @@ end of every action (tests run both on every schedule). The model, in short:
   the previous vstage waits for) and W (weight gradient, after I on the same device, waited for by
   nobody); their durations are ``backward_input`` and ``backward_weight``, and a backward they run
   whole takes ``backward``;
-* a device runs its actions one at a time in schedule order; sends do not block the sender;
+* a device runs its actions one at a time in schedule order; sends do not block the sender, unless
+  ``p2p_blocking``: then every transfer is a rendezvous that holds sender and receiver until it is
+  done (:mod:`..schedule.rendezvous`, Megatron's P2P; it replaces either engine);
 * when every replica's copy of a physical stage has finished its last action, the stage's gradient
   all-reduce runs (``allreduce[s]`` seconds, the ring cost is computed by the caller), then the
-  optimizer step (``optimizer[s]`` seconds).
+  optimizer step (``optimizer[s]`` seconds); with ``grad_norm`` (gradient clipping) every stage's
+  optimizer waits for all stages' all-reduces and then the norm's ``grad_norm`` seconds.
 
 The trace table is built on first access of :attr:`PipelineResult.trace` (a 65,536-action iteration
 has ~120,000 rows; callers that want only times never pay for it).
@@ -106,6 +109,12 @@ class PipelineInput:
     """Seconds of the gradient all-reduce of each physical stage: scalar or [pp]."""
     optimizer: float | np.ndarray = 0.0
     """Seconds of the optimizer step of each physical stage: scalar or [pp]."""
+    p2p_blocking: bool = False
+    """Every transfer a rendezvous of sender and receiver (``cost.comm.p2p_blocking``); False: only
+    the receiver waits."""
+    grad_norm: float | None = None
+    """Seconds of the gradient-norm all-reduce, a barrier over all stages before their optimizer
+    steps (``cost.comm.grad_norm_time``); None: no barrier (no clipping)."""
     tokens: np.ndarray | None = None
     """Optional [dp, m] tokens per micro-batch (trace only)."""
     budget: np.ndarray | None = None
@@ -243,13 +252,20 @@ def simulate(inp: PipelineInput, *, method: str = DEFAULT_ENGINE) -> PipelineRes
     dur = pack_durations(g, kind_durations(g, inp.forward, inp.backward, inp.backward_input,
                                            inp.backward_weight))
     lag = pack_lags(g, np.asarray(inp.p2p, dtype=float), dp)
-    start, end, ar_start = ENGINES[method](g, dur, lag, np.asarray(inp.allreduce), np.asarray(inp.optimizer))
-    finish = end[g.last]  # [pp, dp]
+    if inp.p2p_blocking and nv > 1:
+        from sparsebalance.simulator.schedule.rendezvous import time_blocking
+
+        start, end, finish = time_blocking(g, dur, lag)  # finish: a device's last call included
+        ar_start = finish.max(axis=1)
+    else:
+        start, end, ar_start = ENGINES[method](g, dur, lag, np.asarray(inp.allreduce), np.asarray(inp.optimizer))
+        finish = end[g.last]  # [pp, dp]
     k = len(g.kinds)
     shape = (k, nv, m, dp)
     start = start.reshape(shape).transpose(3, 0, 1, 2)
     end = end.reshape(shape).transpose(3, 0, 1, 2)
-    iteration_time = float((ar_start + inp.allreduce + inp.optimizer).max())
+    opt_start = _optimizer_start(np.asarray(ar_start, dtype=float) + inp.allreduce, inp.grad_norm)
+    iteration_time = float((opt_start + inp.optimizer).max())
     work = dur.T.reshape(dp, k, nv, m).sum(axis=1)  # [dp, V, m] compute of the actions run
     pp = inp.pp
     device_busy = np.zeros((dp, pp))
@@ -263,10 +279,19 @@ def simulate(inp: PipelineInput, *, method: str = DEFAULT_ENGINE) -> PipelineRes
                           inp=inp, graph=g)
 
 
+def _optimizer_start(ready: np.ndarray, grad_norm: float | None) -> np.ndarray:
+    """[pp] when each stage's optimizer step starts: when its gradients are ready (``ready``), or
+    with clipping when every stage's are and the norm's all-reduce is done (a barrier)."""
+    if grad_norm is None:
+        return ready
+    return np.full_like(ready, ready.max() + grad_norm)
+
+
 def _trace(res: PipelineResult) -> pd.DataFrame:
     """The trace table of ``res``: F/B (or F/I/W, and B for a backward a split schedule runs
     whole) rows, one P2P row per data dependency that crosses devices (stage = the sending device,
-    from the sender's end for the transfer's seconds), ALLREDUCE, OPTIM.
+    from the sender's end for the transfer's seconds; with ``p2p_blocking`` the transfer's seconds
+    up to the receiver's start, when the rendezvous completed), ALLREDUCE, OPTIM.
 
     Built without a general sort: rows are laid out device by device (F/B in execution order,
     then the device's sends in the same order, then its all-reduce and optimizer step), so within
@@ -297,10 +322,12 @@ def _trace(res: PipelineResult) -> pd.DataFrame:
         pos[seq] = np.arange(len(seq))
         sender, lag_id = g.deps[recv, col], g.lags[recv, col]
         o = np.argsort(pos[sender], kind="stable")
-        sender, lag_id = sender[o], lag_id[o]
+        sender, lag_id, recv = sender[o], lag_id[o], recv[o]
         p2p = np.zeros((dp, g.zero_lag + 1))
         p2p[:, :-1] = np.broadcast_to(inp.p2p, (dp, nv - 1, m)).reshape(dp, -1)
         t0 = end[:, sender]
+        if inp.p2p_blocking:  # a rendezvous: done when the receiver's call completes, its start
+            t0 = start[:, recv] - p2p[:, lag_id]
         kinds.append("P2P")
         k = len(sender)
         parts.append((np.repeat(np.arange(dp), k), np.tile(g.device[sender], dp),
@@ -308,9 +335,10 @@ def _trace(res: PipelineResult) -> pd.DataFrame:
                       t0.ravel(), (t0 + p2p[:, lag_id]).ravel()))
     ar_start = res.allreduce_start
     ar_end = ar_start + inp.allreduce
-    opt_end = ar_end + inp.optimizer
+    opt_start = _optimizer_start(ar_end, inp.grad_norm)
+    opt_end = opt_start + inp.optimizer
     r2, s2 = (a.ravel() for a in np.indices((dp, pp)))
-    for op, a, b in (("ALLREDUCE", ar_start, ar_end), ("OPTIM", ar_end, opt_end)):
+    for op, a, b in (("ALLREDUCE", ar_start, ar_end), ("OPTIM", opt_start, opt_end)):
         kinds.append(op)
         parts.append((r2, s2, np.full(len(r2), -1), np.full(len(r2), len(kinds) - 1), a[s2], b[s2]))
     r, st, j, code, t_a, t_b = (np.concatenate(c) for c in zip(*parts))

@@ -5,7 +5,9 @@ micro-batch) forward and backward (and, for a schedule that splits the backward,
 weight-gradient parts), ``p2p_time`` of the micro-batch's tokens for every stage boundary,
 ``allreduce_time`` and ``optimizer_time`` per physical stage (with ``cluster.dp_overlap`` the
 gradient synchronisation's exposed part, ``grad_sync_exposed``, overlapped with each device's last
-backward action: the shortest over DP replicas, an upper bound on what is exposed). Every iteration also reports the peak
+backward action: the shortest over DP replicas, an upper bound on what is exposed), + the tied
+embedding's gradient all-reduce on the end stages under Megatron, and the pipeline implementation's
+blocking sends and gradient-norm barrier (``cost.comm``: ``cluster.pp_impl``, ``grad_clip``). Every iteration also reports the peak
 memory per device (``sparsebalance.simulator.cost.memory``): ``extra`` holds ``peak_memory_gb`` (the
 largest device), ``peak_memory_gb_s<stage>`` (largest over DP ranks) and ``memory_exceeded`` (devices
 over ``cluster.device_memory``). With context parallelism it adds the CP group's figures and its
@@ -24,6 +26,7 @@ from sparsebalance.simulator.config import (
     ClusterConfig,
     ModelConfig,
 )
+from sparsebalance.simulator.cost.comm import embedding_allreduce_time, grad_norm_time, p2p_blocking
 from sparsebalance.simulator.cost.cp import trace as cp_trace
 from sparsebalance.simulator.cost.fsdp import FsdpPricing, fsdp_rows
 from sparsebalance.simulator.cost.memory import GB, MemoryReport, check_fits, memory_report
@@ -60,8 +63,10 @@ class SimulatorExecutor:
         """Unit gathers and reduce-scatters added to every F and B action under zero2 / zero3."""
         self.compute: dict[str, np.ndarray] = {}
         """[dp, V, m] per mode: the actions' compute before the FSDP collectives (zero2 / zero3)."""
+        self._embedding = np.array([embedding_allreduce_time(model, cluster, s) for s in range(cluster.pp)])
+        """[pp] seconds of the tied embedding's gradient all-reduce after each stage's DP reduction."""
         self._fixed = (
-            np.array([latency.allreduce_time(s) for s in range(cluster.pp)], dtype=float),
+            np.array([latency.allreduce_time(s) for s in range(cluster.pp)], dtype=float) + self._embedding,
             np.array([latency.optimizer_time(s) for s in range(cluster.pp)], dtype=float),
         )
 
@@ -76,6 +81,11 @@ class SimulatorExecutor:
                               f"{[len(r) for r in plan.ranks]}")
         if len(budgets) != dp or any(len(b) != m for b in budgets):
             raise ConfigError("budgets: shape must match the plan (one budget per micro-batch)")
+        blocking = p2p_blocking(c)
+        if blocking and c.schedule == "interleaved" and (m % c.pp or m <= c.pp):
+            raise ConfigError(f"cluster.pp_impl: 'megatron-2022' blocks the interleaved schedule as Megatron 2022 "
+                              f"runs it, with micro-batches per rank a multiple of pp ({c.pp}) and more than pp; "
+                              f"got {m} (use pp_impl = \"megatron\" or \"ideal\")")
         nv = c.pp * c.virtual_stages
         tok = [mb.tokens for _, _, mb in plan.microbatches()]
         tokens = np.array(tok, dtype=float).reshape(dp, m)
@@ -98,7 +108,7 @@ class SimulatorExecutor:
                              forward=times["F"], backward=times["B"], backward_input=times.get("I"),
                              backward_weight=times.get("W"), p2p=p2p, allreduce=self._grad_sync(times, m),
                              optimizer=self._optimizer(times), tokens=tokens, budget=mean_budget,
-                             iteration=iteration)
+                             iteration=iteration, p2p_blocking=blocking, grad_norm=grad_norm_time(c))
 
     def _grad_sync(self, times: dict[str, np.ndarray], m: int) -> np.ndarray:
         """[pp] seconds of gradient synchronisation after each device's last action: all of it, or
@@ -112,7 +122,7 @@ class SimulatorExecutor:
         vs, j = np.divmod(rest, m)
         per_kind = kind_durations(g, times["F"], times["B"], times.get("I"), times.get("W"))  # as the engine runs them
         window = [float(per_kind[g.kinds[k]][:, v, i].min()) for k, v, i in zip(kind, vs, j)]
-        return np.array([self.latency.grad_sync_exposed(s, w) for s, w in enumerate(window)], dtype=float)
+        return np.array([self.latency.grad_sync_exposed(s, w) for s, w in enumerate(window)], dtype=float) + self._embedding
 
     def _optimizer(self, times: dict[str, np.ndarray]) -> np.ndarray:
         """[pp] seconds of each device's optimizer step, + with ``param_gather_overlap`` what ZeRO-1's

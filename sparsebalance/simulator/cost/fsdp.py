@@ -104,7 +104,9 @@ class FsdpPricing:
             if vs == 0:
                 root += model.embedding_params
             if vs == last:
-                root += model.norm_params + (model.head_params if not model.tie_embeddings or last > 0 else 0)
+                # a tied head is a second copy only on another device (as Layout.device_params counts it)
+                copy = not model.tie_embeddings or layout.devices[0] != layout.devices[last]
+                root += model.norm_params + (model.head_params if copy else 0)
             self.units.append(Units(root=round(root / tp), layers=len(layers),
                                     per_layer=round(model.params_per_layer / tp)))
 

@@ -38,14 +38,15 @@ class Hardware:
     bytes / busbw). Hopper, NVLink 4: 450 GB/s per direction is the line rate; "with the protocol
     overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s" with the ring algorithm
     (NVIDIA's NCCL maintainer, NVIDIA/nccl-tests issue #212)."""
-    gemm_efficiency: float = 794.5 / 989.0
-    """Share of peak of the layers' GEMMs (without a ``gemm_curve``): H100 SXM bf16 "Maximum
-    Achievable Matmul FLOPS", 794.5 TFLOP/s, the best shape a search over shapes finds (stas00/
-    ml-engineering ``compute/accelerator/README.md``, torch 2.7.0+cu126; "H200 is the same").
-    XLA's sm_90 matmul table agrees at its largest bf16 calls (783-794 TFLOP/s at 4096^3,
-    ``xla/service/gpu/model/matmul_interpolator_data.h``). A best case: this project's own H100 ran
-    bf16 GEMMs at 695 TFLOP/s at 8192^3 and 658-725 on a 3B layer's projections (docs/results.md, "On
-    an H100"). Was 957 / 989 (one blog's cuBLASLt figure, above every other source)."""
+    gemm_efficiency: float = 709.0 / 989.0
+    """Share of peak of the layers' GEMMs (without a ``gemm_curve``): what this project's own H100 80GB
+    HBM3 ran for bf16 GEMMs of a layer's shapes with ``torch.matmul`` (cuBLAS), the median of its five
+    measurements: 709 TFLOP/s (658-725 on a 3B layer's four projections at 16K tokens, 695 at
+    8192^3; ``benchmarks/gpu_breakdown.py``, ``docs/gpu/h100-2026-11-26/breakdown.json``). The same
+    rule as the A100 preset's measured curve: a layer's GEMMs are not searched shapes, so the best
+    shape a search finds (794.5 TFLOP/s, stas00/ml-engineering "Maximum Achievable Matmul FLOPS";
+    XLA's sm_90 table 783-794 at 4096^3) is a ceiling, not what a training step runs. Was 794.5 / 989
+    (2026-11-27 to 2026-11-29), 957 / 989 before."""
     attention_fwd_efficiency: float = FA3_TRITON_FWD_TFLOPS / H100_PEAK_TFLOPS
     """Share of peak of our forward kernels per executed pair: FA3 paper, Triton forward (FA-2 style)."""
     attention_bwd_efficiency: float = FA3_FA2_BWD_TFLOPS / H100_PEAK_TFLOPS

@@ -281,15 +281,20 @@ def embed_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: b
 
 
 def head_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: bool = False):
-    """Seconds of final norm + LM head + cross-entropy (fp32 logits, vocab split over TP)."""
+    """Seconds of final norm + LM head + cross-entropy (fp32 logits, vocab split over TP): the head's
+    GEMM at its roofline, then the loss's kernels streaming the fp32 logits (forward 3 passes, backward
+    2) after it, not hidden under it: they are separate kernels that wait for the GEMM's output, as
+    the dense layer's elementwise kernels are (:func:`_dense_roof`). On an H100 the loss's softmax alone
+    took 13.2 + 13.5 ms of a 3B head's 89.6 ms at 16K tokens (docs/results.md, "On an H100")."""
     T = np.asarray(tokens, dtype=float)
     flops = 2 * T * model.hidden * model.vocab / tp
     logits = T * model.vocab / tp * 4
     weights = model.hidden * model.vocab / tp * model.dtype_bytes
     share = hw.gemm_share(flops)
+    stream = hw.memory_bandwidth * hw.memory_efficiency
     if backward:
-        return _roof(2 * flops, 2 * weights + 2 * logits, share, hw, KERNELS["head_bwd"])
-    return _roof(flops, weights + 3 * logits, share, hw, KERNELS["head_fwd"])
+        return _roof(2 * flops, 2 * weights, share, hw, KERNELS["head_bwd"]) + 2 * logits / stream
+    return _roof(flops, weights, share, hw, KERNELS["head_fwd"]) + 3 * logits / stream
 
 
 # -- split backward (input gradient I / weight gradient W) of the dense ops -------------------------
@@ -312,14 +317,18 @@ def dense_split_time(tokens, model: ModelConfig, tp: int, hw: Hardware, part: st
 
 
 def head_split_time(tokens, model: ModelConfig, tp: int, hw: Hardware, part: str):
-    """Seconds of the ``part`` of the LM head's backward: dX (with the loss gradient) or dW, each
-    the forward's GEMM FLOPs and half of ``head_bwd``'s bytes and launches."""
+    """Seconds of the ``part`` of the LM head's backward: dX or dW, each the forward's GEMM FLOPs,
+    weight bytes and half of ``head_bwd``'s launches; the loss gradient's two passes over the fp32
+    logits (:func:`head_time`) run once, before dX, so they are on the input part."""
     T = np.asarray(tokens, dtype=float)
     flops = 2 * T * model.hidden * model.vocab / tp
     logits = T * model.vocab / tp * 4
     weights = model.hidden * model.vocab / tp * model.dtype_bytes
     share = hw.gemm_share(flops)
-    return _roof(flops, weights + logits, share, hw, KERNELS["head_bwd"] // 2)
+    gemm = _roof(flops, weights, share, hw, KERNELS["head_bwd"] // 2)
+    if part == "input":
+        return gemm + 2 * logits / (hw.memory_bandwidth * hw.memory_efficiency)
+    return gemm
 
 
 def split_backward_rows(tokens, model: ModelConfig, tp: int, hw: Hardware, sp: bool = False) -> list[pd.DataFrame]:

@@ -205,6 +205,21 @@ def test_dense_layer_is_gemms_then_elementwise_by_hand():
         float(dense_time(T, M, 1, hw, backward=True)), rel=1e-12)  # no TP: nothing to gather
 
 
+def test_head_is_gemm_then_the_losss_fp32_passes_by_hand():
+    """The LM head's GEMM at its roofline, then the cross-entropy's passes over the fp32 logits
+    (forward 3, backward 2) streamed after it: they wait for the GEMM's output, so they add, even
+    where they alone would take longer than the GEMM."""
+    hw = replace(H100, launch_overhead=0.0)
+    bw = hw.memory_bandwidth * hw.memory_efficiency
+    T, tp, V, h = 4096, 2, 1000, 256
+    gemm = max(2 * T * h * V / tp / (hw.peak_flops * hw.gemm_efficiency), h * V / tp * 2 / bw)
+    logits = T * V / tp * 4 / bw  # one pass over this rank's fp32 logits
+    assert logits > gemm  # the case a max() would hide
+    assert float(head_time(T, M, tp, hw)) == pytest.approx(gemm + 3 * logits, rel=1e-12)
+    gemm_b = max(2 * 2 * T * h * V / tp / (hw.peak_flops * hw.gemm_efficiency), 2 * h * V / tp * 2 / bw)
+    assert float(head_time(T, M, tp, hw, backward=True)) == pytest.approx(gemm_b + 2 * logits, rel=1e-12)
+
+
 def test_unfused_attention_by_hand():
     """Megatron's pre-FlashAttention core: two batched GEMMs over the full L x L square, the scores
     streamed 13 bytes per element forward (19 backward), whatever the budget."""

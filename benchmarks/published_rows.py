@@ -80,8 +80,8 @@ def gaps(row) -> tuple[list[str], list[str]]:
         blocking.append(f"FP8 (precision = {row.precision})")
     if row.pp > 1 and row.pp_impl not in ("megatron", "megatron-2022"):
         blocking.append(f"pipeline implementation {row.pp_impl!r} (only Megatron's schedules are modelled)")
-    if row.tp_overlap == "te" and row.tp > 1:
-        approx.append("TE comm-GEMM overlap: forward TP collectives priced exposed (backward as Megatron's async overlap)")
+    if row.tp_overlap == "te" and row.tp > 1 and not row.sequence_parallel:
+        approx.append("TE comm-GEMM overlap without sequence parallelism: priced as Megatron's async overlap")
     node = NODES.get(row.gpu)
     if node and not pd.isna(row.nic_gbps) and int(row.nic_gbps) != NODE_NIC_GBPS[node]:
         approx.append(f"network: {int(row.nic_gbps)} Gb/s per GPU, preset {node} stands for {NODE_NIC_GBPS[node]}")
@@ -106,6 +106,7 @@ def dense_config(row) -> dict:
                "recompute": row.recompute, "dp_overlap": bool(row.dp_overlap),
                "grad_reduce_bytes": int(row.grad_reduce_bytes), "sequence_parallel": bool(row.sequence_parallel),
                "tp_overlap": row.tp_overlap in ("true", "te"), "dp_mode": row.dp_mode,
+               "tp_overlap_impl": "te" if row.tp_overlap == "te" and bool(row.sequence_parallel) else "megatron",
                "param_gather_overlap": row.dp_mode == "zero1" and bool(row.param_gather_overlap),
                "nodes": math.ceil(gpus / node.gpus_per_node),
                # the pipeline implementation the row ran (blocking sends, P2P split over TP, tied

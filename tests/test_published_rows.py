@@ -133,7 +133,9 @@ def test_gaps_name_what_the_simulator_lacks(runs):
             assert (blocking, approx) == ([], []), row.id
         if row.source.startswith("Megatron-LM README"):
             assert not blocking, row.id  # --overlap-param-gather is priced (cluster.param_gather_overlap)
-            assert (row.tp > 1) == any("TE comm-GEMM overlap" in a for a in approx), row.id
+            assert not approx, row.id  # TE's comm-GEMM overlap is priced (simulator/cost/tpoverlap.py)
+            config = rows_mod.dense_config(row)["cluster"]
+            assert config["tp_overlap_impl"] == ("te" if row.tp > 1 else "megatron"), row.id
     priced = sum(not rows_mod.gaps(r)[0] for r in runs.itertuples())
     assert priced == 89
 

@@ -19,6 +19,7 @@ SPLIT_SCHEDULES = ("zb-h1", "zbv", "dualpipev")
 V_SCHEDULES = ("zbv", "dualpipev")
 RECOMPUTE = ("none", "selective", "full")
 DP_MODES = ("ddp", "zero1", "zero2", "zero3")
+TP_OVERLAP_IMPLS = ("megatron", "te")
 FSDP_MODES = ("zero2", "zero3")
 """``dp_mode`` values priced unit by unit (``simulator/cost/fsdp.py``)."""
 FSDP_PREFETCH = ("pre", "post")
@@ -326,6 +327,12 @@ class ClusterConfig:
     all-reduce (with SP: reduce-scatter) runs beside its weight-gradient GEMM, SP's re-gather beside
     the input-gradient GEMM; only what outlasts the GEMM costs time. Priced by the analytical
     profiles (``roofline.tp_backward_comm``); false keeps every collective exposed."""
+    tp_overlap_impl: str = "megatron"
+    """Whose TP overlap runs with ``tp_overlap``: ``megatron`` (the backward's asynchronous
+    collectives above; the forward's exposed) or ``te`` (Transformer Engine's comm-GEMM overlap,
+    Megatron-LM's ``--tp-comm-overlap``: every collective of the forward and backward split into
+    chunks beside the GEMM that makes or reads it; needs ``sequence_parallel``;
+    ``simulator/cost/tpoverlap.py``). Priced by the analytical profiles."""
     dp_overlap: bool = False
     """Bucketed DP gradient reduction overlapped with each device's last backward action
     (Megatron's ``overlap_grad_reduce``): only what is left after that action is exposed
@@ -385,6 +392,12 @@ class ClusterConfig:
                   f"holds (gpus_per_node / tp = {inner}); use 'ring' inside one node")
         for f in ("zero1", "dp_overlap", "sequence_parallel", "tp_overlap", "grad_clip"):
             check(isinstance(getattr(self, f), bool), f, f"must be true or false, got {getattr(self, f)!r}")
+        check_choice(self.tp_overlap_impl, "tp_overlap_impl", TP_OVERLAP_IMPLS)
+        if self.tp_overlap_impl == "te" and self.tp > 1:
+            check(self.tp_overlap and self.sequence_parallel, "tp_overlap_impl",
+                  "'te' (Transformer Engine's comm-GEMM overlap) needs tp_overlap = true and "
+                  f"sequence_parallel = true, got tp_overlap = {str(self.tp_overlap).lower()}, "
+                  f"sequence_parallel = {str(self.sequence_parallel).lower()}")
         self._check_dp_mode()
         if self.grad_reduce_bytes is not None:
             check_choice(self.grad_reduce_bytes, "grad_reduce_bytes", (1, 2, 4, 8))

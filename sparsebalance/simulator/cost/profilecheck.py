@@ -68,13 +68,17 @@ def load_checked(profile: str | Profile, model: ModelConfig, cluster: ClusterCon
         bad.append(f"sequence_parallel {bool(prof.meta.sequence_parallel)} (run: {sp})")
     if prof.meta.analytical and bool(prof.meta.tp_overlap) != overlap:
         bad.append(f"tp_overlap {bool(prof.meta.tp_overlap)} (run: {overlap})")
+    impl = cluster.tp_overlap_impl if overlap and sp else "megatron"
+    if prof.meta.analytical and (prof.meta.tp_overlap_impl or "megatron") != impl:
+        bad.append(f"tp_overlap_impl {prof.meta.tp_overlap_impl or 'megatron'} (run: {impl})")
     check_tp_overlap(prof, cluster)
     if bad and prof.meta.analytical and prof.meta.roofline is not None:
         from sparsebalance.simulator.cost.roofline import Hardware, build_profile
 
         hw = Hardware(**prof.meta.roofline)
         _check_derivable(prof, hw, build_profile)
-        derived = build_profile(hw, model, cluster.tp, sequence_parallel=sp, tp_overlap=overlap)
+        derived = build_profile(hw, model, cluster.tp, sequence_parallel=sp, tp_overlap=overlap,
+                                tp_overlap_impl=impl)
         derived.source = f"{prof.source} (analytical, re-derived for {model.name}, tp {cluster.tp})"
         prof = derived
     elif bad:
@@ -102,7 +106,7 @@ def _built(name: str, model: ModelConfig, cluster: ClusterConfig, base_dir: str)
     from sparsebalance.simulator.cost.roofline import HARDWARE, build_profile
 
     prof = build_profile(HARDWARE[gpu], model, cluster.tp, sequence_parallel=cluster.sequence_parallel,
-                         tp_overlap=cluster.tp_overlap)
+                         tp_overlap=cluster.tp_overlap, tp_overlap_impl=cluster.tp_overlap_impl)
     prof.source = f"{name} (analytical, built for {model.name}, tp {cluster.tp})"
     return prof
 
@@ -115,7 +119,8 @@ def _check_derivable(prof: Profile, hw, build_profile) -> None:
     try:
         own = ModelConfig(**meta.model, block_size=meta.block_size)
         want = build_profile(hw, own, meta.tp, sequence_parallel=bool(meta.sequence_parallel),
-                             tp_overlap=bool(meta.tp_overlap)).table
+                             tp_overlap=bool(meta.tp_overlap),
+                             tp_overlap_impl=meta.tp_overlap_impl or "megatron").table
     except (TypeError, KeyError, ValueError, ConfigError) as e:
         raise ConfigError(f"profile: {prof.source}: its sidecar cannot re-derive it ({e}); "
                           "regenerate it with python -m sparsebalance.simulator.cost.roofline") from None

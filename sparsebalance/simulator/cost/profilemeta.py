@@ -16,6 +16,7 @@ from typing import Any
 from sparsebalance.configmap import from_mapping
 from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.config import CP_LAYOUTS as _RUN_LAYOUTS
+from sparsebalance.simulator.config import TP_OVERLAP_IMPLS
 
 CP_LAYOUTS = tuple(x for x in _RUN_LAYOUTS if x != "best")
 """Layouts a CP profile can be measured on (a run's, less ``best``, which picks among them)."""
@@ -72,6 +73,9 @@ class ProfileMeta:
     tp_overlap: bool | None = None
     """The backward's TP collectives overlapped with its GEMMs, as Megatron-LM runs them (analytical
     profiles; ``cluster.tp_overlap``); absent = no."""
+    tp_overlap_impl: str | None = None
+    """Whose TP overlap the dense rows price (``cluster.tp_overlap_impl``): ``te`` = Transformer
+    Engine's comm-GEMM overlap, forward included; absent = ``megatron``."""
     cp: int | None = None
     """Context-parallel degree of the ``attn_*_cp`` rows (``profile --cp``); absent = no such rows."""
     cp_layout: str | None = None
@@ -110,6 +114,9 @@ class ProfileMeta:
         if call is not None and (set(call) != {"fwd", "bwd"} or any(
                 isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 for v in call.values())):
             raise ConfigError(f"attention_call_s: must be {{\"fwd\": seconds, \"bwd\": seconds}} (>= 0), got {call!r}")
+        if self.tp_overlap_impl is not None and self.tp_overlap_impl not in TP_OVERLAP_IMPLS:
+            raise ConfigError(f"tp_overlap_impl: must be one of {', '.join(TP_OVERLAP_IMPLS)}, "
+                              f"got {self.tp_overlap_impl!r}")
         if self.cp_layout is not None and self.cp_layout not in CP_LAYOUTS:
             raise ConfigError(f"cp_layout: must be one of {', '.join(CP_LAYOUTS)}, got {self.cp_layout!r}")
         bw = self.memory_bandwidth

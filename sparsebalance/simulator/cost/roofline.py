@@ -61,6 +61,7 @@ from sparsebalance.simulator.cost.hardware import (  # noqa: F401  (re-exported:
 )
 from sparsebalance.simulator.cost.profile import Profile, monotone_violations
 from sparsebalance.simulator.cost.profilemeta import FORMAT_VERSION, MODEL_DIMS, ProfileMeta
+from sparsebalance.simulator.cost.tpoverlap import te_layer_comm
 
 COMMAND = "python -m sparsebalance.simulator.cost.roofline --out sparsebalance/data/profiles"
 
@@ -227,7 +228,7 @@ def _dense_roof(flops, gemm, elementwise, hw: Hardware, kernels: int, share):
 
 
 def tp_backward_comm(tokens, model: ModelConfig, tp: int, hw: Hardware, *, sp: bool = False,
-                     overlap: bool = False):
+                     overlap: bool = False, impl: str = "megatron"):
     """Seconds of one layer's backward TP collectives that the GPU waits for.
 
     Without ``overlap`` every collective is exposed: 2 all-reduces of the input gradient (the
@@ -241,11 +242,14 @@ def tp_backward_comm(tokens, model: ModelConfig, tp: int, hw: Hardware, *, sp: b
     asynchronously and computes its weight gradient meanwhile, and with SP its input's re-gather runs
     beside the input-gradient GEMM; only what outlasts that GEMM is exposed. The row-parallel
     all-gathers of SP block. Each overlapped GEMM is priced alone (the collective's SM and memory
-    use slowing it is not priced)."""
+    use slowing it is not priced). With ``impl = "te"`` (and ``sp``), Transformer Engine's overlap
+    (:mod:`tpoverlap`) also hides the row-parallel all-gathers under their input-gradient GEMMs."""
     T = np.asarray(tokens, dtype=float)
     one = _tp_allreduce(T, model, tp, hw, 1)  # an all-reduce's time; an all-gather or a reduce-scatter: half
     if not overlap:
         return (3 if sp else 2) * one
+    if impl == "te" and sp:
+        return te_layer_comm(one / 2, _gemm_seconds(T, model, tp, hw), tp, backward=True)
     calls = gemm_calls(T, model, tp)
     gemm = {k: calls[k] / (hw.peak_flops * hw.gemm_share(calls[k])) for k in ("qkv", "up")}
     if not sp:
@@ -253,18 +257,29 @@ def tp_backward_comm(tokens, model: ModelConfig, tp: int, hw: Hardware, *, sp: b
     return one + sum(2 * np.maximum(0.0, one / 2 - g) for g in gemm.values())
 
 
+def _gemm_seconds(T, model: ModelConfig, tp: int, hw: Hardware) -> dict[str, np.ndarray]:
+    """Seconds of each projection's GEMM of one layer's forward (compute-bound, at its size's share)."""
+    return {k: f / (hw.peak_flops * hw.gemm_share(f)) for k, f in gemm_calls(T, model, tp).items()}
+
+
 def dense_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: bool = False, sp: bool = False,
-               overlap: bool = False):
+               overlap: bool = False, impl: str = "megatron"):
     """Seconds of one layer's dense part (norms, QKV/O, MLP) on ``tokens`` tokens (``sp``: sequence
     parallelism, :func:`_dense_work`; the forward's 2 TP all-reduces, the backward's TP collectives
-    by :func:`tp_backward_comm`, hidden under the GEMMs with ``overlap``); the backward moves twice
-    the forward's FLOPs and bytes."""
+    by :func:`tp_backward_comm`, hidden under the GEMMs with ``overlap``; with ``impl = "te"`` and
+    ``sp`` the forward's too, :func:`tpoverlap.te_layer_comm`); the backward moves twice the
+    forward's FLOPs and bytes."""
     T = np.asarray(tokens, dtype=float)
     flops, gemm, elementwise = _dense_work(T, model, tp, sp)
     mult = 2 if backward else 1
     kernels = KERNELS["layer_bwd" if backward else "layer_fwd"]
-    comm = (tp_backward_comm(T, model, tp, hw, sp=sp, overlap=overlap) if backward
-            else _tp_allreduce(T, model, tp, hw, 2))
+    if backward:
+        comm = tp_backward_comm(T, model, tp, hw, sp=sp, overlap=overlap, impl=impl)
+    elif overlap and impl == "te" and sp and tp > 1:
+        comm = te_layer_comm(_tp_allreduce(T, model, tp, hw, 1) / 2, _gemm_seconds(T, model, tp, hw), tp,
+                             backward=False)
+    else:
+        comm = _tp_allreduce(T, model, tp, hw, 2)
     return _dense_roof(mult * flops, mult * gemm, mult * elementwise, hw, kernels, gemm_share(T, model, tp, hw)) + comm
 
 
@@ -344,7 +359,7 @@ def split_backward_rows(tokens, model: ModelConfig, tp: int, hw: Hardware, sp: b
 def build_table(hw: Hardware, model: ModelConfig, tp: int, block_size: int, *,
                 seq_lens: np.ndarray | None = None, budgets: np.ndarray | None = None,
                 tokens: np.ndarray | None = None, sequence_parallel: bool = False,
-                tp_overlap: bool = False) -> pd.DataFrame:
+                tp_overlap: bool = False, tp_overlap_impl: str = "megatron") -> pd.DataFrame:
     """The profile rows of one (hardware, model, tp, block size).
 
     Attention rows price the path the kernel's dispatcher runs (:func:`kernelcost.choose_path`, the
@@ -364,7 +379,8 @@ def build_table(hw: Hardware, model: ModelConfig, tp: int, block_size: int, *,
         frames.append(pd.DataFrame({"op": op, "seq_len": S.ravel(), "budget": K.ravel(), "latency_s": lat}))
     for name, fn in (("layer", dense_time), ("embed", embed_time), ("head", head_time)):
         for suffix, bwd in (("fwd", False), ("bwd", True)):
-            lat = (dense_time(tokens, model, tp, hw, backward=bwd, sp=sequence_parallel, overlap=tp_overlap)
+            lat = (dense_time(tokens, model, tp, hw, backward=bwd, sp=sequence_parallel, overlap=tp_overlap,
+                              impl=tp_overlap_impl)
                    if name == "layer"
                    else fn(tokens, model, tp, hw, backward=bwd))
             frames.append(pd.DataFrame({"op": f"{name}_{suffix}", "seq_len": tokens, "budget": 0,
@@ -374,22 +390,25 @@ def build_table(hw: Hardware, model: ModelConfig, tp: int, block_size: int, *,
 
 
 def build_profile(hw: Hardware, model: ModelConfig, tp: int, block_size: int | None = None, *,
-                  sequence_parallel: bool = False, tp_overlap: bool = False) -> Profile:
+                  sequence_parallel: bool = False, tp_overlap: bool = False,
+                  tp_overlap_impl: str = "megatron") -> Profile:
     """An analytical profile (table + sidecar) for ``model`` at ``tp`` on ``hw`` (with Megatron's
     sequence parallelism where ``sequence_parallel`` and tp > 1, and the backward's TP collectives
-    overlapped with its GEMMs where ``tp_overlap``: :func:`tp_backward_comm`). A pure function of its arguments,
+    overlapped with its GEMMs where ``tp_overlap``: :func:`tp_backward_comm`; the forward's too with
+    ``tp_overlap_impl = "te"`` and sequence parallelism: :mod:`tpoverlap`). A pure function of its arguments,
     so it is computed once per process for each and handed out as a copy (a run, a sweep's points
     and the re-derivation check ask for the same profile again and again)."""
     block = model.block_size if block_size is None else block_size
-    table, meta = _built(hw, model, int(tp), int(block), bool(sequence_parallel and tp > 1),
-                         bool(tp_overlap and tp > 1))
+    overlap = bool(tp_overlap and tp > 1)
+    impl = tp_overlap_impl if overlap and sequence_parallel else "megatron"  # TE's overlap needs SP
+    table, meta = _built(hw, model, int(tp), int(block), bool(sequence_parallel and tp > 1), overlap, impl)
     return Profile(table=table.copy(), meta=meta, source=f"analytical-{hw.device}")
 
 
 @functools.lru_cache(maxsize=32)
 def _built(hw: Hardware, model: ModelConfig, tp: int, block: int, sp: bool,
-           overlap: bool) -> tuple[pd.DataFrame, ProfileMeta]:
-    table = build_table(hw, model, tp, block, sequence_parallel=sp, tp_overlap=overlap)
+           overlap: bool, impl: str = "megatron") -> tuple[pd.DataFrame, ProfileMeta]:
+    table = build_table(hw, model, tp, block, sequence_parallel=sp, tp_overlap=overlap, tp_overlap_impl=impl)
     # the fixed cost of a call is paid once per packed micro-batch (the varlen kernel's launch, index
     # and glue ops), not per sequence: the rows leave it out and the sidecar carries it
     call = {"fwd": kc.call_fixed(hw), "bwd": kc.call_fixed(hw, backward=True)}
@@ -403,6 +422,8 @@ def _built(hw: Hardware, model: ModelConfig, tp: int, block: int, sp: bool,
         meta = replace(meta, sequence_parallel=True)
     if overlap:
         meta = replace(meta, tp_overlap=True)
+    if impl != "megatron":
+        meta = replace(meta, tp_overlap_impl=impl)
     bad = monotone_violations(Profile(table=table, meta=meta, source=f"analytical-{hw.device}"), block)
     if bad:  # the note is read from the table just built, so it joins the sidecar after building
         note = (f"{len(bad)} attention point(s) fall as budget or length grows, as the kernel does: just below "

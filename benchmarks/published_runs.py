@@ -171,10 +171,17 @@ def term_table(dense: pd.DataFrame, rows_of: pd.DataFrame, out: Path) -> pd.Data
     return pd.DataFrame(rows)
 
 
+def _one_nic(c, n, collective="allreduce"):
+    """One GPU's NIC for every FSDP collective, at the shipped link's latency (its ring steps included)."""
+    from sparsebalance.simulator.cost.link import group_link
+
+    return c.allreduce_bandwidth, group_link(c, n, collective)[1]
+
+
 #: The FSDP rows' link variants that ``--terms`` prices: (label, group_link replacement or None).
 FSDP_LINKS = (("as shipped (NVLink in a node, NIC x ranks per node across)", None),
-              ("every FSDP collective on one NIC per GPU", lambda c, n: (c.allreduce_bandwidth, c.allreduce_latency)),
-              ("FSDP communication free", lambda c, n: (math.inf, 0.0)))
+              ("every FSDP collective on one NIC per GPU", _one_nic),
+              ("FSDP communication free", lambda c, n, collective="allreduce": (math.inf, 0.0)))
 
 
 def fsdp_term_table(rows_of: pd.DataFrame, out: Path) -> pd.DataFrame:

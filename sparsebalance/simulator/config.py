@@ -263,6 +263,17 @@ class ClusterConfig:
     an analytical profile carries its own (the roofline's)."""
     tp_latency: float = 5e-6
     """Seconds of fixed cost per tensor-parallel all-reduce."""
+    nvlink_step_latency: float = 0.0
+    """Seconds each step of a data-parallel ring collective adds when it stays inside a node, on top
+    of the collective's fixed latency: a ring all-gather or reduce-scatter over n ranks takes n - 1
+    steps, an all-reduce 2 (n - 1) (``simulator/cost/link.py: ring_latency``). 0 (default): the fixed
+    latency alone. The GPU presets set NCCL's own model of its ring with the Simple protocol over
+    NVLink, 3.4 us (``src/graph/tuning.cc``: ``hwLat``)."""
+    net_step_latency: float = 0.0
+    """Seconds each step of a data-parallel ring collective adds when it crosses nodes (a ring over
+    N nodes crosses N - 1 boundaries in an all-gather or reduce-scatter, 2 N in an all-reduce, as
+    NCCL's model counts them). 0 (default): the fixed latency alone. The GPU presets set NCCL's ring /
+    Simple value over the network, 14 us (``src/graph/tuning.cc``)."""
     gpus_per_node: int = 8
     """GPUs per node: tensor parallelism stays inside a node (tp <= gpus_per_node)."""
     nodes: int | None = None
@@ -370,7 +381,7 @@ class ClusterConfig:
                   f"pp x dp x cp x tp = {self.pp} x {self.dp} x {self.cp} x {self.tp} = {need} GPUs exceeds the cluster's "
                   f"nodes x gpus_per_node = {self.nodes} x {self.gpus_per_node} = "
                   f"{self.nodes * self.gpus_per_node}")
-        for f in ("p2p_latency", "allreduce_latency", "tp_latency"):
+        for f in ("p2p_latency", "allreduce_latency", "tp_latency", "nvlink_step_latency", "net_step_latency"):
             check_positive(getattr(self, f), f, allow_zero=True)
         check_choice(self.schedule, "schedule", SCHEDULES)
         if self.device_memory is not None:
@@ -502,12 +513,17 @@ def check_tp(model: ModelConfig, cluster: ClusterConfig) -> None:
           f"with replicated KV heads must be a multiple of model.kv_heads ({model.kv_heads}), got {tp}")
 
 
+#: NCCL's model of one step of its ring with the Simple protocol (the one large collectives use):
+#: 3.4 us over NVLink, 14 us over the network (``src/graph/tuning.cc``, ``hwLat``, NCCL 2.19-2.21).
+NCCL_RING_STEPS = {"nvlink_step_latency": 3.4e-6, "net_step_latency": 14e-6}
+
+
 def h200_4x8() -> ClusterConfig:
     """4 nodes x 8 H200 (the paper's main setting DP4 x PP4 x TP2). Network: NDR InfiniBand
     400 Gb/s per GPU (50 GB/s) between nodes, which P2P and DP all-reduce cross."""
     return ClusterConfig(name="h200-4x8", device="h200", pp=4, dp=4, tp=2, global_batch=16, nodes=4,
                          p2p_bandwidth=50e9, p2p_latency=10e-6, allreduce_bandwidth=50e9,
-                         allreduce_latency=20e-6, device_memory=141e9)
+                         allreduce_latency=20e-6, device_memory=141e9, **NCCL_RING_STEPS)
 
 
 def h20_4x8() -> ClusterConfig:
@@ -529,7 +545,8 @@ def dgx_a100_80gb() -> ClusterConfig:
     performance per 200G NIC", NVIDIA's NCCL maintainer, NVIDIA/nccl-tests issue #119). Set pp, dp,
     tp, schedule and batch for the run."""
     return ClusterConfig(name="dgx-a100-80gb", device="a100-80gb", pp=1, dp=1, tp=8, gpus_per_node=8,
-                         p2p_bandwidth=24e9, allreduce_bandwidth=24e9, tp_bandwidth=230e9, device_memory=80e9)
+                         p2p_bandwidth=24e9, allreduce_bandwidth=24e9, tp_bandwidth=230e9, device_memory=80e9,
+                         **NCCL_RING_STEPS)
 
 
 def dgx_a100_40gb() -> ClusterConfig:

@@ -49,9 +49,16 @@ def import_torchtitan() -> Any:
     """Import torchtitan with its device type right for this machine (point 1); returns the
     ``torchtitan.tools.utils`` module. Idempotent; an import that happened before (with ``cuda`` on a
     CPU-only machine) is refused with one line rather than failing later inside a CUDA call."""
+    import importlib.util
     import sys
 
     import torch._utils as tu
+
+    if "torchtitan" not in sys.modules and importlib.util.find_spec("torchtitan") is None:
+        from sparsebalance.errors import ConfigError
+
+        raise ConfigError(f"torchtitan is not installed in this environment: the [titan] extra installs "
+                          f"torchtitan {TORCHTITAN_VERSION} (make install does; or pip install -e '.[titan]')")
 
     loaded = sys.modules.get("torchtitan.tools.utils")
     if loaded is not None:

@@ -96,3 +96,19 @@ def test_fsdp_reduction_switch_exists():
     import torchtitan.distributed.fsdp as f
 
     assert "set_gradient_divide_factor(1.0)" in inspect.getsource(f)
+
+
+def test_without_torchtitan_the_import_is_refused_in_one_line(monkeypatch):
+    """An environment without the [titan] extra gets one line naming the extra, not a traceback from
+    torchtitan's first import (the CLI turns the ConfigError into exit 2)."""
+    import importlib.util
+    import sys
+
+    from sparsebalance.errors import ConfigError
+    from sparsebalance.titan import compat
+
+    real = importlib.util.find_spec
+    monkeypatch.delitem(sys.modules, "torchtitan")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchtitan" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"torchtitan is not installed.*\[titan\] extra installs torchtitan 0\.3\.0"):
+        compat.import_torchtitan()

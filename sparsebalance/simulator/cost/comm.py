@@ -152,7 +152,7 @@ class Communication:
             size = c.grad_bucket_params or max(40_000_000, 1_000_000 * n)
         steps = (n - 1) / n if c.zero1 else 2 * (n - 1) / n
         db = c.grad_reduce_bytes or self.model.dtype_bytes
-        bw, latency = group_link(c, n)
+        bw, latency = group_link(c, n, "reducescatter" if c.zero1 else "allreduce")
         out, done = [], 0.0
         while done < params:
             p = min(size, params - done)
@@ -194,7 +194,7 @@ class Communication:
         n = self.layout.grad_group
         if not (c.zero1 and c.param_gather_overlap and n > 1):
             return 0.0
-        bw, latency = group_link(c, n)
+        bw, latency = group_link(c, n, "allgather")
         params = self.layout.device_params(stage) / c.tp
         size = c.grad_bucket_params or max(40_000_000, 1_000_000 * n)
         gathered = forward = done = 0.0
@@ -216,7 +216,7 @@ class Communication:
         if c.zero1 and n > 1:
             if c.param_gather_overlap:  # the gather runs under the next forward: param_gather_exposed
                 return self._optimizer_step(round(params / n))
-            bw, latency = group_link(c, n)
+            bw, latency = group_link(c, n, "allgather")
             gather = (n - 1) / n * params * self.model.dtype_bytes / bw + latency
             return self._optimizer_step(round(params / n)) + gather
         if self.fsdp is not None:  # each rank steps its shard; the next forward gathers (fsdp.py)

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
-from sparsebalance.simulator.cost.link import group_link
+from sparsebalance.simulator.cost.link import group_link, ring_steps
 from sparsebalance.simulator.layout import Layout
 
 
@@ -112,7 +112,7 @@ class FsdpPricing:
 
     def link(self) -> tuple[float, float]:
         """(bus bytes/s, seconds of latency) of the sharding group's collectives (:func:`.comm.group_link`)."""
-        return group_link(self.cluster, self.n)
+        return group_link(self.cluster, self.n, "allgather")  # a reduce-scatter takes the same ring steps
 
     def _collective(self, params: float, nbytes: int) -> float:
         if self.n == 1 or params == 0:
@@ -135,7 +135,9 @@ class FsdpPricing:
         if r == 1:
             return 0.0
         nbytes = self.layout.device_params(stage) / c.tp / self.n * self.reduce_bytes
-        return c.allreduce_latency + 2 * (r - 1) / r * nbytes / c.allreduce_bandwidth
+        intra, inter = ring_steps(r, r, "allreduce")  # one replica per node: every step crosses nodes
+        latency = c.allreduce_latency + intra * c.nvlink_step_latency + inter * c.net_step_latency
+        return latency + 2 * (r - 1) / r * nbytes / c.allreduce_bandwidth
 
     # -- one action's timeline ----------------------------------------------------------------------
     def action(self, compute, vstage: int, *, backward: bool, events: list[Event] | None = None):

@@ -12,7 +12,9 @@ replicas: its ranks sit ``tp`` apart within CP and ``pp x cp x tp`` apart across
   ``allreduce_latency``. With TP 8 one rank per node is in the group: one NIC, as before.
 
 Every DP collective asks :func:`group_link`: the DDP and ZeRO-1 gradient reductions and ZeRO-1's
-parameter all-gather (``comm.py``) and FSDP's unit gathers and reduce-scatters (``fsdp.py``).
+parameter all-gather (``comm.py``) and FSDP's unit gathers and reduce-scatters (``fsdp.py``). Its
+latency grows with the ring's steps where the cluster prices them (``nvlink_step_latency``,
+``net_step_latency``: NCCL's own model of its ring, set by the GPU presets).
 """
 
 from __future__ import annotations
@@ -34,10 +36,35 @@ def group_ranks_per_node(cluster: ClusterConfig, n: int) -> tuple[int, bool]:
     return per_node, span <= c.gpus_per_node
 
 
-def group_link(cluster: ClusterConfig, n: int) -> tuple[float, float]:
-    """(bus bytes/s, seconds of fixed latency) of a collective over the first ``n`` data-parallel ranks
-    of a stage (module docstring)."""
+COLLECTIVES = ("allgather", "reducescatter", "allreduce")
+
+
+def ring_steps(n: int, nodes: int, collective: str) -> tuple[int, int]:
+    """(steps inside a node, steps across nodes) of NCCL's ring ``collective`` over ``n`` ranks on
+    ``nodes`` nodes, as NCCL's tuning model counts them (``src/graph/tuning.cc``): an all-gather or a
+    reduce-scatter n - 1 steps, N - 1 of them across nodes; an all-reduce 2 (n - 1), 2 N across
+    (none on one node)."""
+    if collective not in COLLECTIVES:
+        raise ValueError(f"collective: must be one of {', '.join(COLLECTIVES)}, got {collective!r}")
+    if n <= 1:
+        return 0, 0
+    if collective == "allreduce":
+        total, inter = 2 * (n - 1), (2 * nodes if nodes > 1 else 0)
+    else:
+        total, inter = n - 1, nodes - 1
+    inter = min(inter, total)
+    return total - inter, inter
+
+
+def group_link(cluster: ClusterConfig, n: int, collective: str = "allreduce") -> tuple[float, float]:
+    """(bus bytes/s, seconds of latency) of a ring ``collective`` over the first ``n`` data-parallel
+    ranks of a stage (module docstring). Latency: the link's fixed latency (``tp_latency`` in a
+    node, ``allreduce_latency`` across) + each ring step's (``nvlink_step_latency`` inside a node,
+    ``net_step_latency`` across: :func:`ring_steps`), so a ring over many ranks pays for its steps."""
     per_node, inside = group_ranks_per_node(cluster, n)
+    nodes = 1 if inside else -(-n // per_node)
+    intra, inter = ring_steps(n, nodes, collective)
+    steps = intra * cluster.nvlink_step_latency + inter * cluster.net_step_latency
     if inside:
-        return cluster.tp_bandwidth, cluster.tp_latency
-    return min(cluster.tp_bandwidth, per_node * cluster.allreduce_bandwidth), cluster.allreduce_latency
+        return cluster.tp_bandwidth, cluster.tp_latency + steps
+    return min(cluster.tp_bandwidth, per_node * cluster.allreduce_bandwidth), cluster.allreduce_latency + steps

@@ -23,7 +23,10 @@ Usage::
 ``check`` exits 1 listing every key that differs (or is missing / new), 0 when all are equal.
 The baseline of this tree is ``benchmarks/invariance_baseline.json``: recorded before the cost
 model's rebuild of issue 34 (which left all 17,358 values unchanged), then re-recorded on 2026-11-28
-after issue 33's kernel cost model changed the analytical profiles on purpose; re-record it whenever
+after issue 33's kernel cost model changed the analytical profiles on purpose, and on 2026-11-29
+after issue 36's terms (FSDP, the DP link, ring steps as calls, the pipeline implementation; then the
+measured Hopper GEMM rate, the streamed LM-head loss, TE's TP overlap and the ring collectives' step
+latency); re-record it whenever
 a change means to move numbers, and say so in the commit. Heavy (a few minutes of CPU): run it under the machine's lock.
 """
 

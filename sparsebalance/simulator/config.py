@@ -515,7 +515,8 @@ def check_tp(model: ModelConfig, cluster: ClusterConfig) -> None:
 
 #: NCCL's model of one step of its ring with the Simple protocol (the one large collectives use):
 #: 3.4 us over NVLink, 14 us over the network (``src/graph/tuning.cc``, ``hwLat``, NCCL 2.19-2.21).
-NCCL_RING_STEPS = {"nvlink_step_latency": 3.4e-6, "net_step_latency": 14e-6}
+NCCL_NVLINK_STEP, NCCL_NET_STEP = 3.4e-6, 14e-6
+NCCL_RING_STEPS = {"nvlink_step_latency": NCCL_NVLINK_STEP, "net_step_latency": NCCL_NET_STEP}
 
 
 def h200_4x8() -> ClusterConfig:
@@ -523,7 +524,7 @@ def h200_4x8() -> ClusterConfig:
     400 Gb/s per GPU (50 GB/s) between nodes, which P2P and DP all-reduce cross."""
     return ClusterConfig(name="h200-4x8", device="h200", pp=4, dp=4, tp=2, global_batch=16, nodes=4,
                          p2p_bandwidth=50e9, p2p_latency=10e-6, allreduce_bandwidth=50e9,
-                         allreduce_latency=20e-6, device_memory=141e9, **NCCL_RING_STEPS)
+                         allreduce_latency=20e-6, device_memory=141e9, nvlink_step_latency=NCCL_NVLINK_STEP, net_step_latency=NCCL_NET_STEP)
 
 
 def h20_4x8() -> ClusterConfig:
@@ -546,7 +547,7 @@ def dgx_a100_80gb() -> ClusterConfig:
     tp, schedule and batch for the run."""
     return ClusterConfig(name="dgx-a100-80gb", device="a100-80gb", pp=1, dp=1, tp=8, gpus_per_node=8,
                          p2p_bandwidth=24e9, allreduce_bandwidth=24e9, tp_bandwidth=230e9, device_memory=80e9,
-                         **NCCL_RING_STEPS)
+                         nvlink_step_latency=NCCL_NVLINK_STEP, net_step_latency=NCCL_NET_STEP)
 
 
 def dgx_a100_40gb() -> ClusterConfig:

@@ -32,6 +32,14 @@ one's backward reduce-scatters, the units staying gathered in between):
   compute and its last reduce-scatter are done: gradients are reduced at every micro-batch
   (FSDP's default under gradient accumulation), so what the link cannot hide is exposed.
 
+**Lock-step across the group.** A collective completes only when every rank of the sharding group
+has joined it, and each rank joins unit u + 1's gather as it starts unit u: the group's ranks walk
+through an action's units together, so an action whose collectives run takes, on every rank, the
+compute of the group's slowest rank for that micro-batch (:meth:`FsdpPricing.lockstep`; the units'
+compute shares are the same on every rank, so the sum over units of the per-unit maximum is the
+maximum of the sums). Under FSDP micro-batch j's balance across the DP ranks matters, not only each
+rank's total.
+
 The exposed part (action time - compute) is what the executor adds to each F and B action; the
 policies balance compute (``StageCost``) and do not see it. With hybrid sharding (``fsdp_shard`` <
 dp x cp) the shards' gradients are all-reduced across replicas after the last backward
@@ -206,10 +214,28 @@ class FsdpPricing:
         every one, or with ``fsdp_grad_sync = "last"`` the first forward and the last backward."""
         return not self.once or j == (m - 1 if backward else 0)
 
+    def lockstep(self, times: np.ndarray, m: int, *, backward: bool) -> np.ndarray:
+        """[V, dp x m] compute seconds with each action whose collectives run (:meth:`pays`) raised to
+        the slowest of its sharding group's DP replicas for the same (virtual stage, micro-batch)
+        (module docstring). The group of ``fsdp_group`` ranks takes the CP ranks of a stage first
+        (they run inside one replica's action), then ``fsdp_group // cp`` consecutive DP replicas."""
+        v, cols = times.shape
+        dp = cols // m
+        g = min(max(1, self.n // self.cluster.cp), dp)  # columns of fewer replicas than a group: those
+        if g == 1 or dp % g:
+            return times
+        grouped = times.reshape(v, dp // g, g, m)
+        synced = np.broadcast_to(grouped.max(axis=2, keepdims=True), grouped.shape).reshape(v, cols)
+        j = np.arange(cols) % m
+        pays = np.ones(cols, dtype=bool) if not self.once else j == (m - 1 if backward else 0)
+        return np.where(pays, synced, times)
+
     def actions(self, times: np.ndarray, m: int, *, backward: bool) -> np.ndarray:
         """[V, dp x m] seconds of each action from its compute ``times`` [V, dp x m] (virtual stage
-        by row; columns replica-major, ``m`` micro-batches per replica)."""
-        out = np.stack([self.action(row, vs, backward=backward) for vs, row in enumerate(times)])
+        by row; columns replica-major, ``m`` micro-batches per replica): in lock-step across the
+        sharding group (:meth:`lockstep`), + what the collectives leave exposed."""
+        synced = self.lockstep(times, m, backward=backward)
+        out = np.stack([self.action(row, vs, backward=backward) for vs, row in enumerate(synced)])
         if self.once:
             j = np.arange(times.shape[1]) % m
             out = np.where(j == (m - 1 if backward else 0), out, times)

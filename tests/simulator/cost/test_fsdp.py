@@ -246,3 +246,24 @@ def test_ddp_gradient_ring_runs_on_the_groups_link(kw, bw):
     n = c.dp
     nbytes = lm.stage_params(0) / c.tp * model.dtype_bytes
     assert lm.allreduce_time(0) == pytest.approx(2 * (n - 1) / n * nbytes / bw, rel=1e-12)
+
+
+def test_a_sharding_group_walks_its_units_in_lock_step():
+    """Every rank of the group joins each unit's collective, so an action takes the group's slowest
+    compute for that micro-batch on every rank: 2 replicas x 2 micro-batches, compute [[1, 4], [3, 2]]
+    ms -> both run [3, 4] ms (+ the exposed collectives, here none: an infinitely fast link). With
+    hybrid sharding the groups are apart; with fsdp_grad_sync = "last" only the actions that
+    communicate wait for each other."""
+    p = pricing(dp=2, global_batch=2, tp_bandwidth=1e30)
+    c = np.array([[1e-3, 4e-3, 3e-3, 2e-3]] * len(p.units))
+    want = np.array([[3e-3, 4e-3, 3e-3, 4e-3]] * len(p.units))
+    np.testing.assert_allclose(p.lockstep(c, 2, backward=False), want, rtol=0)
+    np.testing.assert_allclose(p.actions(c, 2, backward=False), want, rtol=1e-12)
+    hybrid = pricing(dp=4, global_batch=4, fsdp_shard=2, tp_bandwidth=1e30)
+    c4 = np.array([[1e-3, 5e-3, 2e-3, 1e-3]])  # m = 1: replicas 0-1 are one group, 2-3 another
+    np.testing.assert_allclose(hybrid.lockstep(c4, 1, backward=True), [[5e-3, 5e-3, 2e-3, 2e-3]], rtol=0)
+    last = pricing(dp=2, global_batch=4, fsdp_grad_sync="last", tp_bandwidth=1e30)
+    np.testing.assert_allclose(last.lockstep(c, 2, backward=True), [[1e-3, 4e-3, 3e-3, 4e-3]] * len(p.units),
+                               rtol=0)  # only the last micro-batch's backward reduce-scatters
+    np.testing.assert_allclose(last.lockstep(c, 2, backward=False), [[3e-3, 4e-3, 3e-3, 2e-3]] * len(p.units),
+                               rtol=0)  # only the first one's forward gathers

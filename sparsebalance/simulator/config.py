@@ -18,8 +18,10 @@ SPLIT_SCHEDULES = ("zb-h1", "zbv", "dualpipev")
 """Schedules that split (some) backwards into an input-gradient I and a deferred weight-gradient W."""
 V_SCHEDULES = ("zbv", "dualpipev")
 RECOMPUTE = ("none", "selective", "full")
+"""Activation recomputation: ``cluster.recompute`` (docs/costmodel.md, 'Recomputation')."""
 DP_MODES = ("ddp", "zero1", "zero2", "zero3")
 TP_OVERLAP_IMPLS = ("megatron", "te")
+"""Whose TP comm-GEMM overlap a run follows (``cluster.tp_overlap_impl``)."""
 FSDP_MODES = ("zero2", "zero3")
 """``dp_mode`` values priced unit by unit (``simulator/cost/fsdp.py``)."""
 FSDP_PREFETCH = ("pre", "post")
@@ -31,14 +33,13 @@ CP_COMMS = ("ring", "hierarchical", "allgather")
 CP_SELECTIONS = ("uniform", "local")
 """Where a query block's chosen past blocks lie (``cluster.cp_selection``)."""
 CP_SPLITS = ("whole", "per-sequence")
+"""How far each sequence is split over its CP group (``cluster.cp_split``)."""
+CP_MERGES = ("unfused", "fused")
+"""How a ring step's partial output and LSE are merged (``cluster.cp_merge``)."""
 PP_IMPLS = ("ideal", "megatron-2022", "megatron", "torch")
 """Pipeline implementations whose P2P behaviour a run may follow (``ClusterConfig.pp_impl``)."""
 BLOCKING_SCHEDULES = ("gpipe", "1f1b")
 """Schedules whose sends wait for their transfer under a blocking ``pp_impl`` (cost/comm.py)."""
-"""How far each sequence is split over its CP group (``cluster.cp_split``)."""
-CP_MERGES = ("unfused", "fused")
-"""How a ring step's partial output and LSE are merged (``cluster.cp_merge``)."""
-"""Activation recomputation: ``cluster.recompute`` (docs/costmodel.md, 'Recomputation')."""
 #: The engines that time an iteration (``engine.ENGINES``, in this order) and the one runs use by
 #: default: the exact timing core; "simpy" is the SimPy event model (same times, for events).
 ENGINE_NAMES = ("core", "simpy")
@@ -524,7 +525,8 @@ def h200_4x8() -> ClusterConfig:
     400 Gb/s per GPU (50 GB/s) between nodes, which P2P and DP all-reduce cross."""
     return ClusterConfig(name="h200-4x8", device="h200", pp=4, dp=4, tp=2, global_batch=16, nodes=4,
                          p2p_bandwidth=50e9, p2p_latency=10e-6, allreduce_bandwidth=50e9,
-                         allreduce_latency=20e-6, device_memory=141e9, nvlink_step_latency=NCCL_NVLINK_STEP, net_step_latency=NCCL_NET_STEP)
+                         allreduce_latency=20e-6, device_memory=141e9,
+                         nvlink_step_latency=NCCL_NVLINK_STEP, net_step_latency=NCCL_NET_STEP)
 
 
 def h20_4x8() -> ClusterConfig:

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
-from sparsebalance.simulator.cost.link import group_link, ring_steps
+from sparsebalance.simulator.cost.link import group_link, ring_latency
 from sparsebalance.simulator.layout import Layout
 
 
@@ -143,8 +143,7 @@ class FsdpPricing:
         if r == 1:
             return 0.0
         nbytes = self.layout.device_params(stage) / c.tp / self.n * self.reduce_bytes
-        intra, inter = ring_steps(r, r, "allreduce")  # one replica per node: every step crosses nodes
-        latency = c.allreduce_latency + intra * c.nvlink_step_latency + inter * c.net_step_latency
+        latency = ring_latency(c, r, r, "allreduce")  # one replica per node: every step crosses nodes
         return latency + 2 * (r - 1) / r * nbytes / c.allreduce_bandwidth
 
     # -- one action's timeline ----------------------------------------------------------------------
@@ -214,6 +213,11 @@ class FsdpPricing:
         every one, or with ``fsdp_grad_sync = "last"`` the first forward and the last backward."""
         return not self.once or j == (m - 1 if backward else 0)
 
+    def _paying(self, cols: int, m: int, *, backward: bool) -> np.ndarray:
+        """[cols] mask of the replica-major columns whose actions run collectives (:meth:`pays`)."""
+        j = np.arange(cols) % m
+        return np.ones(cols, dtype=bool) if not self.once else j == (m - 1 if backward else 0)
+
     def lockstep(self, times: np.ndarray, m: int, *, backward: bool) -> np.ndarray:
         """[V, dp x m] compute seconds with each action whose collectives run (:meth:`pays`) raised to
         the slowest of its sharding group's DP replicas for the same (virtual stage, micro-batch)
@@ -221,14 +225,12 @@ class FsdpPricing:
         (they run inside one replica's action), then ``fsdp_group // cp`` consecutive DP replicas."""
         v, cols = times.shape
         dp = cols // m
-        g = min(max(1, self.n // self.cluster.cp), dp)  # columns of fewer replicas than a group: those
+        g = min(max(1, self.n // self.cluster.cp), dp)  # columns holding fewer replicas: one group
         if g == 1 or dp % g:
             return times
         grouped = times.reshape(v, dp // g, g, m)
         synced = np.broadcast_to(grouped.max(axis=2, keepdims=True), grouped.shape).reshape(v, cols)
-        j = np.arange(cols) % m
-        pays = np.ones(cols, dtype=bool) if not self.once else j == (m - 1 if backward else 0)
-        return np.where(pays, synced, times)
+        return np.where(self._paying(cols, m, backward=backward), synced, times)
 
     def actions(self, times: np.ndarray, m: int, *, backward: bool) -> np.ndarray:
         """[V, dp x m] seconds of each action from its compute ``times`` [V, dp x m] (virtual stage
@@ -236,10 +238,7 @@ class FsdpPricing:
         sharding group (:meth:`lockstep`), + what the collectives leave exposed."""
         synced = self.lockstep(times, m, backward=backward)
         out = np.stack([self.action(row, vs, backward=backward) for vs, row in enumerate(synced)])
-        if self.once:
-            j = np.arange(times.shape[1]) % m
-            out = np.where(j == (m - 1 if backward else 0), out, times)
-        return out
+        return np.where(self._paying(times.shape[1], m, backward=backward), out, times)
 
 
 def fsdp_rows(fsdp: FsdpPricing, compute: dict[str, np.ndarray], layout: Layout, plan, mean_budget: np.ndarray, *,

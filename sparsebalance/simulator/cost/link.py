@@ -56,15 +56,21 @@ def ring_steps(n: int, nodes: int, collective: str) -> tuple[int, int]:
     return total - inter, inter
 
 
+def ring_latency(cluster: ClusterConfig, n: int, nodes: int, collective: str) -> float:
+    """Seconds of latency of a ring ``collective`` over ``n`` ranks on ``nodes`` nodes: the link's
+    fixed latency (``tp_latency`` in one node, ``allreduce_latency`` across) + each ring step's
+    (``nvlink_step_latency`` inside a node, ``net_step_latency`` across: :func:`ring_steps`), so a
+    ring over many ranks pays for its steps."""
+    intra, inter = ring_steps(n, nodes, collective)
+    fixed = cluster.tp_latency if nodes == 1 else cluster.allreduce_latency
+    return fixed + intra * cluster.nvlink_step_latency + inter * cluster.net_step_latency
+
+
 def group_link(cluster: ClusterConfig, n: int, collective: str = "allreduce") -> tuple[float, float]:
     """(bus bytes/s, seconds of latency) of a ring ``collective`` over the first ``n`` data-parallel
-    ranks of a stage (module docstring). Latency: the link's fixed latency (``tp_latency`` in a
-    node, ``allreduce_latency`` across) + each ring step's (``nvlink_step_latency`` inside a node,
-    ``net_step_latency`` across: :func:`ring_steps`), so a ring over many ranks pays for its steps."""
+    ranks of a stage (module docstring; latency: :func:`ring_latency`)."""
     per_node, inside = group_ranks_per_node(cluster, n)
-    nodes = 1 if inside else -(-n // per_node)
-    intra, inter = ring_steps(n, nodes, collective)
-    steps = intra * cluster.nvlink_step_latency + inter * cluster.net_step_latency
     if inside:
-        return cluster.tp_bandwidth, cluster.tp_latency + steps
-    return min(cluster.tp_bandwidth, per_node * cluster.allreduce_bandwidth), cluster.allreduce_latency + steps
+        return cluster.tp_bandwidth, ring_latency(cluster, n, 1, collective)
+    bandwidth = min(cluster.tp_bandwidth, per_node * cluster.allreduce_bandwidth)
+    return bandwidth, ring_latency(cluster, n, -(-n // per_node), collective)

@@ -7,11 +7,16 @@ replays the same plans and budgets (``titan/measure.py``); the tables, headline 
 with their CIs and ranking are ``validate``'s (``analysis/validate.py``).
 
 Both jobs are checked (torchtitan config parsed, SparseBalance side resolved, documents loaded)
-before any process starts: a bad input is one line, exit code 2. The profile is used as measured
-(the calibration probe times realrun's model, not torchtitan's). Outputs under ``--out`` (default
-``results/validate-titan-<preset>``): ``iterations.csv``, ``stages.csv``, ``ops.csv``,
-``op_summary.csv``, ``actions.csv``, ``speedup.csv``, ``runs.csv``, ``summary.json``,
-``validate.png``, ``runs/<policy>/round<r>/`` (each job's dump folder: trace, losses, log).
+before any process starts: a bad input is one line, exit code 2. The op calibration probe is not
+run (it times realrun's model, not torchtitan's); instead, unless ``--profile-as-is``, a **trainer
+probe** starts every round: one job of the policies in turn on plans of its own, whose actions give
+the fit of what the trainer adds to each action (``commands/_titan_probe.py``,
+``simulator/cost/actioncalibration.py``); every prediction uses the fit of the reported rounds'
+probes, and ``summary.json`` keeps it (``trainer_probe``) and the error without it (``uncalibrated``).
+Outputs under ``--out`` (default ``results/validate-titan-<preset>``): ``iterations.csv``,
+``stages.csv``, ``ops.csv``, ``op_summary.csv``, ``actions.csv``, ``speedup.csv``, ``runs.csv``,
+``summary.json``, ``validate.png``, ``runs/<policy>/round<r>/`` (each job's dump folder: trace,
+losses, log), ``probe/<policy>-<k>/`` (the k-th probe's).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 BASELINE = {"batching": "lbb", "tuning": "fixed"}
 """torchtitan's own balancing (token counts), in the same slots: the baseline of the torchtitan jobs."""
@@ -96,28 +102,52 @@ def run(args: argparse.Namespace) -> int:
 
     hc = host_cores()
     cores = run_cores(nproc, 1, hc)
-    prober = Prober(setup.run, as_is=True, emit=emit)
+    if args.profile_as_is:
+        prober: Any = Prober(setup.run, as_is=True, emit=emit)
+    else:  # a trainer probe at the start of every round (commands/_titan_probe.py); the op probe
+        # re-times realrun's model, not torchtitan's
+        from sparsebalance.commands._titan_probe import TrainerProber, probe_variant
+
+        prober = TrainerProber([(lab, base + ["--dataloader.run_config", probe_variant(setup, pol, out, lab)])
+                                for lab, pol in ((base_label, BASELINE), (label, {}))],
+                               preset=preset, nproc=nproc, steps=steps, out=out, launch=launch, emit=emit)
     try:
         chosen, tries = run_rounds(pair, out, rounds=args.rounds, retries=args.retries, prober=prober,
                                    cores=cores, host_cores=hc, emit=emit, launch=launch)
     except LaunchFailed as e:
         finish_outputs(False)
         return e.code
-    sides = []
-    predicted = {}
-    for t in chosen.kept:
-        for name, st, d in t.payload.runs:
-            if name not in predicted:
-                predicted[name] = replay(st, steps)
-            pm, pt, plans = predicted[name]
-            from sparsebalance.titan.launch import JobResult
+    except HostError as e:  # a probe job failed (its one line)
+        print(f"sparsebalance validate: {e}", file=sys.stderr)
+        finish_outputs(False)
+        return 1
+    calibration, probe_record = None, {"status": "off (--profile-as-is)"}
+    if not args.profile_as_is:
+        calibration, probe_record = prober.finish(only=[t.payload.probe for t in chosen.kept])
+    from sparsebalance.titan.launch import JobResult
 
-            mm, mt = measured(JobResult(dump=d, losses=[], first_step=1).trace(), plans)
-            sides.append(V.Side(policy=name, round=t.round, predicted_metrics=pm, measured_metrics=mm,
-                                predicted_trace=pt, measured_trace=mt))
-    sides.sort(key=lambda sd: (sd.policy != base_label, sd.round))
+    def sides_of(cal) -> list:
+        sides, predicted = [], {}
+        for t in chosen.kept:
+            for name, st, d in t.payload.runs:
+                if name not in predicted:
+                    predicted[name] = replay(st, steps, calibration=cal)
+                pm, pt, plans = predicted[name]
+                mm, mt = measured(JobResult(dump=d, losses=[], first_step=1).trace(), plans)
+                sides.append(V.Side(policy=name, round=t.round, predicted_metrics=pm, measured_metrics=mm,
+                                    predicted_trace=pt, measured_trace=mt))
+        return sorted(sides, key=lambda sd: (sd.policy != base_label, sd.round))
+
     loads = [ld for t in chosen.kept for ld in t.payload.loads]
-    tables, summary = V.tables_and_headline(sides, loads, base_label, label, warmup_excluded=steps > 1)
+    warm = steps > 1
+    tables, summary = V.tables_and_headline(sides_of(calibration), loads, base_label, label, warmup_excluded=warm)
+    summary["trainer_probe"] = probe_record
+    if calibration is not None:  # the profile alone, for comparison: what the probe changed
+        raw = V.tables_and_headline(sides_of(None), loads, base_label, label, warmup_excluded=warm)[1]
+        summary["uncalibrated"] = {k: raw[k] for k in ("mean_abs_error", "mean_abs_error_by_policy",
+                                                        "predicted_speedup")}
+        emit(f"without the trainer probe: error {100 * raw['mean_abs_error']:.1f} %, "
+             f"predicted speedup {raw['predicted_speedup']:.3f}")
     summary["trainer"] = "torchtitan"
     summary["preset"] = preset
     summary["nproc"] = nproc

@@ -19,9 +19,11 @@ import pandas as pd
 from sparsebalance.simulator.engine.trace import TRACE_COLUMNS
 
 
-def replay(setup: Any, steps: int, *, profile: Any = None) -> tuple[pd.DataFrame, pd.DataFrame, list]:
+def replay(setup: Any, steps: int, *, profile: Any = None,
+           calibration: Any = None) -> tuple[pd.DataFrame, pd.DataFrame, list]:
     """(metrics: iteration, iteration_time_s, tokens; the simulator's trace; the plans) of the job's
-    first ``steps`` steps, priced with ``profile`` (default: the run's)."""
+    first ``steps`` steps, priced with ``profile`` (default: the run's) and, where given, a trainer
+    probe's :class:`~sparsebalance.simulator.cost.actioncalibration.ActionCalibration`."""
     from sparsebalance.simulator.cost.latency import load_latency_model
     from sparsebalance.simulator.engine.executor import SimulatorExecutor
     from sparsebalance.titan.loader import StepPlanner
@@ -31,7 +33,7 @@ def replay(setup: Any, steps: int, *, profile: Any = None) -> tuple[pd.DataFrame
     latency = load_latency_model(run.profile if profile is None else profile, run.model, run.cluster,
                                  base_dir=run.base_dir, extrapolate=run.latency_extrapolate,
                                  allow_nonmonotone=run.allow_nonmonotone)
-    executor = SimulatorExecutor(latency, run.model, run.cluster, engine=run.engine)
+    executor = SimulatorExecutor(latency, run.model, run.cluster, engine=run.engine, calibration=calibration)
     rows, traces, plans = [], [], []
     for it in range(steps):
         plan, budgets = planner.next()

@@ -41,6 +41,11 @@ def test_validate_runs_the_torchtitan_job_and_compares(run_cli, tmp_path):
     assert set(stages.stage) == {0, 1}
     for pol in ("sab_dst", "baseline"):
         assert (out / "runs" / pol / "round0" / "trace_rank1.csv").is_file()
+    assert (out / "probe" / "baseline-0" / "trace_rank1.csv").is_file()  # the round's trainer probe
+    probe = s["trainer_probe"]  # one line per (stage, op), fitted to the probe's own plans
+    assert {(ln["stage"], ln["op"]) for ln in probe["lines"]} == {(0, "F"), (0, "B"), (1, "F"), (1, "B")}
+    assert all(ln["scale"] > 0 and ln["points"] == 4 for ln in probe["lines"])  # 1 step x 4 micro-batches
+    assert probe["iterations"] == 1 and probe["probes_taken"] == 1 and "mean_abs_error" in s["uncalibrated"]
 
 
 def test_the_calibration_probe_times_a_titan_profile_with_its_own_bench():

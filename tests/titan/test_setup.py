@@ -133,3 +133,20 @@ def test_fsdp_under_pp_gathers_once_per_step():
     assert dp_mode_of(hsdp, 4, False)["fsdp_shard"] == 2
     ddp = SimpleNamespace(data_parallel_replicate_degree=4, data_parallel_shard_degree=1)
     assert dp_mode_of(ddp, 4, False)["dp_mode"] == "ddp"
+
+
+def test_the_trainer_probe_runs_plans_of_its_own(tmp_path):
+    """The probe's run config moves both seeds and keeps the rest: its global batches are not the
+    judged runs' (so the fit never sees a plan it is judged on), its policy is the one asked for."""
+    from sparsebalance.commands._titan_probe import PROBE_SEED, probe_variant
+    from sparsebalance.titan.launch import check_job
+    from sparsebalance.titan.loader import StepPlanner
+
+    setup = check_job("sparsebalance_tiny_pp2", 2, [])
+    path = probe_variant(setup, {"batching": "lbb", "tuning": "fixed"}, tmp_path, "baseline")
+    probe = check_job("sparsebalance_tiny_pp2", 2, ["--dataloader.run_config", path])
+    assert probe.run.seed == setup.run.seed + PROBE_SEED and probe.run.data.seed == setup.run.data.seed + PROBE_SEED
+    assert (probe.run.policy.batching, probe.run.policy.tuning) == ("lbb", "fixed")
+    assert probe.run.model == setup.run.model and probe.run.profile == setup.run.profile
+    ids = [{s.id for s in StepPlanner(st).next()[0].sequences()} for st in (setup, probe)]
+    assert ids[0] != ids[1]

@@ -26,6 +26,7 @@ from sparsebalance.simulator.config import (
     ClusterConfig,
     ModelConfig,
 )
+from sparsebalance.simulator.cost.actioncalibration import ActionCalibration
 from sparsebalance.simulator.cost.comm import embedding_allreduce_time, grad_norm_time, p2p_blocking
 from sparsebalance.simulator.cost.cp import trace as cp_trace
 from sparsebalance.simulator.cost.fsdp import FsdpPricing, fsdp_rows
@@ -46,11 +47,14 @@ class SimulatorExecutor:
     name = "simulator"
 
     def __init__(self, latency: LatencyQuery, model: ModelConfig, cluster: ClusterConfig, *,
-                 engine: str = DEFAULT_ENGINE) -> None:
+                 engine: str = DEFAULT_ENGINE, calibration: ActionCalibration | None = None) -> None:
         check_choice(engine, "engine", ENGINE_NAMES)
         self.engine = engine
         """The engine that times each iteration (``engine.ENGINES``)."""
         self.latency = latency
+        self.calibration = calibration
+        """A trainer probe's per-action lines and per-step constant (``cost/actioncalibration.py``), applied
+        to every F and B action (after FSDP's collectives) and to every device's optimizer step; None: none."""
         self.model = model
         self.cluster = cluster
         self.last: PipelineResult | None = None
@@ -104,6 +108,8 @@ class SimulatorExecutor:
             self.compute = {mode: t.reshape(nv, dp, m).transpose(1, 0, 2) for mode, t in got.items()}
             got = {mode: self.fsdp.actions(t, m, backward=mode != "F") for mode, t in got.items()}
         times = {mode: t.reshape(nv, dp, m).transpose(1, 0, 2) for mode, t in got.items()}
+        if self.calibration is not None:
+            times = self.calibration.apply(times, list(layout_of(self.model, c).devices))
         return PipelineInput(schedule=c.schedule, pp=c.pp, virtual_stages=c.virtual_stages,
                              forward=times["F"], backward=times["B"], backward_input=times.get("I"),
                              backward_weight=times.get("W"), p2p=p2p, allreduce=self._grad_sync(times, m),
@@ -129,11 +135,13 @@ class SimulatorExecutor:
         parameter gather leaves exposed under the device's first forward action (the shortest over
         replicas; steady state: this iteration's stands for the next one's)."""
         c = self.cluster
+        step = 0.0 if self.calibration is None else self.calibration.step_s
         if not (c.zero1 and c.param_gather_overlap):
-            return self._fixed[1]
+            return np.maximum(self._fixed[1] + step, 0.0)
         lay = layout_of(self.model, c)
         window = [float(times["F"][:, lay.vstages_of(s)[0], 0].min()) for s in range(c.pp)]
-        return self._fixed[1] + np.array([self.latency.param_gather_exposed(s, w) for s, w in enumerate(window)])
+        return np.maximum(self._fixed[1] + step + np.array([self.latency.param_gather_exposed(s, w)
+                                                            for s, w in enumerate(window)]), 0.0)
 
     def _memory_tokens(self, plan: Plan, inp) -> np.ndarray:
         """[dp, m] tokens the memory model sees per micro-batch: the busiest CP rank's x cp (it

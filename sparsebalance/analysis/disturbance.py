@@ -4,8 +4,9 @@ A timing on a shared host is only the machine's figure when the machine was ours
 taking cores (or the hypervisor taking them for other guests: steal) stretch some runs and not
 others, and the calibration probes, which re-measure the same profile points once per round, then
 disagree. The judge reads what the measurement recorded of itself (``commands/_hostload.py``: other
-processes' cores over each run's window; ``calibrate.py``: each probe's per-op scale) and
-returns a :class:`Verdict`. :func:`repeat_disturbed` repeats a disturbed round a bounded number of
+processes' cores over each run's window; ``calibrate.py``: each probe's per-op scale; where the
+caller can read them, each run's mean iteration time against the same plans' runs in other rounds)
+and returns a :class:`Verdict`. :func:`repeat_disturbed` repeats a disturbed round a bounded number of
 times and :func:`select` keeps the rounds a result is reported from. No I/O, no clock: tests feed
 generated records.
 """
@@ -34,6 +35,15 @@ PROBE_TOLERANCE = RESHAPE_SPREAD
 value: it is the calibration's own stated tolerance (``RESHAPE_SPREAD``: the spread of log ratios
 beyond which one factor per op no longer describes the machine); probes further apart than that saw
 different machines, so the rounds beside them did too."""
+RUN_TOLERANCE = math.log(1.5)
+"""Largest |log| distance of a run's mean iteration time from the median of the same policy's runs
+in the call's other tries (the same plans, so the same expected time). Why 1.5x: one run's ordinary
+round-to-round spread on this VM is within +-20 % (torchtitan PP 2, 2026-11-29: 0.376-0.459 s over
+six rounds of one plan set); a run 1.5x off is a disturbance no load figure saw (measured the same
+day: a baseline run at 2.0x its five other rounds with 0.03 cores of steal and no other process)."""
+MIN_OTHER_RUNS = 3
+"""Fewest runs of the same policy in other tries a run is judged against: their median stays an
+undisturbed run's time while one of them is disturbed."""
 ENOUGH_ROUNDS = 2
 """Undisturbed rounds a result is reported from on their own: two give a confidence interval."""
 
@@ -95,11 +105,28 @@ def probe_disagreement(scales: Sequence[Mapping[str, float]], which: int) -> tup
     return worst
 
 
+def run_disagreement(runs: Sequence[tuple[str, float]],
+                     others: Sequence[tuple[str, float]]) -> tuple[float, str] | None:
+    """(largest |log(seconds / median of the same policy's ``others``)|, its policy) over ``runs``
+    ((policy, mean iteration seconds) of one try), or None where no run's policy has
+    :data:`MIN_OTHER_RUNS` others (with two, one disturbed run would move the median of the rest)."""
+    worst: tuple[float, str] | None = None
+    for policy, sec in runs:
+        same = [o for p, o in others if p == policy and o > 0]
+        if sec <= 0 or len(same) < MIN_OTHER_RUNS:
+            continue
+        d = abs(math.log(sec / statistics.median(same)))
+        if worst is None or d > worst[0]:
+            worst = (d, policy)
+    return worst
+
+
 def judge(loads: Sequence[Mapping[str, Any]], *, cores: int, host_cores: int,
-          probe: tuple[float, str] | None = None) -> Verdict:
+          probe: tuple[float, str] | None = None, run: tuple[float, str] | None = None) -> Verdict:
     """The verdict on one round (or one timing window) from its runs' host-load records and, where
-    probed, its probe's disagreement (:func:`probe_disagreement`). Load on the host's spare cores
-    (``host_cores - cores``) does not compete for the run's and is not counted; steal is."""
+    probed, its probe's disagreement (:func:`probe_disagreement`), and where given its runs'
+    disagreement with the same plans' other runs (:func:`run_disagreement`). Load on the host's spare
+    cores (``host_cores - cores``) does not compete for the run's and is not counted; steal is."""
     w = window_load(loads)
     spare = max(0, host_cores - cores)
     reasons, ratios = [], [0.0]
@@ -127,6 +154,11 @@ def judge(loads: Sequence[Mapping[str, Any]], *, cores: int, host_cores: int,
         if probe[0] > PROBE_TOLERANCE:
             reasons.append(f"calibration probe off the others' median by {math.expm1(probe[0]):+.0%} "
                            f"on {probe[1]} (tolerance {math.expm1(PROBE_TOLERANCE):.0%})")
+    if run is not None:
+        ratios.append(run[0] / RUN_TOLERANCE)
+        if run[0] > RUN_TOLERANCE:
+            reasons.append(f"the {run[1]} run off the median of the same plans' other runs by a factor "
+                           f"{math.exp(run[0]):.2f} (tolerance {math.exp(RUN_TOLERANCE):.2f})")
     return Verdict(disturbed=bool(reasons), reasons=reasons, severity=max(ratios))
 
 

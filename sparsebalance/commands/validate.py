@@ -72,6 +72,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_output_flags(p)
 
 
+def _run_time(run_dir: Path, warmup_excluded: bool) -> float | None:
+    """A realrun run's mean iteration seconds (its metrics.csv), for the rounds' judge."""
+    import pandas as pd
+
+    from sparsebalance.commands._rounds import mean_iteration_s
+
+    f = run_dir / "metrics.csv"
+    if not f.is_file():
+        return None
+    m = pd.read_csv(f)
+    return mean_iteration_s(list(zip(m["iteration"], m["iteration_time_s"])), warmup_excluded=warmup_excluded)
+
+
 def _policy_label(policy) -> str:
     return f"{policy.batching}+{policy.tuning}"
 
@@ -176,7 +189,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         chosen, tries = run_rounds(
             pair, out, rounds=args.rounds, retries=args.retries, prober=prober, cores=cores, host_cores=hc,
-            emit=emit, launch=lambda s, c, d: _launch(args.config, s, world_size(c), d, args))
+            emit=emit, launch=lambda s, c, d: _launch(args.config, s, world_size(c), d, args),
+            run_time=lambda d: _run_time(d, warmup_excluded))
     except LaunchFailed as e:
         finish_outputs(False)  # the runs before the failed one stay, marked incomplete (not a result)
         return e.code

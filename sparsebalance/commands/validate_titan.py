@@ -113,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
                                preset=preset, nproc=nproc, steps=steps, out=out, launch=launch, emit=emit)
     try:
         chosen, tries = run_rounds(pair, out, rounds=args.rounds, retries=args.retries, prober=prober,
-                                   cores=cores, host_cores=hc, emit=emit, launch=launch)
+                                   cores=cores, host_cores=hc, emit=emit, launch=launch,
+                                   run_time=lambda d: _run_time(d, steps > 1))
     except LaunchFailed as e:
         finish_outputs(False)
         return e.code
@@ -155,6 +156,20 @@ def run(args: argparse.Namespace) -> int:
     return finish(args, out, tables, summary, chosen=chosen, tries=tries, prober=prober, cores=cores,
                   host_cores=hc, title=f"torchtitan {preset}: {label} vs {base_label} "
                                       f"(profile {setup.run.profile})")
+
+
+def _run_time(dump: Path, warmup_excluded: bool) -> float | None:
+    """A torchtitan job's mean step seconds (its measured trace's OPTIM ends), for the rounds' judge."""
+    from sparsebalance.commands._rounds import mean_iteration_s
+    from sparsebalance.errors import HostError
+    from sparsebalance.titan.launch import JobResult
+
+    try:
+        tr = JobResult(dump=dump, losses=[], first_step=1).trace()
+    except HostError:
+        return None
+    ends = tr[tr["op"] == "OPTIM"].groupby("iteration")["end_s"].max()
+    return mean_iteration_s([(int(i), float(e)) for i, e in ends.items()], warmup_excluded=warmup_excluded)
 
 
 def parse_steps(preset: str, overrides: list[str]) -> int:

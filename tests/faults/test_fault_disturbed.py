@@ -20,10 +20,12 @@ from sparsebalance.analysis.disturbance import (
     FOREIGN_MAX_SHARE,
     FOREIGN_MEAN_SHARE,
     PROBE_TOLERANCE,
+    RUN_TOLERANCE,
     Verdict,
     judge,
     probe_disagreement,
     repeat_disturbed,
+    run_disagreement,
     select,
 )
 
@@ -88,6 +90,30 @@ def test_generated_probes_are_judged_against_the_tolerance(seed):
             if want:
                 assert dis[1] == op and op in v.reasons[0]
         assert probe_disagreement(probes[:1], 0) is None
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_generated_runs_are_judged_against_the_same_plans_other_runs(seed):
+    """Runs of two policies, each policy's rounds at its own time but one run off by exp(d): that
+    run's try is disturbed exactly when |d| > the tolerance; the others never are; with fewer than
+    three other runs of its policy a run is not judged."""
+    rng = random.Random(seed)
+    for _ in range(100):
+        n = rng.randint(4, 7)
+        base = {"baseline": rng.uniform(0.1, 2.0), "sab+dst": rng.uniform(0.1, 2.0)}
+        tries = [[(p, base[p] * math.exp(rng.uniform(-0.01, 0.01))) for p in base] for _ in range(n)]
+        odd, pol = rng.randrange(n), rng.choice(list(base))
+        d = rng.choice([-1, 1]) * _around(rng, RUN_TOLERANCE)
+        tries[odd] = [(p, s * math.exp(d) if p == pol else s) for p, s in tries[odd]]
+        for i in range(n):
+            others = [x for j, t in enumerate(tries) if j != i for x in t]
+            v = judge([], cores=2, host_cores=2, run=run_disagreement(tries[i], others))
+            want = i == odd and abs(d) > RUN_TOLERANCE + 0.02
+            if i != odd or abs(abs(d) - RUN_TOLERANCE) > 0.02:  # the jitter decides within 0.02
+                assert v.disturbed == want, (tries, i, d)
+            if v.disturbed:
+                assert pol in v.reasons[0] and "same plans" in v.reasons[0]
+        assert run_disagreement(tries[0], tries[1] + tries[2]) is None  # two others per policy: not judged
 
 
 def _script(rng: random.Random, rounds: int, retries: int) -> dict[tuple[int, int], bool]:
@@ -265,3 +291,29 @@ k_max = 8
 threads = 1
 timeout_s = 300
 """
+
+
+def test_a_run_far_from_its_other_rounds_is_run_again(tmp_path):
+    """``run_rounds`` with ``run_time``: every run 1 s but the baseline of round 3's first try (3 s,
+    no load recorded anywhere): that try is disturbed by its run alone (three rounds before it to
+    judge it against), run again, and not reported; the record carries every run's seconds."""
+    from sparsebalance.commands._rounds import run_rounds, tries_record
+
+    def launch(sets, cfg, d):
+        return 0, {"wall_s": 10.0, "own_cpu_s": 20.0, "foreign_cores": 0.0, "steal_cores": 0.0}
+
+    def run_time(d):
+        return 3.0 if (d.parent.name, d.name) == ("baseline", "round3") else 1.0
+
+    lines: list[str] = []
+    chosen, tries = run_rounds((("baseline", "B", []), ("sab+dst", "P", [])), tmp_path, rounds=5, retries=1,
+                               prober=_Prober(), launch=launch, cores=2, host_cores=2, emit=lines.append,
+                               run_time=run_time)
+    assert [len(ts) for ts in tries] == [1, 1, 1, 2, 1]
+    assert tries[3][0].verdict.disturbed and not any(t.verdict.disturbed for ts in tries for t in ts
+                                                     if (t.round, t.attempt) != (3, 0))
+    assert len(lines) == 1 and "baseline run off the median" in lines[0] and "factor 3.00" in lines[0]
+    assert {(t.round, t.attempt) for t in chosen.kept} == {(0, 0), (1, 0), (2, 0), (3, 1), (4, 0)}
+    rec = tries_record(tries, chosen, [])
+    assert rec[3]["run_seconds"] == [{"policy": "sab+dst", "mean_iteration_s": 1.0},
+                                     {"policy": "baseline", "mean_iteration_s": 3.0}]

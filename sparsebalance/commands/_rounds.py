@@ -4,8 +4,8 @@ A round is one probe and one real run of each policy (baseline first in even rou
 policy first in odd ones, so that a linear drift of the machine falls on both alike). After the
 round the judge (``analysis/disturbance.py``) reads the runs' host-load records, the probe's
 distance from the call's other probes and, where the caller reads them, each run's mean iteration
-time against the same policy's runs in the other tries (the same plans); a disturbed round is run again, at most ``retries`` more
-times, into ``round<r>-try<a>/``. Every try is kept on disk and in the summary. At the end every try
+time against the same policy's runs in the other tries (the same plans); a disturbed round is run
+again, at most ``retries`` more times, into ``round<r>-try<a>/``. Every try is kept on disk and in the summary. At the end every try
 is judged again against all probes (a first probe has nothing to disagree with until later ones
 exist), and :func:`~sparsebalance.analysis.disturbance.select` picks the rounds reported.
 """

@@ -17,29 +17,12 @@ spread over the rounds see the speed the runs saw (as ``calibrate.Prober``'s op 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 PROBE_SEED = 7919
 """Added to the run config's seed (and its data's) for the probe's plans: other documents, other
 budgets, the same job."""
-
-
-def probe_variant(setup: Any, policy: dict, out: Path, label: str) -> str:
-    """A run config TOML like the job's with ``policy`` fields replaced and the seeds moved by
-    :data:`PROBE_SEED`."""
-    from sparsebalance.runconfig import dump_toml
-
-    run = setup.run
-    data = run.data
-    if data.path and data.path != "stdlib":  # the copy lives elsewhere: its data stays where it was
-        data = replace(data, path=str(run.resolve(data.path).resolve()))
-    data = replace(data, seed=(run.seed if data.seed is None else data.seed) + PROBE_SEED)
-    cfg = replace(run, policy=replace(run.policy, **policy), data=data, seed=run.seed + PROBE_SEED)
-    path = out / f"probe-{label.replace('+', '_')}.toml"
-    path.write_text(dump_toml(replace(cfg, base_dir=run.base_dir)))
-    return str(path)
 
 
 class TrainerProber:

@@ -67,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile-as-is", action="store_true",
                    help="trust the profile as measured: no calibration probe on this machine (by default "
                         "a measured profile is probed at a few points here and rescaled per op; with "
-                        "--trainer torchtitan a trainer probe, one job per policy on plans of its own, "
+                        "--trainer torchtitan a trainer probe, one job per round on plans of its own, "
                         "fits what the trainer adds to each action)")
     add_output_flags(p)
 

@@ -43,18 +43,21 @@ def _overrides(sets: list[str]) -> list[str]:
     return out
 
 
-def _variant(setup, policy: dict, out: Path, label: str) -> str:
-    """A run config TOML like the job's, with ``policy`` fields replaced (the baseline's)."""
+def _variant(setup, policy: dict, out: Path, label: str, *, seed_offset: int = 0) -> str:
+    """A run config TOML like the job's, with ``policy`` fields replaced (the baseline's) and, for
+    the trainer probe (``seed_offset``: ``_titan_probe.PROBE_SEED``), its seeds and its data's moved
+    (``run-<label>.toml``, the probe's ``probe-<label>.toml``)."""
     from sparsebalance.runconfig import dump_toml
 
     run = setup.run
     data = run.data
     if data.path and data.path != "stdlib":  # the copy lives elsewhere: its data stays where it was
         data = replace(data, path=str(run.resolve(data.path).resolve()))
-    cfg = replace(run, policy=replace(run.policy, **policy), data=data)
-    path = out / f"run-{label.replace('+', '_')}.toml"
-    text = dump_toml(replace(cfg, base_dir=run.base_dir))
-    path.write_text(text)
+    if seed_offset:
+        data = replace(data, seed=(run.seed if data.seed is None else data.seed) + seed_offset)
+    cfg = replace(run, policy=replace(run.policy, **policy), data=data, seed=run.seed + seed_offset)
+    path = out / f"{'probe' if seed_offset else 'run'}-{label.replace('+', '_')}.toml"
+    path.write_text(dump_toml(replace(cfg, base_dir=run.base_dir)))
     return str(path)
 
 
@@ -106,9 +109,10 @@ def run(args: argparse.Namespace) -> int:
         prober: Any = Prober(setup.run, as_is=True, emit=emit)
     else:  # a trainer probe at the start of every round (commands/_titan_probe.py); the op probe
         # re-times realrun's model, not torchtitan's
-        from sparsebalance.commands._titan_probe import TrainerProber, probe_variant
+        from sparsebalance.commands._titan_probe import PROBE_SEED, TrainerProber
 
-        prober = TrainerProber([(lab, base + ["--dataloader.run_config", probe_variant(setup, pol, out, lab)])
+        prober = TrainerProber([(lab, base + ["--dataloader.run_config",
+                                              _variant(setup, pol, out, lab, seed_offset=PROBE_SEED)])
                                 for lab, pol in ((base_label, BASELINE), (label, {}))],
                                preset=preset, nproc=nproc, steps=steps, out=out, launch=launch, emit=emit)
     try:

@@ -138,12 +138,13 @@ def test_fsdp_under_pp_gathers_once_per_step():
 def test_the_trainer_probe_runs_plans_of_its_own(tmp_path):
     """The probe's run config moves both seeds and keeps the rest: its global batches are not the
     judged runs' (so the fit never sees a plan it is judged on), its policy is the one asked for."""
-    from sparsebalance.commands._titan_probe import PROBE_SEED, probe_variant
+    from sparsebalance.commands._titan_probe import PROBE_SEED
+    from sparsebalance.commands.validate_titan import _variant
     from sparsebalance.titan.launch import check_job
     from sparsebalance.titan.loader import StepPlanner
 
     setup = check_job("sparsebalance_tiny_pp2", 2, [])
-    path = probe_variant(setup, {"batching": "lbb", "tuning": "fixed"}, tmp_path, "baseline")
+    path = _variant(setup, {"batching": "lbb", "tuning": "fixed"}, tmp_path, "baseline", seed_offset=PROBE_SEED)
     probe = check_job("sparsebalance_tiny_pp2", 2, ["--dataloader.run_config", path])
     assert probe.run.seed == setup.run.seed + PROBE_SEED and probe.run.data.seed == setup.run.data.seed + PROBE_SEED
     assert (probe.run.policy.batching, probe.run.policy.tuning) == ("lbb", "fixed")

@@ -20,6 +20,7 @@ Imports no torch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,7 +64,7 @@ class ActionCalibration:
     """Seconds per iteration the corrected actions leave unexplained, added to every device's
     optimizer step (may be negative: a device's step is then shortened, never below 0 s)."""
 
-    def apply(self, times: dict[str, np.ndarray], devices: list[int]) -> dict[str, np.ndarray]:
+    def apply(self, times: dict[str, np.ndarray], devices: Sequence[int]) -> dict[str, np.ndarray]:
         """``times`` ([dp, V, m] seconds per mode) with each line applied to its virtual stages'
         actions; ``devices[v]`` is virtual stage v's device. Modes without a line (``I``, ``W``) stay."""
         out = {}

@@ -109,7 +109,7 @@ class SimulatorExecutor:
             got = {mode: self.fsdp.actions(t, m, backward=mode != "F") for mode, t in got.items()}
         times = {mode: t.reshape(nv, dp, m).transpose(1, 0, 2) for mode, t in got.items()}
         if self.calibration is not None:
-            times = self.calibration.apply(times, list(layout_of(self.model, c).devices))
+            times = self.calibration.apply(times, layout_of(self.model, c).devices)
         return PipelineInput(schedule=c.schedule, pp=c.pp, virtual_stages=c.virtual_stages,
                              forward=times["F"], backward=times["B"], backward_input=times.get("I"),
                              backward_weight=times.get("W"), p2p=p2p, allreduce=self._grad_sync(times, m),

@@ -64,8 +64,8 @@ def test_apply_follows_each_virtual_stage_to_its_device():
     assert got["F"][:, [0, 2]] == pytest.approx(np.ones((2, 2, 3)))
     assert got["W"] == pytest.approx(t["W"]) and t["F"].max() == 1.0  # no line: untouched; input kept
     rec = cal.record()
-    assert rec["lines"][0] | {} == {"stage": 1, "op": "F", "scale": 2.0, "offset_s": 0.5, "points": 10,
-                                   "r": 1.0, "method": "least-squares"}
+    assert rec["lines"][0] == {"stage": 1, "op": "F", "scale": 2.0, "offset_s": 0.5, "points": 10,
+                               "r": 1.0, "method": "least-squares"}
 
 
 def test_the_executor_prices_calibrated_actions_and_the_step_constant():

@@ -37,7 +37,7 @@ import warnings
 from sparsebalance.errors import MeaningWarning
 from sparsebalance.simulator.config import BLOCKING_SCHEDULES, FSDP_MODES, ClusterConfig, ModelConfig
 from sparsebalance.simulator.cost.fsdp import FsdpPricing
-from sparsebalance.simulator.cost.link import group_link
+from sparsebalance.simulator.cost.link import group_link, ring_latency
 from sparsebalance.simulator.cost.tables import OpTables
 from sparsebalance.simulator.layout import Layout
 
@@ -72,17 +72,32 @@ def p2p_blocking(cluster: ClusterConfig) -> bool:
     return cluster.pp_impl != "ideal" and cluster.schedule in BLOCKING_SCHEDULES
 
 
+def end_stages_share_node(cluster: ClusterConfig) -> bool:
+    """Whether every first-stage rank sits on the same node as its last-stage partner: the rank
+    ``(pp - 1) x cp x tp`` further on in the (dp, pp, cp, tp) mesh (``Layout.mesh``; nodes of
+    ``gpus_per_node`` consecutive ranks). One pair across nodes puts the whole all-reduce there:
+    every stage waits for it before the optimizer."""
+    c = cluster
+    first = [d * c.pp * c.cp * c.tp + o for d in range(c.dp) for o in range(c.cp * c.tp)]
+    apart = (c.pp - 1) * c.cp * c.tp
+    return all(r // c.gpus_per_node == (r + apart) // c.gpus_per_node for r in first)
+
+
 def embedding_allreduce_time(model: ModelConfig, cluster: ClusterConfig, stage: int) -> float:
     """Seconds of the tied word embedding's gradient all-reduce between the first and last stage
     (Megatron: ``_allreduce_word_embedding_grads``, after the DP reduction, before the optimizer)
-    on stage ``stage``: a two-rank ring, ``allreduce_latency + (vocab / tp) x hidden x
-    grad_reduce_bytes / allreduce_bandwidth``, on both end stages; 0 elsewhere, for untied
-    embeddings, at pp = 1 and outside Megatron."""
+    on stage ``stage``: a two-rank ring, its latency from :func:`.link.ring_latency` (2 steps) +
+    ``(vocab / tp) x hidden x grad_reduce_bytes / bandwidth`` (a 2-rank all-reduce's bus bytes are
+    its bytes), on the node's NVLink (``tp_bandwidth``) where both end stages share a node
+    (:func:`end_stages_share_node`), else on the network (``allreduce_bandwidth``: one NIC each); on
+    both end stages; 0 elsewhere, for untied embeddings, at pp = 1 and outside Megatron."""
     c = cluster
     if not (megatron(c) and model.tie_embeddings and c.pp > 1 and stage in (0, c.pp - 1)):
         return 0.0
     nbytes = model.vocab / c.tp * model.hidden * (c.grad_reduce_bytes or model.dtype_bytes)
-    return c.allreduce_latency + nbytes / c.allreduce_bandwidth
+    if end_stages_share_node(c):
+        return ring_latency(c, 2, 1, "allreduce") + nbytes / c.tp_bandwidth
+    return ring_latency(c, 2, 2, "allreduce") + nbytes / c.allreduce_bandwidth
 
 
 def grad_norm_time(cluster: ClusterConfig) -> float | None:

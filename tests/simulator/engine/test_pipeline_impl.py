@@ -20,6 +20,7 @@ from sparsebalance.simulator.config import ClusterConfig, ModelConfig, dgx_a100_
 from sparsebalance.simulator.cost.comm import (
     Communication,
     embedding_allreduce_time,
+    end_stages_share_node,
     grad_norm_time,
     p2p_blocking,
 )
@@ -241,19 +242,37 @@ def test_p2p_split_across_tp_175b():
 
 
 def test_embedding_allreduce_175b():
-    """(V / t) x h = 6,400 x 12,288 = 78.6 M parameters, fp32 main_grad: 314.6 MB, 13.1 ms at 24 GB/s."""
+    """(V / t) x h = 6,400 x 12,288 = 78.6 M parameters, fp32 main_grad: 314.6 MB, 13.1 ms at 24 GB/s;
+    the end stages 15 nodes apart (TP 8 fills a node): 20 us + a 2-rank ring's 2 network steps of 14 us."""
     c = replace(dgx_a100_80gb(), pp=16, tp=8, dp=1, global_batch=16, grad_reduce_bytes=4, pp_impl="megatron-2022")
     params = 51200 / 8 * 12288
     assert params == 78_643_200
     assert params * 4 == pytest.approx(314.6e6, rel=1e-3)
+    assert not end_stages_share_node(c)
     t = embedding_allreduce_time(GPT175B, c, 0)
-    assert t == pytest.approx(20e-6 + params * 4 / 24e9, rel=1e-12)
-    assert t - 20e-6 == pytest.approx(13.1e-3, rel=1e-3)
+    assert t == pytest.approx(20e-6 + 2 * 14e-6 + params * 4 / 24e9, rel=1e-12)
+    assert t - 48e-6 == pytest.approx(13.1e-3, rel=1e-3)
     assert embedding_allreduce_time(GPT175B, c, 15) == t
     assert embedding_allreduce_time(GPT175B, c, 7) == 0.0  # only the end stages hold the embedding
     assert embedding_allreduce_time(replace(GPT175B, tie_embeddings=False), c, 0) == 0.0
     assert embedding_allreduce_time(GPT175B, replace(c, pp_impl="ideal"), 0) == 0.0
     assert embedding_allreduce_time(GPT175B, replace(c, pp=1, nodes=None), 0) == 0.0
+
+
+def test_embedding_allreduce_inside_a_node():
+    """TP 2 x PP 4 on 8-GPU nodes: ranks 0-1 (first stage) and 6-7 (last) share a node in every
+    replica, so the 175B embedding's (51,200 / 2) x 12,288 fp32 gradients go over NVLink (230 GB/s)
+    at 5 us + 2 NVLink steps of 3.4 us. PP 6 x TP 1 x DP 2: replica 1's ranks 6 and 11 straddle two nodes, so the
+    all-reduce (every stage waits for it) runs on the network."""
+    c = replace(dgx_a100_80gb(), pp=4, tp=2, dp=2, global_batch=16, grad_reduce_bytes=4, pp_impl="megatron")
+    assert end_stages_share_node(c)
+    nbytes = 51200 / 2 * 12288 * 4
+    assert embedding_allreduce_time(GPT175B, c, 3) == pytest.approx(5e-6 + 2 * 3.4e-6 + nbytes / 230e9, rel=1e-12)
+    c6 = replace(c, pp=6, tp=1, dp=2)
+    assert not end_stages_share_node(c6)
+    assert end_stages_share_node(replace(c6, dp=1))  # one replica: ranks 0 and 5 on one node
+    nbytes = 51200 * 12288 * 4
+    assert embedding_allreduce_time(GPT175B, c6, 0) == pytest.approx(20e-6 + 2 * 14e-6 + nbytes / 24e9, rel=1e-12)
 
 
 def test_grad_norm_barrier_hand_numbers():
@@ -340,7 +359,8 @@ def test_executor_wires_the_implementation():
     assert not ideal.p2p_blocking and ideal.grad_norm is None
     meg = replace(base, pp_impl="megatron-2022", grad_clip=True)
     inp = SimulatorExecutor(LinearLatency(meg), model, meg).build_input(0, plan, budgets)
-    emb = 20e-6 + 256 * 64 * 4 / 50e9  # vocab x hidden x dtype bytes (tiny: 4) / bandwidth
+    # vocab x hidden x dtype bytes (tiny: 4) over NVLink: the 3 stages share an 8-GPU node
+    emb = 5e-6 + 256 * 64 * 4 / 450e9
     assert inp.p2p_blocking and inp.grad_norm == pytest.approx(2 * 2 * 10e-6)
     assert inp.allreduce == pytest.approx(ideal.allreduce + np.array([emb, 0.0, emb]))
     assert simulate(inp).iteration_time > simulate(ideal).iteration_time

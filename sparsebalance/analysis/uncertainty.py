@@ -41,6 +41,28 @@ def speedup_ci(per_round: Sequence[float], level: float = 0.95) -> dict:
     return {"lo": math.exp(lo), "hi": math.exp(hi), "se_log": float(logs.std(ddof=1) / math.sqrt(n)), "n": n}
 
 
+MAX_ROUNDS_ADVISED = 1000
+"""Largest round count :func:`rounds_to_resolve` searches (beyond it: None, not worth running)."""
+
+
+def rounds_to_resolve(per_round: Sequence[float], speedup: float, level: float = 0.95) -> int | None:
+    """Fewest rounds whose :func:`speedup_ci` would exclude 1 for a true speedup ``speedup`` (the
+    predicted one) at these rounds' spread: the least n >= 2 with ``t_{level, n-1} x sd / sqrt(n) <
+    |log speedup|``, sd the standard deviation of the rounds' log speedups. None with fewer than 2
+    rounds, no effect (``speedup`` 1) or above ``MAX_ROUNDS_ADVISED``. A planning figure: the
+    spread is itself estimated from these rounds."""
+    logs = np.log(np.asarray([x for x in per_round if x > 0], dtype=float))
+    effect = abs(math.log(speedup)) if speedup > 0 else 0.0
+    if len(logs) < 2 or effect == 0.0:
+        return None
+    sd = float(logs.std(ddof=1))
+    from scipy.stats import t
+
+    n = np.arange(2, MAX_ROUNDS_ADVISED + 1)
+    ok = t.ppf(0.5 + level / 2, n - 1) * sd / np.sqrt(n) < effect
+    return int(n[np.argmax(ok)]) if ok.any() else None
+
+
 def pooled_spread(spreads: dict[str, float], counts: dict[str, int]) -> float | None:
     """One per-point error (sd of log ratios) pooled over ops: sqrt(sum (n_op - 1) s_op^2 /
     sum (n_op - 1)); None when no op has two points."""

@@ -132,6 +132,8 @@ def headline(iterations: pd.DataFrame, baseline: str, policy: str, *, warmup_exc
       run-to-run noise of single iterations; ``..._with_warmup``: the headline with iteration 0.
     * speedup = mean baseline time / mean policy time over all counted rows, predicted and measured,
       and per round (``measured_speedup_by_round``); ``ranking_agrees``: both on the same side of 1.
+    * ``rounds_to_resolve``: rounds whose interval would exclude 1 for the predicted speedup at this
+      call's round-to-round spread (:func:`.uncertainty.rounds_to_resolve`; None with one round).
     """
     counted = iterations[~iterations["warmup"]]
     sp = speedup_table(counted, baseline)
@@ -144,7 +146,7 @@ def headline(iterations: pd.DataFrame, baseline: str, policy: str, *, warmup_exc
         if set(g["policy"]) >= {baseline, policy}:
             by_round[int(r)] = float(speedup_table(g, baseline).set_index("policy")
                                      .loc[policy, "measured_speedup"])
-    from sparsebalance.analysis.uncertainty import speedup_ci
+    from sparsebalance.analysis.uncertainty import rounds_to_resolve, speedup_ci
 
     ci = speedup_ci(list(by_round.values()))
     resolved = None if ci["lo"] is None else bool(ci["lo"] > 1.0 or ci["hi"] < 1.0)
@@ -161,6 +163,7 @@ def headline(iterations: pd.DataFrame, baseline: str, policy: str, *, warmup_exc
         "measured_speedup_ci95": None if ci["lo"] is None else [ci["lo"], ci["hi"]],
         "measured_speedup_se_log": ci["se_log"],
         "ranking_resolved": resolved,
+        "rounds_to_resolve": rounds_to_resolve(list(by_round.values()), pred),
         "speedup_delta_pct": (pred - meas) / meas * 100.0,
         "ranking_agrees": bool(np.sign(pred - 1.0) == np.sign(meas - 1.0)),
         "baseline": baseline,

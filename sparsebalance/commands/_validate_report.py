@@ -48,6 +48,7 @@ def print_report(out: Path, tables: dict, summary: dict) -> None:
           f"{', '.join(f'{v:.3f}' for v in summary['measured_speedup_by_round'].values())}); ranking "
           f"{'agrees' if summary['ranking_agrees'] else 'DISAGREES'}, "
           f"{_word(summary.get('ranking_resolved'), 'resolved', 'NOT resolved (CI contains 1)', 'unresolved: 1 round')}"
+          f"{resolve_advice(summary)}"
           f"; measured inside the predicted range: "
           f"{_word(summary.get('measured_in_predicted_range'), 'yes', 'NO', 'unknown')}, within the "
           f"combined uncertainty: {_word(summary.get('speedup_consistent'), 'yes', 'NO', 'unknown')}")
@@ -58,6 +59,16 @@ def print_report(out: Path, tables: dict, summary: dict) -> None:
               f"the workers ran {100 * (h.get('cpu_busy_mean') or float('nan')):.0f} % of their F/B wall "
               "time (runs.csv; quiet machine: ~0 cores and ~100 %)")
     print(f"tables and figure: {out} (validate.png)")
+
+
+def resolve_advice(summary: dict) -> str:
+    """Where the ranking is not resolved: the rounds that would resolve the predicted effect at this
+    call's round-to-round spread (``rounds_to_resolve``), or '' ."""
+    n = summary.get("rounds_to_resolve")
+    if summary.get("ranking_resolved") is not False or n is None:
+        return ""
+    effect = (summary["predicted_speedup"] - 1.0) * 100
+    return f" (at this call's spread a {effect:+.1f} % effect needs about {n} rounds: --rounds {n})"
 
 
 def verdict_text(summary: dict) -> str:

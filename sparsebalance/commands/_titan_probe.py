@@ -63,7 +63,7 @@ class TrainerProber:
 
         from sparsebalance.analysis import validate as V
         from sparsebalance.simulator.cost.actioncalibration import ActionCalibration, fit
-        from sparsebalance.titan.launch import JobResult
+        from sparsebalance.titan.launch import read_trace
         from sparsebalance.titan.measure import measured, replay
 
         used = [self.runs[k] for k in sorted(set(only))]
@@ -72,7 +72,7 @@ class TrainerProber:
         for label, setup, d, _ in used:
             if label not in preds:
                 preds[label] = replay(setup, steps)
-            meas.append((label, setup, measured(JobResult(dump=d, losses=[], first_step=1).trace(), preds[label][2])))
+            meas.append((label, setup, measured(read_trace(d), preds[label][2])))
 
         def sides(cal: Any) -> list:
             got: dict[str, Any] = {}

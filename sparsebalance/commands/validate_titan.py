@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     calibration, probe_record = None, {"status": "off (--profile-as-is)"}
     if not args.profile_as_is:
         calibration, probe_record = prober.finish(only=[t.payload.probe for t in chosen.kept])
-    from sparsebalance.titan.launch import JobResult
+    from sparsebalance.titan.launch import read_trace
 
     def sides_of(cal) -> list:
         sides, predicted = [], {}
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
                 if name not in predicted:
                     predicted[name] = replay(st, steps, calibration=cal)
                 pm, pt, plans = predicted[name]
-                mm, mt = measured(JobResult(dump=d, losses=[], first_step=1).trace(), plans)
+                mm, mt = measured(read_trace(d), plans)
                 sides.append(V.Side(policy=name, round=t.round, predicted_metrics=pm, measured_metrics=mm,
                                     predicted_trace=pt, measured_trace=mt))
         return sorted(sides, key=lambda sd: (sd.policy != base_label, sd.round))
@@ -166,10 +166,10 @@ def _run_time(dump: Path, warmup_excluded: bool) -> float | None:
     """A torchtitan job's mean step seconds (its measured trace's OPTIM ends), for the rounds' judge."""
     from sparsebalance.commands._rounds import mean_iteration_s
     from sparsebalance.errors import HostError
-    from sparsebalance.titan.launch import JobResult
+    from sparsebalance.titan.launch import read_trace
 
     try:
-        tr = JobResult(dump=dump, losses=[], first_step=1).trace()
+        tr = read_trace(dump)
     except HostError:
         return None
     ends = tr[tr["op"] == "OPTIM"].groupby("iteration")["end_s"].max()

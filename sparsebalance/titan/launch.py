@@ -20,6 +20,17 @@ from sparsebalance.errors import ConfigError, HostError
 from sparsebalance.procutil import descendants, end_processes
 
 
+def read_trace(dump: Path):
+    """The measured trace of every rank of a job's dump folder (``trace_rank<R>.csv``, written with
+    ``--sparsebalance.measure``), concatenated; HostError where there is none."""
+    import pandas as pd
+
+    files = sorted(Path(dump).glob("trace_rank*.csv"))
+    if not files:
+        raise HostError(f"titan: no measured trace in {dump} (run with --sparsebalance.measure)")
+    return pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
+
+
 @dataclass(slots=True)
 class JobResult:
     dump: Path
@@ -30,13 +41,8 @@ class JobResult:
     """The step of ``losses[0]`` (after a resume: the restored step + 1)."""
 
     def trace(self):
-        """The measured trace of every rank (``trace_rank<R>.csv``), concatenated."""
-        import pandas as pd
-
-        files = sorted(self.dump.glob("trace_rank*.csv"))
-        if not files:
-            raise HostError(f"titan: no measured trace in {self.dump} (run with --sparsebalance.measure)")
-        return pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
+        """The measured trace of every rank (:func:`read_trace` of the dump folder)."""
+        return read_trace(self.dump)
 
     def budgets(self) -> list[dict]:
         """What every MoBA layer ran at, all ranks (``budgets_rank<R>.json``), tagged rows only."""

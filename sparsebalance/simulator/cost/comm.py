@@ -39,7 +39,7 @@ from sparsebalance.simulator.config import BLOCKING_SCHEDULES, FSDP_MODES, Clust
 from sparsebalance.simulator.cost.fsdp import FsdpPricing
 from sparsebalance.simulator.cost.link import group_link, ring_latency
 from sparsebalance.simulator.cost.tables import OpTables
-from sparsebalance.simulator.layout import Layout
+from sparsebalance.simulator.layout import Layout, mesh_rank
 
 ADAMW_BYTES_PER_PARAM = 32
 """HBM bytes one mixed-precision AdamW step moves per parameter with bf16 gradients (the optimizer
@@ -73,14 +73,14 @@ def p2p_blocking(cluster: ClusterConfig) -> bool:
 
 
 def end_stages_share_node(cluster: ClusterConfig) -> bool:
-    """Whether every first-stage rank sits on the same node as its last-stage partner: the rank
-    ``(pp - 1) x cp x tp`` further on in the (dp, pp, cp, tp) mesh (``Layout.mesh``; nodes of
+    """Whether every first-stage rank sits on the same node as its last-stage partner (the same dp,
+    cp and tp coordinates in the (dp, pp, cp, tp) mesh: :func:`.layout.mesh_rank`; nodes of
     ``gpus_per_node`` consecutive ranks). One pair across nodes puts the whole all-reduce there:
     every stage waits for it before the optimizer."""
-    c = cluster
-    first = [d * c.pp * c.cp * c.tp + o for d in range(c.dp) for o in range(c.cp * c.tp)]
-    apart = (c.pp - 1) * c.cp * c.tp
-    return all(r // c.gpus_per_node == (r + apart) // c.gpus_per_node for r in first)
+    c, inner = cluster, (cluster.pp, cluster.cp, cluster.tp)
+    ends = ((mesh_rank((d, 0, k, t), inner), mesh_rank((d, c.pp - 1, k, t), inner))
+            for d in range(c.dp) for k in range(c.cp) for t in range(c.tp))
+    return all(a // c.gpus_per_node == b // c.gpus_per_node for a, b in ends)
 
 
 def embedding_allreduce_time(model: ModelConfig, cluster: ClusterConfig, stage: int) -> float:

@@ -16,6 +16,8 @@ from pathlib import Path
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
+PP_IMPLS = ("megatron-2022", "megatron", "meta")
+"""Pipeline implementations of published rows the simulator prices (``cluster.pp_impl``)."""
 PUBLISHED = ROOT / "validation" / "published"
 BLOCK = 128
 """MoBA block size of the dense rows: every block selected (the budget covers the sequence) = dense."""
@@ -78,8 +80,8 @@ def gaps(row) -> tuple[list[str], list[str]]:
     blocking, approx = [], []
     if "fp8" in str(row.precision).lower():
         blocking.append(f"FP8 (precision = {row.precision})")
-    if row.pp > 1 and row.pp_impl not in ("megatron", "megatron-2022"):
-        blocking.append(f"pipeline implementation {row.pp_impl!r} (only Megatron's schedules are modelled)")
+    if row.pp > 1 and row.pp_impl not in PP_IMPLS:
+        blocking.append(f"pipeline implementation {row.pp_impl!r} (modelled: {', '.join(PP_IMPLS)})")
     if row.tp_overlap == "te" and row.tp > 1 and not row.sequence_parallel:
         approx.append("TE comm-GEMM overlap without sequence parallelism: priced as Megatron's async overlap")
     node = NODES.get(row.gpu)
@@ -112,7 +114,7 @@ def dense_config(row) -> dict:
                # the pipeline implementation the row ran (blocking sends, P2P split over TP, tied
                # embedding's all-reduce) and its gradient clipping (the norm's barrier); other
                # implementations are not priced with pp > 1 (gaps) and keep the ideal pipeline
-               "pp_impl": row.pp_impl if row.pp_impl in ("megatron", "megatron-2022") else "ideal",
+               "pp_impl": row.pp_impl if row.pp_impl in PP_IMPLS else "ideal",
                "grad_clip": bool(row.grad_clip)}
     if row.dp_mode in ("zero2", "zero3"):
         cluster |= {"param_gather_bytes": int(row.param_gather_bytes)}
@@ -122,6 +124,8 @@ def dense_config(row) -> dict:
             cluster["fsdp_grad_sync"] = "last"
         if row.dp_mode == "zero3":  # Composer's default BACKWARD_POST where the row assumes it
             cluster["fsdp_backward_prefetch"] = "post" if "BACKWARD_POST" in str(row.fsdp_prefetch) else "pre"
+    if row.pp_impl == "meta" and int(row.pp) > 1:  # Llama 3: one layer fewer on the first and last stage
+        cluster["end_stage_layers_fewer"] = 1
     if int(row.cp) > 1:
         cluster |= {"cp": int(row.cp), "cp_comm": row.cp_comm or "ring"}
     return {

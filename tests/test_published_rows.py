@@ -125,10 +125,11 @@ def test_the_first_nine_rows_keep_their_meaning(tmp_path, runs):
 def test_gaps_name_what_the_simulator_lacks(runs):
     for row in runs.itertuples():
         blocking, approx = rows_mod.gaps(row)
-        if row.pp_impl == "meta":  # Llama 3's own pipeline schedule
-            assert any("pipeline implementation 'meta'" in b for b in blocking), row.id
-        else:  # FSDP / ZeRO-2/3 is priced (simulator/cost/fsdp.py)
-            assert not blocking, row.id
+        assert not blocking, row.id  # FSDP / ZeRO-2/3 and Llama 3's pipeline are priced
+        if row.pp_impl == "meta":  # Llama 3: its pipeline, one layer fewer on the end stages, FSDP once a step
+            config = rows_mod.dense_config(row)["cluster"]
+            assert (config["pp_impl"], config["end_stage_layers_fewer"], config["fsdp_grad_sync"]) == (
+                "meta", 1, "last"), row.id
         if row.source.startswith("Korthikanti"):
             assert (blocking, approx) == ([], []), row.id
         if row.source.startswith("Megatron-LM README"):
@@ -137,7 +138,10 @@ def test_gaps_name_what_the_simulator_lacks(runs):
             config = rows_mod.dense_config(row)["cluster"]
             assert config["tp_overlap_impl"] == ("te" if row.tp > 1 else "megatron"), row.id
     priced = sum(not rows_mod.gaps(r)[0] for r in runs.itertuples())
-    assert priced == 89
+    assert priced == len(runs) == 92
+    other = runs.iloc[0].copy()
+    other["pp_impl"], other["pp"] = "deepspeed", 2
+    assert any("pipeline implementation 'deepspeed'" in b for b in rows_mod.gaps(other)[0])
 
 
 def test_a_bad_row_is_one_line(tmp_path):

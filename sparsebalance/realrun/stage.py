@@ -24,7 +24,7 @@ def build_stage_module(cfg: Any, rr: Any, stage: int, pp: int, device: Any):
     from sparsebalance.kernels.qwen2 import build_qwen2_pieces
     from sparsebalance.simulator.layout import split_layers
 
-    layers = split_layers(cfg.model.layers, pp)[stage]
+    layers = split_layers(cfg.model.layers, pp, cfg.cluster.end_stage_layers_fewer)[stage]
     names = Q.pieces(layers, embed=stage == 0, head=stage == pp - 1)
     if rr.checkpoint:
         from sparsebalance.realrun.checkpoint import CheckpointReader, hf_config

@@ -36,7 +36,7 @@ CP_SPLITS = ("whole", "per-sequence")
 """How far each sequence is split over its CP group (``cluster.cp_split``)."""
 CP_MERGES = ("unfused", "fused")
 """How a ring step's partial output and LSE are merged (``cluster.cp_merge``)."""
-PP_IMPLS = ("ideal", "megatron-2022", "megatron", "torch")
+PP_IMPLS = ("ideal", "megatron-2022", "megatron", "torch", "meta")
 """Pipeline implementations whose P2P behaviour a run may follow (``ClusterConfig.pp_impl``)."""
 BLOCKING_SCHEDULES = ("gpipe", "1f1b")
 """Schedules whose sends wait for their transfer under a blocking ``pp_impl`` (cost/comm.py)."""
@@ -248,7 +248,14 @@ class ClusterConfig:
     ``sequence_parallel``); the tied word embedding's gradient all-reduced between the first and
     last stage. ``megatron`` (Megatron-Core): the same, except that without sequence parallelism the
     whole activation is sent by every TP rank (no scatter/gather). ``torch``
-    (torch.distributed.pipelining): blocking sends only."""
+    (torch.distributed.pipelining): blocking sends only. ``meta`` (Llama 3's pipeline, Grattafiori
+    et al. 2024, section 3.3.2): asynchronous sends (only the receiver waits, as ``ideal``), and
+    with ``sequence_parallel`` each TP rank sends the 1/tp of the activation it holds."""
+    end_stage_layers_fewer: int = 0
+    """Decoder layers fewer on the first and on the last (virtual) stage than an even split gives
+    them, for the embedding and the LM head they also run (``layout.split_layers``): 0 (default)
+    the even split; Llama 3 ran 1 (Grattafiori et al. 2024, section 3.3.2), torchtitan's
+    ``pipeline_parallel_first/last_stage_less_layers`` (default 1 there) do the same."""
     grad_clip: bool = False
     """Gradient clipping by the global norm: each rank's norm all-reduced over the model-parallel
     group (tp x pp ranks) before any stage steps, a barrier: iteration = max over stages of the
@@ -395,6 +402,9 @@ class ClusterConfig:
         check_choice(self.cp_split, "cp_split", CP_SPLITS)
         check_choice(self.cp_merge, "cp_merge", CP_MERGES)
         check_choice(self.pp_impl, "pp_impl", PP_IMPLS)
+        check(isinstance(self.end_stage_layers_fewer, int) and not isinstance(self.end_stage_layers_fewer, bool)
+              and self.end_stage_layers_fewer >= 0, "end_stage_layers_fewer",
+              f"must be a whole number of layers >= 0, got {self.end_stage_layers_fewer!r}")
         check(self.cp_split == "whole" or self.cp > 1, "cp_split",
               f"'per-sequence' chooses a CP degree per sequence: needs cp > 1, got cp = {self.cp}")
         if self.cp > 1 and self.cp_comm == "hierarchical":

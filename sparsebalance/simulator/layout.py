@@ -67,14 +67,29 @@ def placement(schedule: str, pp: int, virtual_stages: int = 1) -> tuple[int, ...
     return tuple(vs % pp for vs in range(pp * virtual_stages))
 
 
-def split_layers(layers: int, chunks: int) -> tuple[range, ...]:
+def split_layers(layers: int, chunks: int, end_fewer: int = 0) -> tuple[range, ...]:
     """``layers`` decoder layers in ``chunks`` contiguous ranges, as even as possible; when uneven
-    the first ranges take one layer more (the last one already carries the LM head)."""
+    the first ranges take one layer more (the last one already carries the LM head). With
+    ``end_fewer`` (``cluster.end_stage_layers_fewer``) the first and the last range each hold that
+    many layers fewer than such a split of ``layers + 2 x end_fewer`` would give them, for the
+    embedding and the LM head they also carry (Llama 3, Grattafiori et al. 2024, section 3.3.2:
+    126 layers on 16 x 2 virtual stages as 3, 4 x 30, 3)."""
     if not 1 <= chunks <= layers:
         raise ConfigError(f"cluster: pp x virtual_stages = {chunks} exceeds model.layers = {layers}; every "
                           "(virtual) stage needs at least one layer")
-    base, extra = divmod(layers, chunks)
-    starts = [v * base + min(v, extra) for v in range(chunks + 1)]
+    if end_fewer:
+        spread = split_layers(layers + 2 * end_fewer, chunks)
+        sizes = [len(r) for r in spread]
+        sizes[0] -= end_fewer
+        sizes[-1] -= end_fewer
+        if chunks < 2 or min(sizes) < 1:
+            raise ConfigError(f"cluster.end_stage_layers_fewer: {end_fewer} fewer layers on the first and the "
+                              f"last of {chunks} (virtual) stages leaves one without a layer ({layers} layers "
+                              f"as {sizes}); it needs pp x virtual_stages >= 2 and a smaller value")
+    else:
+        base, extra = divmod(layers, chunks)
+        sizes = [base + (v < extra) for v in range(chunks)]
+    starts = [sum(sizes[:v]) for v in range(chunks + 1)]
     return tuple(range(starts[v], starts[v + 1]) for v in range(chunks))
 
 
@@ -93,7 +108,8 @@ class Layout:
 
     def __post_init__(self) -> None:
         c = self.cluster
-        object.__setattr__(self, "vstage_ranges", split_layers(self.model.layers, c.pp * c.virtual_stages))
+        object.__setattr__(self, "vstage_ranges", split_layers(self.model.layers, c.pp * c.virtual_stages,
+                                                                c.end_stage_layers_fewer))
         object.__setattr__(self, "devices", placement(c.schedule, c.pp, c.virtual_stages))
 
     @property

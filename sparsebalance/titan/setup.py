@@ -126,7 +126,7 @@ def resolve(job: Any, world_size: int | None = None, *, check_data: bool = True)
         if par.pipeline_parallel_microbatch_size != 1:
             raise ConfigError("parallelism.pipeline_parallel_microbatch_size: must be 1 (a micro-batch "
                               f"is one packed row), got {par.pipeline_parallel_microbatch_size}")
-        want = stage_modules(model.layers, pp)
+        want = stage_modules(model.layers, pp, base.cluster.end_stage_layers_fewer)
         if par.module_fqns_per_model_part != want:
             raise ConfigError(f"parallelism.module_fqns_per_model_part: must be {want} (the stages the "
                               "latency model prices: sparsebalance.titan.setup.stage_modules)")
@@ -163,14 +163,15 @@ def resolve(job: Any, world_size: int | None = None, *, check_data: bool = True)
     return setup
 
 
-def stage_modules(layers: int, pp: int) -> list[list[str]]:
+def stage_modules(layers: int, pp: int, end_fewer: int = 0) -> list[list[str]]:
     """torchtitan's ``module_fqns_per_model_part`` for our split (``simulator.layout.split_layers``:
-    layers contiguous, the first ``layers % pp`` stages one longer), the embedding on the first stage,
-    final norm and LM head on the last: the stages the latency model prices."""
+    layers contiguous, the first ``layers % pp`` stages one longer, ``end_fewer`` =
+    ``cluster.end_stage_layers_fewer`` fewer on the first and the last), the embedding on the first
+    stage, final norm and LM head on the last: the stages the latency model prices."""
     from sparsebalance.simulator.layout import split_layers
 
     out = []
-    for s, layer_range in enumerate(split_layers(layers, pp)):
+    for s, layer_range in enumerate(split_layers(layers, pp, end_fewer)):
         mods = ["tok_embeddings"] if s == 0 else []
         mods += [f"layers.{i}" for i in layer_range]
         if s == pp - 1:

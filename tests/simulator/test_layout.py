@@ -31,6 +31,50 @@ def test_split_refuses_more_chunks_than_layers():
         split_layers(3, 4)
 
 
+@pytest.mark.parametrize(("layers", "chunks", "fewer", "sizes"), [
+    (126, 32, 1, [3] + [4] * 30 + [3]),  # Llama 3 405B on 16 x 2 virtual stages (section 3.3.2)
+    (10, 4, 1, [2, 3, 3, 2]), (11, 4, 1, [3, 3, 3, 2]), (8, 2, 0, [4, 4]), (8, 2, 2, [4, 4]),
+    (12, 3, 2, [4, 5, 3])])
+def test_split_with_lighter_end_stages_by_hand(layers, chunks, fewer, sizes):
+    ranges = split_layers(layers, chunks, fewer)
+    assert [len(r) for r in ranges] == sizes
+    assert [i for r in ranges for i in r] == list(range(layers))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_split_with_lighter_end_stages_brute_force(seed):
+    """The first and the last stage hold ``fewer`` layers less than an even split of the layers plus
+    2 x fewer gives them; the stages between hold what that split gives them."""
+    rng = np.random.default_rng(seed)
+    for _ in range(40):
+        chunks = int(rng.integers(2, 12))
+        fewer = int(rng.integers(0, 3))
+        layers = int(rng.integers(chunks * (fewer + 1), 6 * chunks))
+        sizes = [len(r) for r in split_layers(layers, chunks, fewer)]
+        even = [len(r) for r in split_layers(layers + 2 * fewer, chunks)]
+        if min(even[0], even[-1]) - fewer < 1:
+            continue
+        assert sizes == [even[0] - fewer, *even[1:-1], even[-1] - fewer] and sum(sizes) == layers
+
+
+def test_split_with_lighter_end_stages_refuses_an_empty_stage():
+    with pytest.raises(ConfigError, match=r"^cluster.end_stage_layers_fewer: 1 fewer layers .* \[1, 2, 0\]"):
+        split_layers(3, 3, 1)
+    with pytest.raises(ConfigError, match="pp x virtual_stages >= 2"):
+        split_layers(4, 1, 1)
+    with pytest.raises(ConfigError, match="^cluster.end_stage_layers_fewer"):
+        Layout(replace(tiny(), layers=4), ClusterConfig(pp=4, global_batch=4, end_stage_layers_fewer=1))
+
+
+def test_layout_places_lighter_end_stages_across_virtual_stages():
+    """Interleaved: the lighter ends are virtual stages 0 (device 0, the embedding) and the last
+    (device pp - 1, the LM head); every device but the two end ones holds the even count."""
+    lay = Layout(replace(tiny(), layers=14), ClusterConfig(pp=2, schedule="interleaved", virtual_stages=2,
+                                                            global_batch=4, end_stage_layers_fewer=1))
+    assert [len(r) for r in lay.vstage_ranges] == [3, 4, 4, 3]
+    assert lay.stage_layers(0, 0) == range(3) and lay.stage_layers(1, 1) == range(11, 14)
+
+
 def test_loop_placement_numbers_chunks_as_interleaving_does():
     lay = Layout(replace(tiny(), layers=8), ClusterConfig(pp=2, schedule="interleaved", virtual_stages=2,
                                                            global_batch=4))

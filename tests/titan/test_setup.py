@@ -151,3 +151,16 @@ def test_the_trainer_probe_runs_plans_of_its_own(tmp_path):
     assert probe.run.model == setup.run.model and probe.run.profile == setup.run.profile
     ids = [{s.id for s in StepPlanner(st).next()[0].sequences()} for st in (setup, probe)]
     assert ids[0] != ids[1]
+
+
+def test_stage_modules_follow_the_layer_split_with_lighter_end_stages():
+    """torchtitan's module list per stage is our split: 6 layers on 2 stages as 3 + 3 evenly, and as
+    3 + 3 again with one layer fewer on each end (8 spread as 4 + 4, less 1 each); 8 on 3 stages with
+    one fewer on the ends: 10 spread as 4, 3, 3 -> 3, 3, 2."""
+    from sparsebalance.titan.setup import stage_modules
+
+    assert stage_modules(6, 2) == [["tok_embeddings", "layers.0", "layers.1", "layers.2"],
+                                   ["layers.3", "layers.4", "layers.5", "norm", "lm_head"]]
+    three = stage_modules(8, 3, end_fewer=1)
+    assert three == [["tok_embeddings", "layers.0", "layers.1", "layers.2"],
+                     ["layers.3", "layers.4", "layers.5"], ["layers.6", "layers.7", "norm", "lm_head"]]

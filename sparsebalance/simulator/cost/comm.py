@@ -2,7 +2,7 @@
 
 * **P2P** (:meth:`Communication.p2p_time`): one micro-batch's activations (tokens x hidden x dtype
   bytes) to the next stage, ``p2p_latency + bytes / p2p_bandwidth``; each CP rank sends its own share.
-  Under Megatron (``cluster.pp_impl``) the TP ranks split it: ``bytes / tp`` each, + (2022, without
+  Under Megatron and Llama 3's pipeline (``cluster.pp_impl``) the TP ranks split it: ``bytes / tp`` each, + (2022, without
   sequence parallelism) the receiver's TP all-gather; whether a send blocks its sender is the
   engine's (:func:`p2p_blocking`, ``schedule/rendezvous.py``).
 * **End of the iteration** (Megatron, tied embeddings, pp > 1): the word embedding's gradient
@@ -65,11 +65,12 @@ def megatron(cluster: ClusterConfig) -> bool:
 
 def p2p_blocking(cluster: ClusterConfig) -> bool:
     """Whether every transfer is a rendezvous that also holds its sender (``schedule/rendezvous.py``):
-    a blocking ``pp_impl`` (all but ``ideal``) with a schedule of ``BLOCKING_SCHEDULES``, and
-    Megatron 2022's interleaved 1F1B (Megatron-Core overlaps its P2P there, ``overlap_p2p_comm``)."""
+    a blocking ``pp_impl`` (all but ``ideal`` and ``meta``, whose sends are asynchronous) with a
+    schedule of ``BLOCKING_SCHEDULES``, and Megatron 2022's interleaved 1F1B (Megatron-Core overlaps
+    its P2P there, ``overlap_p2p_comm``)."""
     if cluster.pp_impl == "megatron-2022" and cluster.schedule == "interleaved":
         return True
-    return cluster.pp_impl != "ideal" and cluster.schedule in BLOCKING_SCHEDULES
+    return cluster.pp_impl not in ("ideal", "meta") and cluster.schedule in BLOCKING_SCHEDULES
 
 
 def end_stages_share_node(cluster: ClusterConfig) -> bool:
@@ -129,12 +130,13 @@ class Communication:
         stage; each CP rank sends its own share, all at once (``Layout.rank_tokens``). Under
         Megatron each TP rank sends 1/tp of them when they are split: always in 2022
         (``split_tensor_into_1d_equal_chunks``), with sequence parallelism (already 1/tp a rank)
-        in both; 2022 without sequence parallelism adds the receiver's TP all-gather of the whole
+        in both, and in Llama 3's pipeline (``meta``); 2022 without sequence parallelism adds the receiver's TP all-gather of the whole
         activation (``gather_split_1d_tensor``), ``tp_latency + (tp - 1) / tp x bytes / tp_bandwidth``."""
         c = self.cluster
         tokens = self.layout.rank_tokens(tokens)
         nbytes = tokens * self.model.hidden * self.model.dtype_bytes
-        split = c.tp > 1 and megatron(c) and (c.sequence_parallel or c.pp_impl == "megatron-2022")
+        split = c.tp > 1 and (megatron(c) or c.pp_impl == "meta") and (
+            c.sequence_parallel or c.pp_impl == "megatron-2022")
         if not split:
             return c.p2p_latency + nbytes / c.p2p_bandwidth
         gather = 0.0

@@ -58,6 +58,9 @@ from sparsebalance.simulator.config import ClusterConfig, ModelConfig
 from sparsebalance.simulator.cost.link import group_link, ring_latency
 from sparsebalance.simulator.layout import Layout
 
+AHEAD_STAGES = 3
+"""Virtual stages a device gathers ahead (torch's ``_add_unshard_reshard(max_active_stages=3)``)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Units:
@@ -104,6 +107,12 @@ class FsdpPricing:
         self.regather = cluster.dp_mode == "zero3" and not self.once
         """Whether the backward gathers again (zero3 at every micro-batch); zero2 keeps the forward's units."""
         self.post = cluster.fsdp_backward_prefetch == "post"
+        self.ahead = self.once and cluster.pp_impl in ("torch", "meta") and cluster.virtual_stages > 1
+        """Whether a device's first :data:`AHEAD_STAGES` virtual stages are gathered ahead, from the
+        step's start, instead of when their first forward starts: torch.distributed.pipelining's
+        multi-stage (runtime) schedules insert an UNSHARD (``unshard(async_op=True)`` of every FSDP
+        unit) for the next ``max_active_stages = 3`` stages before a device's first action (torch
+        2.13 ``schedules.py``, ``_add_unshard_reshard``); Llama 3's pipeline is assumed to do the same."""
         last = len(layout.vstage_ranges) - 1
         tp = cluster.tp
         self.units: list[Units] = []
@@ -131,6 +140,11 @@ class FsdpPricing:
         """Seconds of one unit's all-gather (``params`` per TP rank)."""
         return self._collective(params, self.gather_bytes)
 
+    def vstage_gather(self, vstage: int) -> float:
+        """Seconds of all the unit gathers of virtual stage ``vstage``, back to back (root + layers)."""
+        u = self.units[vstage]
+        return self.gather(u.root) + u.layers * self.gather(u.per_layer)
+
     def reduce_scatter(self, params: float) -> float:
         """Seconds of one unit's gradient reduce-scatter."""
         return self._collective(params, self.reduce_bytes)
@@ -147,10 +161,13 @@ class FsdpPricing:
         return latency + 2 * (r - 1) / r * nbytes / c.allreduce_bandwidth
 
     # -- one action's timeline ----------------------------------------------------------------------
-    def action(self, compute, vstage: int, *, backward: bool, events: list[Event] | None = None):
+    def action(self, compute, vstage: int, *, backward: bool, events: list[Event] | None = None,
+               lead=None):
         """Seconds of one action whose compute takes ``compute`` seconds (numpy-broadcastable), with
         its collectives as the module docstring's timeline runs them; ``events`` (scalar ``compute``
-        only) collects them for the trace."""
+        only) collects them for the trace. ``lead`` (a forward gathered ahead, :attr:`ahead`): the
+        unit gathers were all issued, back to back, ``lead`` seconds before the action's start
+        (negative: after it, behind other stages' gathers); each unit computes once it is gathered."""
         u = self.units[vstage]
         c = np.asarray(compute, dtype=float)
         if self.n == 1:
@@ -165,6 +182,15 @@ class FsdpPricing:
                 events.append(Event(op, unit, float(a), float(b), float(nbytes)))
 
         zero = np.zeros_like(c)
+        if not backward and lead is not None:
+            link = zero + ag_root - lead
+            note("AG", -1, -lead, link, gb)
+            end = np.maximum(zero, link)
+            for i in range(u.layers):
+                a, link = link, link + ag_layer
+                note("AG", i, a, link, pb)
+                end = np.maximum(end, link) + f
+            return end
         if not backward:
             link = zero + ag_root  # the root first, then each layer; compute waits for its unit
             note("AG", -1, 0.0, link, gb)
@@ -202,10 +228,44 @@ class FsdpPricing:
             note("RS", -1, a, link, u.root * rb)
         return np.maximum(end, link)
 
-    def events(self, compute: float, vstage: int, *, backward: bool) -> list[Event]:
+    def events(self, compute: float, vstage: int, *, backward: bool, lead: float | None = None) -> list[Event]:
         """The collectives of one action (the trace's AG / RS rows), in issue order."""
         out: list[Event] = []
-        self.action(compute, vstage, backward=backward, events=out)
+        self.action(compute, vstage, backward=backward, events=out, lead=lead)
+        return out
+
+    def ahead_vstages(self) -> set[int]:
+        """The virtual stages gathered ahead (:attr:`ahead`): on each device the first
+        :data:`AHEAD_STAGES` of its virtual stages in the order its schedule first runs them."""
+        from sparsebalance.simulator.schedule.schedules import fewest_microbatches, stage_orders
+
+        if not self.ahead:
+            return set()
+        c = self.cluster
+        out: set[int] = set()
+        for order in stage_orders(c.schedule, c.pp, fewest_microbatches(c.schedule, c.pp), c.virtual_stages):
+            first: list[int] = []
+            for kind, vs, _ in order:
+                if kind == "F" and vs not in first:
+                    first.append(vs)
+            out.update(first[:AHEAD_STAGES])
+        return out
+
+    def leads(self, forward_start: np.ndarray) -> np.ndarray:
+        """[V, dp] ``lead`` of each virtual stage's first forward (:meth:`action`) from
+        ``forward_start`` [dp, V, m] (the engine's, from a pass with those gathers free): a device
+        issues the gathers of its :meth:`ahead_vstages` at the step's start, one stage after another
+        in first-use order; NaN for the stages gathered when their forward starts."""
+        dp, nv, _ = forward_start.shape
+        out = np.full((nv, dp), np.nan)
+        ahead = self.ahead_vstages()
+        for d in range(self.cluster.pp):
+            mine = sorted((vs for vs in self.layout.vstages_of(d) if vs in ahead),
+                          key=lambda vs: forward_start[:, vs, 0].min())
+            issued = 0.0
+            for vs in mine:
+                out[vs] = forward_start[:, vs, 0] - issued
+                issued += self.vstage_gather(vs)
         return out
 
     def pays(self, j: int, m: int, *, backward: bool) -> bool:
@@ -232,26 +292,35 @@ class FsdpPricing:
         synced = np.broadcast_to(grouped.max(axis=2, keepdims=True), grouped.shape).reshape(v, cols)
         return np.where(self._paying(cols, m, backward=backward), synced, times)
 
-    def actions(self, times: np.ndarray, m: int, *, backward: bool) -> np.ndarray:
+    def actions(self, times: np.ndarray, m: int, *, backward: bool, leads: np.ndarray | None = None) -> np.ndarray:
         """[V, dp x m] seconds of each action from its compute ``times`` [V, dp x m] (virtual stage
         by row; columns replica-major, ``m`` micro-batches per replica): in lock-step across the
-        sharding group (:meth:`lockstep`), + what the collectives leave exposed."""
+        sharding group (:meth:`lockstep`), + what the collectives leave exposed. ``leads`` [V, dp]
+        (forward, :meth:`leads`): the first forwards' gathers issued that far ahead (NaN: not)."""
         synced = self.lockstep(times, m, backward=backward)
-        out = np.stack([self.action(row, vs, backward=backward) for vs, row in enumerate(synced)])
+
+        def lead(vs: int):
+            if backward or leads is None or np.isnan(leads[vs]).any():
+                return None
+            return np.repeat(leads[vs], m)
+
+        out = np.stack([self.action(row, vs, backward=backward, lead=lead(vs)) for vs, row in enumerate(synced)])
         return np.where(self._paying(times.shape[1], m, backward=backward), out, times)
 
 
 def fsdp_rows(fsdp: FsdpPricing, compute: dict[str, np.ndarray], layout: Layout, plan, mean_budget: np.ndarray, *,
-              kinds: list[str], start: np.ndarray, iteration: int, columns: tuple[str, ...]):
+              kinds: list[str], start: np.ndarray, iteration: int, columns: tuple[str, ...],
+              leads: np.ndarray | None = None):
     """Trace rows (``columns``: the trace schema) of every unit gather (``AG``) and reduce-scatter
     (``RS``) inside each F and B action, placed from the action's start (``start`` [dp, kinds, V, m],
     the engine's) by the action's own timeline from its compute ``compute`` [dp, V, m] per mode.
-    ``tokens`` holds the micro-batch's tokens, ``budget`` its mean budget, as on the action's row."""
+    ``tokens`` holds the micro-batch's tokens, ``budget`` its mean budget, as on the action's row;
+    ``leads`` [V, dp] (:meth:`FsdpPricing.leads`) places the gathers issued ahead before their forward."""
     import pandas as pd
 
     devices = layout.devices
     out: dict[str, list] = {c: [] for c in columns}
-    cache: dict[tuple[float, int, bool], list[Event]] = {}  # equal actions recur (fixed-length data)
+    cache: dict[tuple[float, int, bool, float | None], list[Event]] = {}  # equal actions recur
     for kind in ("F", "B"):
         if kind not in kinds or kind not in compute:
             continue
@@ -262,9 +331,10 @@ def fsdp_rows(fsdp: FsdpPricing, compute: dict[str, np.ndarray], layout: Layout,
                 continue
             for vs in range(len(devices)):
                 sec = float(compute[kind][r, vs, j])
-                key = (sec, vs, kind == "B")
+                lead = None if leads is None or kind == "B" or np.isnan(leads[vs, r]) else float(leads[vs, r])
+                key = (sec, vs, kind == "B", lead)
                 if key not in cache:
-                    cache[key] = fsdp.events(sec, vs, backward=kind == "B")
+                    cache[key] = fsdp.events(sec, vs, backward=kind == "B", lead=lead)
                 t0 = float(start[r, ki, vs, j])
                 for e in cache[key]:
                     for col, val in (("iteration", iteration), ("dp_rank", r), ("stage", devices[vs]),

@@ -40,6 +40,10 @@ from sparsebalance.simulator.schedule.graph import schedule_graph
 from sparsebalance.simulator.schedule.schedules import splits_backward
 from sparsebalance.simulator.schedule.timing import kind_durations
 
+LEAD_PASSES = 8
+"""Engine passes that find how far ahead FSDP's early gathers ran (``FsdpPricing.leads``): the
+first with them free, each next one with the leads of the one before, until they stop moving."""
+
 
 class SimulatorExecutor:
     """Runs a plan + budgets through the cluster's schedule; seconds throughout."""
@@ -67,6 +71,9 @@ class SimulatorExecutor:
         """Unit gathers and reduce-scatters added to every F and B action under zero2 / zero3."""
         self.compute: dict[str, np.ndarray] = {}
         """[dp, V, m] per mode: the actions' compute before the FSDP collectives (zero2 / zero3)."""
+        self.leads: np.ndarray | None = None
+        """[V, dp] how far ahead of its first forward each virtual stage was gathered (FSDP under a
+        multi-stage torch or Llama 3 pipeline: ``FsdpPricing.leads``; NaN: not ahead), else None."""
         self._embedding = np.array([embedding_allreduce_time(model, cluster, s) for s in range(cluster.pp)])
         """[pp] seconds of the tied embedding's gradient all-reduce after each stage's DP reduction."""
         self._fixed = (
@@ -104,10 +111,36 @@ class SimulatorExecutor:
         modes = ("F", "B", "I", "W") if splits_backward(c.schedule) else ("F", "B")
         # [V, dp * m] per mode from the latency model's one stage cost (simulator/cost/stagecost.py)
         got = self.latency.stage_times([mb.lengths for _, _, mb in plan.microbatches()], flat, modes)
+        self.leads = None
         if self.fsdp is not None:  # each action's unit gathers and reduce-scatters (cost/fsdp.py)
             self.compute = {mode: t.reshape(nv, dp, m).transpose(1, 0, 2) for mode, t in got.items()}
-            got = {mode: self.fsdp.actions(t, m, backward=mode != "F") for mode, t in got.items()}
-        times = {mode: t.reshape(nv, dp, m).transpose(1, 0, 2) for mode, t in got.items()}
+            if self.fsdp.ahead:  # gathered from the step's start: how far ahead of each first forward
+                leads = np.full((nv, dp), np.nan)
+                leads[sorted(self.fsdp.ahead_vstages())] = np.inf  # the first pass: those gathers free
+                for _ in range(LEAD_PASSES):  # the forwards' starts, and from them the leads, to a fixed point
+                    trial = self._input(self._priced(got, m, leads), p2p, m, tokens, mean_budget, iteration, blocking)
+                    new = self.fsdp.leads(simulate(trial).forward_start)
+                    done = np.allclose(new, leads, rtol=0.0, atol=1e-12, equal_nan=True)
+                    leads = new
+                    if done:
+                        break
+                self.leads = leads
+            got = self._priced(got, m, self.leads)
+        return self._input(got, p2p, m, tokens, mean_budget, iteration, blocking)
+
+    def _priced(self, got: dict[str, np.ndarray], m: int, leads: np.ndarray | None) -> dict[str, np.ndarray]:
+        """[V, dp x m] seconds per mode of every action with its FSDP collectives (``leads``: how
+        far ahead each virtual stage's first forward was gathered, ``FsdpPricing.leads``)."""
+        assert self.fsdp is not None
+        return {mode: self.fsdp.actions(t, m, backward=mode != "F", leads=leads if mode == "F" else None)
+                for mode, t in got.items()}
+
+    def _input(self, times, p2p, m, tokens, mean_budget, iteration, blocking) -> PipelineInput:
+        """The engine input from per-mode action seconds ``times`` [V, dp x m] (columns replica-major),
+        with the calibration and the end-of-step terms."""
+        c = self.cluster
+        nv = c.pp * c.virtual_stages
+        times = {mode: t.reshape(nv, -1, m).transpose(1, 0, 2) for mode, t in times.items()}
         if self.calibration is not None:
             times = self.calibration.apply(times, layout_of(self.model, c).devices)
         return PipelineInput(schedule=c.schedule, pp=c.pp, virtual_stages=c.virtual_stages,
@@ -176,7 +209,8 @@ class SimulatorExecutor:
             from sparsebalance.simulator.engine.trace import TRACE_COLUMNS
 
             rows = fsdp_rows(self.fsdp, self.compute, layout_of(self.model, self.cluster), plan, inp.budget,
-                             kinds=list(res.kinds), start=res.start, iteration=res.inp.iteration, columns=TRACE_COLUMNS)
+                             kinds=list(res.kinds), start=res.start, iteration=res.inp.iteration, columns=TRACE_COLUMNS,
+                             leads=self.leads)
             trace = pd.concat([trace, rows], ignore_index=True)
         return IterationResult(
             iteration_time_s=res.iteration_time,

@@ -267,3 +267,69 @@ def test_a_sharding_group_walks_its_units_in_lock_step():
                                rtol=0)  # only the last micro-batch's backward reduce-scatters
     np.testing.assert_allclose(last.lockstep(c, 2, backward=False), [[3e-3, 4e-3, 3e-3, 2e-3]] * len(p.units),
                                rtol=0)  # only the first one's forward gathers
+
+
+@pytest.mark.parametrize("lead,want", [(4.5, 3.0), (2.0, 3.5), (0.0, 5.5), (-1.0, 6.5)])
+def test_a_forward_gathered_ahead_by_hand(lead, want):
+    """3 units, 1 s of compute each, gathers of 1.5 s issued back to back ``lead`` s before the action:
+    4.5 s ahead all are done (3 s of compute); 2 s ahead they end at -0.5, 1.0, 2.5, so units run
+    0-1, 1-2, 2.5-3.5; at the action's start 1.5, 3, 4.5: 1.5-2.5, 3-4, 4.5-5.5; 1 s after it
+    (behind another stage's gathers) 2.5, 4, 5.5: 6.5 s."""
+    p = _units(pricing(param_gather_bytes=2, fsdp_grad_sync="last"), 3, 1.5)
+    assert p.action(3.0, 0, backward=False, lead=lead) == pytest.approx(want, abs=1e-12)
+    ev = p.events(3.0, 0, backward=False, lead=lead)
+    assert [x for e in ev for x in (e.start, e.end)] == pytest.approx(
+        [-lead + 1.5 * i + d for i in range(3) for d in (0.0, 1.5)])
+
+
+def test_which_runs_gather_ahead():
+    """torch.distributed.pipelining's multi-stage schedules (and Llama 3's, assumed) unshard a device's
+    first 3 virtual stages at the step's start; single-stage schedules, Megatron and ``ideal``, and
+    FSDP that gathers every micro-batch gather when the forward starts."""
+    base = {"pp": 2, "dp": 4, "global_batch": 8, "fsdp_grad_sync": "last", "dp_mode": "zero2"}
+    inter = base | {"schedule": "interleaved", "virtual_stages": 2}
+    assert pricing(**inter, pp_impl="torch").ahead and pricing(**inter, pp_impl="meta").ahead
+    assert not pricing(**inter).ahead and not pricing(**inter, pp_impl="megatron").ahead
+    assert not pricing(**base, pp_impl="torch").ahead
+    assert not pricing(**(inter | {"fsdp_grad_sync": "every"}), pp_impl="torch").ahead
+    model = replace(tiny(), layers=16)
+    p = pricing(model, **(inter | {"virtual_stages": 4, "global_batch": 8}), pp_impl="torch")
+    assert p.ahead_vstages() == {0, 1, 2, 3, 4, 5}  # device d holds d, d + 2, d + 4, d + 6: its first 3
+
+
+def test_leads_follow_the_devices_gather_order():
+    """Device 0 holds virtual stages 0 and 2 (pp 2, v 2): its gathers start at 0 for stage 0 and behind
+    them for stage 2, so stage 2's first forward at 5 s was gathered 5 - G(0) s ahead; stage 0's at 0."""
+    p = pricing(replace(tiny(), layers=8), pp=2, dp=4, global_batch=8, schedule="interleaved", virtual_stages=2,
+                fsdp_grad_sync="last", dp_mode="zero2", pp_impl="torch", param_gather_bytes=2)
+    start = np.zeros((1, 4, 3))
+    start[0, :, 0] = [0.0, 1.0, 5.0, 7.0]
+    leads = p.leads(start)
+    assert leads.shape == (4, 1)
+    assert leads[:, 0] == pytest.approx([0.0, 1.0, 5.0 - p.vstage_gather(0), 7.0 - p.vstage_gather(1)])
+    assert p.vstage_gather(0) == pytest.approx(p.gather(p.units[0].root) + 2 * p.gather(p.units[0].per_layer))
+
+
+def test_gathering_ahead_shortens_an_interleaved_step_and_its_trace_shows_it(tmp_path):
+    """The same zero2 run under an interleaved schedule: gathered ahead (pp_impl torch) it is faster
+    than gathered at each first forward (ideal) and no faster than with free gathers; the trace puts
+    device 1's first gathers before its first forward."""
+    import pandas as pd
+
+    def run(impl: str, bw: str = "1e9"):
+        sub = tmp_path / impl / bw
+        sub.mkdir(parents=True)
+        r = _run(sub, f'schedule = "interleaved"\nvirtual_stages = 2\ndp_mode = "zero2"\nfsdp_grad_sync = "last"\n'
+                      f'pp_impl = "{impl}"\nallreduce_bandwidth = {bw}\ntp_bandwidth = {bw}\n')
+        assert r.returncode == 0, r.stderr
+        out = sub / "out"
+        return (pd.read_csv(next(out.rglob("metrics.csv")))["iteration_time_s"].iloc[0],
+                pd.read_csv(next(out.rglob("trace.csv"))))
+
+    ahead, trace = run("torch")
+    late, _ = run("ideal")
+    free, _ = run("torch", "1e15")
+    assert free <= ahead < late
+    first_f = trace[(trace.op == "F") & (trace.stage == 1) & (trace.dp_rank == 0)].start_s.min()
+    first_ag = trace[(trace.op == "AG") & (trace.stage == 1) & (trace.dp_rank == 0)].start_s.min()
+    assert first_ag == pytest.approx(0.0, abs=1e-12) and first_ag < first_f

@@ -239,6 +239,9 @@ def test_p2p_split_across_tp_175b():
     assert hop(pp_impl="megatron") == pytest.approx(whole, rel=1e-12)  # Megatron-Core: no scatter/gather
     assert hop() == pytest.approx(whole, rel=1e-12)  # ideal: today's
     assert hop(pp_impl="torch", sequence_parallel=True) == pytest.approx(whole, rel=1e-12)
+    # Llama 3's pipeline: a rank sends the sequence shard it holds under SP, the whole without
+    assert hop(pp_impl="meta", sequence_parallel=True) == pytest.approx(wire, rel=1e-12)
+    assert hop(pp_impl="meta") == pytest.approx(whole, rel=1e-12)
 
 
 def test_embedding_allreduce_175b():
@@ -306,14 +309,19 @@ def test_blocking_only_where_the_implementation_blocks():
     assert not p2p_blocking(replace(c, pp_impl="megatron", schedule="interleaved", virtual_stages=2))
     assert p2p_blocking(replace(c, pp_impl="megatron-2022", schedule="interleaved", virtual_stages=2))
     assert not p2p_blocking(replace(c, pp_impl="megatron-2022", schedule="zb-h1"))
+    for schedule, v in (("1f1b", 1), ("gpipe", 1), ("interleaved", 2)):  # Llama 3: asynchronous sends
+        assert not p2p_blocking(replace(c, pp_impl="meta", schedule=schedule, virtual_stages=v))
 
 
 def test_bad_fields_one_line():
     with pytest.raises(ConfigError, match=r"^pp_impl: 'deepspeed' is not allowed; choose one of ideal, "
-                                          r"megatron-2022, megatron, torch$"):
+                                          r"megatron-2022, megatron, torch, meta$"):
         ClusterConfig(pp_impl="deepspeed")
     with pytest.raises(ConfigError, match="^grad_clip: must be true or false"):
         ClusterConfig(grad_clip="yes")
+    for bad in (-1, 1.5, True, "1"):
+        with pytest.raises(ConfigError, match=r"^end_stage_layers_fewer: must be a whole number of layers >= 0"):
+            ClusterConfig(end_stage_layers_fewer=bad)
 
 
 def test_interleaved_blocking_refuses_what_megatron_2022_cannot_run():
@@ -364,6 +372,11 @@ def test_executor_wires_the_implementation():
     assert inp.p2p_blocking and inp.grad_norm == pytest.approx(2 * 2 * 10e-6)
     assert inp.allreduce == pytest.approx(ideal.allreduce + np.array([emb, 0.0, emb]))
     assert simulate(inp).iteration_time > simulate(ideal).iteration_time
+    # Llama 3's pipeline: asynchronous sends and no embedding all-reduce (a Megatron term): the ideal input
+    meta = replace(base, pp_impl="meta")
+    inp = SimulatorExecutor(LinearLatency(meta), model, meta).build_input(0, plan, budgets)
+    assert not inp.p2p_blocking and inp.allreduce == pytest.approx(ideal.allreduce)
+    assert simulate(inp).iteration_time == pytest.approx(simulate(ideal).iteration_time, rel=1e-12)
     bad = replace(base, pp_impl="megatron-2022", schedule="interleaved", virtual_stages=2, global_batch=3)
     with pytest.raises(ConfigError, match="^cluster.pp_impl: 'megatron-2022' blocks the interleaved"):
         SimulatorExecutor(LinearLatency(bad), model, bad).build_input(0, _plan(1, 3), uniform_budgets(_plan(1, 3), 4))

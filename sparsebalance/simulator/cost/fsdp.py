@@ -107,6 +107,13 @@ class FsdpPricing:
         self.regather = cluster.dp_mode == "zero3" and not self.once
         """Whether the backward gathers again (zero3 at every micro-batch); zero2 keeps the forward's units."""
         self.post = cluster.fsdp_backward_prefetch == "post"
+        self.reduce_after = self.once and cluster.pp_impl == "torch"
+        """Whether a stage's last backward reduce-scatters only once it is done, every unit back to
+        back, and its device waits for them: torch.distributed.pipelining runs every backward of an
+        FSDP stage with gradient sync off and reduces in ``perform_reduce_grad`` after the stage's
+        last backward, whose final callback makes the compute stream wait (torch 2.13 ``stage.py``
+        L843-847, L1164-1191; ``schedules.py`` L1177 and REDUCE_GRAD). Elsewhere a unit's
+        reduce-scatter starts as its gradient is done, under the rest of the backward."""
         self.ahead = self.once and cluster.pp_impl in ("torch", "meta") and cluster.virtual_stages > 1
         """Whether a device's first :data:`AHEAD_STAGES` virtual stages are gathered ahead, from the
         step's start, instead of when their first forward starts: torch.distributed.pipelining's
@@ -202,6 +209,15 @@ class FsdpPricing:
                 start = np.maximum(end, link)
                 end = start + f
             return end
+        if self.reduce_after:  # every unit's reduce-scatter after the whole backward, waited for
+            link = c
+            for i in reversed(range(u.layers)):
+                a, link = link, link + rs_layer
+                note("RS", i, a, link, u.per_layer * rb)
+            if u.root:
+                a, link = link, link + rs_root
+                note("RS", -1, a, link, u.root * rb)
+            return link
         link, end = zero, zero
         gathered = zero
         if self.regather:

@@ -333,3 +333,19 @@ def test_gathering_ahead_shortens_an_interleaved_step_and_its_trace_shows_it(tmp
     first_f = trace[(trace.op == "F") & (trace.stage == 1) & (trace.dp_rank == 0)].start_s.min()
     first_ag = trace[(trace.op == "AG") & (trace.stage == 1) & (trace.dp_rank == 0)].start_s.min()
     assert first_ag == pytest.approx(0.0, abs=1e-12) and first_ag < first_f
+
+
+@pytest.mark.parametrize("impl,want", [("torch", 9.0), ("ideal", 7.0), ("meta", 7.0)])
+def test_torch_pipelining_reduces_after_the_last_backward(impl, want):
+    """3 units, 2 s of gradient compute each, fp32 reduce-scatters of 1.0 s, reduced once a step:
+    torch.distributed.pipelining reduce-scatters only after the stage's last backward and waits for
+    them (6 + 3 x 1.0 = 9.0 s); FSDP's own hooks start each unit's as its gradient is done, so only
+    the last is exposed (6 + 1.0 = 7.0 s)."""
+    p = _units(pricing(dp_mode="zero2", fsdp_grad_sync="last", pp_impl=impl, param_gather_bytes=2,
+                       grad_reduce_bytes=4), 3, 0.5)
+    assert p.reduce_after == (impl == "torch")
+    assert p.action(6.0, 0, backward=True) == pytest.approx(want, abs=1e-12)
+    ev = p.events(6.0, 0, backward=True)
+    assert [e.op for e in ev] == ["RS"] * 3 and ev[-1].end == pytest.approx(want)
+    if impl == "torch":
+        assert [e.start for e in ev] == pytest.approx([6.0, 7.0, 8.0])

@@ -30,7 +30,11 @@ one's backward reduce-scatters, the units staying gathered in between):
   its reduce-scatter), with ``post`` after it (behind the reduce-scatter); zero2 gathers nothing.
   Each unit's reduce-scatter is issued when its computation ends. The action ends when both its
   compute and its last reduce-scatter are done: gradients are reduced at every micro-batch
-  (FSDP's default under gradient accumulation), so what the link cannot hide is exposed.
+  (FSDP's default under gradient accumulation), so what the link cannot hide is exposed. Reduced
+  once a step with pp > 1 they run behind the pipeline instead and the step's end waits for them
+  (:attr:`FsdpPricing.background`); under torch's pipelining all after the backward, waited for
+  (:attr:`FsdpPricing.reduce_after`). Under a multi-stage torch or Llama 3 pipeline a device gathers
+  its first virtual stages from the step's start (:attr:`FsdpPricing.ahead`).
 
 **Lock-step across the group.** A collective completes only when every rank of the sharding group
 has joined it, and each rank joins unit u + 1's gather as it starts unit u: the group's ranks walk
@@ -114,6 +118,12 @@ class FsdpPricing:
         last backward, whose final callback makes the compute stream wait (torch 2.13 ``stage.py``
         L843-847, L1164-1191; ``schedules.py`` L1177 and REDUCE_GRAD). Elsewhere a unit's
         reduce-scatter starts as its gradient is done, under the rest of the backward."""
+        self.background = self.once and cluster.pp > 1 and not self.reduce_after
+        """Whether a stage's once-a-step reduce-scatters run behind the pipeline: each unit's issued as
+        its gradient is done in the virtual stage's last backward, on the device's one link, and only
+        the step's end (the optimizer) waits for them, so the backward's gradient goes to the stage
+        before at once (:meth:`tail_exposed`); FSDP's post-backward hooks reduce on their own stream,
+        and with PP that backward is not the device's last action."""
         self.ahead = self.once and cluster.pp_impl in ("torch", "meta") and cluster.virtual_stages > 1
         """Whether a device's first :data:`AHEAD_STAGES` virtual stages are gathered ahead, from the
         step's start, instead of when their first forward starts: torch.distributed.pipelining's
@@ -294,6 +304,29 @@ class FsdpPricing:
         j = np.arange(cols) % m
         return np.ones(cols, dtype=bool) if not self.once else j == (m - 1 if backward else 0)
 
+    def tail_exposed(self, start: np.ndarray, end: np.ndarray, finish: np.ndarray) -> np.ndarray:
+        """[pp] seconds each device's step end waits for its reduce-scatters (:attr:`background`), from
+        the engine's ``start`` and ``end`` [dp, V] of every virtual stage's last backward and
+        ``finish`` [dp, pp], the end of each device's last action: the units' reduce-scatters issued
+        as their gradients are done (the action's compute spread evenly over its layers, the root
+        last), one at a time on the device's link in issue order; the most over replicas."""
+        dp = start.shape[0]
+        out = np.zeros(self.cluster.pp)
+        for d in range(self.cluster.pp):
+            for r in range(dp):
+                issued: list[tuple[float, float]] = []
+                for vs in self.layout.vstages_of(d):
+                    u, s, e = self.units[vs], float(start[r, vs]), float(end[r, vs])
+                    issued += [(s + (e - s) * (k + 1) / u.layers, self.reduce_scatter(u.per_layer))
+                               for k in range(u.layers)]
+                    if u.root:
+                        issued.append((e, self.reduce_scatter(u.root)))
+                link = 0.0
+                for t, dur in sorted(issued):
+                    link = max(link, t) + dur
+                out[d] = max(out[d], link - float(finish[r, d]))
+        return np.maximum(out, 0.0)
+
     def lockstep(self, times: np.ndarray, m: int, *, backward: bool) -> np.ndarray:
         """[V, dp x m] compute seconds with each action whose collectives run (:meth:`pays`) raised to
         the slowest of its sharding group's DP replicas for the same (virtual stage, micro-batch)
@@ -314,6 +347,9 @@ class FsdpPricing:
         sharding group (:meth:`lockstep`), + what the collectives leave exposed. ``leads`` [V, dp]
         (forward, :meth:`leads`): the first forwards' gathers issued that far ahead (NaN: not)."""
         synced = self.lockstep(times, m, backward=backward)
+
+        if backward and self.background:  # reduced behind the pipeline: the step's end pays (tail_exposed)
+            return synced
 
         def lead(vs: int):
             if backward or leads is None or np.isnan(leads[vs]).any():

@@ -126,7 +126,12 @@ class SimulatorExecutor:
                         break
                 self.leads = leads
             got = self._priced(got, m, self.leads)
-        return self._input(got, p2p, m, tokens, mean_budget, iteration, blocking)
+        inp = self._input(got, p2p, m, tokens, mean_budget, iteration, blocking)
+        if self.fsdp is not None and self.fsdp.background:  # the step's end waits for the reduce-scatters
+            res = simulate(inp)
+            inp.allreduce = inp.allreduce + self.fsdp.tail_exposed(
+                res.backward_start[:, :, m - 1], res.backward_end[:, :, m - 1], res.stage_finish)
+        return inp
 
     def _priced(self, got: dict[str, np.ndarray], m: int, leads: np.ndarray | None) -> dict[str, np.ndarray]:
         """[V, dp x m] seconds per mode of every action with its FSDP collectives (``leads``: how

@@ -349,3 +349,31 @@ def test_torch_pipelining_reduces_after_the_last_backward(impl, want):
     assert [e.op for e in ev] == ["RS"] * 3 and ev[-1].end == pytest.approx(want)
     if impl == "torch":
         assert [e.start for e in ev] == pytest.approx([6.0, 7.0, 8.0])
+
+
+def test_once_a_step_reduce_scatters_run_behind_the_pipeline_by_hand():
+    """pp 2, zero2, reduced once a step, 2 layer units a stage, fp32 reduce-scatters of 1.0 s: device
+    0's last backward runs 10-14 s, its units' gradients done at 12 and 14, reduced 12-13 and 14-15:
+    the step's end waits 1.0 s past its finish at 14; device 1's (6-8 s: 7-8, 8-9) are done before it
+    finishes at 9.5. With two virtual stages on a device (v 2) their reduce-scatters queue on its
+    link: vs 2 at 5-6 (5.5, 6.0), vs 0 at 6.5-7 (6.75, 7.0): 5.5-6.5, 6.5-7.5, 7.5-8.5, 8.5-9.5,
+    2.5 s past 7. The backward itself is priced at its compute."""
+    def priced(**kw):
+        p = pricing(replace(tiny(), layers=4), dp_mode="zero2", fsdp_grad_sync="last", param_gather_bytes=2,
+                    grad_reduce_bytes=4, **kw)
+        p.units = [Units(root=0, layers=2, per_layer=1_000_000)] * len(p.units)
+        p.bandwidth = (p.n - 1) / p.n * 1_000_000 * 4 / 1.0
+        p.latency = 0.0
+        return p
+
+    p = priced(pp=2, global_batch=8)
+    assert p.background and not p.reduce_after
+    got = p.tail_exposed(np.array([[10.0, 6.0]]), np.array([[14.0, 8.0]]), np.array([[14.0, 9.5]]))
+    assert got == pytest.approx([1.0, 0.0])
+    c = np.full((2, 8), 2.0)
+    assert (p.actions(c, 4, backward=True) == c).all()  # the step's end pays instead
+    v = priced(pp=2, schedule="interleaved", virtual_stages=2, global_batch=8)
+    start, end = np.array([[6.5, 0.0, 5.0, 0.0]]), np.array([[7.0, 0.0, 6.0, 0.0]])
+    assert v.tail_exposed(start, end, np.array([[7.0, 0.0]]))[0] == pytest.approx(2.5)
+    assert not priced(pp=1, global_batch=8).background  # one stage: its last backward ends the step anyway
+    assert not priced(pp=2, global_batch=8, pp_impl="torch").background  # torch waits inside (reduce_after)

@@ -155,7 +155,10 @@ def resolve(job: Any, world_size: int | None = None, *, check_data: bool = True)
             raise ConfigError(f"cluster.global_batch: {docs} documents do not split into dp x micro-batches "
                               f"= {dp} x {m} (every micro-batch holds the same number of documents)")
         mbs = docs // (dp * m)
-    cluster = replace(base.cluster, pp=pp, dp=dp, schedule=sched, micro_batch_size=mbs, **dp_mode_of(par, dp, pipeline))
+    # torchtitan pipelines with torch.distributed.pipelining: its sends and FSDP reductions are priced so
+    impl = "torch" if pipeline else base.cluster.pp_impl
+    cluster = replace(base.cluster, pp=pp, dp=dp, schedule=sched, micro_batch_size=mbs, pp_impl=impl,
+                      **dp_mode_of(par, dp, pipeline))
     run = replace(base, model=model, cluster=cluster, policy=policy)
     setup = TitanSetup(run=run, microbatches=m, pipeline=pipeline, slots=slots)
     if check_data:

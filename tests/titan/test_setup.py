@@ -105,14 +105,16 @@ def test_a_config_of_ones_own_without_moba_is_one_line_and_exit_2(run_cli, tmp_p
 
 
 @pytest.mark.parametrize("config, nproc, overrides, want", [
-    ("sparsebalance_tiny_fsdp2", 2, [], {"dp_mode": "zero3", "fsdp_shard": None, "fsdp_grad_sync": None}),
+    ("sparsebalance_tiny_fsdp2", 2, [], {"dp_mode": "zero3", "fsdp_shard": None, "fsdp_grad_sync": None,
+                                         "pp_impl": "ideal"}),
     ("sparsebalance_tiny_fsdp2", 2, ["--parallelism.fsdp_reshard_after_forward", "never"],
      {"dp_mode": "zero2", "fsdp_grad_sync": None}),
-    ("sparsebalance_tiny_pp2", 2, [], {"dp_mode": "ddp"}),  # PP 2 on 2 processes: dp 1
+    ("sparsebalance_tiny_pp2", 2, [], {"dp_mode": "ddp", "pp_impl": "torch"}),  # PP 2 on 2 processes: dp 1
 ])
 def test_the_jobs_data_parallelism_becomes_the_runs_dp_mode(config, nproc, overrides, want):
     """FSDP2 over the DP ranks is priced as the simulator's zero3 (reshard after forward, torchtitan's
-    default without PP) or zero2 (``never``); a job without DP replicas stays ddp."""
+    default without PP) or zero2 (``never``); a job without DP replicas stays ddp; a pipelined job
+    follows torch.distributed.pipelining (``pp_impl = "torch"``: blocking 1F1B sends)."""
     from sparsebalance.titan.launch import check_job
 
     c = check_job(config, nproc, overrides).run.cluster

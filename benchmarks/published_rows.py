@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
-PP_IMPLS = ("megatron-2022", "megatron", "meta")
+PRICED_PP_IMPLS = ("megatron-2022", "megatron", "meta")
 """Pipeline implementations of published rows the simulator prices (``cluster.pp_impl``)."""
 PUBLISHED = ROOT / "validation" / "published"
 BLOCK = 128
@@ -80,8 +80,8 @@ def gaps(row) -> tuple[list[str], list[str]]:
     blocking, approx = [], []
     if "fp8" in str(row.precision).lower():
         blocking.append(f"FP8 (precision = {row.precision})")
-    if row.pp > 1 and row.pp_impl not in PP_IMPLS:
-        blocking.append(f"pipeline implementation {row.pp_impl!r} (modelled: {', '.join(PP_IMPLS)})")
+    if row.pp > 1 and row.pp_impl not in PRICED_PP_IMPLS:
+        blocking.append(f"pipeline implementation {row.pp_impl!r} (modelled: {', '.join(PRICED_PP_IMPLS)})")
     if row.tp_overlap == "te" and row.tp > 1 and not row.sequence_parallel:
         approx.append("TE comm-GEMM overlap without sequence parallelism: priced as Megatron's async overlap")
     node = NODES.get(row.gpu)
@@ -114,7 +114,7 @@ def dense_config(row) -> dict:
                # the pipeline implementation the row ran (blocking sends, P2P split over TP, tied
                # embedding's all-reduce) and its gradient clipping (the norm's barrier); other
                # implementations are not priced with pp > 1 (gaps) and keep the ideal pipeline
-               "pp_impl": row.pp_impl if row.pp_impl in PP_IMPLS else "ideal",
+               "pp_impl": row.pp_impl if row.pp_impl in PRICED_PP_IMPLS else "ideal",
                "grad_clip": bool(row.grad_clip)}
     if row.dp_mode in ("zero2", "zero3"):
         cluster |= {"param_gather_bytes": int(row.param_gather_bytes)}

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import accumulate
 
 import numpy as np
 
@@ -89,7 +90,7 @@ def split_layers(layers: int, chunks: int, end_fewer: int = 0) -> tuple[range, .
     else:
         base, extra = divmod(layers, chunks)
         sizes = [base + (v < extra) for v in range(chunks)]
-    starts = [sum(sizes[:v]) for v in range(chunks + 1)]
+    starts = list(accumulate(sizes, initial=0))
     return tuple(range(starts[v], starts[v + 1]) for v in range(chunks))
 
 

@@ -130,6 +130,8 @@ class FsdpPricing:
         multi-stage (runtime) schedules insert an UNSHARD (``unshard(async_op=True)`` of every FSDP
         unit) for the next ``max_active_stages = 3`` stages before a device's first action (torch
         2.13 ``schedules.py``, ``_add_unshard_reshard``); Llama 3's pipeline is assumed to do the same."""
+        self._ahead: set[int] | None = None
+        """:meth:`ahead_vstages`, once found."""
         last = len(layout.vstage_ranges) - 1
         tp = cluster.tp
         self.units: list[Units] = []
@@ -262,20 +264,18 @@ class FsdpPricing:
 
     def ahead_vstages(self) -> set[int]:
         """The virtual stages gathered ahead (:attr:`ahead`): on each device the first
-        :data:`AHEAD_STAGES` of its virtual stages in the order its schedule first runs them."""
+        :data:`AHEAD_STAGES` of its virtual stages in the order its schedule first runs them (found
+        once: a property of the schedule, asked at every pass of every iteration)."""
         from sparsebalance.simulator.schedule.schedules import fewest_microbatches, stage_orders
 
-        if not self.ahead:
-            return set()
-        c = self.cluster
-        out: set[int] = set()
-        for order in stage_orders(c.schedule, c.pp, fewest_microbatches(c.schedule, c.pp), c.virtual_stages):
-            first: list[int] = []
-            for kind, vs, _ in order:
-                if kind == "F" and vs not in first:
-                    first.append(vs)
-            out.update(first[:AHEAD_STAGES])
-        return out
+        if self._ahead is None:
+            c = self.cluster
+            self._ahead = set()
+            orders = stage_orders(c.schedule, c.pp, fewest_microbatches(c.schedule, c.pp), c.virtual_stages)
+            for order in orders if self.ahead else []:
+                first = list(dict.fromkeys(vs for kind, vs, _ in order if kind == "F"))
+                self._ahead.update(first[:AHEAD_STAGES])
+        return self._ahead
 
     def leads(self, forward_start: np.ndarray) -> np.ndarray:
         """[V, dp] ``lead`` of each virtual stage's first forward (:meth:`action`) from

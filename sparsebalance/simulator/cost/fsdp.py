@@ -304,27 +304,40 @@ class FsdpPricing:
         j = np.arange(cols) % m
         return np.ones(cols, dtype=bool) if not self.once else j == (m - 1 if backward else 0)
 
-    def tail_exposed(self, start: np.ndarray, end: np.ndarray, finish: np.ndarray) -> np.ndarray:
-        """[pp] seconds each device's step end waits for its reduce-scatters (:attr:`background`), from
-        the engine's ``start`` and ``end`` [dp, V] of every virtual stage's last backward and
-        ``finish`` [dp, pp], the end of each device's last action: the units' reduce-scatters issued
-        as their gradients are done (the action's compute spread evenly over its layers, the root
-        last), one at a time on the device's link in issue order; the most over replicas."""
-        dp = start.shape[0]
-        out = np.zeros(self.cluster.pp)
+    def reduce_queue(self, start: np.ndarray, end: np.ndarray) -> list[tuple[int, int, Event]]:
+        """(replica, virtual stage, RS event in step seconds) of every once-a-step reduce-scatter run
+        behind the pipeline (:attr:`background`), from the engine's ``start`` and ``end`` [dp, V] of
+        each virtual stage's last backward: each unit's issued as its gradient is done (the action's
+        compute spread evenly over its layers, last layer first, the root last) and run one at a time
+        on its device's link in issue order, so one virtual stage's wait behind another's on the same
+        device shows (what :meth:`tail_exposed` prices, and the trace's RS rows)."""
+        out: list[tuple[int, int, Event]] = []
+        rb = self.reduce_bytes
         for d in range(self.cluster.pp):
-            for r in range(dp):
-                issued: list[tuple[float, float]] = []
+            for r in range(start.shape[0]):
+                issued: list[tuple[float, float, int, int, float]] = []  # (issue, seconds, vs, unit, bytes)
                 for vs in self.layout.vstages_of(d):
                     u, s, e = self.units[vs], float(start[r, vs]), float(end[r, vs])
-                    issued += [(s + (e - s) * (k + 1) / u.layers, self.reduce_scatter(u.per_layer))
-                               for k in range(u.layers)]
+                    issued += [(s + (e - s) * (k + 1) / u.layers, self.reduce_scatter(u.per_layer), vs,
+                                u.layers - 1 - k, u.per_layer * rb) for k in range(u.layers)]
                     if u.root:
-                        issued.append((e, self.reduce_scatter(u.root)))
+                        issued.append((e, self.reduce_scatter(u.root), vs, -1, u.root * rb))
                 link = 0.0
-                for t, dur in sorted(issued):
-                    link = max(link, t) + dur
-                out[d] = max(out[d], link - float(finish[r, d]))
+                for t, dur, vs, unit, nbytes in sorted(issued, key=lambda x: (x[0], x[1])):
+                    a = max(link, t)
+                    link = a + dur
+                    out.append((r, vs, Event("RS", unit, a, link, float(nbytes))))
+        return out
+
+    def tail_exposed(self, start: np.ndarray, end: np.ndarray, finish: np.ndarray) -> np.ndarray:
+        """[pp] seconds each device's step end waits for its reduce-scatters (:attr:`background`):
+        the last of its :meth:`reduce_queue` past ``finish`` [dp, pp], the end of each device's last
+        action; the most over replicas. ``start``, ``end`` as :meth:`reduce_queue`."""
+        out = np.zeros(self.cluster.pp)
+        devices = self.layout.devices
+        for r, vs, e in self.reduce_queue(start, end):
+            d = devices[vs]
+            out[d] = max(out[d], e.end - float(finish[r, d]))
         return np.maximum(out, 0.0)
 
     def lockstep(self, times: np.ndarray, m: int, *, backward: bool) -> np.ndarray:
@@ -361,18 +374,33 @@ class FsdpPricing:
 
 
 def fsdp_rows(fsdp: FsdpPricing, compute: dict[str, np.ndarray], layout: Layout, plan, mean_budget: np.ndarray, *,
-              kinds: list[str], start: np.ndarray, iteration: int, columns: tuple[str, ...],
+              kinds: list[str], start: np.ndarray, end: np.ndarray, iteration: int, columns: tuple[str, ...],
               leads: np.ndarray | None = None):
     """Trace rows (``columns``: the trace schema) of every unit gather (``AG``) and reduce-scatter
     (``RS``) inside each F and B action, placed from the action's start (``start`` [dp, kinds, V, m],
-    the engine's) by the action's own timeline from its compute ``compute`` [dp, V, m] per mode.
-    ``tokens`` holds the micro-batch's tokens, ``budget`` its mean budget, as on the action's row;
-    ``leads`` [V, dp] (:meth:`FsdpPricing.leads`) places the gathers issued ahead before their forward."""
+    the engine's) by the action's own timeline from its compute ``compute`` [dp, V, m] per mode;
+    the reduce-scatters run behind the pipeline (:attr:`FsdpPricing.background`) where their
+    device's link ran them (:meth:`FsdpPricing.reduce_queue`, from the last backwards' ``start``
+    and ``end``), past their action's end where they queue. ``tokens`` holds the micro-batch's
+    tokens, ``budget`` its mean budget, as on the action's row; ``leads`` [V, dp]
+    (:meth:`FsdpPricing.leads`) places the gathers issued ahead before their forward."""
     import pandas as pd
 
     devices = layout.devices
     out: dict[str, list] = {c: [] for c in columns}
     cache: dict[tuple[float, int, bool, float | None], list[Event]] = {}  # equal actions recur
+    queued: dict[tuple[int, int], list[Event]] = {}
+    if fsdp.background and "B" in kinds and "B" in compute:
+        kb, last = kinds.index("B"), compute["B"].shape[2] - 1
+        for r, vs, e in fsdp.reduce_queue(start[:, kb, :, last], end[:, kb, :, last]):
+            queued.setdefault((r, vs), []).append(e)
+
+    def add(r: int, vs: int, j: int, mb, e: Event, t0: float) -> None:
+        for col, val in (("iteration", iteration), ("dp_rank", r), ("stage", devices[vs]), ("microbatch", j),
+                         ("op", e.op), ("start_s", t0 + e.start), ("end_s", t0 + e.end), ("tokens", mb.tokens),
+                         ("budget", float(mean_budget[r, j]))):
+            out[col].append(val)
+
     for kind in ("F", "B"):
         if kind not in kinds or kind not in compute:
             continue
@@ -382,6 +410,10 @@ def fsdp_rows(fsdp: FsdpPricing, compute: dict[str, np.ndarray], layout: Layout,
             if not fsdp.pays(j, m, backward=kind == "B"):
                 continue
             for vs in range(len(devices)):
+                if kind == "B" and fsdp.background:  # in step seconds already
+                    for e in queued.get((r, vs), []):
+                        add(r, vs, j, mb, e, 0.0)
+                    continue
                 sec = float(compute[kind][r, vs, j])
                 lead = None if leads is None or kind == "B" or np.isnan(leads[vs, r]) else float(leads[vs, r])
                 key = (sec, vs, kind == "B", lead)
@@ -389,9 +421,5 @@ def fsdp_rows(fsdp: FsdpPricing, compute: dict[str, np.ndarray], layout: Layout,
                     cache[key] = fsdp.events(sec, vs, backward=kind == "B", lead=lead)
                 t0 = float(start[r, ki, vs, j])
                 for e in cache[key]:
-                    for col, val in (("iteration", iteration), ("dp_rank", r), ("stage", devices[vs]),
-                                     ("microbatch", j), ("op", e.op), ("start_s", t0 + e.start),
-                                     ("end_s", t0 + e.end), ("tokens", mb.tokens),
-                                     ("budget", float(mean_budget[r, j]))):
-                        out[col].append(val)
+                    add(r, vs, j, mb, e, t0)
     return pd.DataFrame(out, columns=list(columns))

@@ -214,8 +214,8 @@ class SimulatorExecutor:
             from sparsebalance.simulator.engine.trace import TRACE_COLUMNS
 
             rows = fsdp_rows(self.fsdp, self.compute, layout_of(self.model, self.cluster), plan, inp.budget,
-                             kinds=list(res.kinds), start=res.start, iteration=res.inp.iteration, columns=TRACE_COLUMNS,
-                             leads=self.leads)
+                             kinds=list(res.kinds), start=res.start, end=res.end, iteration=res.inp.iteration,
+                             columns=TRACE_COLUMNS, leads=self.leads)
             trace = pd.concat([trace, rows], ignore_index=True)
         return IterationResult(
             iteration_time_s=res.iteration_time,

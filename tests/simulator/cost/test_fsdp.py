@@ -377,3 +377,29 @@ def test_once_a_step_reduce_scatters_run_behind_the_pipeline_by_hand():
     assert v.tail_exposed(start, end, np.array([[7.0, 0.0]]))[0] == pytest.approx(2.5)
     assert not priced(pp=1, global_batch=8).background  # one stage: its last backward ends the step anyway
     assert not priced(pp=2, global_batch=8, pp_impl="torch").background  # torch waits inside (reduce_after)
+    # the same queue, unit by unit (the trace's RS rows): vs 0's first waits 0.75 s behind vs 2's
+    q = [x for x in v.reduce_queue(start, end) if x[1] in (0, 2)]  # device 0
+    assert [(vs, e.unit) for _, vs, e in q] == [(2, 1), (2, 0), (0, 1), (0, 0)]
+    assert [t for _, _, e in q for t in (e.start, e.end)] == pytest.approx([5.5, 6.5, 6.5, 7.5, 7.5, 8.5, 8.5, 9.5])
+
+
+def test_the_trace_shows_reduce_scatters_queued_behind_the_pipeline(tmp_path):
+    """zero2 reduced once a step on an interleaved pipeline (2 virtual stages a device, reduced behind
+    the pipeline): each device's RS rows run one at a time on its link, none before the last
+    backward of its virtual stage starts, in issue order, the last ending where the step's end waits."""
+    import pandas as pd
+
+    r = _run(tmp_path, 'dp_mode = "zero2"\nfsdp_grad_sync = "last"\nschedule = "interleaved"\n'
+             'virtual_stages = 2\nallreduce_bandwidth = 1e8\n')
+    assert r.returncode == 0, r.stderr
+    tr = pd.read_csv(next((tmp_path / "out").rglob("trace.csv")))
+    rs = tr[tr["op"] == "RS"].sort_values("start_s")
+    last_b = tr[(tr["op"] == "B") & (tr["microbatch"] == tr["microbatch"].max())]
+    assert len(rs) and rs["microbatch"].nunique() == 1
+    for (rank, stage), rows in rs.groupby(["dp_rank", "stage"]):
+        assert (rows["start_s"].to_numpy()[1:] >= rows["end_s"].to_numpy()[:-1] - 1e-12).all()  # one link
+        mine = last_b[(last_b["dp_rank"] == rank) & (last_b["stage"] == stage)]
+        assert rows["start_s"].min() >= mine["start_s"].min() - 1e-12
+    # queued past its action: at 1e8 B/s some RS ends after every backward of its device
+    ends = last_b.groupby(["dp_rank", "stage"])["end_s"].max()
+    assert (rs.groupby(["dp_rank", "stage"])["end_s"].max() > ends).any()

@@ -59,7 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cp", type=positive_int, default=1,
                    help="context-parallel degree: also measure attn_fwd_cp / attn_bwd_cp, one sequence's "
                         "attention on a CP group of this many ranks as the real run's all-gather CP "
-                        "path computes it, collectives excluded (default 1: none)")
+                        "path computes it, collectives excluded, and (CPU) attn_fwd_cp_step / "
+                        "attn_bwd_cp_step, rank 0's ring steps by their pairs (default 1: none)")
     p.add_argument("--cp-layout", default="zigzag", choices=CP_LAYOUTS,
                    help="layout of the --cp group (default zigzag)")
     p.add_argument("--layer-impl", default="auto", choices=LAYER_IMPLS,

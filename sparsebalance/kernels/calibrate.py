@@ -114,7 +114,7 @@ def probe(profile: Profile, grid: ProbeGrid, *, repeats: int = 3, warmup: int = 
     pg = ProfileGrid(seq_lens=grid.seq_lens, budgets=grid.budgets, tokens=grid.tokens,
                      params=(optim[0],), repeats=repeats, warmup=warmup, threads=profile_threads(profile),
                      device=device, dtype=meta.dtype, statistic=stat,
-                     tp_plan="(tp_plan)" in meta.how, cp=meta.cp or 1, cp_layout=meta.cp_layout or "zigzag",
+                     tp_plan="(tp_plan)" in meta.how, cp=meta.cp or 1, cp_layout=meta.cp_layout or "zigzag", cp_steps=False,
                      bench=meta.bench or "",
                      # as the profile ran its layers (its how says so), not as auto would pick here
                      layer_impl="compiled" if "layer_impl compiled" in meta.how else "eager")

@@ -70,7 +70,11 @@ def measure_profile(model: ModelConfig, grid: ProfileGrid, *, command: str, tp: 
                 if tp > 1 else "")
              + (f"; attn_*_cp = one sequence dealt {grid.cp_layout} over cp {grid.cp} ranks, every rank's "
                 "share computed in turn on realrun's all-gather CP path (moba_attention_cp_alone), "
-                "collectives excluded: the group's attention work" if grid.cp > 1 else "")),
+                "collectives excluded: the group's attention work" if grid.cp > 1 else "")
+             + ("; attn_*_cp_step = rank 0's ring steps on the same sequences (kernels/moba/ring_step.py), "
+                "seq_len = the pairs each step attends per head, forward with its merge (step 0 with the "
+                "gate), backward with its accumulation" if grid.cp > 1 and grid.device == "cpu" and grid.cp_steps
+                else "")),
         command=command,
         date=datetime.now(UTC).date().isoformat(),  # UTC day the measurement ended
         versions=versions,

@@ -22,7 +22,14 @@ Every op is timed on the module code the real run executes (``sparsebalance.kern
   ``cp_layout``, each rank's share computed in turn by
   :func:`~sparsebalance.kernels.moba.cp.moba_attention_cp_alone` (the real run's all-gather CP path
   with the collectives' results given up front), one timed call running every rank: the group's
-  attention work, which the latency model spreads over ranks and ring steps by pair counts.
+  attention work, which the latency model spreads over ranks and ring steps by pair counts;
+* ``attn_fwd_cp_step`` / ``attn_bwd_cp_step`` (``cp`` > 1, CPU): rank 0's ring steps on the same
+  sequence (:mod:`~sparsebalance.kernels.moba.ring_step`): each step's forward with its merge into
+  the accumulator (step 0 also with the rank's gate, run once before the ring), each step's backward
+  with its gradients' accumulation (the forward of every step runs untimed before it). A row's
+  ``seq_len`` is the pairs the step attends per head; calls of equal pairs and budget average into
+  one row. The ring step runs PyTorch's CPU flash-attention parts, so a CUDA profile has no step
+  rows.
 
 Timing: mean (or median, ``statistic``) of ``repeats`` after ``warmup`` calls, measured in
 interleaved rounds (each round times every op of the grid once, see :func:`_measure`); CPU: ``time.perf_counter`` with
@@ -43,6 +50,8 @@ from sparsebalance.errors import ConfigError, check, check_choice
 from sparsebalance.simulator.config import ModelConfig
 
 NULL_CORE = "sparsebalance_null_core"
+STEP = "@"
+"""Separates a ring-step row's op from its step index until :func:`_step_rows` turns it into pairs."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -78,6 +87,10 @@ class ProfileGrid:
     """Context-parallel degree of the ``attn_*_cp`` rows (1: none measured)."""
     cp_layout: str = "zigzag"
     """Layout of the CP group the ``attn_*_cp`` rows are measured on."""
+    cp_steps: bool = True
+    """With ``cp`` > 1 on the CPU, also measure rank 0's ring steps (``attn_*_cp_step``). The
+    calibration probe leaves them out: their points are keyed by the pairs the gate chose on the
+    profile's own inputs, not by a grid it can re-measure."""
     bench: str = ""
     """``"module:Class"`` of a :class:`Bench` subclass that builds the timed pieces instead of HF
     Qwen2's (``sparsebalance.titan.profile:TitanBench``: torchtitan's Qwen3 block, for
@@ -219,6 +232,8 @@ class Bench:
         if grid.device == "cpu":
             torch.set_num_threads(grid.threads)
         self.own_group = False
+        self.step_pairs: dict[tuple[int, int, int], float] = {}
+        """Pairs per head of each measured ring step, by (seq_len, budget, step) (``_attn_cp_step``)."""
         self.impl = "eager"
         """How the layer and head run (``use``); another trainer's bench times its own eager modules."""
         self.timer = Timer(device=grid.device, repeats=grid.repeats, warmup=grid.warmup,
@@ -243,10 +258,12 @@ class Bench:
         """Timed closures of one grid point: ``[((row op, n, k), fn, setup), ...]``; one timed call
         is ``fn(setup())`` with ``setup`` (the untimed forward feeding a backward) or None."""
         build = {"attn": self._attn, "layer": self._layer, "embed": self._embed, "head": self._head,
-                 "optim": self._optim, "attn_cp": self._attn_cp}[op]
+                 "optim": self._optim, "attn_cp": self._attn_cp, "attn_cp_step": self._attn_cp_step}[op]
         closures = build(n, k)
+        W = self.grid.cp
         names = (("optim",) if op == "optim" else ("attn_fwd_cp", "attn_bwd_cp") if op == "attn_cp"
-                 else (f"{op}_fwd", f"{op}_bwd", f"{op}_bwd_input", f"{op}_bwd_weight"))
+                 else tuple(f"attn_{p}_cp_step{STEP}{s}" for p in ("fwd", "bwd") for s in range(W))
+                 if op == "attn_cp_step" else (f"{op}_fwd", f"{op}_bwd", f"{op}_bwd_input", f"{op}_bwd_weight"))
         return [((name, n, k), fn, setup) for name, (fn, setup) in zip(names, closures)]
 
     def _split(self, fwd: Callable, grads: Any, inputs: list, params: list) -> list:
@@ -299,6 +316,55 @@ class Bench:
                 o.backward(d)
 
         return [(fwd, None), (bwd, fwd)]
+
+    def _attn_cp_step(self, seq_len: int, budget: int) -> list:
+        """(fn, setup) of rank 0's ring steps, forward then backward (module docstring); records
+        each step's pairs in ``step_pairs[(seq_len, budget, step)]``."""
+        from sparsebalance.kernels.moba.cp import cp_token_index
+        from sparsebalance.kernels.moba.gate import gate_dtype
+        from sparsebalance.kernels.moba.ring_step import blocks_of, merge, plan, step_backward, step_forward
+
+        torch, m, W, B = self.torch, self.model, self.grid.cp, self.model.block_size
+        cdt = gate_dtype(self.dtype)
+        q, k, v, dout = (self._randn(seq_len, h, m.head_dim).to(cdt).contiguous()
+                         for h in (m.heads, m.kv_heads, m.kv_heads, m.heads))
+        cu = [0, seq_len]
+        held = [blocks_of(ix, cu, B) for ix in cp_token_index(torch.tensor(cu), B, W, self.grid.cp_layout)]
+        mine = held[0]
+        rank_plan = plan(q, k, cu, B, [budget], mine)
+        state: dict[str, Any] = {}
+
+        def forward_step(s: int) -> Callable:
+            def fn(_: Any = None) -> None:
+                p = plan(q, k, cu, B, [budget], mine) if s == 0 else rank_plan  # the gate, once before the ring
+                o, lo, saved = step_forward(p, q, k, v, held[(0 - s) % W])
+                state["acc"], state["lse"] = (o, lo) if s == 0 else merge(state["acc"], state["lse"], o, lo)
+                state[s] = saved
+            return fn
+
+        def whole() -> dict:  # every step's forward, untimed: the merged output the backward reads
+            for s in range(W):
+                forward_step(s)()
+            state["dq"], state["dk"], state["dv"] = (torch.zeros_like(x) for x in (q, k, v))
+            return state
+
+        def backward_step(s: int) -> Callable:
+            def fn(st: dict) -> None:
+                gq, gk, gv = step_backward(rank_plan, st[s], q, k, v, st["acc"], st["lse"], dout)
+                st["dq"] += gq  # the rank's dQ; dK/dV: the held keys' gradients, sent on with them
+                st["dk"] += gk
+                st["dv"] += gv
+            return fn
+
+        def before(s: int) -> Callable:  # the steps before step s, untimed: the accumulator it merges into
+            def run() -> None:
+                for j in range(s):
+                    forward_step(j)()
+            return run
+
+        whole()
+        self.step_pairs.update({(seq_len, budget, s): state[s].pairs for s in range(W)})
+        return ([(forward_step(s), before(s)) for s in range(W)] + [(backward_step(s), whole) for s in range(W)])
 
     def _layer(self, tokens: int, _: int) -> list:
         torch = self.torch
@@ -380,7 +446,24 @@ def _jobs(grid: ProfileGrid, block_size: int) -> list[tuple[str, int, int]]:
     return ([("attn", L, k) for L in grid.seq_lens for k in grid.budgets]
             + [(op, n, 0) for op in ("layer", "embed", "head") for n in grid.tokens]
             + [("optim", n, 0) for n in grid.params]
-            + [("attn_cp", L, k) for L in split for k in grid.budgets])
+            + [("attn_cp", L, k) for L in split for k in grid.budgets]
+            + [("attn_cp_step", L, k) for L in split for k in grid.budgets if grid.device == "cpu" and grid.cp_steps])
+
+
+def _step_rows(rows: list, pairs: dict[tuple[int, int, int], float]) -> list:
+    """Rows with ring-step ops (``attn_*_cp_step@s`` at (seq_len, budget)) keyed by the step's
+    pairs instead (``profile.py``: their ``seq_len``), equal (op, pairs, budget) averaged; steps
+    that attend no pair are left out."""
+    out, steps = [], {}
+    for op, n, k, t in rows:
+        if STEP not in op:
+            out.append((op, n, k, t))
+            continue
+        name, s = op.split(STEP)
+        attended = round(pairs[(n, k, int(s))])
+        if attended:  # a step that attends nothing runs no call (as the latency model prices it)
+            steps.setdefault((name, attended, k), []).append(t)
+    return out + [(name, n, k, statistics.fmean(ts)) for (name, n, k), ts in steps.items()]
 
 
 def _measure(model: ModelConfig, grid: ProfileGrid, progress: bool, barrier: Any = None) -> list:
@@ -429,7 +512,7 @@ def _measure(model: ModelConfig, grid: ProfileGrid, progress: bool, barrier: Any
         import torch.distributed as dist
 
         dist.destroy_process_group()
-    return [(*key, bench.timer.reduce(ts)) for (key, _, _), ts in zip(items, samples)]
+    return _step_rows([(*key, bench.timer.reduce(ts)) for (key, _, _), ts in zip(items, samples)], bench.step_pairs)
 
 
 def _copy(model: ModelConfig, grid: ProfileGrid, barrier: Any, show: bool, index: int = 0) -> list:

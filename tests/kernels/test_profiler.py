@@ -136,12 +136,26 @@ def test_cp_profile_measures_the_group_work(tmp_path):
         rows = prof.rows(op)
         assert sorted(zip(rows.seq_len, rows.budget)) == [(160, 1), (160, 3), (256, 1), (256, 3)]
         assert (rows.latency_s > 0).all()
+    # rank 0's ring steps, keyed by their pairs: at budget 1 (own block only) its own step attends
+    # its blocks' causal pairs, B (B + 1) / 2 each (tiny: blocks of 32), and the other step nothing
+    # (no call, no row)
+    assert "attn_*_cp_step" in prof.meta.how
+    fwd, bwd = prof.rows("attn_fwd_cp_step"), prof.rows("attn_bwd_cp_step")
+    assert sorted(zip(fwd.seq_len, fwd.budget)) == sorted(zip(bwd.seq_len, bwd.budget))
+    assert set(fwd.budget) == {1, 3} and (fwd.latency_s > 0).all() and (bwd.latency_s > 0).all()
+    from sparsebalance.kernels.moba.cp import cp_token_index
+    from sparsebalance.kernels.moba.ring_step import blocks_of
+
+    B = tiny().block_size
+    own = [len(blocks_of(cp_token_index(torch.tensor([0, L]), B, 2, "zigzag")[0], [0, L], B)[0]) for L in (160, 256)]
+    assert sorted(fwd[fwd.budget == 1].seq_len) == [n * B * (B + 1) // 2 for n in own] == [1584, 2112]
     # the calibration probe re-measures the CP rows as the profile measured them
     from sparsebalance.kernels.calibrate import probe
     from sparsebalance.simulator.cost.calibration import ProbeGrid
 
     got = probe(prof, ProbeGrid(seq_lens=(160,), budgets=(1, 3), tokens=(32,)), repeats=1, warmup=0)
     assert sorted(got[got.op == "attn_bwd_cp"].budget) == [1, 3] and (got.latency_s > 0).all()
+    assert not got.op.str.endswith("_step").any()  # step rows are keyed by pairs, not re-measured
     with pytest.raises(ConfigError, match="^cp: no seq_len of the grid is split by stripe over 4 ranks"):
         from sparsebalance.kernels.profiler import run_profile
 

@@ -1,19 +1,23 @@
-"""MoBA attention on a context-parallel (CP) group, P2P ring variant, in PyTorch.
+"""MoBA attention on a context-parallel (CP) group, P2P ring variant, on the CPU path.
 
-:func:`moba_attention_cp_ring`: only the pooled block means are all-gathered (for the gate); the
-per-step masks are computed before the ring; K and V (one tensor) travel around the ring, each
-step's partial output is merged by log-sum-exp, and in the backward the K/V gradients travel the
-ring the other way (the rotation's own backward) back to their rank. It builds dense ``[heads, local
-queries, keys]`` masks per step: a correctness path, test-sized, not fast. Its collectives are timed
-like the all-gather variant's (``cp.py``: :func:`~sparsebalance.kernels.moba.cp.recording`).
+:func:`moba_attention_cp_ring`: only the pooled block sums are all-reduced (the gate's means: never
+the K/V themselves); each rank gates its own queries once (``ring_step.plan``); K and V (one tensor,
+with the packed positions of its rows) then travel around the ring, and at each step the rank runs
+its ring-step call on the keys it holds (``ring_step.step_forward``: the dense runs, its own blocks
+at its own step, the gate's held past blocks as tiles), merged by log-sum-exp. The received K/V of
+every step are kept for the backward (one layer's keys, as the all-gather holds them), which runs
+the steps in reverse (``ring_step.step_backward`` from the merged output) and sends each step's
+dK/dV back to the rank it came from, added on the way: ``world - 1`` hops, the gradient of the
+rank's own K/V arriving last. Collectives are timed like the all-gather variant's (``cp.py``:
+:func:`~sparsebalance.kernels.moba.cp.recording`): the gate's all-reduce, one row per hop.
 
-Checked forward and backward against the single-process float64 reference on 2 and 4 gloo ranks
+The step calls are what ``profile --cp`` times for the ``attn_*_cp_step`` rows. Checked forward and
+backward against the single-process float64 reference on 2 and 4 gloo ranks
 (tests/kernels/test_moba_cp.py). Shapes as ``cp.py``.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from sparsebalance.data.sequence import blocks
@@ -22,117 +26,119 @@ from sparsebalance.kernels.moba.cp import _timed
 __all__ = ["moba_attention_cp_ring"]
 
 
-def _selection(q_rows: Any, pos: Any, means: Any, block_size: int, topk: int) -> Any:
-    """[Lq, H, n] past blocks chosen by queries at positions ``pos`` (``naive.naive_selection``'s
-    rule on a subset of rows: stable descending sort, the lower block wins a tie)."""
-    import torch
-
-    Lq, H, _ = q_rows.shape
-    nb = means.shape[0]
-    scores = torch.einsum("thd,jhd->thj", q_rows.detach().to(means.dtype), means.detach())
-    sel = torch.zeros(Lq, H, nb, dtype=torch.bool, device=q_rows.device)
-    for t in range(Lq):
-        c = int(pos[t]) // block_size
-        if c == 0 or topk <= 1:
-            continue
-        order = torch.sort(scores[t, :, :c], dim=-1, descending=True, stable=True).indices
-        sel[t].scatter_(1, order[:, :topk - 1], True)
-    return sel
-
-
-def _rotate(x: Any, group: Any) -> Any:
-    """``x`` of the previous rank of the ring (rank r gets rank r - 1's); backward: the gradient goes
-    back to the rank it came from (rank r - 1 gets rank r's). Ranks may hold different row counts."""
+def _shift(t: Any, group: Any, forward: bool) -> Any:
+    """This rank's ``t`` to the next rank of the ring (``forward``; the previous one otherwise), and
+    the other neighbour's in return; ranks may hold different row counts."""
     import torch
     import torch.distributed as dist
 
-    def exchange(out, into, to, frm):  # send ``out`` to group rank ``to`` while receiving ``into``
-        glob = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
+    world, me = dist.get_world_size(group), dist.get_rank(group)
+    to, frm = ((me + 1) % world, (me - 1) % world) if forward else ((me - 1) % world, (me + 1) % world)
+    glob = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
+
+    def exchange(out: Any, into: Any) -> Any:
         send = dist.isend(out, glob(to), group=group)
         dist.recv(into, glob(frm), group=group)
         send.wait()
         return into
 
-    def shift(t, to, frm):
-        def both():
-            n_in = exchange(torch.tensor([t.shape[0]], dtype=torch.int64), torch.zeros(1, dtype=torch.int64), to, frm)
-            return exchange(t.contiguous(), t.new_empty((int(n_in), *t.shape[1:])), to, frm)
+    n_in = exchange(torch.tensor([t.shape[0]], dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
+    return exchange(t.contiguous(), t.new_empty((int(n_in), *t.shape[1:])))
 
-        return _timed(both)
 
-    class _Rotate(torch.autograd.Function):
+def _means(k: Any, index: Any, bounds: list[int], block_size: int, group: Any) -> list[Any]:
+    """Per sequence ``[n_blocks, H_kv, D]``: every block's mean key over the group (pooled sums and
+    counts, one all-reduce row)."""
+    import torch
+    import torch.distributed as dist
+
+    from sparsebalance.kernels.moba.gate import gate_dtype
+
+    gd = gate_dtype(k.dtype)
+    b = torch.as_tensor(bounds, dtype=torch.int64)
+    seq = torch.bucketize(index, b[1:], right=True)
+    nb = [blocks(bounds[i + 1] - bounds[i], block_size) if bounds[i + 1] > bounds[i] else 0
+          for i in range(len(bounds) - 1)]
+    offset = [0, *torch.tensor(nb).cumsum(0).tolist()]
+    gid = torch.as_tensor(offset[:-1], dtype=torch.int64)[seq] + (index - b[seq]) // block_size
+    sums = torch.zeros(offset[-1], k.shape[1], k.shape[2], dtype=gd).index_add_(0, gid, k.detach().to(gd))
+    count = torch.zeros(offset[-1], dtype=gd).index_add_(0, gid, torch.ones(index.shape[0], dtype=gd))
+    _timed(lambda: (dist.all_reduce(sums, group=group), dist.all_reduce(count, group=group)))
+    means = sums / count.clamp(min=1)[:, None, None]
+    return [means[offset[i]:offset[i + 1]] for i in range(len(nb))]
+
+
+_RING: Any = None
+
+
+def _ring_function() -> Any:
+    import torch
+    import torch.distributed as dist
+
+    from sparsebalance.kernels.moba.gate import gate_dtype
+    from sparsebalance.kernels.moba.ring_step import blocks_of, merge, plan, step_backward, step_forward
+
+    def place(buf: Any, rows: Any, kv: Any, D: int) -> tuple[Any, Any]:
+        """The packed K and V buffers with a step's held rows written in."""
+        buf[0].index_copy_(0, rows, kv[..., :D])
+        buf[1].index_copy_(0, rows, kv[..., D:])
+        return buf
+
+    class _RingMoba(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, t):
-            world, me = dist.get_world_size(group), dist.get_rank(group)
-            ctx.world, ctx.me = world, me
-            return shift(t, (me + 1) % world, (me - 1) % world)
+        def forward(ctx, q, k, v, args):
+            index, bounds, block_size, topks, group = args
+            world = dist.get_world_size(group)
+            cdt = gate_dtype(q.dtype)
+            T, (_, H, D), hk = bounds[-1], q.shape, k.shape[1]
+            mine = blocks_of(index, bounds, block_size)
+            Q = q.new_zeros((T, H, D), dtype=cdt).index_copy_(0, index, q.detach().to(cdt))
+            rank_plan = plan(Q, None, bounds, block_size, topks, mine, means=_means(k, index, bounds, block_size, group))
+            buf = (q.new_zeros((T, hk, D), dtype=cdt), q.new_zeros((T, hk, D), dtype=cdt))
+            kv, idx = torch.cat([k.detach(), v.detach()], dim=-1).to(cdt), index
+            held, acc, lse = [], None, None
+            for s in range(world):
+                if s:  # one hop: the keys and their packed positions (one trace row)
+                    kv, idx = _timed(lambda kv=kv, idx=idx: (_shift(kv, group, True), _shift(idx, group, True)))
+                K, V = place(buf, idx, kv, D)
+                o, lo, saved = step_forward(rank_plan, Q, K, V, blocks_of(idx, bounds, block_size))
+                acc, lse = (o, lo) if acc is None else merge(acc, lse, o, lo)
+                held.append((kv, idx, saved))
+            ctx.state = (rank_plan, held, Q, buf, acc, lse, args)
+            ctx.dtypes = (q.dtype, k.dtype, v.dtype)
+            return acc[index].to(q.dtype)
 
         @staticmethod
-        def backward(ctx, grad):
-            return shift(grad, (ctx.me - 1) % ctx.world, (ctx.me + 1) % ctx.world)
+        def backward(ctx, dout):
+            rank_plan, held, Q, buf, acc, lse, (index, _, _, _, group) = ctx.state
+            D = Q.shape[2]
+            dO = acc.new_zeros(acc.shape).index_copy_(0, index, dout.to(acc.dtype))
+            dq, grad = torch.zeros_like(Q), None
+            for s in reversed(range(len(held))):
+                kv, idx, saved = held[s]
+                K, V = place(buf, idx, kv, D)
+                gq, gk, gv = step_backward(rank_plan, saved, Q, K, V, acc, lse, dO)
+                dq += gq
+                step = torch.cat([gk[idx], gv[idx]], dim=-1)  # the held keys' share
+                grad = step if grad is None else grad + step
+                if s:  # back to the rank it came from; the next one's (step s - 1's keys) comes in
+                    grad = _timed(lambda g=grad: _shift(g, group, False))
+            ctx.state = None
+            qd, kd, vd = ctx.dtypes
+            return dq[index].to(qd), grad[..., :D].to(kd), grad[..., D:].to(vd), None
 
-    return _Rotate.apply(x)
+    return _RingMoba
 
 
 def moba_attention_cp_ring(q: Any, k: Any, v: Any, index: Any, cu_seqlens: Any, block_size: int, topk: Any,
                            group: Any = None) -> Any:
     """MoBA attention of this rank's queries on the CP group, P2P ring variant (module docstring)."""
     import torch
-    import torch.distributed as dist
 
-    from sparsebalance.kernels.moba.naive import _gate_dtype, _topk_list
-
-    T_r, H, D = q.shape
-    H_kv = k.shape[1]
-    world = dist.get_world_size(group)
-    index = index.to(torch.int64)
-    bounds = torch.as_tensor([int(x) for x in cu_seqlens.tolist()], dtype=torch.int64)
-    n_seq = len(bounds) - 1
-    ks = _topk_list(topk, n_seq)
-    gd = _gate_dtype(q.dtype)
-    seq_of = torch.bucketize(index, bounds[1:], right=True)  # sequence of each local token
-    pos = index - bounds[seq_of]  # position in its sequence
-    blk = pos // block_size
-    # the gate: every rank's pooled block sums and counts, all-gathered (never the K/V themselves)
-    nb = [blocks(int(bounds[i + 1] - bounds[i]), block_size) if bounds[i + 1] > bounds[i] else 0 for i in range(n_seq)]
-    offset = torch.as_tensor([0] + list(torch.tensor(nb).cumsum(0).tolist()), dtype=torch.int64)
-    gid = offset[seq_of] + blk  # global block id of each local token
-    sums = torch.zeros(int(offset[-1]), H_kv, D, dtype=gd).index_add_(0, gid, k.detach().to(gd))
-    count = torch.zeros(int(offset[-1]), dtype=gd).index_add_(0, gid, torch.ones(T_r, dtype=gd))
-    _timed(lambda: (dist.all_reduce(sums, group=group), dist.all_reduce(count, group=group)))
-    means = (sums / count.clamp(min=1)[:, None, None]).repeat_interleave(H // H_kv, dim=1)  # [blocks, H, D]
-    # per local query: the chosen past blocks (global ids), as naive.py's rule
-    chosen = torch.zeros(T_r, H, int(offset[-1]), dtype=torch.bool)
-    for i in range(n_seq):
-        rows = torch.nonzero(seq_of == i).squeeze(1)
-        if rows.numel():
-            sel = _selection(q[rows], pos[rows], means[offset[i]:offset[i + 1]], block_size, ks[i])
-            chosen[rows, :, offset[i]:offset[i + 1]] = sel
-    scale = 1.0 / math.sqrt(D)
-    kv = torch.cat([k, v], dim=-1)  # one tensor travels: one chain of rotations, the same on every rank
-    meta = torch.stack([seq_of, pos, gid], dim=1)
-    acc = lse = None
-    for step in range(world):
-        if step:  # one hop: the keys and their positions (one trace row)
-            kv, meta = _timed(lambda kv=kv, meta=meta: (_rotate(kv, group), _rotate(meta, group).detach()))
-        kseq, vseq = kv[..., :D], kv[..., D:]
-        k_seq, k_pos, k_gid = meta[:, 0], meta[:, 1], meta[:, 2]
-        same = seq_of[:, None] == k_seq[None, :]  # [T_r, T_s]
-        own = same & (blk[:, None] == k_pos[None, :] // block_size) & (k_pos[None, :] <= pos[:, None])
-        past = same & chosen[:, :, k_gid].permute(1, 0, 2)  # [H, T_r, T_s]
-        mask = own[None] | past
-        kh = kseq.repeat_interleave(H // H_kv, dim=1)
-        vh = vseq.repeat_interleave(H // H_kv, dim=1)
-        s = torch.einsum("thd,shd->hts", q, kh) * scale
-        s = s.masked_fill(~mask, float("-inf"))
-        step_lse = torch.logsumexp(s, dim=-1)  # [H, T_r]; -inf where no key of this step is attended
-        p = torch.exp(s - torch.where(torch.isfinite(step_lse), step_lse, 0.0)[..., None])
-        o = torch.einsum("hts,shd->htd", p, vh)
-        if acc is None:
-            acc, lse = o, step_lse
-        else:  # merge by log-sum-exp
-            new = torch.logaddexp(lse, step_lse)
-            safe = torch.where(torch.isfinite(new), new, 0.0)
-            acc = acc * torch.exp(lse - safe)[..., None] + o * torch.exp(step_lse - safe)[..., None]
-            lse = new
-    return acc.permute(1, 0, 2)
+    global _RING
+    if _RING is None:
+        _RING = _ring_function()
+    bounds = [int(x) for x in cu_seqlens.tolist()]
+    n = len(bounds) - 1
+    topks = ([int(x) for x in topk.reshape(-1).tolist()] if isinstance(topk, torch.Tensor) else [int(topk)] * n)
+    return _RING.apply(q, k, v, (index.to(torch.int64), bounds, block_size, topks, group))

@@ -94,26 +94,34 @@ def _seq_of(cu: list[int], a: int) -> int:
     raise IndexError(a)
 
 
-def plan(q: Any, k: Any, cu: list[int], block_size: int, topks: list[int], query_blocks: list[tuple[int, ...]]) -> RankPlan:
-    """Gate a rank's query rows once for the whole ring (module docstring); ``q``, ``k`` packed, any
-    float dtype (the gate runs in ``gate_dtype``)."""
+def plan(q: Any, k: Any | None, cu: list[int], block_size: int, topks: list[int], query_blocks: list[tuple[int, ...]],
+         means: list[Any] | None = None) -> RankPlan:
+    """Gate a rank's query rows once for the whole ring (module docstring); ``q`` packed, any float
+    dtype (the gate runs in ``gate_dtype``). The block means come from ``means`` (per sequence
+    ``[n_blocks, H_kv, D]``, the ring's all-reduced pooled means) or else from the packed ``k``."""
     import torch
 
-    H, hk, D = q.shape[1], k.shape[1], q.shape[2]
+    if means is None and k is None:
+        raise ValueError("plan: pass the packed k or the block means")
+    H, D = q.shape[1], q.shape[2]
+    hk = k.shape[1] if means is None else means[0].shape[1]
     g = H // hk
     lay = layout(cu, block_size, topks, H, D, q.device, CHUNK_ELEMENTS, list(query_blocks))
-    qg, kg = q.detach().to(gate_dtype(q.dtype)), k.detach().to(gate_dtype(k.dtype))
+    qg = q.detach().to(gate_dtype(q.dtype))
+    kg = None if k is None else k.detach().to(gate_dtype(k.dtype))
     chosen = []
     for pieces in lay.chunks:
         out = []
         for a, k0, n, t0, t1 in pieces:
             R, nbp = t1 - t0, (t1 - 1) // block_size
             future, _, rowheads = _piece_consts(lay.memo, a, k0, n, t0, t1, block_size, H, g, lay.n_keys, q.device)
-            means = block_means(kg[a:a + nbp * block_size], block_size)
+            i = _seq_of(cu, a)
+            mu = (block_means(kg[a:a + nbp * block_size], block_size) if means is None
+                  else means[i][:nbp].to(qg.dtype))
             qh = qg[a + t0:a + t1].view(R, hk, g, D).permute(1, 2, 0, 3).reshape(hk, g * R, D)
-            s = torch.bmm(qh, means.permute(1, 2, 0)).view(H, R, nbp).masked_fill_(future, float("-inf"))
+            s = torch.bmm(qh, mu.permute(1, 2, 0)).view(H, R, nbp).masked_fill_(future, float("-inf"))
             sel = choose(s.view(H * R, nbp), n).view(-1, nbp).nonzero()[:, 1].view(H, R, n)
-            out.append((_seq_of(cu, a), t0, t1, sel, rowheads))
+            out.append((i, t0, t1, sel, rowheads))
         chosen.append(out)
     return RankPlan(cu=list(cu), block_size=block_size, lay=lay, chosen=chosen, heads=H, kv_heads=hk, dim=D)
 

@@ -22,6 +22,14 @@ A profile is a directory ``NAME/`` holding
     (``kernels/moba/cp.py``): the sum over the ranks of each rank's compute, collectives excluded
     (the latency model prices them). Points from the layout's shortest split sequence up; a grid like
     the attention ops'.
+  - ``attn_fwd_cp_step``, ``attn_bwd_cp_step`` (optional, together): ONE ring step's attention call
+    of one layer, as a CP ring runs it (``kernels/moba/ring_step.py``): a rank's queries against the
+    keys it holds at that step, forward with its merge into the step's accumulator (the first step
+    also with the rank's gate, run once before the ring), backward with its gradients' accumulation.
+    Here ``seq_len`` = the (query, key) pairs the call attends, per head, and ``budget`` = the MoBA
+    top-k of the sequence it belongs to; points need not form a grid (``profile --cp``: one rank's
+    steps at every split grid point, equal calls averaged). The latency model prices each ring step
+    by the seconds per pair of the measured call of its size (``simulator/cost/cp/calls.py``).
 
   ``latency_s`` is seconds on one GPU (one TP rank) of the recorded parallel plan.
 * ``profile.json``, the sidecar: :class:`~sparsebalance.simulator.cost.profilemeta.ProfileMeta`
@@ -50,11 +58,13 @@ COLUMNS = ("op", "seq_len", "budget", "latency_s")
 ATTENTION_OPS = ("attn_fwd", "attn_bwd")
 CP_ATTENTION_OPS = ("attn_fwd_cp", "attn_bwd_cp")
 """A CP group's attention work, measured (``profile --cp``): see the module docstring."""
+CP_STEP_OPS = ("attn_fwd_cp_step", "attn_bwd_cp_step")
+"""One CP ring step's attention call, measured (``profile --cp``): ``seq_len`` holds its pairs."""
 DENSE_OPS = ("layer_fwd", "layer_bwd", "embed_fwd", "embed_bwd", "head_fwd", "head_bwd",
              "layer_bwd_input", "layer_bwd_weight", "head_bwd_input", "head_bwd_weight")
 SPLIT_OPS = ("layer_bwd_input", "layer_bwd_weight")
 """Required in a format-2 profile."""
-OPS = ATTENTION_OPS + DENSE_OPS + ("optim",) + CP_ATTENTION_OPS
+OPS = ATTENTION_OPS + DENSE_OPS + ("optim",) + CP_ATTENTION_OPS + CP_STEP_OPS
 REQUIRED_OPS = ("attn_fwd", "attn_bwd", "layer_fwd", "layer_bwd")
 
 
@@ -103,7 +113,7 @@ def check_split_ops(table: pd.DataFrame, meta: ProfileMeta, where: str) -> None:
             raise ConfigError(f"profile: {where}: format 2 needs op(s) {', '.join(absent)} (the split "
                               "backward); measure them, or write format_version 1 to have them derived")
     for pair in (["layer_bwd_input", "layer_bwd_weight"], ["head_bwd_input", "head_bwd_weight"],
-                 list(CP_ATTENTION_OPS)):
+                 list(CP_ATTENTION_OPS), list(CP_STEP_OPS)):
         if sum(op in present for op in pair) == 1:
             raise ConfigError(f"profile: {where}: ops {pair[0]} and {pair[1]} come together; only one "
                               "has rows")
@@ -173,6 +183,8 @@ def monotone_violations(profile: Profile, block_size: int | None = None,
     out: list[tuple[float, str]] = []
     for op in profile.ops:
         rows = profile.rows(op)
+        if op in CP_STEP_OPS:  # measured calls, not a grid: a step's shape moves its time as much as its pairs
+            continue
         if op in ATTENTION_OPS + CP_ATTENTION_OPS:
             for k, g in rows.groupby("budget"):
                 out += _drops(op, f"budget {k}", "seq_len", g["seq_len"], g["latency_s"], tolerance)
@@ -200,6 +212,10 @@ def _drops(op: str, at: str, axis: str, xs, ys, tolerance: float) -> list[tuple[
 
 def _check_grid(op: str, rows: pd.DataFrame, where: str) -> None:
     n_seq = rows["seq_len"].nunique()
+    if op in CP_STEP_OPS:  # (pairs, budget) points of measured calls
+        if (rows["budget"] < 1).any():
+            raise ConfigError(f"profile: {where}: {op} budget must be >= 1 (MoBA top-k)")
+        return
     if op in ATTENTION_OPS + CP_ATTENTION_OPS:
         if (rows["budget"] < 1).any():
             raise ConfigError(f"profile: {where}: {op} budget must be >= 1 (MoBA top-k)")

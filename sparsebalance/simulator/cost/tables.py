@@ -42,7 +42,7 @@ import numpy as np
 from sparsebalance.data.sequence import blocks
 from sparsebalance.errors import ConfigError, MeaningWarning, NoteWarning, check_choice
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
-from sparsebalance.simulator.cost.profile import CP_ATTENTION_OPS, Profile
+from sparsebalance.simulator.cost.profile import CP_ATTENTION_OPS, CP_STEP_OPS, Profile
 
 EXTRAPOLATE = ("warn", "error", "clamp")
 PARTS = ("input", "weight")
@@ -114,8 +114,12 @@ class OpTables:
         self.cp_work = {bw: Surface.of(profile.rows(op)) for op, bw in zip(CP_ATTENTION_OPS, (False, True))
                         if op in profile.ops}
         """The profile's measured CP group work (``attn_*_cp``; forward, backward), when it has them."""
+        self.cp_steps = {bw: profile.rows(op) for op, bw in zip(CP_STEP_OPS, (False, True)) if op in profile.ops}
+        """The profile's measured ring-step calls (``attn_*_cp_step``: pairs in ``seq_len``, budget,
+        seconds; forward, backward), when it has them."""
         self.curves = {op: Curve(r["seq_len"], r["latency_s"]) for op in profile.ops
-                       if op not in self.surfaces and op not in CP_ATTENTION_OPS for r in [profile.rows(op)]}
+                       if op not in self.surfaces and op not in CP_ATTENTION_OPS + CP_STEP_OPS
+                       for r in [profile.rows(op)]}
         """Per-token ops (``layer_*``, ``embed_*``, ``head_*``) and ``optim`` (per parameter)."""
         self.notes: list[str] = []
         """What the tables derived rather than read from the profile (e.g. the split backward)."""

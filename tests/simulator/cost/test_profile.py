@@ -10,7 +10,7 @@ import pytest
 
 from sparsebalance.errors import ConfigError
 from sparsebalance.simulator.cost.catalog import load_profile, shipped_profiles
-from sparsebalance.simulator.cost.profile import OPS, Profile
+from sparsebalance.simulator.cost.profile import OPS, Profile, monotone_violations
 from sparsebalance.simulator.cost.profilemeta import REQUIRED_KEYS, ProfileMeta
 
 
@@ -188,7 +188,8 @@ def test_a_bad_sidecar_builds_no_profile(tmp_path):
 def test_ops_constant_matches_the_contract():
     assert set(OPS) == {"attn_fwd", "attn_bwd", "layer_fwd", "layer_bwd", "embed_fwd", "embed_bwd",
                         "head_fwd", "head_bwd", "optim", "layer_bwd_input", "layer_bwd_weight",
-                        "head_bwd_input", "head_bwd_weight", "attn_fwd_cp", "attn_bwd_cp"}
+                        "head_bwd_input", "head_bwd_weight", "attn_fwd_cp", "attn_bwd_cp",
+                        "attn_fwd_cp_step", "attn_bwd_cp_step"}
 
 
 def _with_split(ops=("layer_bwd_input", "layer_bwd_weight")) -> pd.DataFrame:
@@ -229,6 +230,27 @@ def test_cp_rows_load_with_their_group_and_are_refused_without_it(tmp_path):
          "ops attn_fwd_cp and attn_bwd_cp come together"),
     ]:
         d = _write_raw(tmp_path / name, table, meta)
+        with pytest.raises(ConfigError, match=pattern) as err:
+            load_profile(d)
+        assert "profile.csv" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_ring_step_rows_are_points_by_pairs_and_come_together(tmp_path):
+    """attn_*_cp_step rows key a measured ring step by its pairs (seq_len) and budget: any points load
+    (no grid; neither monotone along pairs nor along budget is asked), never as a per-token curve;
+    one op of the pair, or a budget below 1, is one line naming the file."""
+    steps = pd.DataFrame([(op, p, k, t) for op in ("attn_fwd_cp_step", "attn_bwd_cp_step")
+                          for p, k, t in ((1216, 2, 1.2e-3), (8192, 8, 4e-4), (60584, 8, 5.4e-3))],
+                         columns=["op", "seq_len", "budget", "latency_s"])
+    ok = load_profile(write_profile(pd.concat([small_table(), steps], ignore_index=True), small_meta(), tmp_path / "ok"))
+    assert sorted(ok.rows("attn_bwd_cp_step").seq_len) == [1216, 8192, 60584]
+    assert monotone_violations(ok) == monotone_violations(load_profile(write_profile(small_table(), small_meta(),
+                                                                                        tmp_path / "plain")))
+    for name, rows, pattern in [
+        ("one", steps[steps.op == "attn_fwd_cp_step"], "ops attn_fwd_cp_step and attn_bwd_cp_step come together"),
+        ("zero", steps.assign(budget=0), "attn_(fwd|bwd)_cp_step budget must be >= 1"),
+    ]:
+        d = _write_raw(tmp_path / name, pd.concat([small_table(), rows], ignore_index=True), small_meta())
         with pytest.raises(ConfigError, match=pattern) as err:
             load_profile(d)
         assert "profile.csv" in str(err.value) and "\n" not in str(err.value)

@@ -16,7 +16,9 @@ sidecar's per-call fixed part is paid at every step), and the ring recurrence wi
 (:mod:`.ring`). ``cp_layout = "best"``: per sequence and budget the candidate (zigzag or stripe on
 ``cp_comm``, or all-gather) with the least forward + backward time. Where the profile has CP
 rows for this group, the calls' variable part is scaled by the measured ratio of the group's work to
-the one-GPU time (:meth:`CPPricing.group_work`).
+the one-GPU time (:meth:`CPPricing.group_work`). Where the profile has measured ring steps
+(``attn_*_cp_step``), a ring's step is priced at the seconds per pair of the measured step call of
+its size instead, their merge or accumulation and launches included (:meth:`CPPricing.price`).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class CPPricing:
         without one leaves their bytes unpriced, said in the tables' notes at the fold)."""
         self.launch = float((meta.roofline or {}).get("launch_overhead", LAUNCH))
         """Seconds per kernel of the merge and accumulation (the roofline's, else its default)."""
-        self._prices: dict[tuple[int, bool], CallPrice] = {}
+        self._prices: dict[tuple[int, bool, bool], CallPrice] = {}
         self._reports: dict[tuple[int, int, bool, int], RingReport | None] = {}
         self._one_gpu: dict[bool, Surface] = {}
         self.degree_surfaces: dict[int, dict[bool, Surface]] = {}
@@ -68,6 +70,9 @@ class CPPricing:
                             f"the profile's measured CP rows (attn_*_cp) on all-gather groups of cp "
                             f"{meta.cp} laid out {meta.cp_layout}; the one-GPU rows split by "
                             "pair counts elsewhere")
+        if tables.cp_steps:
+            self.description += ("; ring steps at the profile's measured step calls (attn_*_cp_step) "
+                                 "by their pairs, merge and accumulation included")
         """What prices CP attention work (``cluster.cp`` > 1), in words: the profile's ``attn_*_cp``
         rows where they match the group (degree, layout, all-gather), else the one-GPU rows split by
         pairs (:meth:`group_work`)."""
@@ -81,7 +86,7 @@ class CPPricing:
         # a ring step costs at least the profile's cheapest attention point (a near-empty call)
         self.floor = {bw: min(min(row) for row in t.surfaces[op].zs) for bw, op in ATTENTION.items()}
         self.call = dict(t.call)
-        if self.bandwidth == float("inf"):
+        if self.bandwidth == float("inf") and not t.cp_steps:
             note = (f"profile {t.profile.source} has no memory_bandwidth: CP ring steps' merge and "
                     "gradient accumulation bytes are not priced (only their launches)")
             t.notes.append(note)
@@ -153,21 +158,31 @@ class CPPricing:
         kv_dim = kv_heads * m.head_dim
         one = self.tables.read(self._one_gpu[backward], ATTENTION[backward], L, k)
         work = self.group_work(L, k, backward, layout, comm, degree)
-        t = step_times(steps, tokens, k_len, self.price(k, backward), backward=backward,
+        measured = comm != "allgather" and backward in self.tables.cp_steps  # merge, launches inside
+        t = step_times(steps, tokens, k_len, self.price(k, backward, steps=measured), backward=backward,
                        allgather=comm == "allgather", merge=c.cp_merge, heads=heads, kv_heads=kv_heads,
-                       head_dim=m.head_dim, bandwidth=self.bandwidth, launch=self.launch,
-                       scale=work / one if one > 0 else 1.0)
+                       head_dim=m.head_dim, bandwidth=float("inf") if measured else self.bandwidth,
+                       launch=0.0 if measured else self.launch, scale=work / one if one > 0 else 1.0)
         return layer_time(t, comm=comm, kv_bytes=tokens * 2 * kv_dim * m.dtype_bytes, intra=c.tp_bandwidth,
                           inter=c.p2p_bandwidth, latency=c.p2p_latency, inner=inner,
                           backward=backward, layout=layout,
                           grad_ratio=max(4, m.dtype_bytes) / m.dtype_bytes)  # dK/dV in fp32
 
-    def price(self, k: int, backward: bool) -> CallPrice:
+    def price(self, k: int, backward: bool, *, steps: bool = False) -> CallPrice:
         """The price of one attention call at budget ``k`` by its pairs (:class:`.calls.CallPrice`):
         the one-GPU calls at the profile's lengths (each at its effective budget), the fixed part
-        of the fold's ``OpTables.call``."""
-        key = (k, backward)
+        of the fold's ``OpTables.call``; with ``steps``, the profile's measured ring-step calls
+        (``attn_*_cp_step``) at the measured budget nearest ``k`` (by ratio), whose times hold
+        their fixed costs (no fixed part on top) and whose cheapest is the floor."""
+        key = (k, backward, steps)
         hit = self._prices.get(key)
+        if hit is None and steps:
+            rows = self.tables.cp_steps[backward]
+            budgets = sorted(int(b) for b in rows["budget"].unique())
+            near = min(budgets, key=lambda b: (abs(np.log(b / max(k, 1))), b))
+            at = rows[rows["budget"] == near]
+            hit = self._prices[key] = CallPrice.of(at["seq_len"], at["latency_s"], fixed=0.0,
+                                                   floor=float(at["latency_s"].min()))
         if hit is None:
             one, B = self._one_gpu[backward], self.block_size
             xs = [int(x) for x in one.xs if x >= 1]

@@ -336,3 +336,47 @@ def test_cp_trace_rows_one_per_ring_step_inside_their_action(run_cli, tmp_path):
     events = json.loads((tmp_path / "t" / "trace.json").read_text())["traceEvents"]
     names = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     assert {"stage 0 CP", "stage 3 CP", "stage 0 CP comm"} <= names
+
+
+def test_measured_ring_steps_price_each_step_by_its_pairs():
+    """A profile with attn_*_cp_step rows prices a ring's steps at the measured call of their pairs,
+    merge and launches inside: a dense 4,096-token sequence on a zigzag ring of 2 (chunks of 1,024:
+    rank 0 holds 0 and 3, rank 1 holds 1 and 2) attends, per rank, 2 x 1024 x 1025 / 2 + 1024^2 =
+    2,098,176 pairs at its own step (two causal chunks, one full) and 2 x 1024^2 = 2,097,152 at the
+    other; rows of 1.5 ms and 1.0 ms at exactly those pairs give the steps 1.5 and 1.0 ms. The
+    all-gather keeps the one-GPU rows (its measured rows are attn_*_cp), and so does a profile
+    without step rows."""
+    import warnings
+    from dataclasses import replace
+
+    import pandas as pd
+
+    from sparsebalance.simulator.config import ClusterConfig, tiny
+    from sparsebalance.simulator.cost.catalog import load_profile
+    from sparsebalance.simulator.cost.cp.shards import rank_pairs
+    from sparsebalance.simulator.cost.latency import load_latency_model
+    from sparsebalance.simulator.cost.profile import Profile
+
+    L, k = 4096, 128  # 128 blocks of 32: dense
+    assert (rank_pairs(L, 32, k, 2, "zigzag") == [[2_098_176, 2_097_152], [2_097_152, 2_098_176]]).all()
+    base = load_profile("cpu-tiny")
+    rows = pd.DataFrame([(op, p, k, t) for op in ("attn_fwd_cp_step", "attn_bwd_cp_step")
+                         for p, t in ((2_098_176, 1.5e-3), (2_097_152, 1.0e-3))],
+                        columns=["op", "seq_len", "budget", "latency_s"])
+    steps = Profile(table=pd.concat([base.table, rows], ignore_index=True), meta=replace(base.meta), source="steps")
+
+    def model(p, comm):
+        c = ClusterConfig(pp=1, dp=1, cp=2, global_batch=2, device="cpu", cp_layout="zigzag", cp_comm=comm)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return load_latency_model(p, tiny(), c, allow_nonmonotone=True)
+
+    lm = model(steps, "ring")
+    assert "measured step calls" in lm.cp_attention
+    for bw in (False, True):
+        rep = lm.cp_report(L, k, backward=bw)
+        assert rep.steps == pytest.approx(np.array([[1.5e-3, 1.0e-3], [1.5e-3, 1.0e-3]]), rel=1e-12)
+        plain = model(base, "ring").cp_report(L, k, backward=bw)
+        assert rep.transfers == pytest.approx(plain.transfers, rel=1e-12) and (plain.steps != rep.steps).all()
+        assert model(steps, "allgather").cp_report(L, k, backward=bw).steps == pytest.approx(
+            model(base, "allgather").cp_report(L, k, backward=bw).steps, rel=1e-12)

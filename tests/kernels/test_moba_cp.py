@@ -84,9 +84,9 @@ def test_cp_attention_matches_the_float64_reference(world, tmp_path):
             mine = torch.cat([g[name] for g in got])
             assert torch.allclose(mine, want[idx], rtol=1e-10, atol=1e-12), (key, name)
         # one timed row per collective: all-gather: the index (no group_index here) and K/V, then
-        # K/V gathered again and the gradients' all-reduce; ring: the gate's pooled means and
-        # world - 1 hops, then the world - 1 hops of dK/dV back
-        want_rows = {"allgather": (2, 2), "ring": (world, world - 1)}[key[0]]
+        # K/V gathered again and the gradients' all-reduce; ring: the index, the gate's pooled
+        # means and world - 1 hops of K/V, then world - 1 hops of K/V with dK/dV and dK/dV's home
+        want_rows = {"allgather": (2, 2), "ring": (world + 1, world)}[key[0]]
         for g in got:
             assert (len(g["fwd"]), len(g["bwd"])) == want_rows, key
             spans = g["fwd"] + g["bwd"]

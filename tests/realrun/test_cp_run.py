@@ -62,13 +62,14 @@ def _run(tmp: Path, pp: int, layout: str, comm: str) -> None:
 def _check_cp_comm_rows(path: Path, *, layers: int, comm: str) -> None:
     """The measured trace times every CP collective inside its action: per layer, an F has the
     K/V all-gather (ring: the gate's pooled means and the one hop of 2 ranks), a B the K/V gathered
-    again and the gradients' way back (all-reduce; ring: the hop back)."""
+    again and the gradients' way back (all-reduce; ring: the hop of K/V with dK/dV, and dK/dV's hop
+    home)."""
     import pandas as pd
 
     tr = pd.read_csv(path)
     comm_rows, actions = tr[tr.op == "CP_COMM"], tr[tr.op.isin(["F", "B"])]
     assert len(actions) and len(comm_rows)
-    per_f, per_b = {"allgather": (1, 2), "ring": (2, 1)}[comm]
+    per_f, per_b = {"allgather": (1, 2), "ring": (2, 2)}[comm]
     inside = 0
     for a in actions.itertuples():
         mine = comm_rows[(comm_rows.iteration == a.iteration) & (comm_rows.stage == a.stage)

@@ -47,7 +47,8 @@ if TYPE_CHECKING:
     import torch
     from torch.distributed import ProcessGroup
 
-__all__ = ["CPContext", "cp_token_index", "group_index", "moba_attention_cp", "moba_attention_cp_alone", "recording"]
+__all__ = ["CPContext", "cp_token_index", "group_index", "group_indices", "moba_attention_cp",
+           "moba_attention_cp_alone", "recording"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -193,19 +194,29 @@ def moba_attention_cp(q: Any, k: Any, v: Any, index: Any, cu_seqlens: Any, block
     blocks, gate tiles and rows of a sequence's causal prefix (its first ``topk`` blocks). The
     gathered K/V are not kept for the backward, which gathers them again (as Transformer Engine's
     all-gather CP does, and as the simulator prices it) and then reduce-scatters dK/dV."""
-    import torch
-    import torch.distributed as dist
 
     # every layer of a micro-batch passes the same index tensor: the group's index is kept on it
     # (group_index, or gathered once here), so a layer costs one collective forward (K and V
     # together) and two backward
+    group_indices(index, group)
+    return _run(q, k, v, index, cu_seqlens, block_size, topk, _Group(group))
+
+
+def group_indices(index: Any, group: Any = None) -> list[Any]:
+    """Every rank's index of the group (rank order), from the group's index kept on this rank's
+    ``index`` (:func:`group_index`), or gathered once (one timed collective) and kept there: every
+    layer of a micro-batch passes the same index tensor."""
+    import torch
+    import torch.distributed as dist
+
     if getattr(index, "_cp_gathered", None) is None:
         idx = index.to(torch.int64)
         got = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size(group))]
         dist.all_gather(got, torch.tensor([idx.shape[0]], dtype=torch.int64), group=group)
         sizes = [int(x) for x in got]
         index._cp_gathered = (_gather_rows(idx, sizes, _Group(group).fill), sizes)
-    return _run(q, k, v, index, cu_seqlens, block_size, topk, _Group(group))
+    cat, sizes = index._cp_gathered
+    return list(torch.split(cat, sizes))
 
 
 def moba_attention_cp_alone(q: Any, k: Any, v: Any, index: Any, cu_seqlens: Any, block_size: int, topk: Any,

@@ -2,14 +2,15 @@
 
 :func:`moba_attention_cp_ring`: only the pooled block sums are all-reduced (the gate's means: never
 the K/V themselves); each rank gates its own queries once (``ring_step.plan``); K and V (one tensor,
-with the packed positions of its rows) then travel around the ring, and at each step the rank runs
+every rank's rows known from the group's index) then travel around the ring, and at each step the rank runs
 its ring-step call on the keys it holds (``ring_step.step_forward``: the dense runs, its own blocks
-at its own step, the gate's held past blocks as tiles), merged by log-sum-exp. The received K/V of
-every step are kept for the backward (one layer's keys, as the all-gather holds them), which runs
-the steps in reverse (``ring_step.step_backward`` from the merged output) and sends each step's
-dK/dV back to the rank it came from, added on the way: ``world - 1`` hops, the gradient of the
-rank's own K/V arriving last. Collectives are timed like the all-gather variant's (``cp.py``:
-:func:`~sparsebalance.kernels.moba.cp.recording`): the gate's all-reduce, one row per hop.
+at its own step, the gate's held past blocks as tiles), merged by log-sum-exp. The received K/V
+are not kept: the backward passes K/V around the ring again, each with the fp32 dK/dV accumulated
+so far (every rank adds its step's share, ``ring_step.step_backward`` from the merged output), and
+a last hop brings each rank's gradient home: ``world - 1`` hops of K/V + dK/dV and one of dK/dV, as
+Transformer Engine's ring does and the latency model prices it. Collectives are timed like the all-gather variant's (``cp.py``:
+:func:`~sparsebalance.kernels.moba.cp.recording`): the gate's all-reduce, one row per hop (and the
+group's index, gathered once per micro-batch where the caller did not give it, ``cp.group_index``).
 
 The step calls are what ``profile --cp`` times for the ``attn_*_cp_step`` rows. Checked forward and
 backward against the single-process float64 reference on 2 and 4 gloo ranks
@@ -21,29 +22,24 @@ from __future__ import annotations
 from typing import Any
 
 from sparsebalance.data.sequence import blocks
-from sparsebalance.kernels.moba.cp import _timed
+from sparsebalance.kernels.moba.cp import _timed, group_indices
 
 __all__ = ["moba_attention_cp_ring"]
 
 
-def _shift(t: Any, group: Any, forward: bool) -> Any:
+def _shift(t: Any, rows: int, group: Any, forward: bool) -> Any:
     """This rank's ``t`` to the next rank of the ring (``forward``; the previous one otherwise), and
-    the other neighbour's in return; ranks may hold different row counts."""
-    import torch
+    the other neighbour's (``rows`` rows of the same shape) in return."""
     import torch.distributed as dist
 
     world, me = dist.get_world_size(group), dist.get_rank(group)
     to, frm = ((me + 1) % world, (me - 1) % world) if forward else ((me - 1) % world, (me + 1) % world)
     glob = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
-
-    def exchange(out: Any, into: Any) -> Any:
-        send = dist.isend(out, glob(to), group=group)
-        dist.recv(into, glob(frm), group=group)
-        send.wait()
-        return into
-
-    n_in = exchange(torch.tensor([t.shape[0]], dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
-    return exchange(t.contiguous(), t.new_empty((int(n_in), *t.shape[1:])))
+    into = t.new_empty((rows, *t.shape[1:]))
+    send = dist.isend(t.contiguous(), glob(to), group=group)
+    dist.recv(into, glob(frm), group=group)
+    send.wait()
+    return into
 
 
 def _means(k: Any, index: Any, bounds: list[int], block_size: int, group: Any) -> list[Any]:
@@ -88,41 +84,47 @@ def _ring_function() -> Any:
         @staticmethod
         def forward(ctx, q, k, v, args):
             index, bounds, block_size, topks, group = args
-            world = dist.get_world_size(group)
+            world, me = dist.get_world_size(group), dist.get_rank(group)
+            per = group_indices(index, group)  # every rank's rows: a hop sends K/V alone
             cdt = gate_dtype(q.dtype)
             T, (_, H, D), hk = bounds[-1], q.shape, k.shape[1]
             mine = blocks_of(index, bounds, block_size)
             Q = q.new_zeros((T, H, D), dtype=cdt).index_copy_(0, index, q.detach().to(cdt))
             rank_plan = plan(Q, None, bounds, block_size, topks, mine, means=_means(k, index, bounds, block_size, group))
             buf = (q.new_zeros((T, hk, D), dtype=cdt), q.new_zeros((T, hk, D), dtype=cdt))
-            kv, idx = torch.cat([k.detach(), v.detach()], dim=-1).to(cdt), index
-            held, acc, lse = [], None, None
+            own = kv = torch.cat([k.detach(), v.detach()], dim=-1).to(cdt)
+            steps, acc, lse = [], None, None
             for s in range(world):
-                if s:  # one hop: the keys and their packed positions (one trace row)
-                    kv, idx = _timed(lambda kv=kv, idx=idx: (_shift(kv, group, True), _shift(idx, group, True)))
+                idx = per[(me - s) % world]  # the rank whose keys arrive at step s
+                if s:  # one hop (one trace row)
+                    kv = _timed(lambda kv=kv, n=idx.shape[0]: _shift(kv, n, group, True))
                 K, V = place(buf, idx, kv, D)
                 o, lo, saved = step_forward(rank_plan, Q, K, V, blocks_of(idx, bounds, block_size))
                 acc, lse = (o, lo) if acc is None else merge(acc, lse, o, lo)
-                held.append((kv, idx, saved))
-            ctx.state = (rank_plan, held, Q, buf, acc, lse, args)
+                steps.append(saved)
+            # the received K/V are not kept: the backward passes them around again (module docstring)
+            ctx.state = (rank_plan, steps, Q, buf, acc, lse, own, per, me, group, index)
             ctx.dtypes = (q.dtype, k.dtype, v.dtype)
             return acc[index].to(q.dtype)
 
         @staticmethod
         def backward(ctx, dout):
-            rank_plan, held, Q, buf, acc, lse, (index, _, _, _, group) = ctx.state
-            D = Q.shape[2]
+            rank_plan, steps, Q, buf, acc, lse, kv, per, me, group, index = ctx.state
+            world, D = len(steps), Q.shape[2]
             dO = acc.new_zeros(acc.shape).index_copy_(0, index, dout.to(acc.dtype))
             dq, grad = torch.zeros_like(Q), None
-            for s in reversed(range(len(held))):
-                kv, idx, saved = held[s]
+            for s, saved in enumerate(steps):
+                idx = per[(me - s) % world]
+                if s:  # one hop: the keys, and their gradient so far, travel on together (one row)
+                    kv, grad = _timed(lambda kv=kv, g=grad, n=idx.shape[0]: (_shift(kv, n, group, True),
+                                                                             _shift(g, n, group, True)))
                 K, V = place(buf, idx, kv, D)
                 gq, gk, gv = step_backward(rank_plan, saved, Q, K, V, acc, lse, dO)
                 dq += gq
                 step = torch.cat([gk[idx], gv[idx]], dim=-1)  # the held keys' share
                 grad = step if grad is None else grad + step
-                if s:  # back to the rank it came from; the next one's (step s - 1's keys) comes in
-                    grad = _timed(lambda g=grad: _shift(g, group, False))
+            if world > 1:  # the last hop brings each rank's gradient home (one row)
+                grad = _timed(lambda g=grad: _shift(g, per[me].shape[0], group, True))
             ctx.state = None
             qd, kd, vd = ctx.dtypes
             return dq[index].to(qd), grad[..., :D].to(kd), grad[..., D:].to(vd), None

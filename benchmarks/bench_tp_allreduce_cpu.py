@@ -7,7 +7,11 @@ squares over the sizes (prints the table and the fit; not a test):
 * ``--op allgather``: the CP all-gather of K/V (``kernels/moba/cp.py``: every rank's [tokens / n,
   hidden] float32 share), fitted as the simulator prices it (``cp.ring.layer_time``:
   ``(n - 1) x latency + (n - 1) / n x gathered bytes / bandwidth``): ``cluster.p2p_latency`` and, inside
-  one node, ``tp_bandwidth`` of a CP run's transfers.
+  one node, ``tp_bandwidth`` of a CP run's transfers;
+* ``--op p2p``: one hop of the CP ring (``kernels/moba/cp_ring.py``: every rank sends its [tokens / n,
+  hidden] float32 share to the next rank and receives the previous one's), fitted as the simulator
+  prices a hop (``latency + bytes / bandwidth``, the bytes of one share): a ring run's
+  ``cluster.p2p_latency`` and, inside one node, ``tp_bandwidth``.
 
     flock -x /work/locks/cpu.lock .venv/bin/python benchmarks/bench_tp_allreduce_cpu.py [--groups 2] [--op allgather]
 
@@ -43,10 +47,18 @@ def _worker(rank: int, world: int, tp: int, hidden: int, sizes: list[int], repea
         if op == "allreduce":
             x = torch.randn(tokens, hidden)
             call = lambda x=x: dist.all_reduce(x, group=group)
-        else:  # tokens: the gathered total; each rank holds 1/tp of them
+        elif op == "allgather":  # tokens: the gathered total; each rank holds 1/tp of them
             x = torch.randn(tokens // tp, hidden)
             parts = [torch.empty_like(x) for _ in range(tp)]
             call = lambda x=x, parts=parts: dist.all_gather(parts, x, group=group)
+        else:  # one ring hop of a 1/tp share, as cp_ring._shift sends it
+            x, into = torch.randn(tokens // tp, hidden), torch.empty(tokens // tp, hidden)
+            me, ranks = rank % tp, list(range((rank // tp) * tp, (rank // tp + 1) * tp))
+
+            def call(x=x, into=into, me=me, ranks=ranks):
+                send = dist.isend(x, ranks[(me + 1) % tp], group=group)
+                dist.recv(into, ranks[(me - 1) % tp], group=group)
+                send.wait()
         for _ in range(3):
             call()
         dist.barrier()
@@ -70,7 +82,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="64,128,256,512,1024,2048,4096,8192", help="tokens per all-reduce")
     ap.add_argument("--repeats", type=int, default=200)
     ap.add_argument("--port", type=int, default=29611)
-    ap.add_argument("--op", choices=("allreduce", "allgather"), default="allreduce")
+    ap.add_argument("--op", choices=("allreduce", "allgather", "p2p"), default="allreduce")
     ap.add_argument("--isolated", action="store_true",
                     help="a barrier before each timed call (a run's collectives come between compute), "
                          "instead of calls back to back")
@@ -94,8 +106,9 @@ def main() -> None:
     mean = {s: float(np.mean([results[r][s] for r in results])) for s in sizes}
     nbytes = np.array([s * args.hidden * 4 for s in sizes], dtype=float)
     n = args.tp
-    ring = (2 if args.op == "allreduce" else 1) * (n - 1) / n * nbytes
-    calls = np.full_like(ring, 1.0 if args.op == "allreduce" else n - 1.0)  # latency paid per call / per step
+    ring = (nbytes / n if args.op == "p2p"  # one share per hop
+            else (2 if args.op == "allreduce" else 1) * (n - 1) / n * nbytes)
+    calls = np.full_like(ring, n - 1.0 if args.op == "allgather" else 1.0)  # latency paid per call / per step
     A = np.vstack([calls, ring]).T
     (lat, inv_bw), *_ = np.linalg.lstsq(A, np.array([mean[s] for s in sizes]), rcond=None)
     print(f"host: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; load "

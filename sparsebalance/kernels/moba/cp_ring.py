@@ -9,7 +9,8 @@ are not kept: the backward passes K/V around the ring again, each with the fp32 
 so far (every rank adds its step's share, ``ring_step.step_backward`` from the merged output), and
 a last hop brings each rank's gradient home: ``world - 1`` hops of K/V + dK/dV and one of dK/dV, as
 Transformer Engine's ring does and the latency model prices it. Collectives are timed like the all-gather variant's (``cp.py``:
-:func:`~sparsebalance.kernels.moba.cp.recording`): the gate's all-reduce, one row per hop (and the
+:func:`~sparsebalance.kernels.moba.cp.recording`): the gate's all-reduce (where a sequence is
+sparse), one row per hop (and the
 group's index, gathered once per micro-batch where the caller did not give it, ``cp.group_index``).
 
 The step calls are what ``profile --cp`` times for the ``attn_*_cp_step`` rows. Checked forward and
@@ -90,7 +91,10 @@ def _ring_function() -> Any:
             T, (_, H, D), hk = bounds[-1], q.shape, k.shape[1]
             mine = blocks_of(index, bounds, block_size)
             Q = q.new_zeros((T, H, D), dtype=cdt).index_copy_(0, index, q.detach().to(cdt))
-            rank_plan = plan(Q, None, bounds, block_size, topks, mine, means=_means(k, index, bounds, block_size, group))
+            # the gate's exchange only where a sequence is sparse (a dense one attends every past block)
+            sparse = any(topks[i] < blocks(bounds[i + 1] - bounds[i], block_size) for i in range(len(topks)))
+            means = _means(k, index, bounds, block_size, group) if sparse else []
+            rank_plan = plan(Q, None, bounds, block_size, topks, mine, means=means)
             buf = (q.new_zeros((T, hk, D), dtype=cdt), q.new_zeros((T, hk, D), dtype=cdt))
             own = kv = torch.cat([k.detach(), v.detach()], dim=-1).to(cdt)
             steps, acc, lse = [], None, None

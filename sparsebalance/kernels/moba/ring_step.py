@@ -104,7 +104,7 @@ def plan(q: Any, k: Any | None, cu: list[int], block_size: int, topks: list[int]
     if means is None and k is None:
         raise ValueError("plan: pass the packed k or the block means")
     H, D = q.shape[1], q.shape[2]
-    hk = k.shape[1] if means is None else means[0].shape[1]
+    hk = k.shape[1] if k is not None else means[0].shape[1] if means else q.shape[1]  # no means: no gate
     g = H // hk
     lay = layout(cu, block_size, topks, H, D, q.device, CHUNK_ELEMENTS, list(query_blocks))
     qg = q.detach().to(gate_dtype(q.dtype))

@@ -30,9 +30,10 @@ import numpy as np
 from sparsebalance.data.sequence import blocks
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
 from sparsebalance.simulator.cost.cp.calls import CallPrice, step_times
-from sparsebalance.simulator.cost.cp.ring import RingReport, layer_time, ring_order
+from sparsebalance.simulator.cost.cp.ring import RingReport, gate_time, layer_time, ring_order
 from sparsebalance.simulator.cost.cp.shards import block_sizes, min_blocks, rank_pairs, shards
 from sparsebalance.simulator.cost.hardware import Hardware
+from sparsebalance.simulator.cost.link import group_link
 from sparsebalance.simulator.cost.roofline import moba_pairs
 from sparsebalance.simulator.cost.tables import ATTENTION, Curve, OpTables, Surface
 from sparsebalance.simulator.layout import Layout
@@ -163,10 +164,14 @@ class CPPricing:
                        allgather=comm == "allgather", merge=c.cp_merge, heads=heads, kv_heads=kv_heads,
                        head_dim=m.head_dim, bandwidth=float("inf") if measured else self.bandwidth,
                        launch=0.0 if measured else self.launch, scale=work / one if one > 0 else 1.0)
+        gate = 0.0
+        if comm != "allgather" and k < n:  # a sparse budget gates every query against every block first
+            bandwidth, lat = group_link(c, degree, "allreduce")
+            gate = gate_time(n, kv_heads, m.head_dim, degree, bandwidth, lat)
         return layer_time(t, comm=comm, kv_bytes=tokens * 2 * kv_dim * m.dtype_bytes, intra=c.tp_bandwidth,
                           inter=c.p2p_bandwidth, latency=c.p2p_latency, inner=inner,
                           backward=backward, layout=layout,
-                          grad_ratio=max(4, m.dtype_bytes) / m.dtype_bytes)  # dK/dV in fp32
+                          grad_ratio=max(4, m.dtype_bytes) / m.dtype_bytes, gate=gate)  # dK/dV in fp32
 
     def price(self, k: int, backward: bool, *, steps: bool = False) -> CallPrice:
         """The price of one attention call at budget ``k`` by its pairs (:class:`.calls.CallPrice`):

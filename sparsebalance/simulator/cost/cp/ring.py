@@ -9,7 +9,8 @@ recurrence of steps and hops.
 * ``ring``: step s of rank r works on the keys of rank (r - s) mod W, which its neighbour forwards;
   the next step starts when this rank's step is done and the neighbour's transfer has arrived
   (``start[r, s+1] = max(end[r, s], start[r-1, s] + transfer)``: the transfer of step s+1 overlaps
-  the compute of step s). Forward moves K and V (bf16); backward K and V plus dK and dV in fp32
+  the compute of step s). A sparse budget first exchanges the gate's pooled block means (one
+  all-reduce over the group, :func:`gate_time`): every rank's step 0 waits for it. Forward moves K and V (bf16); backward K and V plus dK and dV in fp32
   (as MTraining and Transformer Engine do), and the last hop brings dK/dV home. A hop inside a node
   runs at ``intra`` bytes/s, across nodes at ``inter``.
 * ``hierarchical``: ranks grouped by node (``inner`` per node); an inner ring over each node's
@@ -36,7 +37,7 @@ import numpy as np
 
 from sparsebalance.simulator.config import CP_COMMS as COMMS
 
-__all__ = ["COMMS", "RingReport", "combine", "layer_time", "ring_order"]
+__all__ = ["COMMS", "RingReport", "combine", "gate_time", "layer_time", "ring_order"]
 
 
 def ring_order(cp: int, comm: str, inner: int) -> np.ndarray:
@@ -86,6 +87,7 @@ def _recurrence(t: np.ndarray, transfers: np.ndarray, comm: str, inner: int) -> 
     + ``transfers[r, s+1]`` (the inter-node transfer: :func:`_ring_transfers`)."""
     cp, steps = t.shape
     start = np.zeros((cp, steps))
+    start[:, 0] = transfers[:, 0]  # a ring's gate exchange (0 without one): every step 0 waits for it
     prev = (np.arange(cp) - 1) % cp
     if comm == "hierarchical":
         g, i = np.divmod(np.arange(cp), inner)
@@ -116,13 +118,15 @@ def _ring_transfers(steps: int, hop: np.ndarray, inter_hop: np.ndarray, home_hop
 
 def layer_time(t: np.ndarray, *, comm: str, kv_bytes: np.ndarray,
                intra: float, inter: float, latency: float, inner: int, backward: bool,
-               layout: str = "", grad_ratio: float = 2.0) -> RingReport:
+               layout: str = "", grad_ratio: float = 2.0, gate: float = 0.0) -> RingReport:
     """One layer on a CP group. ``t`` [W, S]: seconds of each rank's step (:func:`.calls.step_times`;
     for ``allgather`` S = 1: each rank's one call against every key); ``kv_bytes`` [W]: K and V
     bytes of each rank's shard; ``intra`` / ``inter``:
     bytes/s inside and across nodes; ``latency``: seconds per transfer; ``inner``: ranks of the group
     per node; ``grad_ratio``: bytes of dK + dV per byte of K + V (fp32 gradients: 2 for bf16 K/V, 1
-    for fp32)."""
+    for fp32); ``gate``: seconds of a ring's gate exchange before its first step (forward; MoBA's
+    pooled block means all-reduced over the group so that every rank gates its queries against
+    every block: :func:`gate_time`), transfer 0 of every rank."""
     t = np.asarray(t, dtype=float)
     cp = len(t)
     node = np.arange(cp) // max(inner, 1)
@@ -149,6 +153,7 @@ def layer_time(t: np.ndarray, *, comm: str, kv_bytes: np.ndarray,
     inter_hop = latency + kv_bytes[prev_node] * (1 + grad) / inter
     home_hop = latency + kv_bytes * grad / bw_in if backward else 0.0  # dK/dV's last hop home
     transfers = _ring_transfers(t.shape[1], hop, inter_hop, home_hop, comm, inner)
+    transfers[:, 0] = 0.0 if backward else gate
     end = _recurrence(t, transfers, comm, inner)
     free = _recurrence(t, 0.0 * transfers, comm, inner)
     time = float(end.max()) + float(transfers[:, -1].max())
@@ -159,6 +164,18 @@ def layer_time(t: np.ndarray, *, comm: str, kv_bytes: np.ndarray,
                       step_imbalance=float(steps_max / steps_mean) if steps_mean > 0 else 1.0,
                       exposed=time - float(free.max()), efficiency=ideal / time if time > 0 else 1.0, steps=t,
                       transfers=transfers, layout=layout, comm=comm)
+
+
+GATE_BYTES = 4
+"""Bytes per element of the gate's pooled block sums and counts (fp32, ``kernels/moba/cp_ring.py``)."""
+
+
+def gate_time(n_blocks: int, kv_heads: int, head_dim: int, ranks: int, bandwidth: float, latency: float) -> float:
+    """Seconds of a MoBA ring's gate exchange: one ring all-reduce over the ``ranks`` of the group of
+    every block's key sum (``kv_heads`` x ``head_dim``) and token count, fp32: ``latency`` +
+    2 (n - 1) / n x bytes / ``bandwidth`` (the group's link, ``link.group_link``)."""
+    nbytes = GATE_BYTES * n_blocks * (kv_heads * head_dim + 1)
+    return latency + 2 * (ranks - 1) / ranks * nbytes / bandwidth
 
 
 def combine(reports: list[RingReport]) -> dict[str, float]:

@@ -326,13 +326,14 @@ def test_cp_trace_rows_one_per_ring_step_inside_their_action(run_cli, tmp_path):
         mine = cp[(cp.stage == row.stage) & (cp.microbatch == row.microbatch)
                   & (cp.start_s >= row.start_s - 1e-12) & (cp.end_s <= row.end_s + 1e-12)]
         assert len(mine) >= 4
-    # the transfers: 3 hops per F, 3 + dK/dV's hop home per B, inside their action
+    # the transfers: the gate's exchange (a sparse budget) and 3 hops per F, 3 + dK/dV's hop home per
+    # B, inside their action
     comm = tr[tr.op == "CP_COMM"]
-    assert len(comm) == 3 * (fb.op == "F").sum() + 4 * (fb.op == "B").sum()
+    assert len(comm) == 4 * (fb.op == "F").sum() + 4 * (fb.op == "B").sum()
     for row in fb.itertuples():
         mine = comm[(comm.stage == row.stage) & (comm.microbatch == row.microbatch)
                     & (comm.start_s >= row.start_s - 1e-12) & (comm.end_s <= row.end_s + 1e-12)]
-        assert len(mine) >= (3 if row.op == "F" else 4)
+        assert len(mine) >= 4
     events = json.loads((tmp_path / "t" / "trace.json").read_text())["traceEvents"]
     names = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     assert {"stage 0 CP", "stage 3 CP", "stage 0 CP comm"} <= names
@@ -380,3 +381,30 @@ def test_measured_ring_steps_price_each_step_by_its_pairs():
         assert rep.transfers == pytest.approx(plain.transfers, rel=1e-12) and (plain.steps != rep.steps).all()
         assert model(steps, "allgather").cp_report(L, k, backward=bw).steps == pytest.approx(
             model(base, "allgather").cp_report(L, k, backward=bw).steps, rel=1e-12)
+    # dense: no gate exchange; at a sparse budget the forward's transfer 0 is the gate's all-reduce
+    from sparsebalance.simulator.cost.cp.ring import gate_time
+    from sparsebalance.simulator.cost.link import group_link
+
+    assert (lm.cp_report(L, k).transfers[:, 0] == 0).all()
+    bw_, lat = group_link(lm.cluster, 2, "allreduce")
+    want = gate_time(L // 32, tiny().kv_heads, tiny().head_dim, 2, bw_, lat)
+    assert lm.cp_report(L, 4).transfers[:, 0] == pytest.approx([want, want], rel=1e-12)
+    assert (lm.cp_report(L, 4, backward=True).transfers[:, 0] == 0).all()
+
+
+def test_a_sparse_ring_first_exchanges_the_gate_by_hand():
+    """The gate's exchange: 65,536 tokens in blocks of 128 = 512 blocks, 8 kv heads x 128 dims: 512 x
+    (1,024 + 1) fp32 = 2,099,200 bytes all-reduced over 4 ranks at 100 GB/s and 10 us: 10 us +
+    1.5 x 2,099,200 / 1e11 = 41.488 us. In a ring it is every rank's transfer 0, and the layer takes
+    exactly that much longer (every step starts that much later), all of it exposed."""
+    from sparsebalance.simulator.cost.cp.ring import gate_time, layer_time
+
+    assert gate_time(512, 8, 128, 4, 1e11, 1e-5) == pytest.approx(1e-5 + 1.5 * 2_099_200 / 1e11, rel=1e-12)
+    t = np.array([[1.0, 2.0, 1.5, 1.0], [2.0, 1.0, 1.0, 1.5], [1.5, 1.5, 2.0, 1.0], [1.0, 1.0, 1.5, 2.0]])
+    kw = {"comm": "ring", "kv_bytes": np.full(4, 1e9), "intra": 1e10, "inter": 1e10, "latency": 1e-3, "inner": 4}
+    plain = layer_time(t, backward=False, **kw)
+    gated = layer_time(t, backward=False, gate=0.25, **kw)
+    assert gated.time == pytest.approx(plain.time + 0.25, rel=1e-12)
+    assert gated.exposed == pytest.approx(plain.exposed + 0.25, rel=1e-12)
+    assert (gated.transfers[:, 0] == 0.25).all() and (plain.transfers[:, 0] == 0).all()
+    assert layer_time(t, backward=True, gate=0.25, **kw).time == layer_time(t, backward=True, **kw).time

@@ -1,18 +1,21 @@
 """How much attention work a CP group does, measured on real gloo ranks, beside what the latency model
 prices (prints a table; not a test). It is the measurement behind ``profile --cp``'s ``attn_*_cp``
-rows (docs/costmodel.md section 11, docs/results.md):
+and ``attn_*_cp_step`` rows (docs/costmodel.md section 11, docs/results.md):
 
-* **measured, on the group**: ``--cp`` gloo processes (one core each where the host has them) run
-  the real run's all-gather CP attention (``kernels/moba/cp.py: moba_attention_cp``) on one packed
+* **measured, on the group**: the config's CP group as gloo processes (one core each where the host
+  has them) run the real run's CP attention of the config's ``cp_comm`` (all-gather:
+  ``kernels/moba/cp.py: moba_attention_cp``; ring: ``kernels/moba/cp_ring.py``) on one packed
   micro-batch of ``--lengths`` at ``--budget``, forward and backward; each rank's compute is its call
   time less the CP collectives' time (``recording``), the median over ``--repeats``;
 * **measured, one process**: ``moba_attention`` on each sequence alone (what a one-GPU profile holds),
   summed over the sequences;
 * **priced**: the latency model of ``--config`` (its profile, calibration not applied) -- each rank's
-  compute summed over the sequences (``cp_report(...).steps``), with the profile's CP rows where it has
-  them and without (the one-GPU rows split by pairs).
+  compute summed over the sequences (``cp_report(...).steps``), with the profile's CP rows (``attn_*_cp``
+  for the all-gather, ``attn_*_cp_step`` for a ring) where it has them and without (the one-GPU rows
+  split by pairs).
 
     flock -x /work/locks/cpu.lock .venv/bin/python benchmarks/bench_cp_work.py --lengths 2048,900,400,150
+    flock -x /work/locks/cpu.lock .venv/bin/python benchmarks/bench_cp_work.py --config examples/cpu_cp2_ring.toml
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ def _rank(rank: int, world: int, store: str, out: str, a: argparse.Namespace, di
 
     from sparsebalance.kernels.cpuclock import pin_to_core
     from sparsebalance.kernels.moba.cp import cp_token_index, group_index, moba_attention_cp, recording
+    from sparsebalance.kernels.moba.cp_ring import moba_attention_cp_ring
 
     pin_to_core(rank)
     torch.set_num_threads(1)
@@ -58,7 +62,8 @@ def _rank(rank: int, world: int, store: str, out: str, a: argparse.Namespace, di
         dist.barrier()
         t0 = time.perf_counter()
         with recording(time.perf_counter, lambda s, e, fc=fc: fc.append(e - s)):
-            o = moba_attention_cp(ql, kl, vl, idx, cu, a.block_size, a.budget)
+            o = (moba_attention_cp_ring if a.comm == "ring" else moba_attention_cp)(ql, kl, vl, idx, cu,
+                                                                                 a.block_size, a.budget)
         t1 = time.perf_counter()
         dist.barrier()
         t2 = time.perf_counter()
@@ -124,7 +129,7 @@ def main() -> None:
 
     from sparsebalance.runconfig import load_run_config
     from sparsebalance.simulator.cost.catalog import load_profile
-    from sparsebalance.simulator.cost.profile import CP_ATTENTION_OPS, Profile
+    from sparsebalance.simulator.cost.profile import CP_ATTENTION_OPS, CP_STEP_OPS, Profile
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="examples/cpu_cp2.toml", help="run config: model, profile, CP group")
@@ -137,17 +142,17 @@ def main() -> None:
     warnings.simplefilter("ignore")
     cfg = load_run_config(a.config)
     m, c = cfg.model, cfg.cluster
-    a.cp, a.layout, a.block_size = c.cp, c.cp_layout, m.block_size
+    a.cp, a.layout, a.block_size, a.comm = c.cp, c.cp_layout, m.block_size, c.cp_comm
     dims = (m.heads, m.kv_heads, m.head_dim)
     d = tempfile.mkdtemp()
     mp.spawn(_rank, args=(a.cp, f"{d}/store", f"{d}/res", a, dims), nprocs=a.cp, join=True)
     ranks = [pickle.loads(Path(f"{d}/res.{r}").read_bytes()) for r in range(a.cp)]
     one = _one_process(a, dims)
     prof = load_profile(cfg.profile, cfg.base_dir)
-    plain = Profile(table=prof.table[~prof.table["op"].isin(CP_ATTENTION_OPS)],
+    plain = Profile(table=prof.table[~prof.table["op"].isin(CP_ATTENTION_OPS + CP_STEP_OPS)],
                     meta=replace(prof.meta, cp=None, cp_layout=None), source=prof.source)
     with_rows, without = _priced(a, cfg, prof), _priced(a, cfg, plain)
-    print(f"lengths {a.lengths}, budget {a.budget}, cp {a.cp} {a.layout} all-gather, {a.repeats} repeats "
+    print(f"lengths {a.lengths}, budget {a.budget}, cp {a.cp} {a.layout} {a.comm}, {a.repeats} repeats "
           f"(median); profile {cfg.profile} (not calibrated); ms")
     print(f"{'pass':5} {'rank':>4} {'measured':>9} {'priced (CP rows)':>17} {'priced (one-GPU rows)':>22}")
     for i, name in enumerate(("F", "B")):

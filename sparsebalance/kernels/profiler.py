@@ -24,9 +24,11 @@ Every op is timed on the module code the real run executes (``sparsebalance.kern
   with the collectives' results given up front), one timed call running every rank: the group's
   attention work, which the latency model spreads over ranks and ring steps by pair counts;
 * ``attn_fwd_cp_step`` / ``attn_bwd_cp_step`` (``cp`` > 1, CPU): rank 0's ring steps on the same
-  sequence (:mod:`~sparsebalance.kernels.moba.ring_step`): each step's forward with its merge into
-  the accumulator (step 0 also with the rank's gate, run once before the ring), each step's backward
-  with its gradients' accumulation (the forward of every step runs untimed before it). A row's
+  sequence, on the real run's ring code (``cp_ring.RingRank``, every rank's K/V given, the
+  exchanges left to the latency model): each step's forward with its keys placed and its merge into
+  the accumulator (step 0 also with the rank's packed buffers, pooled sums and gate, run once before
+  the ring), each step's backward with its gradients' accumulation (the forward of every step runs
+  untimed before it). A row's
   ``seq_len`` is the pairs the step attends per head; calls of equal pairs and budget average into
   one row. The ring step runs PyTorch's CPU flash-attention parts, so a CUDA profile has no step
   rows.
@@ -318,53 +320,71 @@ class Bench:
         return [(fwd, None), (bwd, fwd)]
 
     def _attn_cp_step(self, seq_len: int, budget: int) -> list:
-        """(fn, setup) of rank 0's ring steps, forward then backward (module docstring); records
-        each step's pairs in ``step_pairs[(seq_len, budget, step)]``."""
+        """(fn, setup) of rank 0's ring steps, forward then backward (module docstring), on the real
+        run's ring code (``cp_ring.RingRank``) with every rank's K/V given; records each step's pairs
+        in ``step_pairs[(seq_len, budget, step)]``. The first forward step also times building the
+        rank's packed buffers, its pooled block sums and the gate (the sums of the whole group given
+        in their all-reduce's place), the last the output's rows; the first backward step the packed
+        output gradient, the last dQ's rows."""
         from sparsebalance.kernels.moba.cp import cp_token_index
-        from sparsebalance.kernels.moba.gate import gate_dtype
-        from sparsebalance.kernels.moba.ring_step import blocks_of, merge, plan, step_backward, step_forward
+        from sparsebalance.kernels.moba.cp_ring import RingRank, pooled
 
         torch, m, W, B = self.torch, self.model, self.grid.cp, self.model.block_size
-        cdt = gate_dtype(self.dtype)
-        q, k, v, dout = (self._randn(seq_len, h, m.head_dim).to(cdt).contiguous()
-                         for h in (m.heads, m.kv_heads, m.kv_heads, m.heads))
-        cu = [0, seq_len]
-        held = [blocks_of(ix, cu, B) for ix in cp_token_index(torch.tensor(cu), B, W, self.grid.cp_layout)]
-        mine = held[0]
-        rank_plan = plan(q, k, cu, B, [budget], mine)
+        q, k, v, dout = (self._randn(seq_len, h, m.head_dim) for h in (m.heads, m.kv_heads, m.kv_heads, m.heads))
+        bounds = [0, seq_len]
+        per = cp_token_index(torch.tensor(bounds), B, W, self.grid.cp_layout)
+        per = [x.to(self.dev) for x in per]
+        from sparsebalance.kernels.moba.gate import gate_dtype
+
+        rows = [torch.cat([k[i], v[i]], dim=-1).to(gate_dtype(self.dtype)) for i in per]  # what each hop delivers
+        group_sums = pooled(k, torch.arange(seq_len, device=self.dev), bounds, B)  # the all-reduce's result
+        mine = [x[per[0]] for x in (q, k, v)]
         state: dict[str, Any] = {}
+
+        def new_rank() -> Any:
+            rank = RingRank(*mine, per[0], per, 0, bounds, B, [budget])
+            rank.pooled()
+            rank.begin(*group_sums) if rank.sparse else rank.begin()
+            return rank
 
         def forward_step(s: int) -> Callable:
             def fn(_: Any = None) -> None:
-                p = plan(q, k, cu, B, [budget], mine) if s == 0 else rank_plan  # the gate, once before the ring
-                o, lo, saved = step_forward(p, q, k, v, held[(0 - s) % W])
-                state["acc"], state["lse"] = (o, lo) if s == 0 else merge(state["acc"], state["lse"], o, lo)
-                state[s] = saved
+                if s == 0:
+                    state["rank"] = new_rank()
+                rank = state["rank"]
+                rank.forward_step(s, rank.own if s == 0 else rows[(0 - s) % W])
+                if s == W - 1:
+                    rank.output()
             return fn
 
-        def whole() -> dict:  # every step's forward, untimed: the merged output the backward reads
-            for s in range(W):
-                forward_step(s)()
-            state["dq"], state["dk"], state["dv"] = (torch.zeros_like(x) for x in (q, k, v))
-            return state
-
-        def backward_step(s: int) -> Callable:
-            def fn(st: dict) -> None:
-                gq, gk, gv = step_backward(rank_plan, st[s], q, k, v, st["acc"], st["lse"], dout)
-                st["dq"] += gq  # the rank's dQ; dK/dV: the held keys' gradients, sent on with them
-                st["dk"] += gk
-                st["dv"] += gv
-            return fn
-
-        def before(s: int) -> Callable:  # the steps before step s, untimed: the accumulator it merges into
+        def before(s: int) -> Callable:  # the steps before step s, untimed
             def run() -> None:
                 for j in range(s):
                     forward_step(j)()
             return run
 
-        whole()
-        self.step_pairs.update({(seq_len, budget, s): state[s].pairs for s in range(W)})
-        return ([(forward_step(s), before(s)) for s in range(W)] + [(backward_step(s), whole) for s in range(W)])
+        def backward_step(s: int) -> Callable:
+            def fn(rank: Any) -> None:
+                if s == 0:
+                    rank.backward_begin(dout[per[0]])
+                rank.backward_step(s, rank.own if s == 0 else rows[(0 - s) % W])
+                if s == W - 1:
+                    rank.backward_end()
+            return fn
+
+        def backward_before(s: int) -> Callable:  # the whole forward and the backward's steps before s
+            def run() -> Any:
+                before(W)()
+                rank = state["rank"]
+                for j in range(s):
+                    backward_step(j)(rank)
+                return rank
+            return run
+
+        before(W)()
+        self.step_pairs.update({(seq_len, budget, s): state["rank"].steps[s].pairs for s in range(W)})
+        return ([(forward_step(s), before(s)) for s in range(W)]
+                + [(backward_step(s), backward_before(s)) for s in range(W)])
 
     def _layer(self, tokens: int, _: int) -> list:
         torch = self.torch

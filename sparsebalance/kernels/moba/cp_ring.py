@@ -13,19 +13,22 @@ Transformer Engine's ring does and the latency model prices it. Collectives are 
 sparse), one row per hop (and the
 group's index, gathered once per micro-batch where the caller did not give it, ``cp.group_index``).
 
-The step calls are what ``profile --cp`` times for the ``attn_*_cp_step`` rows. Checked forward and
+One rank's side lives in :class:`RingRank` (its buffers, gate, steps and the backward's), which
+:func:`moba_attention_cp_ring` drives between processes and ``profile --cp`` drives alone, every
+rank's K/V given, timing each step for the ``attn_*_cp_step`` rows. Checked forward and
 backward against the single-process float64 reference on 2 and 4 gloo ranks
 (tests/kernels/test_moba_cp.py). Shapes as ``cp.py``.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from sparsebalance.data.sequence import blocks
 from sparsebalance.kernels.moba.cp import _timed, group_indices
 
-__all__ = ["moba_attention_cp_ring"]
+__all__ = ["RingRank", "moba_attention_cp_ring", "pooled"]
 
 
 def _shift(t: Any, rows: int, group: Any, forward: bool) -> Any:
@@ -43,26 +46,119 @@ def _shift(t: Any, rows: int, group: Any, forward: bool) -> Any:
     return into
 
 
-def _means(k: Any, index: Any, bounds: list[int], block_size: int, group: Any) -> list[Any]:
-    """Per sequence ``[n_blocks, H_kv, D]``: every block's mean key over the group (pooled sums and
-    counts, one all-reduce row)."""
+def pooled(k: Any, index: Any, bounds: list[int], block_size: int) -> tuple[Any, Any]:
+    """(sums ``[blocks, H_kv, D]``, counts ``[blocks]``, gate dtype) of the key rows ``k`` at packed
+    positions ``index``, over every block of the batch (sequence after sequence): what a rank
+    contributes to the gate's all-reduce."""
     import torch
-    import torch.distributed as dist
 
     from sparsebalance.kernels.moba.gate import gate_dtype
 
     gd = gate_dtype(k.dtype)
     b = torch.as_tensor(bounds, dtype=torch.int64)
     seq = torch.bucketize(index, b[1:], right=True)
-    nb = [blocks(bounds[i + 1] - bounds[i], block_size) if bounds[i + 1] > bounds[i] else 0
-          for i in range(len(bounds) - 1)]
-    offset = [0, *torch.tensor(nb).cumsum(0).tolist()]
+    offset = _offsets(bounds, block_size)
     gid = torch.as_tensor(offset[:-1], dtype=torch.int64)[seq] + (index - b[seq]) // block_size
     sums = torch.zeros(offset[-1], k.shape[1], k.shape[2], dtype=gd).index_add_(0, gid, k.detach().to(gd))
     count = torch.zeros(offset[-1], dtype=gd).index_add_(0, gid, torch.ones(index.shape[0], dtype=gd))
-    _timed(lambda: (dist.all_reduce(sums, group=group), dist.all_reduce(count, group=group)))
-    means = sums / count.clamp(min=1)[:, None, None]
-    return [means[offset[i]:offset[i + 1]] for i in range(len(nb))]
+    return sums, count
+
+
+def _offsets(bounds: list[int], block_size: int) -> list[int]:
+    nb = [blocks(bounds[i + 1] - bounds[i], block_size) if bounds[i + 1] > bounds[i] else 0
+          for i in range(len(bounds) - 1)]
+    return [0, *itertools.accumulate(nb)]
+
+
+class RingRank:
+    """One rank's side of the ring for one layer's attention call, the exchanges left to the caller
+    (:func:`moba_attention_cp_ring` between processes; ``profile --cp`` alone, every rank's K/V given):
+    its queries and the packed buffers, the gate, each step's call and merge, and the backward's."""
+
+    def __init__(self, q: Any, k: Any, v: Any, index: Any, per: list[Any], me: int, bounds: list[int],
+                 block_size: int, topks: list[int]) -> None:
+        import torch
+
+        from sparsebalance.kernels.moba.gate import gate_dtype
+        from sparsebalance.kernels.moba.ring_step import blocks_of
+
+        cdt = gate_dtype(q.dtype)
+        T, (_, H, D), hk = bounds[-1], q.shape, k.shape[1]
+        self.index, self.per, self.me, self.bounds, self.block_size, self.topks = index, per, me, bounds, block_size, topks
+        self.dtypes = (q.dtype, k.dtype, v.dtype)
+        self.D = D
+        self.Q = q.new_zeros((T, H, D), dtype=cdt).index_copy_(0, index, q.detach().to(cdt))
+        self.buf = (q.new_zeros((T, hk, D), dtype=cdt), q.new_zeros((T, hk, D), dtype=cdt))
+        self.own = torch.cat([k.detach(), v.detach()], dim=-1).to(cdt)
+        self.mine = blocks_of(index, bounds, block_size)
+        self.held = {}  # source rank -> its blocks (the same at every layer's step)
+        self.sparse = any(topks[i] < blocks(bounds[i + 1] - bounds[i], block_size) for i in range(len(topks)))
+        """Whether a sequence is sparse: only then is the gate run (a dense one attends every past block)."""
+        self.steps: list = []
+        self.plan: Any = None
+        self.acc = self.lse = None
+
+    def pooled(self) -> tuple[Any, Any] | None:
+        """This rank's block sums and counts for the gate's all-reduce (None: no sparse sequence)."""
+        return pooled(self.own[..., :self.D], self.index, self.bounds, self.block_size) if self.sparse else None
+
+    def begin(self, sums: Any = None, count: Any = None) -> None:
+        """Gate this rank's queries from the group's (all-reduced) ``sums`` and ``count``."""
+        from sparsebalance.kernels.moba.ring_step import plan
+
+        means: list = []
+        if self.sparse:
+            mu = sums / count.clamp(min=1)[:, None, None]
+            off = _offsets(self.bounds, self.block_size)
+            means = [mu[off[i]:off[i + 1]] for i in range(len(off) - 1)]
+        self.plan = plan(self.Q, None, self.bounds, self.block_size, self.topks, self.mine, means=means)
+
+    def _keys(self, s: int, kv: Any) -> tuple[Any, Any, Any]:
+        """The packed K and V buffers with step ``s``'s keys ``kv`` written in, and their blocks."""
+        from sparsebalance.kernels.moba.ring_step import blocks_of
+
+        src = (self.me - s) % len(self.per)
+        idx = self.per[src]
+        if src not in self.held:
+            self.held[src] = blocks_of(idx, self.bounds, self.block_size)
+        self.buf[0].index_copy_(0, idx, kv[..., :self.D])
+        self.buf[1].index_copy_(0, idx, kv[..., self.D:])
+        return self.buf[0], self.buf[1], self.held[src]
+
+    def forward_step(self, s: int, kv: Any) -> None:
+        """Step ``s`` on the keys ``kv`` (K then V on the last axis) of rank ``me - s``, merged in."""
+        from sparsebalance.kernels.moba.ring_step import merge, step_forward
+
+        K, V, held = self._keys(s, kv)
+        o, lo, saved = step_forward(self.plan, self.Q, K, V, held)
+        self.acc, self.lse = (o, lo) if self.acc is None else merge(self.acc, self.lse, o, lo)
+        self.steps.append(saved)
+
+    def output(self) -> Any:
+        """This rank's rows of the merged output, in q's dtype."""
+        return self.acc[self.index].to(self.dtypes[0])
+
+    def backward_begin(self, dout: Any) -> None:
+        import torch
+
+        self.dO = self.acc.new_zeros(self.acc.shape).index_copy_(0, self.index, dout.to(self.acc.dtype))
+        self.dq = torch.zeros_like(self.Q)
+
+    def backward_step(self, s: int, kv: Any) -> Any:
+        """Step ``s``'s backward on the keys ``kv``: ``[rows, H_kv, 2 D]`` its share of their gradient."""
+        import torch
+
+        from sparsebalance.kernels.moba.ring_step import step_backward
+
+        K, V, _ = self._keys(s, kv)
+        gq, gk, gv = step_backward(self.plan, self.steps[s], self.Q, K, V, self.acc, self.lse, self.dO)
+        self.dq += gq
+        idx = self.per[(self.me - s) % len(self.per)]
+        return torch.cat([gk[idx], gv[idx]], dim=-1)
+
+    def backward_end(self) -> Any:
+        """This rank's dQ rows, in q's dtype."""
+        return self.dq[self.index].to(self.dtypes[0])
 
 
 _RING: Any = None
@@ -72,66 +168,44 @@ def _ring_function() -> Any:
     import torch
     import torch.distributed as dist
 
-    from sparsebalance.kernels.moba.gate import gate_dtype
-    from sparsebalance.kernels.moba.ring_step import blocks_of, merge, plan, step_backward, step_forward
-
-    def place(buf: Any, rows: Any, kv: Any, D: int) -> tuple[Any, Any]:
-        """The packed K and V buffers with a step's held rows written in."""
-        buf[0].index_copy_(0, rows, kv[..., :D])
-        buf[1].index_copy_(0, rows, kv[..., D:])
-        return buf
-
     class _RingMoba(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v, args):
             index, bounds, block_size, topks, group = args
             world, me = dist.get_world_size(group), dist.get_rank(group)
             per = group_indices(index, group)  # every rank's rows: a hop sends K/V alone
-            cdt = gate_dtype(q.dtype)
-            T, (_, H, D), hk = bounds[-1], q.shape, k.shape[1]
-            mine = blocks_of(index, bounds, block_size)
-            Q = q.new_zeros((T, H, D), dtype=cdt).index_copy_(0, index, q.detach().to(cdt))
-            # the gate's exchange only where a sequence is sparse (a dense one attends every past block)
-            sparse = any(topks[i] < blocks(bounds[i + 1] - bounds[i], block_size) for i in range(len(topks)))
-            means = _means(k, index, bounds, block_size, group) if sparse else []
-            rank_plan = plan(Q, None, bounds, block_size, topks, mine, means=means)
-            buf = (q.new_zeros((T, hk, D), dtype=cdt), q.new_zeros((T, hk, D), dtype=cdt))
-            own = kv = torch.cat([k.detach(), v.detach()], dim=-1).to(cdt)
-            steps, acc, lse = [], None, None
+            rank = RingRank(q, k, v, index, per, me, bounds, block_size, topks)
+            sums = rank.pooled()
+            if sums is not None:  # the gate's exchange (one trace row)
+                _timed(lambda: [dist.all_reduce(x, group=group) for x in sums])
+            rank.begin(*(sums or ()))
+            kv = rank.own
             for s in range(world):
-                idx = per[(me - s) % world]  # the rank whose keys arrive at step s
                 if s:  # one hop (one trace row)
-                    kv = _timed(lambda kv=kv, n=idx.shape[0]: _shift(kv, n, group, True))
-                K, V = place(buf, idx, kv, D)
-                o, lo, saved = step_forward(rank_plan, Q, K, V, blocks_of(idx, bounds, block_size))
-                acc, lse = (o, lo) if acc is None else merge(acc, lse, o, lo)
-                steps.append(saved)
+                    kv = _timed(lambda kv=kv, n=per[(me - s) % world].shape[0]: _shift(kv, n, group, True))
+                rank.forward_step(s, kv)
             # the received K/V are not kept: the backward passes them around again (module docstring)
-            ctx.state = (rank_plan, steps, Q, buf, acc, lse, own, per, me, group, index)
-            ctx.dtypes = (q.dtype, k.dtype, v.dtype)
-            return acc[index].to(q.dtype)
+            ctx.rank, ctx.group = rank, group
+            return rank.output()
 
         @staticmethod
         def backward(ctx, dout):
-            rank_plan, steps, Q, buf, acc, lse, kv, per, me, group, index = ctx.state
-            world, D = len(steps), Q.shape[2]
-            dO = acc.new_zeros(acc.shape).index_copy_(0, index, dout.to(acc.dtype))
-            dq, grad = torch.zeros_like(Q), None
-            for s, saved in enumerate(steps):
-                idx = per[(me - s) % world]
+            rank, group = ctx.rank, ctx.group
+            world, me, per = len(rank.per), rank.me, rank.per
+            rank.backward_begin(dout)
+            kv, grad = rank.own, None
+            for s in range(world):
                 if s:  # one hop: the keys, and their gradient so far, travel on together (one row)
-                    kv, grad = _timed(lambda kv=kv, g=grad, n=idx.shape[0]: (_shift(kv, n, group, True),
-                                                                             _shift(g, n, group, True)))
-                K, V = place(buf, idx, kv, D)
-                gq, gk, gv = step_backward(rank_plan, saved, Q, K, V, acc, lse, dO)
-                dq += gq
-                step = torch.cat([gk[idx], gv[idx]], dim=-1)  # the held keys' share
+                    n = per[(me - s) % world].shape[0]
+                    kv, grad = _timed(lambda kv=kv, g=grad, n=n: (_shift(kv, n, group, True), _shift(g, n, group, True)))
+                step = rank.backward_step(s, kv)
                 grad = step if grad is None else grad + step
             if world > 1:  # the last hop brings each rank's gradient home (one row)
                 grad = _timed(lambda g=grad: _shift(g, per[me].shape[0], group, True))
-            ctx.state = None
-            qd, kd, vd = ctx.dtypes
-            return dq[index].to(qd), grad[..., :D].to(kd), grad[..., D:].to(vd), None
+            ctx.rank = None
+            _, kd, vd = rank.dtypes
+            D = rank.D
+            return rank.backward_end(), grad[..., :D].to(kd), grad[..., D:].to(vd), None
 
     return _RingMoba
 

@@ -179,13 +179,28 @@ def fit(profile: Profile, probe: pd.DataFrame, *, fingerprint_here: dict | None 
                        mismatch=fingerprint_mismatch(recorded, here) if here else [])
 
 
+PROXIES = {"attn_fwd_cp_step": ("attn_fwd_cp", "attn_fwd"), "attn_bwd_cp_step": ("attn_bwd_cp", "attn_bwd")}
+"""Unprobed ops that take the scale of the first probed op named here (the same kernels: a ring
+step is attention on the CP path, whose rows the probe cannot re-measure by point)."""
+
+
+def scale_of(cal: Calibration, op: str) -> float:
+    """An op's scale: its own where probed, else its first probed proxy's (:data:`PROXIES`), else the
+    median scale."""
+    for name in (op, *PROXIES.get(op, ())):
+        if name in cal.scales:
+            return cal.scales[name]
+    return cal.default_scale
+
+
 def rescale(profile: Profile, cal: Calibration) -> Profile:
-    """``profile`` with each op's latencies multiplied by its scale (unprobed ops: the median scale);
-    the sidecar records the calibration and keeps the original ``machine`` fingerprint."""
+    """``profile`` with each op's latencies multiplied by its scale (:func:`scale_of`; unprobed ops:
+    their proxy's, else the median scale); the sidecar records the calibration and keeps the original
+    ``machine`` fingerprint."""
     t = profile.table.copy()
-    factor = t["op"].map(lambda op: cal.scales.get(op, cal.default_scale)).astype(float)
+    factor = t["op"].map(lambda op: scale_of(cal, op)).astype(float)
     t["latency_s"] = t["latency_s"] * factor
-    calibration = {"scales": {op: cal.scales.get(op, cal.default_scale) for op in profile.ops},
+    calibration = {"scales": {op: scale_of(cal, op) for op in profile.ops},
                    "spreads": cal.spreads, "probed_points": len(cal.points),
                    "machine": cal.fingerprint_here, "source": profile.source}
     meta = replace(profile.meta, calibration=calibration,

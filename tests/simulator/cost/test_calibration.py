@@ -93,3 +93,21 @@ def test_probe_rows_off_the_profile_grid_are_refused():
     bad = pd.DataFrame([("attn_fwd", 100, 3, 1.0)], columns=["op", "seq_len", "budget", "latency_s"])
     with pytest.raises(ValueError, match="not a point of the profile"):
         C.fit(prof, bad)
+
+
+def test_ring_step_rows_take_their_attention_op_scale(scaled_probe):
+    """attn_*_cp_step rows are never probed (keyed by pairs): they take the scale of their CP
+    attention op where probed, else of the one-GPU attention op, not the median of every op."""
+    prof = load_profile("cpu-tiny")
+    steps = pd.DataFrame([(op, p, 8, 1e-3) for op in ("attn_fwd_cp_step", "attn_bwd_cp_step") for p in (5000, 9000)],
+                         columns=["op", "seq_len", "budget", "latency_s"])
+    with_steps = replace(prof, table=pd.concat([prof.table, steps], ignore_index=True))
+    grid = C.probe_grid(prof, max_len=2048)
+    cal = C.fit(with_steps, scaled_probe(prof, grid, FACTORS))
+    scaled = C.rescale(with_steps, cal).table
+    for op, proxy in (("attn_fwd_cp_step", "attn_fwd"), ("attn_bwd_cp_step", "attn_bwd")):
+        got = scaled[scaled.op == op]["latency_s"]
+        assert got.tolist() == pytest.approx([1e-3 * FACTORS[proxy]] * 2, rel=1e-12)
+        assert FACTORS[proxy] != pytest.approx(cal.default_scale)
+    cal.scales["attn_fwd_cp"] = 0.7  # a probed CP op comes first
+    assert C.scale_of(cal, "attn_fwd_cp_step") == 0.7 and C.scale_of(cal, "optim") == cal.default_scale

@@ -113,6 +113,9 @@ def realrun_config(cfg) -> RealrunConfig:
         check_choice(c.cp_comm, "cluster.cp_comm", ("ring", "allgather"))
         check_choice(c.schedule, "cluster.schedule", ("gpipe", "1f1b", "interleaved"))
         check_choice(c.cp_split, "cluster.cp_split", ("whole",))  # a degree per sequence: simulated only
+        # both exchanges run the CPU MoBA path (chunked.py, ring_step.py: PyTorch's CPU flash-attention parts)
+        check(rr.device == "cpu", "realrun.device",
+              f"context parallelism in the real run computes on the CPU path; must be cpu, got {rr.device!r}")
     check_mesh(m, c)
     layer_impl(cfg, rr)  # compiled where it cannot run: refused here, before launch
     if rr.fail_rank is not None:

@@ -101,3 +101,13 @@ def test_what_the_real_run_cannot_do_with_cp_is_one_line(run_cli, tmp_path, extr
     cfg.write_text(text.replace("[cluster]\n", "[cluster]\n" + extra + "\n"))
     r = run_cli("train", "--config", cfg)
     assert r.code == 2 and fragment in r.err and len(r.err.strip().splitlines()) == 1, r.err
+
+
+def test_cp_on_a_gpu_is_refused_in_one_line(run_cli, tmp_path):
+    """Both CP exchanges compute on the CPU MoBA path: device = "cuda" with cp > 1 is one line."""
+    cfg = tmp_path / "run.toml"
+    text = CONFIG.format(out=tmp_path / "results", pp=1, layout="zigzag", comm="ring")
+    cfg.write_text(text.replace("[realrun]\n", '[realrun]\ndevice = "cuda"\n'))
+    r = run_cli("train", "--config", cfg)
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1, r.err
+    assert "realrun.device: context parallelism in the real run computes on the CPU path; must be cpu" in r.err

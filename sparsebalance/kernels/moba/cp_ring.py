@@ -1,23 +1,23 @@
 """MoBA attention on a context-parallel (CP) group, P2P ring variant, on the CPU path.
 
-:func:`moba_attention_cp_ring`: only the pooled block sums are all-reduced (the gate's means: never
-the K/V themselves); each rank gates its own queries once (``ring_step.plan``); K and V (one tensor,
-every rank's rows known from the group's index) then travel around the ring, and at each step the rank runs
-its ring-step call on the keys it holds (``ring_step.step_forward``: the dense runs, its own blocks
-at its own step, the gate's held past blocks as tiles), merged by log-sum-exp. The received K/V
-are not kept: the backward passes K/V around the ring again, each with the fp32 dK/dV accumulated
-so far (every rank adds its step's share, ``ring_step.step_backward`` from the merged output), and
-a last hop brings each rank's gradient home: ``world - 1`` hops of K/V + dK/dV and one of dK/dV, as
-Transformer Engine's ring does and the latency model prices it. Collectives are timed like the all-gather variant's (``cp.py``:
-:func:`~sparsebalance.kernels.moba.cp.recording`): the gate's all-reduce (where a sequence is
-sparse), one row per hop (and the
-group's index, gathered once per micro-batch where the caller did not give it, ``cp.group_index``).
+:func:`moba_attention_cp_ring`: only the pooled block sums are all-reduced (the gate's means, where a
+sequence is sparse; never the K/V themselves); each rank gates its own queries once
+(``ring_step.plan``); K and V (one tensor; every rank's rows known from the group's index) then
+travel around the ring, and at each step the rank runs its ring-step call on the keys it holds
+(``ring_step.step_forward``: the dense runs, its own blocks at its own step, the gate's held past
+blocks as tiles), merged by log-sum-exp. The received K/V are not kept: the backward passes K/V
+around the ring again, each with the fp32 dK/dV accumulated so far (every rank adds its step's
+share, ``ring_step.step_backward`` from the merged output), and a last hop brings each rank's
+gradient home: ``world - 1`` hops of K/V + dK/dV and one of dK/dV, as Transformer Engine's ring does
+and the latency model prices it. Collectives are timed like the all-gather variant's (``cp.py``:
+:func:`~sparsebalance.kernels.moba.cp.recording`): the gate's all-reduce, one row per hop, and the
+group's index, gathered once per micro-batch where the caller did not give it (``cp.group_index``).
 
 One rank's side lives in :class:`RingRank` (its buffers, gate, steps and the backward's), which
 :func:`moba_attention_cp_ring` drives between processes and ``profile --cp`` drives alone, every
-rank's K/V given, timing each step for the ``attn_*_cp_step`` rows. Checked forward and
-backward against the single-process float64 reference on 2 and 4 gloo ranks
-(tests/kernels/test_moba_cp.py). Shapes as ``cp.py``.
+rank's K/V given, timing each step for the ``attn_*_cp_step`` rows. Checked forward and backward
+against the single-process float64 reference on 2 and 4 gloo ranks (tests/kernels/test_moba_cp.py).
+Shapes as ``cp.py``.
 """
 
 from __future__ import annotations
@@ -171,9 +171,8 @@ def _ring_function() -> Any:
     class _RingMoba(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v, args):
-            index, bounds, block_size, topks, group = args
+            index, per, bounds, block_size, topks, group = args
             world, me = dist.get_world_size(group), dist.get_rank(group)
-            per = group_indices(index, group)  # every rank's rows: a hop sends K/V alone
             rank = RingRank(q, k, v, index, per, me, bounds, block_size, topks)
             sums = rank.pooled()
             if sums is not None:  # the gate's exchange (one trace row)
@@ -221,4 +220,5 @@ def moba_attention_cp_ring(q: Any, k: Any, v: Any, index: Any, cu_seqlens: Any, 
     bounds = [int(x) for x in cu_seqlens.tolist()]
     n = len(bounds) - 1
     topks = ([int(x) for x in topk.reshape(-1).tolist()] if isinstance(topk, torch.Tensor) else [int(topk)] * n)
-    return _RING.apply(q, k, v, (index.to(torch.int64), bounds, block_size, topks, group))
+    per = group_indices(index, group)  # every rank's rows (kept on the caller's index): a hop sends K/V alone
+    return _RING.apply(q, k, v, (index.to(torch.int64), per, bounds, block_size, topks, group))

@@ -177,6 +177,17 @@ def _dense_calls(p: RankPlan, key_blocks: list[set[int]]) -> list[tuple[int, int
     return out
 
 
+def _seq(x: Any, a: int, b: int, g: int) -> Any:
+    """Rows [a, b) of ``[T, heads, D]`` as ``[1, heads x g, L, D]`` (kv heads repeated ``g`` times)."""
+    return _expand(x[a:b].transpose(0, 1).unsqueeze(0), g).contiguous()
+
+
+def _blk(lay: Layout, x: Any) -> Any:
+    """``[T, heads, E]`` -> ``[NO, heads, B, E]``: the rows of every own block of ``lay``."""
+    y = x.index_select(0, lay.own_idx)
+    return y.view(lay.n_own, -1, x.shape[1], x.shape[2]).transpose(1, 2).contiguous()
+
+
 def _pairs_dense(q0: int, q1: int, k0: int, k1: int, causal: bool) -> float:
     n = q1 - q0
     return n * (n + 1) / 2 if causal else float(n * (k1 - k0))
@@ -196,12 +207,8 @@ def step_forward(p: RankPlan, q: Any, k: Any, v: Any, key_blocks: list[tuple[int
     lse = q.new_full((T, H), float("-inf"))
     saved = StepSaved(dense=_dense_calls(p, held_sets), own=False)
 
-    def seq(x, a, b, expand):
-        y = x[a:b].transpose(0, 1).unsqueeze(0)
-        return (_expand(y, g) if expand else y).contiguous()
-
     for q0, q1, k0, k1, causal in saved.dense:
-        o, lo = _flash(seq(q, q0, q1, False), seq(k, k0, k1, True), seq(v, k0, k1, True), causal, scale)
+        o, lo = _flash(_seq(q, q0, q1, 1), _seq(k, k0, k1, g), _seq(v, k0, k1, g), causal, scale)
         _merge_rows(out, lse, slice(q0, q1), o[0].transpose(0, 1), lo[0].transpose(0, 1))
         saved.pairs += _pairs_dense(q0, q1, k0, k1, causal)
     lay = p.lay
@@ -212,11 +219,8 @@ def step_forward(p: RankPlan, q: Any, k: Any, v: Any, key_blocks: list[tuple[int
             raise ValueError("own blocks held in part at one step: not a block layout")
         saved.own = all(held)
     if saved.own:
-        def blk(x):
-            y = x.index_select(0, lay.own_idx)
-            return y.view(lay.n_own, B, x.shape[1], x.shape[2]).transpose(1, 2).contiguous()
-
-        oo, lo = _flash(blk(q), _expand(blk(k), g).contiguous(), _expand(blk(v), g).contiguous(), True, scale)
+        oo, lo = _flash(_blk(lay, q), _expand(_blk(lay, k), g).contiguous(), _expand(_blk(lay, v), g).contiguous(),
+                        True, scale)
         o = oo.transpose(1, 2).reshape(lay.n_own * B, H, D).index_select(0, lay.own_src)
         l_ = lo.transpose(1, 2).reshape(lay.n_own * B, H).index_select(0, lay.own_src)
         out.index_copy_(0, lay.own_rows, o)  # no dense call touches a sparse row: nothing to merge
@@ -277,31 +281,22 @@ def step_backward(p: RankPlan, saved: StepSaved, q: Any, k: Any, v: Any, out: An
     g, scale = H // hk, 1.0 / math.sqrt(D)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
 
-    def seq(x, a, b, expand):
-        y = x[a:b].transpose(0, 1).unsqueeze(0)
-        return (_expand(y, g) if expand else y).contiguous()
-
     for q0, q1, k0, k1, causal in saved.dense:
-        gq, gk, gv = _flash_bwd(seq(dout, q0, q1, False), seq(q, q0, q1, False), seq(k, k0, k1, True),
-                                seq(v, k0, k1, True), seq(out, q0, q1, False), lse[q0:q1].t().unsqueeze(0),
-                                causal, scale)
+        gq, gk, gv = _flash_bwd(_seq(dout, q0, q1, 1), _seq(q, q0, q1, 1), _seq(k, k0, k1, g), _seq(v, k0, k1, g),
+                                _seq(out, q0, q1, 1), lse[q0:q1].t().unsqueeze(0), causal, scale)
         dq[q0:q1] += gq[0].transpose(0, 1)
         dk[k0:k1] += _fold(gk, g)[0].transpose(0, 1)
         dv[k0:k1] += _fold(gv, g)[0].transpose(0, 1)
     lay = p.lay
     if saved.own:
-        def blk(x):
-            y = x.index_select(0, lay.own_idx)
-            return y.view(lay.n_own, B, x.shape[1], x.shape[2]).transpose(1, 2).contiguous()
-
         def unblk(y):
             return y.transpose(1, 2).reshape(lay.n_own * B, y.shape[1], y.shape[3]).index_select(0, lay.own_src)
 
         real = torch.zeros(lay.n_own * B, dtype=torch.bool).index_fill_(0, lay.own_src, True)
         # padding rows of a partial block: lse = +inf gives P = 0 there, so they add no gradient
-        lo = blk(lse.unsqueeze(-1)).squeeze(-1).masked_fill(~real.view(-1, 1, B), float("inf"))
-        gq, gk, gv = _flash_bwd(blk(dout), blk(q), _expand(blk(k), g).contiguous(), _expand(blk(v), g).contiguous(),
-                                blk(out), lo, True, scale)
+        lo = _blk(lay, lse.unsqueeze(-1)).squeeze(-1).masked_fill(~real.view(-1, 1, B), float("inf"))
+        gq, gk, gv = _flash_bwd(_blk(lay, dout), _blk(lay, q), _expand(_blk(lay, k), g).contiguous(),
+                                _expand(_blk(lay, v), g).contiguous(), _blk(lay, out), lo, True, scale)
         dq.index_add_(0, lay.own_rows, unblk(gq))
         dk.index_add_(0, lay.own_rows, unblk(_fold(gk, g)))
         dv.index_add_(0, lay.own_rows, unblk(_fold(gv, g)))

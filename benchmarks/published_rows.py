@@ -34,10 +34,12 @@ DEFAULTS = {"kv_heads": None, "ffn": None, "mlp": "gelu", "norm": "layernorm", "
             "pp_impl": "megatron-2022", "dp_mode": "ddp", "param_gather_overlap": False, "fsdp_shard": None,
             "fsdp_reshard_after_forward": None, "fsdp_prefetch": "", "param_gather_bytes": None,
             "grad_clip": True, "nic_gbps": None, "published_metric": "s/iteration", "published_value": None,
-            "conversion": "", "precision": "bf16"}
+            "conversion": "", "precision": "bf16", "layer_ops": "fused"}
 BOOLS = ("bias", "tie_embeddings", "sequence_parallel", "dp_overlap", "param_gather_overlap", "grad_clip")
 DP_MODES = ("ddp", "zero1", "zero2", "zero3")
 TP_OVERLAPS = ("false", "true", "te")
+LAYER_OPS = ("fused", "eager", "eager-unpad")
+"""How a row's layer ran its elementwise ops (``ModelConfig.layer_ops``)."""
 
 
 def _bool(value, column: str) -> bool:
@@ -71,6 +73,8 @@ def load_runs(path: Path = PUBLISHED / "runs.csv") -> pd.DataFrame:
             raise SystemExit(f"{row.id}: dp_mode must be one of {', '.join(DP_MODES)}, got {row.dp_mode!r}")
         if row.tp_overlap not in TP_OVERLAPS:
             raise SystemExit(f"{row.id}: tp_overlap must be one of {', '.join(TP_OVERLAPS)}, got {row.tp_overlap!r}")
+        if row.layer_ops not in LAYER_OPS:
+            raise SystemExit(f"{row.id}: layer_ops must be one of {', '.join(LAYER_OPS)}, got {row.layer_ops!r}")
     return df
 
 
@@ -135,7 +139,7 @@ def dense_config(row) -> dict:
                   "vocab": int(row.vocab), "block_size": BLOCK, "tie_embeddings": bool(row.tie_embeddings),
                   "mlp": row.mlp, "qkv_bias": bool(row.bias), "bias": bool(row.bias), "norm": row.norm,
                   "positions": row.positions, "max_positions": seq if row.positions == "learned" else 0,
-                  "attention_kernel": kernel},
+                  "attention_kernel": kernel, "layer_ops": row.layer_ops},
         "cluster": cluster,
         "data": {"source": "distribution", "distribution": "fixed", "length": seq,
                  "num_sequences": int(row.global_batch)},

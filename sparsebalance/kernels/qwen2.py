@@ -118,8 +118,9 @@ def check_qwen2_architecture(model: ModelConfig) -> None:
     (which the simulator prices, but no real run here can execute)."""
     from sparsebalance.errors import ConfigError
 
-    # a position-table size means nothing without learned positions: not a difference by itself
-    other = [f"{k} = {v!r}" for k, v in model.arch.items() if k != "max_positions"]
+    # a position-table size means nothing without learned positions: not a difference by itself; how
+    # the layer's elementwise ops run prices an analytical profile only (the real run runs its own)
+    other = [f"{k} = {v!r}" for k, v in model.arch.items() if k not in ("max_positions", "layer_ops")]
     if other:
         raise ConfigError(f"model: the real run builds Qwen2-architecture decoders only (SwiGLU, QKV biases, "
                           f"RMSNorm, rotary positions); this model has {', '.join(other)}")

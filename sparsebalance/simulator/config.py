@@ -48,11 +48,12 @@ DEFAULT_ENGINE = "core"
 
 
 #: ModelConfig's architecture fields (their defaults are Qwen2's) and the values they take.
-ARCH_FIELDS = ("mlp", "qkv_bias", "bias", "norm", "positions", "max_positions", "attention_kernel")
+ARCH_FIELDS = ("mlp", "qkv_bias", "bias", "norm", "positions", "max_positions", "attention_kernel", "layer_ops")
 MLP_KINDS = ("swiglu", "gelu")
 NORM_KINDS = ("rmsnorm", "layernorm")
 POSITION_KINDS = ("rotary", "learned")
 ATTENTION_KERNELS = ("moba", "unfused")
+LAYER_OPS = ("fused", "eager", "eager-unpad")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -104,6 +105,15 @@ class ModelConfig:
     Megatron-LM ran it before FlashAttention, e.g. Korthikanti et al. 2022: Q K^T and the product
     with V as batched GEMMs and the L x L scores written to memory by softmax and dropout; the
     budget is ignored). Only ``moba`` runs in the real run."""
+    layer_ops: str = "fused"
+    """How the layer's elementwise ops run, for an analytical profile (a measured one holds its own):
+    ``fused`` (a fused training stack, Megatron-LM / Transformer Engine: fused norms, bias-GELU,
+    bias-dropout-add; the backward moves twice the forward's bytes), ``eager`` (each op a PyTorch
+    kernel of its own, as eager autograd runs a block such as LLM Foundry's MPT block: two kernels
+    per norm's backward, the residual gradients' accumulation, the activation's backward reading
+    its input, one reduction per bias, a fused QKV projection's split backward) or ``eager-unpad``
+    (``eager`` plus flash-attn's unpad of Q, K, V and pad of the output, forward and backward, as
+    LLM Foundry's ``flash_attn_fn`` runs them even with no padding). ``roofline.elementwise``."""
 
     def __post_init__(self) -> None:
         for f in ("hidden", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab", "block_size"):
@@ -115,6 +125,7 @@ class ModelConfig:
         check_choice(self.norm, "norm", NORM_KINDS)
         check_choice(self.positions, "positions", POSITION_KINDS)
         check_choice(self.attention_kernel, "attention_kernel", ATTENTION_KERNELS)
+        check_choice(self.layer_ops, "layer_ops", LAYER_OPS)
         check_positive(self.max_positions, "max_positions", allow_zero=True)
         check(self.positions != "learned" or self.max_positions > 0, "max_positions",
               "must be > 0 with learned positions (the rows of the position table)")

@@ -74,7 +74,7 @@ def test_gelu_mlp_reaches_the_analytical_cost():
     swi = ModelConfig(hidden=1024, layers=2, heads=8, kv_heads=8, head_dim=128, ffn=4096, vocab=1000)
     gelu = ModelConfig(hidden=1024, layers=2, heads=8, kv_heads=8, head_dim=128, ffn=4096, vocab=1000, mlp="gelu")
     T = np.array([4096.0])
-    (f_s, _, _), (f_g, _, _) = _dense_work(T, swi, 1), _dense_work(T, gelu, 1)
+    (f_s, _), (f_g, _) = _dense_work(T, swi, 1), _dense_work(T, gelu, 1)
     attn = 4 * 1024 * 1024 + 3 * 1024  # Q, K, V, O weights and the Q, K, V biases
     assert f_s[0] == 2 * 4096 * (attn + 3 * 1024 * 4096 + 2 * 1024)
     assert f_g[0] == 2 * 4096 * (attn + 2 * 1024 * 4096 + 2 * 1024)

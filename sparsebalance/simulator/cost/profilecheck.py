@@ -35,6 +35,8 @@ def _mismatches(meta: ProfileMeta, model: ModelConfig, cluster: ClusterConfig) -
             out.append(f"model.{dim} {meta.model[dim]} (run: {getattr(model, dim)})")
     # a sidecar records only the architecture fields that differ from Qwen2's (ModelConfig.arch)
     for key, default in QWEN2_ARCH.items():
+        if key == "layer_ops" and not meta.analytical:  # a measured table holds its layer as it ran
+            continue
         have = meta.model.get(key, default)
         if have != getattr(model, key):
             out.append(f"model.{key} {have!r} (run: {getattr(model, key)!r})")

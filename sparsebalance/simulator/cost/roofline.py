@@ -178,25 +178,65 @@ def attention_time(seq_len, budget, model: ModelConfig, tp: int, block_size: int
     return sum(attention_parts(seq_len, budget, model, tp, block_size, hw, backward=backward, path=path).values())
 
 
-def _dense_work(T: np.ndarray, model: ModelConfig, tp: int, sp: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(GEMM FLOPs, GEMM bytes, elementwise bytes) of one layer's dense forward on ``T`` tokens, one
-    TP rank. GEMMs: 2 x tokens x weights, the weights read once and each projection's input and
-    output (QKV: h in, q + 2 kv out; O: q in, h out; MLP up: h in, ffn (GELU) or 2 ffn (SwiGLU's gate
-    and up) out; down: ffn in, h out; projection outputs and the MLP width split over tp). Elementwise
-    kernels, which stream after the GEMMs rather than hide under them: 2 norms (read + write h), 2
-    residual adds (read 2 h, write h), the MLP's activation (GELU: read + write ffn; SwiGLU: read 2
-    ffn, write ffn). The norms' and residuals' 10 x hidden per token are replicated on every TP rank,
-    or 1/tp each with sequence parallelism."""
+def _dense_work(T: np.ndarray, model: ModelConfig, tp: int) -> tuple[np.ndarray, np.ndarray]:
+    """(GEMM FLOPs, GEMM bytes) of one layer's dense forward on ``T`` tokens, one TP rank: 2 x tokens
+    x weights, the weights read once and each projection's input and output (QKV: h in, q + 2 kv
+    out; O: q in, h out; MLP up: h in, ffn (GELU) or 2 ffn (SwiGLU's gate and up) out; down: ffn in,
+    h out; projection outputs and the MLP width split over tp). Its elementwise kernels:
+    :func:`elementwise`."""
     h, db = model.hidden, model.dtype_bytes
-    hn = h / tp if sp and tp > 1 else h
     qkv = (model.heads + 2 * model.kv_heads) * model.head_dim / tp
     q = model.heads * model.head_dim / tp
     up = (2 if model.mlp == "swiglu" else 1) * model.ffn / tp
     flops = 2 * T * model.params_per_layer / tp
     gemm = model.params_per_layer / tp * db + T * (4 * h + qkv + q + up + model.ffn / tp) * db
-    act = (3 if model.mlp == "swiglu" else 2) * model.ffn / tp
-    elementwise = T * (10 * hn + act) * db
-    return flops, gemm, elementwise
+    return flops, gemm
+
+
+UNPAD_KERNELS = {False: 5, True: 7}
+"""Kernels of flash-attn's unpad / pad (forward: 3 gathers, a zero-fill and an index-put; backward:
+a gather and 3 zero-fill + scatter pairs)."""
+
+
+def elementwise(T, model: ModelConfig, tp: int, sp: bool = False, *, backward: bool = False) -> tuple[np.ndarray, int]:
+    """(bytes, kernels beyond ``KERNELS``) of one layer's elementwise kernels on ``T`` tokens, one TP
+    rank, which stream after the GEMMs rather than hide under them (``model.layer_ops``). Per token,
+    in elements of hn (the hidden size, 1/tp of it with sequence parallelism), f = ffn / tp, qkv and
+    q (the projections' widths / tp):
+
+    * forward: 2 norms (read + write hn) and 2 residual adds (read 2 hn, write hn): 10 hn; the MLP's
+      activation: GELU read + write f, SwiGLU read 2 f + write f fused (3 f), as silu then a product
+      eager (5 f); ``eager-unpad`` adds the unpad gathers of Q, K and V (read + write qkv) and the
+      output's pad (zero-fill, read and write q): 2 qkv + 3 q;
+    * backward, ``fused``: twice the forward's;
+    * backward, eager: each norm's dX (read dY, X, write dX) and dgamma/dbeta (read dY, X) kernels,
+      10 hn; the residual gradients' accumulation (read 2, write 1 per add), 6 hn; the activation's
+      backward reading its input (GELU 3 f; SwiGLU: the product's two and silu's, 9 f); one
+      reduction of the output gradient per bias (QKV: qkv; out, up, down: 2 hn + f, or 2 f for
+      SwiGLU's gate and up); the fused QKV projection's split backward (read + write qkv);
+      ``eager-unpad`` adds the pad's backward gather (2 q) and the unpads' scatters into zeros (3 qkv).
+
+    Sources: torch 2.1's ATen kernels for layer_norm / gelu backward and autograd's gradient
+    accumulation; llm-foundry ``5e85bd62d`` ``layers/blocks.py`` (MPTBlock), ``layers/attention.py``
+    (``flash_attn_fn``: ``bert_padding.unpad_input`` / ``pad_input``), ``layers/ffn.py`` (MPTMLP)."""
+    T = np.asarray(T, dtype=float)
+    hn = model.hidden / tp if sp and tp > 1 else model.hidden
+    f = model.ffn / tp
+    qkv = (model.heads + 2 * model.kv_heads) * model.head_dim / tp
+    q = model.heads * model.head_dim / tp
+    glu = model.mlp == "swiglu"
+    eager, unpad = model.layer_ops != "fused", model.layer_ops == "eager-unpad"
+    fwd = 10 * hn + ((5 if eager else 3) if glu else 2) * f
+    if not backward:
+        extra = (1 if eager and glu else 0) + (UNPAD_KERNELS[False] if unpad else 0)
+        return T * (fwd + (2 * qkv + 3 * q if unpad else 0)) * model.dtype_bytes, extra
+    if not eager:
+        return T * 2 * fwd * model.dtype_bytes, 0
+    biases = (qkv if model.qkv_bias else 0) + (2 * hn + (2 if glu else 1) * f if model.bias else 0)
+    n_bias = int(model.qkv_bias) + (3 if model.bias else 0)
+    elems = 16 * hn + (9 if glu else 3) * f + biases + 2 * qkv + (2 * q + 3 * qkv if unpad else 0)
+    extra = 2 + 2 + n_bias + 1 + (2 if glu else 0) + (UNPAD_KERNELS[True] if unpad else 0)
+    return T * elems * model.dtype_bytes, extra
 
 
 def gemm_calls(T, model: ModelConfig, tp: int) -> dict[str, np.ndarray]:
@@ -265,14 +305,15 @@ def _gemm_seconds(T, model: ModelConfig, tp: int, hw: Hardware) -> dict[str, np.
 def dense_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: bool = False, sp: bool = False,
                overlap: bool = False, impl: str = "megatron"):
     """Seconds of one layer's dense part (norms, QKV/O, MLP) on ``tokens`` tokens (``sp``: sequence
-    parallelism, :func:`_dense_work`; the forward's 2 TP all-reduces, the backward's TP collectives
+    parallelism, :func:`elementwise`; the forward's 2 TP all-reduces, the backward's TP collectives
     by :func:`tp_backward_comm`, hidden under the GEMMs with ``overlap``; with ``impl = "te"`` and
     ``sp`` the forward's too, :func:`tpoverlap.te_layer_comm`); the backward moves twice the
-    forward's FLOPs and bytes."""
+    forward's GEMM FLOPs and bytes, and the elementwise bytes :func:`elementwise` counts."""
     T = np.asarray(tokens, dtype=float)
-    flops, gemm, elementwise = _dense_work(T, model, tp, sp)
+    flops, gemm = _dense_work(T, model, tp)
+    stream, extra = elementwise(T, model, tp, sp, backward=backward)
     mult = 2 if backward else 1
-    kernels = KERNELS["layer_bwd" if backward else "layer_fwd"]
+    kernels = KERNELS["layer_bwd" if backward else "layer_fwd"] + extra
     if backward:
         comm = tp_backward_comm(T, model, tp, hw, sp=sp, overlap=overlap, impl=impl)
     elif overlap and impl == "te" and sp and tp > 1:
@@ -280,7 +321,7 @@ def dense_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: b
                              backward=False)
     else:
         comm = _tp_allreduce(T, model, tp, hw, 2)
-    return _dense_roof(mult * flops, mult * gemm, mult * elementwise, hw, kernels, gemm_share(T, model, tp, hw)) + comm
+    return _dense_roof(mult * flops, mult * gemm, stream, hw, kernels, gemm_share(T, model, tp, hw)) + comm
 
 
 def embed_time(tokens, model: ModelConfig, tp: int, hw: Hardware, *, backward: bool = False):
@@ -323,10 +364,11 @@ def dense_split_time(tokens, model: ModelConfig, tp: int, hw: Hardware, part: st
     without ``overlap``; with it the whole backward is shorter, since a deferred weight gradient
     (the split's purpose) has no collective beside it to hide."""
     T = np.asarray(tokens, dtype=float)
-    flops, gemm, elementwise = _dense_work(T, model, tp, sp)
+    flops, gemm = _dense_work(T, model, tp)
     share = gemm_share(T, model, tp, hw)
     if part == "input":  # the elementwise backward (norms, activation) is on the input-gradient path
-        return (_dense_roof(flops, gemm, 2 * elementwise, hw, KERNELS["layer_bwd"] // 2, share)
+        stream, extra = elementwise(T, model, tp, sp, backward=True)
+        return (_dense_roof(flops, gemm, stream, hw, KERNELS["layer_bwd"] // 2 + extra, share)
                 + tp_backward_comm(T, model, tp, hw, sp=sp))
     return _roof(flops, gemm, share, hw, KERNELS["layer_bwd"] // 2)
 

@@ -342,3 +342,32 @@ def test_tp_overlap_with_a_measured_profile_is_refused_before_the_probe(run_cli,
                 "--set", "cluster.tp_overlap=true", "--iterations", 1, "--no-progress")
     assert r.code == 2 and "cluster.tp_overlap: priced by analytical profiles only" in r.err
     assert "calibration: probed" not in r.out + r.err and "Traceback" not in r.err
+
+
+def test_eager_elementwise_bytes_by_hand():
+    """An MPT-1B-like layer (h 2,048, 16 heads, 4h GELU MLP, LayerNorm, biases, bf16, no TP), per
+    token, in elements: fused forward 10 h + 2 f = 36,864 and backward twice that; eager backward
+    16 h (two kernels per norm, the residual accumulations) + 3 f (GELU's backward reads its input)
+    + 3 h + 2 h + f (the four biases' reductions) + 2 x 3 h (the QKV split's backward) = 88,064 with
+    9 more kernels; eager-unpad adds 2 x 3 h + 3 h forward (55,296, 5 kernels) and 2 h + 3 x 3 h
+    backward (110,592, 16 kernels). The layer's time moves by exactly those bytes at the streaming
+    bandwidth and those launches."""
+    from sparsebalance.simulator.cost.roofline import H100, dense_time, elementwise
+
+    mpt = ModelConfig(name="mpt-1b-like", hidden=2048, layers=24, heads=16, kv_heads=16, head_dim=128,
+                      ffn=8192, vocab=50368, mlp="gelu", qkv_bias=True, bias=True, norm="layernorm",
+                      positions="learned", max_positions=2048)
+    want = {("fused", False): (36_864, 0), ("fused", True): (73_728, 0), ("eager", False): (36_864, 0),
+            ("eager", True): (88_064, 9), ("eager-unpad", False): (55_296, 5), ("eager-unpad", True): (110_592, 16)}
+    for (ops, bw), (elems, kernels) in want.items():
+        got, extra = elementwise(1000, replace(mpt, layer_ops=ops), 1, backward=bw)
+        assert float(got) == 1000 * elems * 2 and extra == kernels, (ops, bw)
+    stream = H100.memory_bandwidth * H100.memory_efficiency
+    for bw in (False, True):
+        base = dense_time(4096, mpt, 1, H100, backward=bw)
+        for ops in ("eager", "eager-unpad"):
+            (elems, kernels), (e0, _) = want[(ops, bw)], want[("fused", bw)]
+            t = dense_time(4096, replace(mpt, layer_ops=ops), 1, H100, backward=bw)
+            assert t - base == pytest.approx(4096 * (elems - e0) * 2 / stream + kernels * H100.launch_overhead, rel=1e-9)
+    with pytest.raises(ConfigError, match="^layer_ops: 'compiled' is not allowed; choose one of fused, eager, eager-unpad$"):
+        replace(mpt, layer_ops="compiled")

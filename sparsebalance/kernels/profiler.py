@@ -343,7 +343,7 @@ class Bench:
 
         def new_rank() -> Any:
             rank = RingRank(*mine, per[0], per, 0, bounds, B, [budget])
-            rank.pooled()
+            rank.gate_sums()
             rank.begin(*group_sums) if rank.sparse else rank.begin()
             return rank
 

@@ -25,8 +25,8 @@ def _inputs(seed: int):
 
 def _ring(q, k, v, up, cu, world: int, layout: str):
     """Every rank's merged output rows and the summed step gradients, plus each step's pairs."""
-    from sparsebalance.kernels.moba.cp import cp_token_index
-    from sparsebalance.kernels.moba.ring_step import blocks_of, merge, plan, step_backward, step_forward
+    from sparsebalance.kernels.moba.cp import blocks_of, cp_token_index
+    from sparsebalance.kernels.moba.ring_step import merge, plan, step_backward, step_forward
 
     index = cp_token_index(torch.tensor(cu), BLOCK, world, layout)
     held = [blocks_of(ix, cu, BLOCK) for ix in index]
@@ -73,8 +73,8 @@ def test_dense_ring_step_pairs_sum_to_the_causal_total():
     """At a budget covering every block, the steps attend every causal pair once: per head
     sum L (L + 1) / 2 over the sequences, whatever the layout; the zigzag's steps after the first
     are full calls of (L / 2W)^2 x 2 pairs each, by hand (L = 256, W = 2: 8,192)."""
-    from sparsebalance.kernels.moba.cp import cp_token_index
-    from sparsebalance.kernels.moba.ring_step import blocks_of, plan, step_forward
+    from sparsebalance.kernels.moba.cp import blocks_of, cp_token_index
+    from sparsebalance.kernels.moba.ring_step import plan, step_forward
 
     g = torch.Generator().manual_seed(5)
     L, W = 256, 2

@@ -143,8 +143,7 @@ def test_cp_profile_measures_the_group_work(tmp_path):
     fwd, bwd = prof.rows("attn_fwd_cp_step"), prof.rows("attn_bwd_cp_step")
     assert sorted(zip(fwd.seq_len, fwd.budget)) == sorted(zip(bwd.seq_len, bwd.budget))
     assert set(fwd.budget) == {1, 3} and (fwd.latency_s > 0).all() and (bwd.latency_s > 0).all()
-    from sparsebalance.kernels.moba.cp import cp_token_index
-    from sparsebalance.kernels.moba.ring_step import blocks_of
+    from sparsebalance.kernels.moba.cp import blocks_of, cp_token_index
 
     B = tiny().block_size
     own = [len(blocks_of(cp_token_index(torch.tensor([0, L]), B, 2, "zigzag")[0], [0, L], B)[0]) for L in (160, 256)]

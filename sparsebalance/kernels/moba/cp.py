@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     import torch
     from torch.distributed import ProcessGroup
 
-__all__ = ["CPContext", "cp_token_index", "group_index", "group_indices", "moba_attention_cp",
+__all__ = ["CPContext", "blocks_of", "cp_token_index", "group_index", "group_indices", "moba_attention_cp",
            "moba_attention_cp_alone", "recording"]
 
 
@@ -127,6 +127,18 @@ def cp_token_index(cu_seqlens: Any, block_size: int, cp: int, layout: str) -> li
             per_rank[r].append(np.concatenate(tok) if tok else np.zeros(0, dtype=np.int64))
     return [torch.as_tensor(np.concatenate(p) if p else np.zeros(0, dtype=np.int64), dtype=torch.int64)
             for p in per_rank]
+
+
+def blocks_of(index: Any, cu: list[int], block_size: int) -> list[tuple[int, ...]]:
+    """Per sequence, the blocks whose tokens ``index`` (a rank's packed positions,
+    ``cp.cp_token_index``) holds: its query blocks, and at a step the key blocks it passes on."""
+    import torch
+
+    idx = index.to(torch.int64)
+    bounds = torch.as_tensor(cu, dtype=torch.int64)
+    seq = torch.bucketize(idx, bounds[1:], right=True)
+    blk = (idx - bounds[seq]) // block_size
+    return [tuple(sorted(set(blk[seq == i].tolist()))) for i in range(len(cu) - 1)]
 
 
 def group_index(per_rank: list[Any], rank: int) -> Any:
@@ -243,10 +255,7 @@ def _run(q: Any, k: Any, v: Any, held: Any, cu_seqlens: Any, block_size: int, to
     bounds = tuple(int(x) for x in cu_seqlens.tolist())
     wanted = getattr(held, "_cp_wanted", {}).get((bounds, block_size))  # the same for every layer
     if wanted is None:
-        starts = torch.as_tensor(bounds[:-1], dtype=torch.int64)
-        seq_of = torch.bucketize(index, torch.as_tensor(bounds[1:], dtype=torch.int64), right=True)
-        blk = (index - starts[seq_of]) // block_size
-        wanted = tuple(tuple(sorted(set(blk[seq_of == i].tolist()))) for i in range(len(bounds) - 1))
+        wanted = tuple(blocks_of(index, list(bounds), block_size))
         held._cp_wanted = {(bounds, block_size): wanted}
     n = len(bounds) - 1
     topks = ([int(x) for x in topk.reshape(-1).tolist()] if isinstance(topk, torch.Tensor) else [int(topk)] * n)

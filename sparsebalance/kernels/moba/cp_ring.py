@@ -26,7 +26,7 @@ import itertools
 from typing import Any
 
 from sparsebalance.data.sequence import blocks
-from sparsebalance.kernels.moba.cp import _timed, group_indices
+from sparsebalance.kernels.moba.cp import _timed, blocks_of, group_indices
 
 __all__ = ["RingRank", "moba_attention_cp_ring", "pooled"]
 
@@ -80,7 +80,6 @@ class RingRank:
         import torch
 
         from sparsebalance.kernels.moba.gate import gate_dtype
-        from sparsebalance.kernels.moba.ring_step import blocks_of
 
         cdt = gate_dtype(q.dtype)
         T, (_, H, D), hk = bounds[-1], q.shape, k.shape[1]
@@ -98,7 +97,7 @@ class RingRank:
         self.plan: Any = None
         self.acc = self.lse = None
 
-    def pooled(self) -> tuple[Any, Any] | None:
+    def gate_sums(self) -> tuple[Any, Any] | None:
         """This rank's block sums and counts for the gate's all-reduce (None: no sparse sequence)."""
         return pooled(self.own[..., :self.D], self.index, self.bounds, self.block_size) if self.sparse else None
 
@@ -115,7 +114,6 @@ class RingRank:
 
     def _keys(self, s: int, kv: Any) -> tuple[Any, Any, Any]:
         """The packed K and V buffers with step ``s``'s keys ``kv`` written in, and their blocks."""
-        from sparsebalance.kernels.moba.ring_step import blocks_of
 
         src = (self.me - s) % len(self.per)
         idx = self.per[src]
@@ -174,7 +172,7 @@ def _ring_function() -> Any:
             index, per, bounds, block_size, topks, group = args
             world, me = dist.get_world_size(group), dist.get_rank(group)
             rank = RingRank(q, k, v, index, per, me, bounds, block_size, topks)
-            sums = rank.pooled()
+            sums = rank.gate_sums()
             if sums is not None:  # the gate's exchange (one trace row)
                 _timed(lambda: [dist.all_reduce(x, group=group) for x in sums])
             rank.begin(*(sums or ()))

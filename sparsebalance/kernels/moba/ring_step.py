@@ -30,6 +30,7 @@ blocks neither wanted nor held are never read), ``cu`` the packed bounds (ints).
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +40,7 @@ from sparsebalance.kernels.moba.chunked import CHUNK_ELEMENTS, _expand, _flash, 
 from sparsebalance.kernels.moba.gate import block_means, gate_dtype
 from sparsebalance.kernels.moba.tiles import Layout, _piece_consts, _runs, choose, group, layout
 
-__all__ = ["RankPlan", "StepSaved", "blocks_of", "merge", "plan", "step_backward", "step_forward"]
+__all__ = ["RankPlan", "StepSaved", "merge", "plan", "step_backward", "step_forward"]
 
 
 @dataclass(slots=True)
@@ -75,23 +76,9 @@ class StepSaved:
     """(query, key) pairs the call attends, per head."""
 
 
-def blocks_of(index: Any, cu: list[int], block_size: int) -> list[tuple[int, ...]]:
-    """Per sequence, the blocks whose tokens ``index`` (a rank's packed positions,
-    ``cp.cp_token_index``) holds: its query blocks, and at a step the key blocks it passes on."""
-    import torch
-
-    idx = index.to(torch.int64)
-    bounds = torch.as_tensor(cu, dtype=torch.int64)
-    seq = torch.bucketize(idx, bounds[1:], right=True)
-    blk = (idx - bounds[seq]) // block_size
-    return [tuple(sorted(set(blk[seq == i].tolist()))) for i in range(len(cu) - 1)]
-
-
 def _seq_of(cu: list[int], a: int) -> int:
-    for i in range(len(cu) - 1):
-        if cu[i] <= a < cu[i + 1]:
-            return i
-    raise IndexError(a)
+    """The sequence of packed row ``a`` (empty sequences skipped)."""
+    return bisect.bisect_right(cu, a) - 1
 
 
 def plan(q: Any, k: Any | None, cu: list[int], block_size: int, topks: list[int], query_blocks: list[tuple[int, ...]],

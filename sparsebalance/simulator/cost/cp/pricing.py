@@ -71,12 +71,12 @@ class CPPricing:
                             f"the profile's measured CP rows (attn_*_cp) on all-gather groups of cp "
                             f"{meta.cp} laid out {meta.cp_layout}; the one-GPU rows split by "
                             "pair counts elsewhere")
+        """What prices CP attention work (``cluster.cp`` > 1), in words: the profile's ``attn_*_cp``
+        rows where they match the group (degree, layout, all-gather), else the one-GPU rows split by
+        pairs (:meth:`group_work`); a ring's steps by the measured ``attn_*_cp_step`` calls."""
         if tables.cp_steps:
             self.description += ("; ring steps at the profile's measured step calls (attn_*_cp_step) "
                                  "by their pairs, merge and accumulation included")
-        """What prices CP attention work (``cluster.cp`` > 1), in words: the profile's ``attn_*_cp``
-        rows where they match the group (degree, layout, all-gather), else the one-GPU rows split by
-        pairs (:meth:`group_work`)."""
 
     def fold(self) -> None:
         """Fold CP into the tables (module docstring); nothing without CP."""
@@ -165,7 +165,7 @@ class CPPricing:
                        head_dim=m.head_dim, bandwidth=float("inf") if measured else self.bandwidth,
                        launch=0.0 if measured else self.launch, scale=work / one if one > 0 else 1.0)
         gate = 0.0
-        if comm != "allgather" and k < n:  # a sparse budget gates every query against every block first
+        if not backward and comm != "allgather" and k < n:  # a sparse budget gates every query first
             bandwidth, lat = group_link(c, degree, "allreduce")
             gate = gate_time(n, kv_heads, m.head_dim, degree, bandwidth, lat)
         return layer_time(t, comm=comm, kv_bytes=tokens * 2 * kv_dim * m.dtype_bytes, intra=c.tp_bandwidth,

@@ -10,9 +10,10 @@ recurrence of steps and hops.
   the next step starts when this rank's step is done and the neighbour's transfer has arrived
   (``start[r, s+1] = max(end[r, s], start[r-1, s] + transfer)``: the transfer of step s+1 overlaps
   the compute of step s). A sparse budget first exchanges the gate's pooled block means (one
-  all-reduce over the group, :func:`gate_time`): every rank's step 0 waits for it. Forward moves K and V (bf16); backward K and V plus dK and dV in fp32
-  (as MTraining and Transformer Engine do), and the last hop brings dK/dV home. A hop inside a node
-  runs at ``intra`` bytes/s, across nodes at ``inter``.
+  all-reduce over the group, :func:`gate_time`): every rank's step 0 waits for it. Forward moves K
+  and V (bf16); backward K and V plus dK and dV in fp32 (as MTraining and Transformer Engine do),
+  and the last hop brings dK/dV home. A hop inside a node runs at ``intra`` bytes/s, across nodes at
+  ``inter``.
 * ``hierarchical``: ranks grouped by node (``inner`` per node); an inner ring over each node's
   shards, and before each new node's round the shards come over the inter-node link, sent at the
   start of the previous round: one inter-node transfer hidden behind a whole inner ring.

@@ -61,6 +61,8 @@ class LatencyModel(ScalarStageLatency):
         """``cluster.cp_split = "per-sequence"``: each micro-batch placed on its CP group with a
         degree per sequence (``simulator/cost/cp/placement.py``); stage and micro-batch times go through it."""
         self.cost.per_sequence = self.per_sequence
+        if cluster.cp > 1 and cluster.cp_split == "whole":  # one ring per packed micro-batch
+            self.cost.joint = self.cp.joint_delta
         self.tables.warn_missing_ops()
 
     # -- what the profile holds, per op ---------------------------------------------------------
@@ -150,6 +152,10 @@ class LatencyModel(ScalarStageLatency):
     def cp_report(self, L: int, k: int, *, backward: bool = False, degree: int | None = None) -> RingReport | None:
         """One layer of a sequence on the CP group (``CPPricing.report``), or None."""
         return self.cp.report(L, k, backward=backward, degree=degree)
+
+    def cp_joint(self, lengths, k: int, *, backward: bool = False) -> RingReport | None:
+        """One layer of a packed micro-batch on one ring of the CP group (``CPPricing.joint``), or None."""
+        return self.cp.joint(lengths, k, backward=backward)
 
     def attention_at_degree(self, seq_len: int, budget: int, degree: int, *, backward: bool = False) -> float:
         """One layer's attention of one sequence split over ``degree`` of the CP ranks: the main

@@ -40,6 +40,7 @@ class Sums(Protocol):
     terms: tuple[tuple[str, str], ...]
     model_layers: int
     per_sequence: Any
+    joint: Any
 
     def whole_terms(self, tokens: int) -> float: ...
 
@@ -126,11 +127,12 @@ class Presummed:
         if type(budget) is int:
             if budget < 1:
                 raise ConfigError(f"budget: must be >= 1 (MoBA top-k), got {budget}")
-            total = cost.model_layers * (sum(self.attention_fb(L, budget) for L in lengths) + call)
+            total = cost.model_layers * (sum(self.attention_fb(L, budget) for L in lengths)
+                                         + self._joint_fb(lengths, budget) + call)
         else:
             total = 0.0
             for k, n in cost.budget_counts(budget):
-                total += n * (sum(self.attention_fb(L, k) for L in lengths) + call)
+                total += n * (sum(self.attention_fb(L, k) for L in lengths) + self._joint_fb(lengths, k) + call)
         total += self.dense_fb(tokens)
         if len(self._mb) > 1_000_000:  # bound memory in very long runs
             self._mb.clear()
@@ -172,7 +174,19 @@ class Presummed:
         call = cost.tables.call[False] + cost.tables.call[True]
         if call:
             attn = attn + np.where(nonempty, cost.model_layers * call, 0.0)
+        if cost.joint is not None:  # one CP ring per packed micro-batch (StageCost.joint)
+            docs_of = np.repeat(np.arange(len(counts)), counts)[doc]
+            n_docs = np.bincount(docs_of, minlength=len(counts))
+            for i in np.flatnonzero(n_docs > 1).tolist():
+                attn[i] += cost.model_layers * self._joint_fb(lengths[doc][docs_of == i].tolist(), int(k_mb[i]))
         return attn + self._dense_fb_array(tokens)
+
+    def _joint_fb(self, lengths, k: int) -> float:
+        """One layer's :attr:`StageCost.joint`, forward + backward (0.0 without it)."""
+        cost = self.cost
+        if cost.joint is None or len(lengths) < 2:
+            return 0.0
+        return cost.joint(lengths, k, backward=False) + cost.joint(lengths, k, backward=True)
 
     def _attention_fb_array(self, L: np.ndarray, k: np.ndarray) -> np.ndarray:
         fast, t = self.attn, self.cost.tables

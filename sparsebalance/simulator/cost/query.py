@@ -93,6 +93,12 @@ class LatencyQuery(MicrobatchLatency, Protocol):
         the group's ranks (``cp_split = "per-sequence"``)."""
         ...
 
+    def cp_joint(self, lengths, k: int, *, backward: bool = False) -> RingReport | None:
+        """One layer of a packed micro-batch's sequences on one ring of the whole CP group
+        (``cp.pricing.CPPricing.joint``), or None without CP or under ``cp_split =
+        "per-sequence"``."""
+        ...
+
     def cp_placement(self, lengths, budget) -> Placement | None:
         """Where a micro-batch's sequences lie on the CP group (``cp.placement.Placement``) under
         ``cp_split = "per-sequence"``, else None."""
@@ -121,6 +127,9 @@ class ScalarStageLatency:
 
     def cp_report(self, L: int, k: int, *, backward: bool = False,
                   degree: int | None = None) -> RingReport | None:
+        return None
+
+    def cp_joint(self, lengths, k: int, *, backward: bool = False) -> RingReport | None:
         return None
 
     def cp_placement(self, lengths, budget) -> Placement | None:

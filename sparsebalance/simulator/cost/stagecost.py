@@ -70,6 +70,11 @@ class StageCost:
         self.model_layers = layout.model.layers
         self.per_sequence: PerSequenceTimes | None = None
         """Set under ``cp_split = "per-sequence"``: stage and micro-batch times go through it."""
+        self.joint: Callable[..., float] | None = None
+        """Set with CP (``cp_split = "whole"``): ``joint(lengths, k, backward=...)``, the seconds
+        that running a packed micro-batch's sequences on one ring adds to (or, mostly, takes from)
+        one layer's attention summed over them (``CPPricing.joint_delta``), added once per
+        micro-batch beside the call's fixed part."""
         self._counts: dict[Budget, tuple[tuple[int, int], ...]] = {}
         self._dense: dict[tuple[str, int], float] = {}
         self.terms: tuple[tuple[str, str], ...] = TERMS
@@ -205,8 +210,15 @@ class StageCost:
         if part != "weight":
             call = self.tables.call[backward] if docs else 0.0
             for k, n in self.budget_counts(plain(budget), layers):
-                attention += n * (sum(self.lm.attention(L, k, backward=backward) for L in docs) + call)
+                attention += n * (sum(self.lm.attention(L, k, backward=backward) for L in docs)
+                                  + self._joint_of(docs, k, backward) + call)
         return self.stage(attention, tokens, vstage, backward=backward, part=part)
+
+    def _joint_of(self, docs: Sequence[int], k: int, backward: bool) -> float:
+        """:attr:`joint` of a micro-batch's sequences ``docs`` at ``k`` (0.0 without it, or for one)."""
+        if self.joint is None or len(docs) < 2:
+            return 0.0
+        return self.joint(docs, int(k), backward=backward)
 
     # -- one layer on one CP rank (the per-sequence split, cp/placement.py) --------------------------
     def layer_fb(self, attention_f: float, attention_b: float, tokens: int) -> float:
@@ -227,9 +239,24 @@ class StageCost:
                        backward: bool) -> np.ndarray:
         """[M] one layer's attention of each micro-batch: its sequences' attention summed left to
         right, + the call. ``lengths`` [sum counts] the sequences of micro-batch 0, then 1, ...;
-        ``counts`` [M]; ``k`` [sum counts] an int budget per sequence (one vectorised look-up)."""
-        return self.with_call(self.per_microbatch(self.lm.attention_many(lengths, k, backward=backward), counts),
-                              counts, backward=backward)
+        ``counts`` [M]; ``k`` [sum counts] an int budget per sequence (one vectorised look-up; with
+        :attr:`joint`, a micro-batch's first sequence's is its ring's)."""
+        sums = self.per_microbatch(self.lm.attention_many(lengths, k, backward=backward), counts)
+        return self.with_call(sums + self.joint_deltas(lengths, counts, k, backward=backward), counts,
+                              backward=backward)
+
+    def joint_deltas(self, lengths: np.ndarray, counts, k: np.ndarray, *, backward: bool) -> np.ndarray | float:
+        """[M] :attr:`joint` of each micro-batch (``lengths``, ``counts``, ``k`` as
+        :meth:`attention_sums`), 0.0 without it."""
+        counts = np.asarray(counts, dtype=np.int64)
+        if self.joint is None or not (counts > 1).any():
+            return 0.0
+        out = np.zeros(len(counts))
+        starts = (np.cumsum(counts) - counts).tolist()
+        for i in np.flatnonzero(counts > 1).tolist():
+            a = starts[i]
+            out[i] = self._joint_of(lengths[a:a + counts[i]].tolist(), int(k[a]), backward)
+        return out
 
     def with_call(self, sums: np.ndarray, counts, *, backward: bool) -> np.ndarray:
         """[M] one layer's attention of each micro-batch from its sequences' sum ``sums``: + the call's

@@ -85,16 +85,25 @@ class CallPrice:
         return np.where(p > 0, np.maximum(p * rate, self.floor) + self.fixed, 0.0)
 
 
+def step_work(pairs: np.ndarray, call: CallPrice, scale: float = 1.0) -> np.ndarray:
+    """[W, S] variable seconds of one sequence's calls at each rank's step: the call of its
+    ``pairs`` less the fixed part, times ``scale`` (the profile's measured CP work ratio where it
+    has one); 0 where it attends nothing."""
+    return np.where(pairs > 0, (call(pairs) - call.fixed) * scale, 0.0)
+
+
 def step_times(pairs: np.ndarray, q_len: np.ndarray, k_len: np.ndarray, call: CallPrice, *, backward: bool,
                allgather: bool, merge: str, heads: int, kv_heads: int, head_dim: int, bandwidth: float,
-               launch: float, scale: float = 1.0) -> np.ndarray:
-    """[W, S] seconds of each rank's step: the call of its ``pairs`` (its variable part times
-    ``scale``, the profile's measured CP work ratio where it has one), + the merge (forward, steps
-    s >= 1 that run a call) or the accumulation (backward, every step that runs a call) at
-    ``bandwidth`` bytes/s with ``launch`` seconds per kernel. ``q_len`` [W]: each rank's queries;
-    ``k_len`` [W, S]: the keys it holds at each step."""
+               launch: float, scale: float = 1.0, work: np.ndarray | None = None) -> np.ndarray:
+    """[W, S] seconds of each rank's step: the call of its ``pairs`` (:func:`step_work` + the fixed
+    part; ``work``: the variable seconds given, a packed micro-batch's sequences' summed), + the
+    merge (forward, steps s >= 1 that run a call) or the accumulation (backward, every step that
+    runs a call) at ``bandwidth`` bytes/s with ``launch`` seconds per kernel. ``q_len`` [W]: each
+    rank's queries; ``k_len`` [W, S]: the keys it holds at each step."""
     called = pairs > 0
-    t = np.where(called, (call(pairs) - call.fixed) * scale + call.fixed, 0.0)
+    if work is None:
+        work = step_work(pairs, call, scale)
+    t = np.where(called, work + call.fixed, 0.0)
     if allgather:
         return t
     q = np.broadcast_to(np.asarray(q_len, dtype=float)[:, None], pairs.shape)

@@ -19,17 +19,23 @@ rows for this group, the calls' variable part is scaled by the measured ratio of
 the one-GPU time (:meth:`CPPricing.group_work`). Where the profile has measured ring steps
 (``attn_*_cp_step``), a ring's step is priced at the seconds per pair of the measured step call of
 its size instead, their merge or accumulation and launches included (:meth:`CPPricing.price`).
+
+**A packed micro-batch runs one ring** (:meth:`CPPricing.joint`, ``cp_split = "whole"``): each
+rank's step one call on the summed pairs of every sequence it holds, one hop of every sequence's
+K/V, one gate exchange, a sequence too short for the layout whole on rank ``i mod cp`` (as the real
+run deals it). The tables keep one sequence's ring; :meth:`CPPricing.joint_delta` (the joint ring
+less each sequence alone) is what ``StageCost`` adds once per micro-batch of two or more.
 """
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from sparsebalance.data.sequence import blocks
 from sparsebalance.simulator.config import ClusterConfig, ModelConfig
-from sparsebalance.simulator.cost.cp.calls import CallPrice, step_times
+from sparsebalance.simulator.cost.cp.calls import CallPrice, step_times, step_work
 from sparsebalance.simulator.cost.cp.ring import RingReport, gate_time, layer_time, ring_order
 from sparsebalance.simulator.cost.cp.shards import block_sizes, min_blocks, rank_pairs, shards
 from sparsebalance.simulator.cost.hardware import Hardware
@@ -37,6 +43,27 @@ from sparsebalance.simulator.cost.link import group_link
 from sparsebalance.simulator.cost.roofline import moba_pairs
 from sparsebalance.simulator.cost.tables import ATTENTION, Curve, OpTables, Surface
 from sparsebalance.simulator.layout import Layout
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """One sequence's share of a ring (:meth:`CPPricing._part`): W ranks, S steps."""
+
+    steps: np.ndarray
+    """[W, S] pairs each rank attends at each step (ring order; all-gather: S = 1)."""
+    tokens: np.ndarray
+    """[W] tokens (queries, and keys carried round) each rank holds."""
+    k_len: np.ndarray
+    """[W, S] keys each rank holds at each step."""
+    scale: float
+    """The measured CP work ratio of its calls' variable part (1 without one)."""
+    blocks: int
+    """Its key blocks (what the gate's exchange carries)."""
+    sparse: bool
+    """Whether its budget is below its block count (then the ring gates first)."""
+    budget: int
+    """Its effective budget (its calls are priced at it)."""
+
 
 LAUNCH = next(f.default for f in fields(Hardware) if f.name == "launch_overhead")
 """Seconds per kernel launch of the merge and accumulation when the profile has no roofline."""
@@ -62,6 +89,8 @@ class CPPricing:
         """Seconds per kernel of the merge and accumulation (the roofline's, else its default)."""
         self._prices: dict[tuple[int, bool, bool], CallPrice] = {}
         self._reports: dict[tuple[int, int, bool, int], RingReport | None] = {}
+        self._joint: dict[tuple[tuple[int, ...], int, bool], RingReport] = {}
+        self._deltas: dict[tuple[tuple[int, ...], int, bool], float] = {}
         self._one_gpu: dict[bool, Surface] = {}
         self.degree_surfaces: dict[int, dict[bool, Surface]] = {}
         """Per CP degree d < cp (with CP): one layer's attention of a sequence on d ranks, per pass, on
@@ -144,34 +173,136 @@ class CPPricing:
         return rep
 
     def _layer(self, L: int, k: int, layout: str, comm: str, backward: bool, degree: int) -> RingReport:
-        c, m = self.cluster, self.model
+        return self._ring([self._part(L, k, layout, comm, backward, degree)], k, layout, comm, backward, degree)
+
+    def _part(self, L: int, k: int, layout: str, comm: str, backward: bool, degree: int,
+              home: int | None = None) -> _Part:
+        """What one sequence of ``L`` tokens at budget ``k`` brings to a ring's steps: split by
+        ``layout`` over ``degree`` ranks, or, with ``home``, whole on that rank (its keys attended
+        at its own step 0 only, carried round the ring like the rest)."""
+        c = self.cluster
         n = blocks(L, self.block_size)
         inner = min(c.cp_ranks_per_node, degree)
-        pairs = rank_pairs(L, self.block_size, k, degree, layout, c.cp_selection)
-        sizes = block_sizes(L, self.block_size)
-        tokens = np.array([sizes[part].sum() for part in shards(n, degree, layout)])
-        if comm == "allgather":  # one call per rank: its queries against every key
+        order = ring_order(degree, comm, inner) if comm != "allgather" else None
+        if home is None:
+            pairs = rank_pairs(L, self.block_size, k, degree, layout, c.cp_selection)
+            sizes = block_sizes(L, self.block_size)
+            tokens = np.array([sizes[part].sum() for part in shards(n, degree, layout)])
+            one = self.tables.read(self._one_gpu[backward], ATTENTION[backward], L, k)
+            work = self.group_work(L, k, backward, layout, comm, degree)
+            scale = work / one if one > 0 else 1.0
+        else:
+            pairs = np.zeros((degree, degree))
+            pairs[home, home] = float(moba_pairs(L, self.block_size, min(k, n)))
+            tokens = np.zeros(degree)
+            tokens[home] = float(L)
+            scale = 1.0
+        if order is None:  # one call per rank: its queries against every key
             steps, k_len = pairs.sum(axis=1, keepdims=True), np.full((degree, 1), tokens.sum())
         else:
-            order = ring_order(degree, comm, inner)
             steps, k_len = np.take_along_axis(pairs, order, axis=1), tokens[order]
+        return _Part(steps=steps, tokens=tokens, k_len=k_len, scale=scale, blocks=n, sparse=k < n, budget=k)
+
+    def _ring(self, parts: list[_Part], k: int, layout: str, comm: str, backward: bool, degree: int) -> RingReport:
+        """One layer of ``parts`` (one sequence's, or a packed micro-batch's) on one ring or
+        all-gather: each rank's step one call on every part's pairs at once, one hop of every part's
+        K/V, one gate exchange (module docstring)."""
+        c, m = self.cluster, self.model
+        inner = min(c.cp_ranks_per_node, degree)
+        steps = np.sum([p.steps for p in parts], axis=0)
+        tokens = np.sum([p.tokens for p in parts], axis=0)
+        k_len = np.sum([p.k_len for p in parts], axis=0)
         heads, kv_heads = -(-m.heads // c.tp), -(-m.kv_heads // c.tp)
         kv_dim = kv_heads * m.head_dim
-        one = self.tables.read(self._one_gpu[backward], ATTENTION[backward], L, k)
-        work = self.group_work(L, k, backward, layout, comm, degree)
         measured = comm != "allgather" and backward in self.tables.cp_steps  # merge, launches inside
-        t = step_times(steps, tokens, k_len, self.price(k, backward, steps=measured), backward=backward,
+        price = self.price(k, backward, steps=measured)
+        # each sequence's work at the rate of its own call's size, the call's fixed part once per step
+        work = np.sum([step_work(p.steps, self.price(p.budget, backward, steps=measured), p.scale) for p in parts],
+                      axis=0)
+        t = step_times(steps, tokens, k_len, price, backward=backward,
                        allgather=comm == "allgather", merge=c.cp_merge, heads=heads, kv_heads=kv_heads,
                        head_dim=m.head_dim, bandwidth=float("inf") if measured else self.bandwidth,
-                       launch=0.0 if measured else self.launch, scale=work / one if one > 0 else 1.0)
+                       launch=0.0 if measured else self.launch, work=work)
         gate = 0.0
-        if not backward and comm != "allgather" and k < n:  # a sparse budget gates every query first
+        if not backward and comm != "allgather" and any(p.sparse for p in parts):
+            # a sparse budget gates every query first: every block's pooled keys all-reduced
             bandwidth, lat = group_link(c, degree, "allreduce")
-            gate = gate_time(n, kv_heads, m.head_dim, degree, bandwidth, lat)
+            gate = gate_time(sum(p.blocks for p in parts), kv_heads, m.head_dim, degree, bandwidth, lat)
         return layer_time(t, comm=comm, kv_bytes=tokens * 2 * kv_dim * m.dtype_bytes, intra=c.tp_bandwidth,
                           inter=c.p2p_bandwidth, latency=c.p2p_latency, inner=inner,
                           backward=backward, layout=layout,
                           grad_ratio=max(4, m.dtype_bytes) / m.dtype_bytes, gate=gate)  # dK/dV in fp32
+
+    def joint(self, lengths, k: int, *, backward: bool = False) -> RingReport | None:
+        """One layer of a packed micro-batch of ``lengths`` at budget ``k`` on the CP group, as the
+        real run (``kernels/moba/cp_ring.py``) and Transformer Engine's packed (THD) context
+        parallelism run it: **one ring for the micro-batch**. Each rank's step is one call on the
+        pairs of every sequence it holds at that step, a hop carries every sequence's K/V, the gate
+        exchanges every block's pooled keys once; a sequence too short for the layout stays whole on
+        rank ``i mod cp`` (its place in the micro-batch, as ``cp.cp_token_index`` puts it) and is
+        attended in that rank's first step. ``cp_layout = "best"``: the candidate with the least
+        forward + backward time for the whole micro-batch. None without CP, under ``cp_split =
+        "per-sequence"`` (each sequence its own group) or without a sequence."""
+        c = self.cluster
+        docs = tuple(int(L) for L in lengths)
+        if c.cp == 1 or c.cp_split != "whole" or not docs:
+            return None
+        key = (docs, int(k), backward)
+        hit = self._joint.get(key)
+        if hit is not None:
+            return hit
+        comm = c.cp_comm if c.cp > c.cp_ranks_per_node or c.cp_comm != "hierarchical" else "ring"
+        if c.cp_layout != "best":
+            cands = [(c.cp_layout, comm)]
+        else:
+            cands = [("zigzag", comm), ("stripe", comm)] + ([("stripe", "allgather")] if comm != "allgather" else [])
+        both = [(self._joint_ring(docs, k, lay, cm, False), self._joint_ring(docs, k, lay, cm, True))
+                for lay, cm in dict.fromkeys(cands)]
+        f, b = min(both, key=lambda fb: fb[0].time + fb[1].time)
+        self._joint[(docs, int(k), False)], self._joint[(docs, int(k), True)] = f, b
+        return b if backward else f
+
+    def _joint_ring(self, docs: tuple[int, ...], k: int, layout: str, comm: str, backward: bool) -> RingReport:
+        c, t = self.cluster, self.tables
+        ks = [t.effective_budget(L, k) for L in docs]
+        parts = [self._part(L, kk, layout, comm, backward, c.cp,
+                            home=None if blocks(L, self.block_size) >= min_blocks(layout, c.cp) else i % c.cp)
+                 for i, (L, kk) in enumerate(zip(docs, ks))]
+        return self._ring(parts, max(ks), layout, comm, backward, c.cp)
+
+    def joint_delta(self, lengths, k: int, *, backward: bool = False) -> float:
+        """Seconds that running a packed micro-batch's sequences on one ring (:meth:`joint`) adds to
+        one layer's attention summed one after another (what the tables hold; mostly negative):
+        the joint ring's time less each sequence's on its own -- its ring (:meth:`report`), or for
+        one that stays whole, its one call -- priced alike. 0.0 for a micro-batch of one sequence
+        (the same ring). The backward's includes the forward's where recomputation folds the
+        forward into it (``OpTables.fold_recompute``)."""
+        docs = tuple(int(L) for L in lengths)
+        if len(docs) < 2 or self.joint(docs, k) is None:
+            return 0.0
+        key = (docs, int(k), backward)
+        hit = self._deltas.get(key)
+        if hit is None:
+            passes = (False, True) if backward and str(self.cluster.recompute) != "none" else (backward,)
+            joint, alone = 0.0, 0.0
+            for bw in passes:
+                rep = self.joint(docs, k, backward=bw)
+                assert rep is not None  # CP with the whole split, as checked above
+                joint += rep.time
+                alone += sum(self._alone(L, k, bw) for L in docs)
+            hit = self._deltas[key] = joint - alone
+        return hit
+
+    def _alone(self, L: int, k: int, backward: bool) -> float:
+        """One layer of a sequence on its own: its ring (:meth:`report`), or, too short for the
+        layout, its one call on one rank (priced as a ring step's call)."""
+        rep = self.report(L, k, backward=backward)
+        if rep is not None:
+            return rep.time
+        kk = self.tables.effective_budget(L, k)
+        c = self.cluster
+        measured = c.cp_comm != "allgather" and backward in self.tables.cp_steps
+        return float(self.price(kk, backward, steps=measured)(moba_pairs(L, self.block_size, kk)))
 
     def price(self, k: int, backward: bool, *, steps: bool = False) -> CallPrice:
         """The price of one attention call at budget ``k`` by its pairs (:class:`.calls.CallPrice`):

@@ -26,8 +26,8 @@ layer before the next), **worker imbalance** = max over ranks of its total compu
 synchronising at every step costs), **exposed communication** = layer time - the same recurrence
 with free transfers, and **ring efficiency** = ideal (total compute / W) / layer time. Closed forms
 (tests): a contiguous causal dense ring reaches W / (2 W - 1); a dense zigzag ring is balanced at
-every step; a stripe layout of a local pattern is balanced within 2 / n. :func:`combine` joins the
-rings of a packed micro-batch's sequences.
+every step; a stripe layout of a local pattern is balanced within 2 / n. :func:`combine` joins
+rings that run one after another.
 """
 
 from __future__ import annotations
@@ -180,8 +180,8 @@ def gate_time(n_blocks: int, kv_heads: int, head_dim: int, ranks: int, bandwidth
 
 
 def combine(reports: list[RingReport]) -> dict[str, float]:
-    """The CP figures of a micro-batch whose sequences run their rings one after another (how the
-    latency model prices a packed micro-batch): seconds and exposed seconds add; worker and step
+    """The CP figures of a micro-batch whose sequences run their rings one after another (``cp_split
+    = "per-sequence"``; the whole split runs one ring, ``CPPricing.joint``): seconds and exposed seconds add; worker and step
     imbalance are the slowest rank's (step's) sum over the mean's; efficiency the ideal's sum over
     the time's. Empty (no split sequence): imbalances 1, efficiency 1, seconds 0."""
     if not reports:

@@ -1,7 +1,8 @@
 """What the CP group did in an iteration, for the executor: per-iteration figures and trace rows.
 
 The executor times each (virtual stage, micro-batch) action as one block on its device; the CP group
-inside it runs one ring (or all-gather) per split sequence and layer. Here those rings are read back
+inside it runs one ring (or all-gather) per micro-batch and layer (``cp_split = "whole"``: every
+sequence on it, ``CPPricing.joint``), or one per split sequence (``"per-sequence"``). Here those rings are read back
 from the latency model (:meth:`LatencyQuery.cp_report`, :meth:`LatencyQuery.cp_placement`), each
 micro-batch at its mean budget (rounded, at least 1):
 
@@ -39,9 +40,14 @@ def budget_of(mean_budget: float) -> int:
 
 
 def reports(latency: LatencyQuery, mb: MicroBatch, mean_budget: float, *, backward: bool) -> list[RingReport]:
-    """One layer of each of ``mb``'s sequences split over the CP group, at the micro-batch's mean
-    budget; sequences that stay whole on one rank have none."""
+    """One layer of ``mb`` on the CP group at the micro-batch's mean budget: with ``cp_split =
+    "whole"`` and more than one sequence, its one ring (``LatencyQuery.cp_joint``: every sequence,
+    the whole ones too); else each of its sequences split over the group (one that stays whole on
+    one rank has none)."""
     k = budget_of(mean_budget)
+    docs = [L for L in mb.lengths if L > 0]
+    if len(docs) > 1 and (joint := latency.cp_joint(docs, k, backward=backward)) is not None:
+        return [joint]
     placed = latency.cp_placement(mb.lengths, k)
     degrees = [None] * len(mb.lengths) if placed is None else placed.degree.tolist()
     return [rep for L, d in zip(mb.lengths, degrees)

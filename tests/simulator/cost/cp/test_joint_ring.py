@@ -180,3 +180,19 @@ def test_each_sequence_works_at_its_own_calls_rate_the_fixed_part_once():
         if not bw:
             once[:, 0] = fixed  # no merge at a rank's first step
         assert joint.steps == pytest.approx(a.steps + b.steps - once, rel=1e-12)
+
+
+def test_trace_rows_and_figures_of_a_packed_micro_batch_are_its_one_ring():
+    """The executor's CP rows and per-iteration CP figures read a packed micro-batch's joint ring (one
+    report, its hops' latencies once); a micro-batch of one sequence keeps that sequence's ring."""
+    from sparsebalance.data.sequence import Sequence
+    from sparsebalance.simulator.cost.cp import trace
+    from sparsebalance.simulator.plan import MicroBatch
+
+    lm = _ns_per_pair()
+    packed = MicroBatch(sequences=(Sequence(id=0, length=4096), Sequence(id=1, length=2048)), pad=64)
+    for bw in (False, True):
+        reps = trace.reports(lm, packed, 4.0, backward=bw)
+        assert len(reps) == 1 and reps[0] is lm.cp_joint([4096, 2048], 4, backward=bw)
+        one = trace.reports(lm, MicroBatch(sequences=(Sequence(id=0, length=4096),)), 4.0, backward=bw)
+        assert len(one) == 1 and one[0] is lm.cp_report(4096, 4, backward=bw)

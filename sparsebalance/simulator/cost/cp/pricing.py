@@ -21,9 +21,9 @@ the one-GPU time (:meth:`CPPricing.group_work`). Where the profile has measured 
 its size instead, their merge or accumulation and launches included (:meth:`CPPricing.price`).
 
 **A packed micro-batch runs one ring** (:meth:`CPPricing.joint`, ``cp_split = "whole"``): each
-rank's step one call on the summed pairs of every sequence it holds, one hop of every sequence's
-K/V, one gate exchange, a sequence too short for the layout whole on rank ``i mod cp`` (as the real
-run deals it). The tables keep one sequence's ring; :meth:`CPPricing.joint_delta` (the joint ring
+rank's step one call on every sequence it holds (each sequence's work at the rate of a call of its
+own size, the fixed part once), one hop of every sequence's K/V, one gate exchange, a sequence too
+short for the layout whole on rank ``i mod cp`` (as the real run deals it). The tables keep one sequence's ring; :meth:`CPPricing.joint_delta` (the joint ring
 less each sequence alone) is what ``StageCost`` adds once per micro-batch of two or more.
 """
 
@@ -91,6 +91,7 @@ class CPPricing:
         self._reports: dict[tuple[int, int, bool, int], RingReport | None] = {}
         self._joint: dict[tuple[tuple[int, ...], int, bool], RingReport] = {}
         self._deltas: dict[tuple[tuple[int, ...], int, bool], float] = {}
+        self._parts: dict[tuple, _Part] = {}
         self._one_gpu: dict[bool, Surface] = {}
         self.degree_surfaces: dict[int, dict[bool, Surface]] = {}
         """Per CP degree d < cp (with CP): one layer's attention of a sequence on d ranks, per pass, on
@@ -180,6 +181,10 @@ class CPPricing:
         """What one sequence of ``L`` tokens at budget ``k`` brings to a ring's steps: split by
         ``layout`` over ``degree`` ranks, or, with ``home``, whole on that rank (its keys attended
         at its own step 0 only, carried round the ring like the rest)."""
+        key = (L, k, layout, comm, backward, degree, home)
+        hit = self._parts.get(key)
+        if hit is not None:
+            return hit
         c = self.cluster
         n = blocks(L, self.block_size)
         inner = min(c.cp_ranks_per_node, degree)
@@ -201,12 +206,15 @@ class CPPricing:
             steps, k_len = pairs.sum(axis=1, keepdims=True), np.full((degree, 1), tokens.sum())
         else:
             steps, k_len = np.take_along_axis(pairs, order, axis=1), tokens[order]
-        return _Part(steps=steps, tokens=tokens, k_len=k_len, scale=scale, blocks=n, sparse=k < n, budget=k)
+        hit = self._parts[key] = _Part(steps=steps, tokens=tokens, k_len=k_len, scale=scale, blocks=n,
+                                       sparse=k < n, budget=k)
+        return hit
 
     def _ring(self, parts: list[_Part], k: int, layout: str, comm: str, backward: bool, degree: int) -> RingReport:
         """One layer of ``parts`` (one sequence's, or a packed micro-batch's) on one ring or
-        all-gather: each rank's step one call on every part's pairs at once, one hop of every part's
-        K/V, one gate exchange (module docstring)."""
+        all-gather: each rank's step one call on every part's pairs (each part's work at the rate of
+        a call of its own size, the fixed part and the merge's launches once), one hop of every
+        part's K/V, one gate exchange (module docstring)."""
         c, m = self.cluster, self.model
         inner = min(c.cp_ranks_per_node, degree)
         steps = np.sum([p.steps for p in parts], axis=0)

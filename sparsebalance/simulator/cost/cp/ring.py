@@ -180,10 +180,11 @@ def gate_time(n_blocks: int, kv_heads: int, head_dim: int, ranks: int, bandwidth
 
 
 def combine(reports: list[RingReport]) -> dict[str, float]:
-    """The CP figures of a micro-batch whose sequences run their rings one after another (``cp_split
-    = "per-sequence"``; the whole split runs one ring, ``CPPricing.joint``): seconds and exposed seconds add; worker and step
-    imbalance are the slowest rank's (step's) sum over the mean's; efficiency the ideal's sum over
-    the time's. Empty (no split sequence): imbalances 1, efficiency 1, seconds 0."""
+    """The CP figures of a micro-batch whose sequences run their rings one after another
+    (``cp_split = "per-sequence"``; the whole split runs one ring, ``CPPricing.joint``): seconds and
+    exposed seconds add; worker and step imbalance are the slowest rank's (step's) sum over the
+    mean's; efficiency the ideal's sum over the time's. Empty (no split sequence): imbalances 1,
+    efficiency 1, seconds 0."""
     if not reports:
         return {"cp_time_s": 0.0, "cp_exposed_s": 0.0, "cp_worker_imbalance": 1.0, "cp_step_imbalance": 1.0,
                 "cp_efficiency": 1.0}

@@ -2,9 +2,10 @@
 
 The executor times each (virtual stage, micro-batch) action as one block on its device; the CP group
 inside it runs one ring (or all-gather) per micro-batch and layer (``cp_split = "whole"``: every
-sequence on it, ``CPPricing.joint``), or one per split sequence (``"per-sequence"``). Here those rings are read back
-from the latency model (:meth:`LatencyQuery.cp_report`, :meth:`LatencyQuery.cp_placement`), each
-micro-batch at its mean budget (rounded, at least 1):
+sequence on it, ``CPPricing.joint``), or one per split sequence (``"per-sequence"``). Here those
+rings are read back from the latency model (:meth:`LatencyQuery.cp_joint`,
+:meth:`LatencyQuery.cp_report`, :meth:`LatencyQuery.cp_placement`), each micro-batch at its mean
+budget (rounded, at least 1):
 
 * :func:`figures`: per iteration, the mean over its micro-batches of one layer's forward on the
   group: worker and step imbalance, exposed communication (s), ring efficiency

@@ -175,10 +175,9 @@ class Presummed:
         if call:
             attn = attn + np.where(nonempty, cost.model_layers * call, 0.0)
         if cost.joint is not None:  # one CP ring per packed micro-batch (StageCost.joint)
-            docs_of = np.repeat(np.arange(len(counts)), counts)[doc]
-            n_docs = np.bincount(docs_of, minlength=len(counts))
-            for i in np.flatnonzero(n_docs > 1).tolist():
-                attn[i] += cost.model_layers * self._joint_fb(lengths[doc][docs_of == i].tolist(), int(k_mb[i]))
+            for i in np.flatnonzero(counts > 1).tolist():
+                mb = lengths[starts[i]:starts[i] + counts[i]]
+                attn[i] += cost.model_layers * self._joint_fb(mb[mb > 0].tolist(), int(k_mb[i]))
         return attn + self._dense_fb_array(tokens)
 
     def _joint_fb(self, lengths, k: int) -> float:

@@ -69,6 +69,11 @@ LAUNCH = next(f.default for f in fields(Hardware) if f.name == "launch_overhead"
 """Seconds per kernel launch of the merge and accumulation when the profile has no roofline."""
 
 
+def _fastest(both: list[tuple[RingReport, RingReport]]) -> tuple[RingReport, RingReport]:
+    """The (forward, backward) pair with the least forward + backward time (the first on a tie)."""
+    return min(both, key=lambda fb: fb[0].time + fb[1].time)
+
+
 class CPPricing:
     """CP attention of one latency model's tables (module docstring); :meth:`fold` once, then
     reports and per-degree attention on demand (cached)."""
@@ -159,22 +164,29 @@ class CPPricing:
         n = blocks(L, self.block_size)
         if n < min_blocks(c.cp_layout, d):
             return None
-        comm = c.cp_comm if d > c.cp_ranks_per_node or c.cp_comm != "hierarchical" else "ring"
+        cands = self._candidates(d, n)
+        if len(cands) == 1:
+            rep = self._reports[key] = self._layer(L, k, *cands[0], backward, d)
+            return rep
+        f, b = _fastest([(self._layer(L, k, lay, cm, False, d), self._layer(L, k, lay, cm, True, d))
+                         for lay, cm in cands])
+        self._reports[(L, k, False, d)], self._reports[(L, k, True, d)] = f, b
+        return b if backward else f
+
+    def _candidates(self, degree: int, n: int | None = None) -> list[tuple[str, str]]:
+        """(layout, comm) pairs a layer on ``degree`` ranks may run on: the configured pair (a ring
+        inside one node when the group fits in one), or with ``cp_layout = "best"`` zigzag and
+        stripe on that comm (those a sequence of ``n`` blocks is long enough for) and the
+        all-gather."""
+        c = self.cluster
+        comm = c.cp_comm if degree > c.cp_ranks_per_node or c.cp_comm != "hierarchical" else "ring"
         if c.cp_layout != "best":
-            rep = self._layer(L, k, c.cp_layout, comm, backward, d)
-        else:
-            cands = [(lay, comm) for lay in ("zigzag", "stripe") if n >= min_blocks(lay, d)]
-            cands += [("stripe", "allgather")] if comm != "allgather" else []
-            both = [(self._layer(L, k, lay, cm, False, d), self._layer(L, k, lay, cm, True, d))
-                    for lay, cm in dict.fromkeys(cands)]
-            f, b = min(both, key=lambda fb: fb[0].time + fb[1].time)
-            self._reports[(L, k, False, d)], self._reports[(L, k, True, d)] = f, b
-            return b if backward else f
-        self._reports[key] = rep
-        return rep
+            return [(c.cp_layout, comm)]
+        cands = [(lay, comm) for lay in ("zigzag", "stripe") if n is None or n >= min_blocks(lay, degree)]
+        return list(dict.fromkeys(cands + [("stripe", "allgather")]))
 
     def _layer(self, L: int, k: int, layout: str, comm: str, backward: bool, degree: int) -> RingReport:
-        return self._ring([self._part(L, k, layout, comm, backward, degree)], k, layout, comm, backward, degree)
+        return self._ring([self._part(L, k, layout, comm, backward, degree)], layout, comm, backward, degree)
 
     def _part(self, L: int, k: int, layout: str, comm: str, backward: bool, degree: int,
               home: int | None = None) -> _Part:
@@ -210,7 +222,7 @@ class CPPricing:
                                        sparse=k < n, budget=k)
         return hit
 
-    def _ring(self, parts: list[_Part], k: int, layout: str, comm: str, backward: bool, degree: int) -> RingReport:
+    def _ring(self, parts: list[_Part], layout: str, comm: str, backward: bool, degree: int) -> RingReport:
         """One layer of ``parts`` (one sequence's, or a packed micro-batch's) on one ring or
         all-gather: each rank's step one call on every part's pairs (each part's work at the rate of
         a call of its own size, the fixed part and the merge's launches once), one hop of every
@@ -223,11 +235,11 @@ class CPPricing:
         heads, kv_heads = -(-m.heads // c.tp), -(-m.kv_heads // c.tp)
         kv_dim = kv_heads * m.head_dim
         measured = comm != "allgather" and backward in self.tables.cp_steps  # merge, launches inside
-        price = self.price(k, backward, steps=measured)
-        # each sequence's work at the rate of its own call's size, the call's fixed part once per step
-        work = np.sum([step_work(p.steps, self.price(p.budget, backward, steps=measured), p.scale) for p in parts],
-                      axis=0)
-        t = step_times(steps, tokens, k_len, price, backward=backward,
+        prices = [self.price(p.budget, backward, steps=measured) for p in parts]
+        # each sequence's work at the rate of its own call's size, the call's fixed part (the same at
+        # every budget) once per step
+        work = np.sum([step_work(p.steps, price, p.scale) for p, price in zip(parts, prices)], axis=0)
+        t = step_times(steps, tokens, k_len, prices[0], backward=backward,
                        allgather=comm == "allgather", merge=c.cp_merge, heads=heads, kv_heads=kv_heads,
                        head_dim=m.head_dim, bandwidth=float("inf") if measured else self.bandwidth,
                        launch=0.0 if measured else self.launch, work=work)
@@ -259,24 +271,21 @@ class CPPricing:
         hit = self._joint.get(key)
         if hit is not None:
             return hit
-        comm = c.cp_comm if c.cp > c.cp_ranks_per_node or c.cp_comm != "hierarchical" else "ring"
-        if c.cp_layout != "best":
-            cands = [(c.cp_layout, comm)]
-        else:
-            cands = [("zigzag", comm), ("stripe", comm)] + ([("stripe", "allgather")] if comm != "allgather" else [])
-        both = [(self._joint_ring(docs, k, lay, cm, False), self._joint_ring(docs, k, lay, cm, True))
-                for lay, cm in dict.fromkeys(cands)]
-        f, b = min(both, key=lambda fb: fb[0].time + fb[1].time)
+        cands = self._candidates(c.cp)  # a sequence too short for a candidate's layout stays whole
+        if len(cands) == 1:
+            rep = self._joint[key] = self._joint_ring(docs, k, *cands[0], backward)
+            return rep
+        f, b = _fastest([(self._joint_ring(docs, k, lay, cm, False), self._joint_ring(docs, k, lay, cm, True))
+                         for lay, cm in cands])
         self._joint[(docs, int(k), False)], self._joint[(docs, int(k), True)] = f, b
         return b if backward else f
 
     def _joint_ring(self, docs: tuple[int, ...], k: int, layout: str, comm: str, backward: bool) -> RingReport:
-        c, t = self.cluster, self.tables
-        ks = [t.effective_budget(L, k) for L in docs]
-        parts = [self._part(L, kk, layout, comm, backward, c.cp,
+        c = self.cluster
+        parts = [self._part(L, self.tables.effective_budget(L, k), layout, comm, backward, c.cp,
                             home=None if blocks(L, self.block_size) >= min_blocks(layout, c.cp) else i % c.cp)
-                 for i, (L, kk) in enumerate(zip(docs, ks))]
-        return self._ring(parts, max(ks), layout, comm, backward, c.cp)
+                 for i, L in enumerate(docs)]
+        return self._ring(parts, layout, comm, backward, c.cp)
 
     def joint_delta(self, lengths, k: int, *, backward: bool = False) -> float:
         """Seconds that running a packed micro-batch's sequences on one ring (:meth:`joint`) adds to

@@ -144,17 +144,24 @@ def test_stage_times_add_the_joint_ring_once_per_micro_batch():
 
 def test_best_layout_picks_one_candidate_for_the_whole_micro_batch():
     """``cp_layout = "best"``: the zigzag ring, the stripe ring or the all-gather, whichever runs
-    the whole micro-batch's forward + backward fastest (one layout for every sequence on the ring)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        best = load_latency_model("analytical-h200", qwen25_3b(),
-                                  ClusterConfig(pp=2, dp=1, tp=1, cp=4, global_batch=2, cp_layout="best"))
+    the whole micro-batch's forward + backward fastest (one layout for every sequence on the ring):
+    each candidate priced by a model configured with it alone."""
+    def model(**cp):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return load_latency_model("analytical-h200", qwen25_3b(),
+                                      ClusterConfig(pp=2, dp=1, tp=1, cp=4, global_batch=2, **cp))
+
     mb, k = (65536, 8192, 4096), 8
+    best = model(cp_layout="best")
+    fb = {(lay, cm): (m.cp_joint(mb, k), m.cp_joint(mb, k, backward=True))
+          for lay, cm in (("zigzag", "ring"), ("stripe", "ring"), ("stripe", "allgather"))
+          for m in [model(cp_layout=lay, cp_comm=cm)]}
+    want = min(fb, key=lambda c: fb[c][0].time + fb[c][1].time)
     got = best.cp_joint(mb, k)
-    cands = [best.cp._joint_ring(mb, k, lay, cm, False).time + best.cp._joint_ring(mb, k, lay, cm, True).time
-             for lay, cm in (("zigzag", "ring"), ("stripe", "ring"), ("stripe", "allgather"))]
-    assert got.time + best.cp_joint(mb, k, backward=True).time == pytest.approx(min(cands), rel=1e-12)
-    assert (got.layout, got.comm) in {("zigzag", "ring"), ("stripe", "ring"), ("stripe", "allgather")}
+    assert (got.layout, got.comm) == want
+    assert got.time == pytest.approx(fb[want][0].time, rel=1e-12)
+    assert best.cp_joint(mb, k, backward=True).time == pytest.approx(fb[want][1].time, rel=1e-12)
 
 
 def test_each_sequence_works_at_its_own_calls_rate_the_fixed_part_once():
